@@ -1,0 +1,53 @@
+/* The cluster token: loading it, the key derived from it, MACs, and the replay
+ * cache. The token itself never leaves the process: messages carry an
+ * HMAC-SHA-256 under a key derived from it (libsodium), data-plane connections
+ * answer a random challenge. */
+#ifndef TPUEMU_COMMON_AUTH_H
+#define TPUEMU_COMMON_AUTH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+#define AUTH_MAC_BYTES 32
+#define AUTH_CHALLENGE_BYTES 32
+/* Messages whose timestamp is further than this from the receiver's clock are
+ * refused: daemons' clocks must agree within it (as Kerberos asks for 5 min). */
+#define AUTH_WINDOW_MS 60000u
+
+typedef struct auth {
+    int enabled;
+    unsigned char key[32];
+} auth;
+
+/* Loads the token from token_file if given, else from $TPUEMU_TOKEN, else leaves
+ * auth disabled. A file's trailing newline is ignored. An unreadable or empty
+ * file, or a token shorter than 16 bytes, is CODE_INVALID_ARGUMENT. */
+int auth_load(auth *a, const char *token_file, err *e);
+/* Same from a token in memory (tests, tools). */
+int auth_from_token(auth *a, const char *token, size_t len, err *e);
+
+/* libsodium must be initialized first; calls sodium_init(), aborts if it fails. */
+void auth_global_init(void);
+
+void auth_mac(const auth *a, const void *data, size_t len, unsigned char out[AUTH_MAC_BYTES]);
+/* Constant-time; 1 if mac is right. */
+int auth_mac_ok(const auth *a, const void *data, size_t len, const unsigned char *mac, size_t maclen);
+/* MAC of a data-plane challenge, domain-separated from message MACs. */
+void auth_challenge_mac(const auth *a, const unsigned char chal[AUTH_CHALLENGE_BYTES],
+                        unsigned char out[AUTH_MAC_BYTES]);
+
+void auth_random(void *buf, size_t n);
+uint64_t auth_random64(void); /* never 0 */
+
+/* Replay cache: remembers each accepted nonce for the window. When full it
+ * forgets the oldest entry and from then on refuses anything sent at or before
+ * that entry's time, so a forgotten nonce can never be replayed. */
+typedef struct replay replay;
+replay *replay_new(size_t capacity);
+void replay_free(replay *r);
+/* CODE_OK and remembers the nonce, or CODE_UNAUTHENTICATED with a reason. */
+int replay_check(replay *r, uint64_t nonce, uint64_t sent_ms, uint64_t now_ms, err *e);
+
+#endif

@@ -1,0 +1,31 @@
+/* Daemon logging: one logfmt line per event on stderr.
+ *
+ *   ts=2026-12-02T15:04:30.123Z level=info daemon=resolver msg="worker registered" host=h0 core=3
+ *
+ * Libraries never log; daemons and tools do. Keys and values are given as a
+ * printf format of key=value pairs; log_q() quotes a value for it. */
+#ifndef TPUEMU_COMMON_LOG_H
+#define TPUEMU_COMMON_LOG_H
+
+enum log_level { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARN = 2, LOG_ERROR = 3 };
+
+/* Name shown as daemon=NAME on every line; level below which lines are dropped. */
+void log_init(const char *daemon, enum log_level min);
+/* Parses "debug", "info", "warn", "error"; -1 if it is none of them. */
+int log_level_parse(const char *s);
+
+/* msg is quoted for you; fmt (may be NULL) adds " key=value ..." pairs. */
+void log_at(enum log_level lvl, const char *msg, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define log_debug(msg, ...) log_at(LOG_DEBUG, msg, __VA_ARGS__)
+#define log_info(msg, ...) log_at(LOG_INFO, msg, __VA_ARGS__)
+#define log_warn(msg, ...) log_at(LOG_WARN, msg, __VA_ARGS__)
+#define log_error(msg, ...) log_at(LOG_ERROR, msg, __VA_ARGS__)
+
+/* Quotes s for a logfmt value into one of a few rotating static buffers
+ * (so several can be used in one log call); escapes quotes, backslashes and
+ * control bytes; truncates at 200 bytes. Not thread-safe: loop thread only. */
+const char *log_q(const char *s);
+
+#endif

@@ -1,0 +1,52 @@
+/* Control-plane messages: sealing a Message into an Envelope (version, MAC) and
+ * opening one, checking in this order: size cap before anything, envelope
+ * decode, protocol version, MAC, message decode, replay window. Nothing is
+ * allocated from a size the peer chose without a bound. */
+#ifndef TPUEMU_COMMON_WIRE_H
+#define TPUEMU_COMMON_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "auth.h"
+#include "status.h"
+#include "tpuemu.pb-c.h"
+
+#define WIRE_VERSION 1u
+/* Largest request a daemon accepts (also set as NN_RCVMAXSIZE on its sockets). */
+#define WIRE_MAX_REQUEST (64u * 1024u)
+/* Largest reply a client accepts (a cluster spec of 64 cores is about 16 KiB). */
+#define WIRE_MAX_REPLY (1024u * 1024u)
+
+typedef Tpuemu__Message wire_msg;
+
+uint64_t wire_now_unix_ms(void); /* CLOCK_REALTIME, for the replay window */
+uint64_t wire_now_ms(void);      /* CLOCK_MONOTONIC, for ages and deadlines */
+
+/* Fills m's nonce (fresh random), sent_unix_ms and sender, then packs it into a
+ * sealed envelope in a malloc'd buffer the caller frees. Returns the nonce in
+ * *nonce_out if not NULL (a reply's request_id must match it). */
+int wire_seal(const auth *a, const char *sender, wire_msg *m, uint8_t **out, size_t *outlen,
+              uint64_t *nonce_out, err *e);
+
+/* Opens an envelope. r may be NULL (replies are matched by request id instead).
+ * On success *out is a decoded message to release with wire_msg_free(). On
+ * failure *out is NULL and e says what was wrong with the input:
+ *   INVALID_ARGUMENT    oversized, undecodable, no body
+ *   FAILED_PRECONDITION protocol version mismatch
+ *   UNAUTHENTICATED     missing/wrong MAC, stale or replayed */
+int wire_open(const auth *a, replay *r, const uint8_t *buf, size_t len, size_t cap,
+              wire_msg **out, err *e);
+void wire_msg_free(wire_msg *m);
+
+/* Builds and seals an error reply to request_id. */
+int wire_seal_error(const auth *a, const char *sender, uint64_t request_id, int code,
+                    const char *message, uint8_t **out, size_t *outlen);
+
+/* Short printable sample of untrusted bytes for a log line ("47 45 54 20 ..."). */
+void wire_sample(const uint8_t *buf, size_t len, char *out, size_t outlen);
+
+/* Name of the body case for logs and errors: "heartbeat", "unknown(99)". */
+const char *wire_body_name(const wire_msg *m);
+
+#endif
