@@ -114,8 +114,10 @@ void nnuv_close(nnuv *s, void (*on_close)(nnuv *s))
 int nnuv_sockopts(int sock, size_t max_recv, err *e)
 {
     int v = (int)max_recv, zero = 0;
+    /* Not NN_IPV4ONLY=0 here: nanomsg 1.1.5 then aborts (usock_posix.inc:195
+     * assertion) when a connecting socket reaches an IPv4 address. Bind and
+     * connect turn IPv6 on only for IPv6 addresses (nnuv_bind_tcp, nnuv_connect). */
     if (nn_setsockopt(sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &v, sizeof v) < 0 ||
-        nn_setsockopt(sock, NN_SOL_SOCKET, NN_IPV4ONLY, &zero, sizeof zero) < 0 ||
         nn_setsockopt(sock, NN_SOL_SOCKET, NN_LINGER, &zero, sizeof zero) < 0)
         return err_set(e, CODE_INTERNAL, "nanomsg setsockopt: %s", nn_strerror(nn_errno()));
     return CODE_OK;
@@ -159,7 +161,10 @@ static int free_port(const char *host, int *port)
 int nnuv_bind_tcp(int sock, const char *host, int port, int *port_out, err *e)
 {
     char url[300];
-    int tries = port ? 1 : 20;
+    int tries = port ? 1 : 20, zero = 0;
+
+    if (strchr(host, ':') && nn_setsockopt(sock, NN_SOL_SOCKET, NN_IPV4ONLY, &zero, sizeof zero) < 0)
+        return err_set(e, CODE_INTERNAL, "nanomsg setsockopt: %s", nn_strerror(nn_errno()));
 
     for (int t = 0; t < tries; t++) {
         int p = port;
@@ -177,4 +182,14 @@ int nnuv_bind_tcp(int sock, const char *host, int port, int *port_out, err *e)
                            "cannot listen on %s: %s", url, nn_strerror(nn_errno()));
     }
     return err_set(e, CODE_UNAVAILABLE, "cannot find a free port on %s", host);
+}
+
+int nnuv_connect(int sock, const char *url, err *e)
+{
+    int zero = 0;
+    if (strchr(url, '[') && nn_setsockopt(sock, NN_SOL_SOCKET, NN_IPV4ONLY, &zero, sizeof zero) < 0)
+        return err_set(e, CODE_INTERNAL, "nanomsg setsockopt: %s", nn_strerror(nn_errno()));
+    if (nn_connect(sock, url) < 0)
+        return err_set(e, CODE_INVALID_ARGUMENT, "cannot connect to %s: %s", url, nn_strerror(nn_errno()));
+    return CODE_OK;
 }

@@ -41,9 +41,13 @@ void nnuv_ctl_free(void *ctl);
  * from the handle's close callback, when s may be freed. */
 void nnuv_close(nnuv *s, void (*on_close)(nnuv *s));
 
-/* Sets the options every tpuemu socket gets: receive size cap, IPv6 allowed,
- * linger 0 (never block at close). */
+/* Sets the options every tpuemu socket gets: receive size cap, linger 0 (never
+ * block at close). IPv6 is turned on per address by nnuv_bind_tcp/nnuv_connect. */
 int nnuv_sockopts(int sock, size_t max_recv, err *e);
+
+/* nn_connect to a tcp:// URL, allowing IPv6 when the URL's host is one
+ * ("tcp://[::1]:8470"). Use it for every connect: see nnuv_sockopts(). */
+int nnuv_connect(int sock, const char *url, err *e);
 
 /* Binds a raw or cooked socket to tcp://host:port; port 0 picks a free one (nanomsg
  * cannot report the port it got, so we ask the kernel for a free port and retry

@@ -1,0 +1,230 @@
+/* libtpuclient: connect to an emulated TPU cluster, read its spec, initialize and
+ * shut down the TPU system, as TensorFlow's TPUClusterResolver,
+ * experimental_connect_to_cluster and initialize_tpu_system do.
+ *
+ *   tpu_resolver *r;  tpu_cluster *c;  tpu_topology *t;
+ *   if (tpu_resolver_new(NULL, &r)                      // $TPU_NAME, else 127.0.0.1:8470
+ *       || tpu_connect_to_cluster(r, &c)
+ *       || tpu_initialize_system(c, NULL, &t))
+ *       fprintf(stderr, "%s: %s\n", tpu_status_name(tpu_last_status()), tpu_last_error());
+ *
+ * Conventions
+ * - Every call returns a tpu_status; TPU_OK is 0. On failure tpu_last_error()
+ *   holds a message saying what happened, where, and what to do. It is kept per
+ *   thread and stays valid until the next call of this library on that thread.
+ * - Handles are opaque, made by tpu_X_new (or a call that returns one) and freed
+ *   by tpu_X_free, which accepts NULL. Passing a freed or foreign pointer is
+ *   detected by a magic number and aborts with a message, as a bug should.
+ * - A handle may be used by one thread at a time; different handles may be used
+ *   by different threads at once.
+ * - Calls that talk to the cluster block, each with a deadline: nothing waits
+ *   forever. The library never prints and never exits.
+ */
+#ifndef TPUEMU_TPUEMU_H
+#define TPUEMU_TPUEMU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tpuemu/version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(TPU_BUILDING_LIBRARY)
+#define TPU_API __attribute__((visibility("default")))
+#else
+#define TPU_API
+#endif
+
+/* Canonical codes, numbered as gRPC and TensorFlow number them. Only grows. */
+typedef enum tpu_status {
+    TPU_OK = 0,
+    TPU_CANCELLED = 1,
+    TPU_UNKNOWN = 2,
+    TPU_INVALID_ARGUMENT = 3,
+    TPU_DEADLINE_EXCEEDED = 4,
+    TPU_NOT_FOUND = 5,
+    TPU_ALREADY_EXISTS = 6,
+    TPU_PERMISSION_DENIED = 7,
+    TPU_RESOURCE_EXHAUSTED = 8,
+    TPU_FAILED_PRECONDITION = 9,
+    TPU_ABORTED = 10,
+    TPU_OUT_OF_RANGE = 11,
+    TPU_UNIMPLEMENTED = 12,
+    TPU_INTERNAL = 13,
+    TPU_UNAVAILABLE = 14,
+    TPU_DATA_LOSS = 15,
+    TPU_UNAUTHENTICATED = 16,
+} tpu_status;
+
+/* "UNAVAILABLE". Never NULL. */
+TPU_API const char *tpu_status_name(tpu_status s);
+/* Status and message of this thread's last failed call ("" / TPU_OK if none). */
+TPU_API tpu_status tpu_last_status(void);
+TPU_API const char *tpu_last_error(void);
+/* Version of the library as loaded at run time ("0.1.0"); compare with
+ * TPUEMU_VERSION_STRING from tpuemu/version.h, the one compiled against. */
+TPU_API const char *tpu_version(void);
+
+/* ---- resolver: where the cluster is (no network traffic) ---- */
+
+typedef struct tpu_resolver tpu_resolver;
+
+/* tpu: "HOST:PORT", "grpc://HOST:PORT", "HOST" (port 8470), or a comma list of
+ * those (tried in order; the first that answers is used). NULL or "" means
+ * $TPU_NAME, and 127.0.0.1:8470 when that is unset too. The cluster token is
+ * read from $TPUEMU_TOKEN_FILE or $TPUEMU_TOKEN if set; see
+ * tpu_resolver_set_token_file(). Errors: TPU_INVALID_ARGUMENT. */
+TPU_API tpu_status tpu_resolver_new(const char *tpu, tpu_resolver **out);
+TPU_API void tpu_resolver_free(tpu_resolver *r);
+
+/* Uses the token in path (trailing newline ignored) for every message. */
+TPU_API tpu_status tpu_resolver_set_token_file(tpu_resolver *r, const char *path);
+/* Per-call deadline for calls through this resolver (default 5000 ms). */
+TPU_API tpu_status tpu_resolver_set_timeout_ms(tpu_resolver *r, uint32_t ms);
+
+/* "grpc://HOST:PORT" of the first endpoint, as TPUClusterResolver.master().
+ * Owned by r. */
+TPU_API const char *tpu_resolver_master(const tpu_resolver *r);
+TPU_API size_t tpu_resolver_num_endpoints(const tpu_resolver *r);
+/* "HOST:PORT" of endpoint i, or NULL. Owned by r. */
+TPU_API const char *tpu_resolver_endpoint(const tpu_resolver *r, size_t i);
+
+/* ---- cluster: a connection to the resolver ---- */
+
+typedef struct tpu_cluster tpu_cluster;
+
+/* Connects (experimental_connect_to_cluster) and checks that the resolver
+ * answers and accepts our token. r must outlive the cluster.
+ * Errors: TPU_UNAVAILABLE (no endpoint answered in time, naming each),
+ * TPU_UNAUTHENTICATED (wrong or missing token). */
+TPU_API tpu_status tpu_connect_to_cluster(tpu_resolver *r, tpu_cluster **out);
+TPU_API void tpu_cluster_free(tpu_cluster *c);
+
+/* "HOST:PORT" of the endpoint this cluster handle talks to. Owned by c. */
+TPU_API const char *tpu_cluster_endpoint(const tpu_cluster *c);
+/* "PID@HOSTNAME": how the resolver names this client. Owned by c. */
+TPU_API const char *tpu_cluster_client_id(const tpu_cluster *c);
+/* Epoch this handle initialized (0 if it never did). */
+TPU_API uint64_t tpu_cluster_epoch(const tpu_cluster *c);
+/* The system epoch in the resolver's latest answer to this handle (cluster
+ * spec, initialize, system check or shutdown: after a shutdown, the new epoch). */
+TPU_API uint64_t tpu_cluster_system_epoch(const tpu_cluster *c);
+
+typedef enum tpu_core_state {
+    TPU_CORE_UNKNOWN = 0,
+    TPU_CORE_IDLE = 1,  /* alive, not part of the initialized system */
+    TPU_CORE_READY = 2, /* alive and part of the initialized system */
+    TPU_CORE_DEAD = 3,  /* missed too many heartbeats */
+} tpu_core_state;
+TPU_API const char *tpu_core_state_name(tpu_core_state s); /* "READY" */
+
+/* One core as the resolver sees it. Strings are owned by the spec. */
+typedef struct tpu_core_info {
+    const char *host_id;
+    int core;                 /* index on its host */
+    const char *control_addr; /* tcp://ADDR:PORT */
+    const char *data_addr;    /* ADDR:PORT */
+    const char *tpu_type;     /* "v3" */
+    uint64_t hbm_capacity;    /* bytes */
+    uint64_t hbm_used;        /* bytes */
+    tpu_core_state state;
+    uint64_t heartbeat_age_ms;
+    int replica_id;           /* -1 unless READY */
+    uint32_t pid;
+    const char *version;
+} tpu_core_info;
+
+typedef struct tpu_cluster_spec tpu_cluster_spec;
+
+/* A fresh snapshot of every core the resolver knows, sorted by host then core. */
+TPU_API tpu_status tpu_cluster_spec_get(tpu_cluster *c, tpu_cluster_spec **out);
+TPU_API void tpu_cluster_spec_free(tpu_cluster_spec *s);
+TPU_API size_t tpu_cluster_spec_num_cores(const tpu_cluster_spec *s);
+/* Fills *out for core i (0-based, < num_cores); TPU_OUT_OF_RANGE otherwise. */
+TPU_API tpu_status tpu_cluster_spec_core(const tpu_cluster_spec *s, size_t i, tpu_core_info *out);
+TPU_API uint64_t tpu_cluster_spec_epoch(const tpu_cluster_spec *s);
+TPU_API int tpu_cluster_spec_initialized(const tpu_cluster_spec *s);
+TPU_API uint32_t tpu_cluster_spec_heartbeat_ms(const tpu_cluster_spec *s);
+TPU_API uint32_t tpu_cluster_spec_dead_after(const tpu_cluster_spec *s);
+/* Client id that initialized the current system ("" if none/unknown). Owned by s. */
+TPU_API const char *tpu_cluster_spec_owner(const tpu_cluster_spec *s);
+/* Software version of the resolver. Owned by s. */
+TPU_API const char *tpu_cluster_spec_resolver_version(const tpu_cluster_spec *s);
+
+/* num_accelerators(): live (IDLE or READY) cores. */
+TPU_API tpu_status tpu_num_accelerators(tpu_cluster *c, int *out);
+
+/* TPUSystemMetadata, counted over live cores. */
+typedef struct tpu_system_metadata {
+    int num_cores;
+    int num_hosts;
+    int num_of_cores_per_host; /* the largest host's count */
+    char tpu_type[16];
+} tpu_system_metadata;
+TPU_API tpu_status tpu_system_metadata_get(tpu_cluster *c, tpu_system_metadata *out);
+
+/* ---- the TPU system ---- */
+
+typedef struct tpu_init_options {
+    uint32_t expect;      /* cores to wait for; 0: every core the resolver knows of */
+    uint32_t timeout_ms;  /* how long to wait for them; 0: 10000 */
+    int allow_partial;    /* at the deadline, go on without the missing cores */
+} tpu_init_options;
+
+typedef struct tpu_topology tpu_topology;
+
+/* initialize_tpu_system: waits (up to the deadline) for the expected cores,
+ * starts a new epoch, resets every core (HBM emptied, compiled state dropped),
+ * assigns replica ids in ring order with each host's cores adjacent, and
+ * returns the Topology. opts may be NULL. The cluster handle then belongs to
+ * the new epoch; another client initializing later takes the system over and
+ * this handle's next epoch-bound call fails with TPU_FAILED_PRECONDITION.
+ * Errors: TPU_UNAVAILABLE naming the missing cores, TPU_INVALID_ARGUMENT. */
+TPU_API tpu_status tpu_initialize_system(tpu_cluster *c, const tpu_init_options *opts,
+                                         tpu_topology **out);
+TPU_API void tpu_topology_free(tpu_topology *t);
+
+TPU_API uint64_t tpu_topology_epoch(const tpu_topology *t);
+/* mesh_shape: x, y, z, cores per chip. Writes up to 4 values, returns the count. */
+TPU_API size_t tpu_topology_mesh_shape(const tpu_topology *t, int out[4]);
+TPU_API int tpu_topology_num_replicas(const tpu_topology *t);
+TPU_API int tpu_topology_num_tasks(const tpu_topology *t);
+TPU_API int tpu_topology_num_tpus_per_task(const tpu_topology *t);
+TPU_API const char *tpu_topology_tpu_type(const tpu_topology *t);
+/* Client id that initialized this system. Owned by t. */
+TPU_API const char *tpu_topology_owner(const tpu_topology *t);
+
+typedef struct tpu_topology_core {
+    int replica_id;  /* also the position in the ring */
+    const char *host_id;
+    int core;
+    int task_id;
+    int coords[4];   /* x, y, z, core on chip */
+    const char *data_addr;
+} tpu_topology_core;
+/* Core by replica id (0 .. num_replicas-1). Strings owned by t. */
+TPU_API tpu_status tpu_topology_core_get(const tpu_topology *t, int replica, tpu_topology_core *out);
+/* nanomsg URL of that core's control socket, or NULL. Owned by t. */
+TPU_API const char *tpu_topology_control_addr(const tpu_topology *t, int replica);
+/* Missing devices ("host1/3 (dead: no heartbeat for 4.1 s)"), with allow_partial. */
+TPU_API size_t tpu_topology_num_missing(const tpu_topology *t);
+TPU_API const char *tpu_topology_missing(const tpu_topology *t, size_t i);
+
+/* Is the system this handle initialized still the current one?
+ * TPU_OK, or TPU_FAILED_PRECONDITION saying who re-initialized or shut it down. */
+TPU_API tpu_status tpu_system_check(tpu_cluster *c);
+
+/* shutdown_tpu_system: every core leaves the system and is reset; a new epoch
+ * starts with nothing initialized. On a handle that initialized the system it
+ * first checks that the system is still its own (TPU_FAILED_PRECONDITION
+ * otherwise); on any other handle it shuts down whatever is current. */
+TPU_API tpu_status tpu_shutdown_system(tpu_cluster *c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

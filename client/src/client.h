@@ -1,0 +1,76 @@
+/* libtpuclient internals shared by its modules: the handle structs, the
+ * thread-local last error and the one request/reply call. Never installed. */
+#ifndef TPUEMU_CLIENT_INTERNAL_H
+#define TPUEMU_CLIENT_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "addr.h"
+#include "auth.h"
+#include "status.h"
+#include "tpuemu/tpuemu.h"
+#include "wire.h"
+
+#define CLI_MAX_ENDPOINTS 16
+#define CLI_DEFAULT_TIMEOUT_MS 5000u
+#define CLI_INIT_DEFAULT_TIMEOUT_MS 10000u
+#define CLI_INIT_EXTRA_MS 5000u
+
+#define MAGIC_RESOLVER 0x74707572u /* "tpur" */
+#define MAGIC_CLUSTER 0x74707563u  /* "tpuc" */
+#define MAGIC_SPEC 0x74707573u     /* "tpus" */
+#define MAGIC_TOPOLOGY 0x74707574u /* "tput" */
+#define MAGIC_DEAD 0xdeadbeefu
+
+struct tpu_resolver {
+    uint32_t magic;
+    addr eps[CLI_MAX_ENDPOINTS];
+    char ep_str[CLI_MAX_ENDPOINTS][ADDR_HOST_MAX + 16]; /* "host:port" */
+    size_t n;
+    char master[ADDR_HOST_MAX + 24];                    /* "grpc://host:port" */
+    auth auth;
+    uint32_t timeout_ms;
+    char client_id[300]; /* "PID@HOST" */
+    char sender[310];    /* "client PID@HOST" */
+};
+
+struct tpu_cluster {
+    uint32_t magic;
+    tpu_resolver *r;
+    size_t ep;         /* index of the endpoint in use */
+    int sock;          /* cooked NN_REQ connected to it */
+    uint64_t epoch;    /* epoch this handle initialized, 0: never */
+    uint64_t seen_epoch;
+};
+
+struct tpu_cluster_spec {
+    uint32_t magic;
+    wire_msg *m; /* body: cluster_spec */
+};
+
+struct tpu_topology {
+    uint32_t magic;
+    wire_msg *m; /* body: topology */
+};
+
+/* Aborts with a message when h is not a live handle of that kind (a bug). */
+void cli_check_magic(const void *h, uint32_t magic, const char *what);
+#define CHECK_HANDLE(h, M, what) cli_check_magic((h), (M), (what))
+
+/* Records e as this thread's last error and returns its code. */
+tpu_status cli_fail(const err *e);
+tpu_status cli_failf(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* One request/reply with the cluster's endpoint: seal req, send, wait up to
+ * timeout_ms for the reply, open it and check request_id. A reply whose body
+ * is an error becomes that error. Otherwise the body case must be want.
+ * *reply is freed by the caller with wire_msg_free(). */
+int call_do(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_ms, wire_msg **reply, err *e);
+
+/* Opens the REQ socket to endpoint i of c->r, after a plain TCP connect check
+ * within timeout_ms. Closes any previous socket. */
+int call_open(tpu_cluster *c, size_t i, uint32_t timeout_ms, err *e);
+void call_close(tpu_cluster *c);
+
+#endif

@@ -1,0 +1,277 @@
+/* tpu_cluster: the connection to the resolver (the first endpoint that
+ * answers) and cluster-spec snapshots read from it. */
+#include "client.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int fetch_spec(tpu_cluster *c, wire_msg **out, err *e)
+{
+    wire_msg req = TPUEMU__MESSAGE__INIT;
+    Tpuemu__ClusterSpecRequest body = TPUEMU__CLUSTER_SPEC_REQUEST__INIT;
+    int rc;
+
+    req.body_case = TPUEMU__MESSAGE__BODY_CLUSTER_SPEC_REQUEST;
+    req.cluster_spec_request = &body;
+    rc = call_do(c, &req, TPUEMU__MESSAGE__BODY_CLUSTER_SPEC, c->r->timeout_ms, out, e);
+    if (rc != CODE_OK)
+        return rc;
+    if (!(*out)->cluster_spec)
+        goto bad;
+    for (size_t i = 0; i < (*out)->cluster_spec->n_cores; i++)
+        if (!(*out)->cluster_spec->cores[i] || !(*out)->cluster_spec->cores[i]->worker)
+            goto bad;
+    c->seen_epoch = (*out)->cluster_spec->system_epoch;
+    return CODE_OK;
+bad:
+    wire_msg_free(*out);
+    *out = NULL;
+    return err_set(e, CODE_INTERNAL, "the resolver at %s sent a cluster spec with a core missing its "
+                   "description", c->r->ep_str[c->ep]);
+}
+
+tpu_status tpu_connect_to_cluster(tpu_resolver *r, tpu_cluster **out)
+{
+    tpu_cluster *c;
+    char why[ERR_MSG_MAX] = "";
+    size_t wl = 0;
+    err e;
+
+    CHECK_HANDLE(r, MAGIC_RESOLVER, "tpu_resolver");
+    if (!out)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_connect_to_cluster: out is NULL");
+    *out = NULL;
+    c = calloc(1, sizeof *c);
+    if (!c)
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+    c->magic = MAGIC_CLUSTER;
+    c->r = r;
+    c->sock = -1;
+    for (size_t i = 0; i < r->n; i++) {
+        wire_msg *m = NULL;
+        int rc = call_open(c, i, r->timeout_ms, &e);
+        if (rc == CODE_OK)
+            rc = fetch_spec(c, &m, &e);
+        if (rc == CODE_OK) {
+            wire_msg_free(m);
+            *out = c;
+            return TPU_OK;
+        }
+        call_close(c);
+        if (r->n == 1 || rc != CODE_UNAVAILABLE) {
+            /* one endpoint, or one that answered and refused us: its own words */
+            if (r->n > 1)
+                err_prefix(&e, "%s", r->ep_str[i]);
+            c->magic = MAGIC_DEAD;
+            free(c);
+            return cli_fail(&e);
+        }
+        if (wl < sizeof why)
+            wl += (size_t)snprintf(why + wl, sizeof why - wl, "%s%s: %s", i ? "; " : "", r->ep_str[i], e.msg);
+    }
+    c->magic = MAGIC_DEAD;
+    free(c);
+    return cli_failf(TPU_UNAVAILABLE, "none of the %zu resolver endpoints answered: %s", r->n, why);
+}
+
+void tpu_cluster_free(tpu_cluster *c)
+{
+    if (!c)
+        return;
+    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    call_close(c);
+    c->magic = MAGIC_DEAD;
+    free(c);
+}
+
+const char *tpu_cluster_endpoint(const tpu_cluster *c)
+{
+    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    return c->r->ep_str[c->ep];
+}
+
+const char *tpu_cluster_client_id(const tpu_cluster *c)
+{
+    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    return c->r->client_id;
+}
+
+uint64_t tpu_cluster_epoch(const tpu_cluster *c)
+{
+    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    return c->epoch;
+}
+
+uint64_t tpu_cluster_system_epoch(const tpu_cluster *c)
+{
+    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    return c->seen_epoch;
+}
+
+const char *tpu_core_state_name(tpu_core_state s)
+{
+    switch (s) {
+    case TPU_CORE_IDLE:
+        return "IDLE";
+    case TPU_CORE_READY:
+        return "READY";
+    case TPU_CORE_DEAD:
+        return "DEAD";
+    default:
+        return "UNKNOWN";
+    }
+}
+
+tpu_status tpu_cluster_spec_get(tpu_cluster *c, tpu_cluster_spec **out)
+{
+    tpu_cluster_spec *s;
+    wire_msg *m;
+    err e;
+
+    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    if (!out)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_cluster_spec_get: out is NULL");
+    *out = NULL;
+    if (fetch_spec(c, &m, &e) != CODE_OK)
+        return cli_fail(&e);
+    s = calloc(1, sizeof *s);
+    if (!s) {
+        wire_msg_free(m);
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    s->magic = MAGIC_SPEC;
+    s->m = m;
+    *out = s;
+    return TPU_OK;
+}
+
+void tpu_cluster_spec_free(tpu_cluster_spec *s)
+{
+    if (!s)
+        return;
+    CHECK_HANDLE(s, MAGIC_SPEC, "tpu_cluster_spec");
+    wire_msg_free(s->m);
+    s->magic = MAGIC_DEAD;
+    free(s);
+}
+
+#define SPEC(s) (CHECK_HANDLE((s), MAGIC_SPEC, "tpu_cluster_spec"), (s)->m->cluster_spec)
+
+size_t tpu_cluster_spec_num_cores(const tpu_cluster_spec *s)
+{
+    return SPEC(s)->n_cores;
+}
+
+tpu_status tpu_cluster_spec_core(const tpu_cluster_spec *s, size_t i, tpu_core_info *out)
+{
+    const Tpuemu__ClusterSpec *cs = SPEC(s);
+    const Tpuemu__CoreInfo *ci;
+    const Tpuemu__WorkerInfo *w;
+
+    if (!out)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_cluster_spec_core: out is NULL");
+    if (i >= cs->n_cores)
+        return cli_failf(TPU_OUT_OF_RANGE, "core %zu is out of range: the spec has %zu cores", i,
+                         cs->n_cores);
+    ci = cs->cores[i];
+    w = ci->worker;
+    memset(out, 0, sizeof *out);
+    out->host_id = w->host_id;
+    out->core = w->core;
+    out->control_addr = w->control_addr;
+    out->data_addr = w->data_addr;
+    out->tpu_type = w->tpu_type;
+    out->hbm_capacity = w->hbm_capacity;
+    out->hbm_used = w->hbm_used;
+    out->state = ci->state >= TPUEMU__CORE_STATE__CORE_IDLE && ci->state <= TPUEMU__CORE_STATE__CORE_DEAD
+                     ? (tpu_core_state)ci->state
+                     : TPU_CORE_UNKNOWN;
+    out->heartbeat_age_ms = ci->heartbeat_age_ms;
+    out->replica_id = out->state == TPU_CORE_READY ? w->replica_id : -1;
+    out->pid = w->pid;
+    out->version = w->version;
+    return TPU_OK;
+}
+
+uint64_t tpu_cluster_spec_epoch(const tpu_cluster_spec *s)
+{
+    return SPEC(s)->system_epoch;
+}
+
+int tpu_cluster_spec_initialized(const tpu_cluster_spec *s)
+{
+    return SPEC(s)->initialized ? 1 : 0;
+}
+
+uint32_t tpu_cluster_spec_heartbeat_ms(const tpu_cluster_spec *s)
+{
+    return SPEC(s)->heartbeat_ms;
+}
+
+uint32_t tpu_cluster_spec_dead_after(const tpu_cluster_spec *s)
+{
+    return SPEC(s)->dead_after;
+}
+
+const char *tpu_cluster_spec_owner(const tpu_cluster_spec *s)
+{
+    return SPEC(s)->owner;
+}
+
+const char *tpu_cluster_spec_resolver_version(const tpu_cluster_spec *s)
+{
+    return SPEC(s)->resolver_version;
+}
+
+/* Counts live cores, hosts with a live core, and the largest host's count. */
+static tpu_status live_counts(tpu_cluster *c, tpu_system_metadata *md)
+{
+    tpu_cluster_spec *s;
+    tpu_status st = tpu_cluster_spec_get(c, &s);
+    const char *prev = NULL;
+    int on_host = 0;
+
+    if (st != TPU_OK)
+        return st;
+    memset(md, 0, sizeof *md);
+    for (size_t i = 0; i < s->m->cluster_spec->n_cores; i++) {
+        const Tpuemu__CoreInfo *ci = s->m->cluster_spec->cores[i];
+        if (ci->state != TPUEMU__CORE_STATE__CORE_IDLE && ci->state != TPUEMU__CORE_STATE__CORE_READY)
+            continue;
+        if (!md->num_cores)
+            snprintf(md->tpu_type, sizeof md->tpu_type, "%s", ci->worker->tpu_type);
+        md->num_cores++;
+        if (!prev || strcmp(prev, ci->worker->host_id) != 0) {
+            md->num_hosts++;
+            on_host = 0;
+            prev = ci->worker->host_id;
+        }
+        if (++on_host > md->num_of_cores_per_host)
+            md->num_of_cores_per_host = on_host;
+    }
+    tpu_cluster_spec_free(s);
+    return TPU_OK;
+}
+
+tpu_status tpu_num_accelerators(tpu_cluster *c, int *out)
+{
+    tpu_system_metadata md;
+    tpu_status st;
+
+    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    if (!out)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_num_accelerators: out is NULL");
+    if ((st = live_counts(c, &md)) != TPU_OK)
+        return st;
+    *out = md.num_cores;
+    return TPU_OK;
+}
+
+tpu_status tpu_system_metadata_get(tpu_cluster *c, tpu_system_metadata *out)
+{
+    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    if (!out)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_system_metadata_get: out is NULL");
+    return live_counts(c, out);
+}

@@ -1,0 +1,106 @@
+/* tpu_resolver: where the cluster is and which token to use. Parses the
+ * address list ($TPU_NAME when none is given) and loads the token; it sends
+ * nothing over the network. */
+#include "client.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define DEFAULT_TPU "127.0.0.1:8470"
+
+tpu_status tpu_resolver_new(const char *tpu, tpu_resolver **out)
+{
+    tpu_resolver *r;
+    char host[256];
+    err e;
+
+    if (!out)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_resolver_new: out is NULL");
+    *out = NULL;
+    if (!tpu || !*tpu)
+        tpu = getenv("TPU_NAME");
+    if (!tpu || !*tpu)
+        tpu = DEFAULT_TPU;
+    auth_global_init();
+    r = calloc(1, sizeof *r);
+    if (!r)
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+    if (addr_parse_list(tpu, ADDR_DEFAULT_PORT, r->eps, CLI_MAX_ENDPOINTS, &r->n, &e) != CODE_OK)
+        goto fail;
+    for (size_t i = 0; i < r->n; i++) {
+        if (r->eps[i].port == 0) {
+            err_set(&e, CODE_INVALID_ARGUMENT, "address '%s': port 0 is not a resolver port",
+                    r->eps[i].host);
+            goto fail;
+        }
+        addr_format(r->eps[i].host, r->eps[i].port, r->ep_str[i], sizeof r->ep_str[i]);
+    }
+    snprintf(r->master, sizeof r->master, "grpc://%s", r->ep_str[0]);
+    if (auth_load(&r->auth, getenv("TPUEMU_TOKEN_FILE"), &e) != CODE_OK)
+        goto fail;
+    r->timeout_ms = CLI_DEFAULT_TIMEOUT_MS;
+    if (gethostname(host, sizeof host) != 0)
+        snprintf(host, sizeof host, "unknown");
+    host[sizeof host - 1] = '\0';
+    snprintf(r->client_id, sizeof r->client_id, "%ld@%s", (long)getpid(), host);
+    snprintf(r->sender, sizeof r->sender, "client %s", r->client_id);
+    r->magic = MAGIC_RESOLVER;
+    *out = r;
+    return TPU_OK;
+fail:
+    free(r);
+    return cli_fail(&e);
+}
+
+void tpu_resolver_free(tpu_resolver *r)
+{
+    if (!r)
+        return;
+    CHECK_HANDLE(r, MAGIC_RESOLVER, "tpu_resolver");
+    r->magic = MAGIC_DEAD;
+    memset(&r->auth, 0, sizeof r->auth);
+    free(r);
+}
+
+tpu_status tpu_resolver_set_token_file(tpu_resolver *r, const char *path)
+{
+    auth a;
+    err e;
+
+    CHECK_HANDLE(r, MAGIC_RESOLVER, "tpu_resolver");
+    if (!path || !*path)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_resolver_set_token_file: empty path");
+    if (auth_load(&a, path, &e) != CODE_OK)
+        return cli_fail(&e);
+    r->auth = a;
+    return TPU_OK;
+}
+
+tpu_status tpu_resolver_set_timeout_ms(tpu_resolver *r, uint32_t ms)
+{
+    CHECK_HANDLE(r, MAGIC_RESOLVER, "tpu_resolver");
+    if (ms == 0 || ms > 600000)
+        return cli_failf(TPU_INVALID_ARGUMENT, "timeout of %u ms is out of range (1..600000)", ms);
+    r->timeout_ms = ms;
+    return TPU_OK;
+}
+
+const char *tpu_resolver_master(const tpu_resolver *r)
+{
+    CHECK_HANDLE(r, MAGIC_RESOLVER, "tpu_resolver");
+    return r->master;
+}
+
+size_t tpu_resolver_num_endpoints(const tpu_resolver *r)
+{
+    CHECK_HANDLE(r, MAGIC_RESOLVER, "tpu_resolver");
+    return r->n;
+}
+
+const char *tpu_resolver_endpoint(const tpu_resolver *r, size_t i)
+{
+    CHECK_HANDLE(r, MAGIC_RESOLVER, "tpu_resolver");
+    return i < r->n ? r->ep_str[i] : NULL;
+}

@@ -1,0 +1,92 @@
+/* The TPU system: initialize (a new epoch, every chosen core reset), check
+ * that the epoch a handle initialized is still current, and shut down. */
+#include "client.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+tpu_status tpu_initialize_system(tpu_cluster *c, const tpu_init_options *opts, tpu_topology **out)
+{
+    wire_msg req = TPUEMU__MESSAGE__INIT, *m;
+    Tpuemu__InitializeRequest body = TPUEMU__INITIALIZE_REQUEST__INIT;
+    tpu_topology *t;
+    uint32_t wait_ms;
+    err e;
+
+    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    if (!out)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_initialize_system: out is NULL");
+    *out = NULL;
+    if (opts) {
+        body.expect = opts->expect;
+        body.timeout_ms = opts->timeout_ms;
+        body.allow_partial = opts->allow_partial != 0;
+    }
+    if (body.timeout_ms > 600000)
+        return cli_failf(TPU_INVALID_ARGUMENT,
+                         "initialize timeout of %u ms is too long (at most 600000 ms)", body.timeout_ms);
+    wait_ms = body.timeout_ms ? body.timeout_ms : CLI_INIT_DEFAULT_TIMEOUT_MS;
+    body.client_id = c->r->client_id;
+    req.body_case = TPUEMU__MESSAGE__BODY_INITIALIZE;
+    req.initialize = &body;
+    if (call_do(c, &req, TPUEMU__MESSAGE__BODY_TOPOLOGY, wait_ms + CLI_INIT_EXTRA_MS, &m, &e) != CODE_OK)
+        return cli_fail(&e);
+    if (!m->topology)
+        goto bad;
+    for (size_t i = 0; i < m->topology->n_cores; i++)
+        if (!m->topology->cores[i])
+            goto bad;
+    t = calloc(1, sizeof *t);
+    if (!t) {
+        wire_msg_free(m);
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    t->magic = MAGIC_TOPOLOGY;
+    t->m = m;
+    c->epoch = m->topology->epoch;
+    c->seen_epoch = m->topology->epoch;
+    *out = t;
+    return TPU_OK;
+bad:
+    wire_msg_free(m);
+    return cli_failf(TPU_INTERNAL, "the resolver at %s sent a malformed topology", c->r->ep_str[c->ep]);
+}
+
+tpu_status tpu_system_check(tpu_cluster *c)
+{
+    wire_msg req = TPUEMU__MESSAGE__INIT, *m;
+    Tpuemu__SystemCheck body = TPUEMU__SYSTEM_CHECK__INIT;
+    err e;
+
+    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    body.epoch = c->epoch;
+    body.client_id = c->r->client_id;
+    req.body_case = TPUEMU__MESSAGE__BODY_SYSTEM_CHECK;
+    req.system_check = &body;
+    if (call_do(c, &req, TPUEMU__MESSAGE__BODY_SYSTEM_CHECK_REPLY, c->r->timeout_ms, &m, &e) != CODE_OK)
+        return cli_fail(&e);
+    if (m->system_check_reply)
+        c->seen_epoch = m->system_check_reply->epoch;
+    wire_msg_free(m);
+    return TPU_OK;
+}
+
+tpu_status tpu_shutdown_system(tpu_cluster *c)
+{
+    wire_msg req = TPUEMU__MESSAGE__INIT, *m;
+    Tpuemu__ShutdownRequest body = TPUEMU__SHUTDOWN_REQUEST__INIT;
+    err e;
+
+    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    body.epoch = c->epoch;
+    body.client_id = c->r->client_id;
+    req.body_case = TPUEMU__MESSAGE__BODY_SHUTDOWN;
+    req.shutdown = &body;
+    /* the resolver waits up to 2 s for the cores' acknowledgements */
+    if (call_do(c, &req, TPUEMU__MESSAGE__BODY_SHUTDOWN_REPLY, c->r->timeout_ms + 2000, &m, &e) != CODE_OK)
+        return cli_fail(&e);
+    if (m->shutdown_reply)
+        c->seen_epoch = m->shutdown_reply->epoch;
+    wire_msg_free(m);
+    return TPU_OK;
+}

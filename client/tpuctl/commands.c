@@ -1,0 +1,475 @@
+/* tpuctl commands: cluster, init, shutdown, health, version. Each parses its
+ * own flags from a settings table, talks to the resolver through
+ * libtpuclient only, and prints text or (--json) one JSON object. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "json.h"
+#include "table.h"
+#include "tpuctl.h"
+#include "wire.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+/* Parses a command's flags; returns -1 to go on, else the exit status. */
+static int cmd_flags(const struct opt *t, size_t n, int argc, char **argv, const char *usage,
+                     const char *about)
+{
+    int first = argc;
+    err e;
+    int rc = opt_parse(t, n, argc, argv, &first, &e);
+    if (rc == CODE_CANCELLED) {
+        opt_usage(t, n, usage, about);
+        return EXIT_OK;
+    }
+    if (rc != CODE_OK) {
+        fprintf(stderr, "tpuctl %s: %s (see tpuctl %s --help)\n", argv[0], e.msg, argv[0]);
+        return EXIT_USAGE;
+    }
+    if (first < argc) {
+        fprintf(stderr, "tpuctl %s: unexpected argument '%s' (see tpuctl %s --help)\n", argv[0],
+                argv[first], argv[0]);
+        return EXIT_USAGE;
+    }
+    return -1;
+}
+
+static int fail(void)
+{
+    fprintf(stderr, "%s: %s\n", tpu_status_name(tpu_last_status()), tpu_last_error());
+    return EXIT_ERROR;
+}
+
+/* Resolver + connection, or an error printed and the exit status. */
+static int connect_cluster(const struct tpuctl *g, tpu_resolver **r, tpu_cluster **c)
+{
+    *r = NULL;
+    *c = NULL;
+    if (tpu_resolver_new(g->tpu, r) != TPU_OK) {
+        /* a bad --tpu is the user's command line */
+        fprintf(stderr, "tpuctl: --tpu: %s\n", tpu_last_error());
+        return EXIT_USAGE;
+    }
+    if ((g->token_file && *g->token_file && tpu_resolver_set_token_file(*r, g->token_file) != TPU_OK) ||
+        tpu_resolver_set_timeout_ms(*r, (uint32_t)g->timeout_ms) != TPU_OK ||
+        tpu_connect_to_cluster(*r, c) != TPU_OK) {
+        int rc = fail();
+        tpu_resolver_free(*r);
+        *r = NULL;
+        return rc;
+    }
+    return -1;
+}
+
+static void disconnect(tpu_resolver *r, tpu_cluster *c)
+{
+    tpu_cluster_free(c);
+    tpu_resolver_free(r);
+}
+
+static size_t count_hosts(const tpu_cluster_spec *s)
+{
+    size_t hosts = 0;
+    const char *prev = NULL;
+    tpu_core_info ci;
+    for (size_t i = 0; i < tpu_cluster_spec_num_cores(s); i++) {
+        tpu_cluster_spec_core(s, i, &ci);
+        if (!prev || strcmp(prev, ci.host_id) != 0)
+            hosts++;
+        prev = ci.host_id;
+    }
+    return hosts;
+}
+
+/* ---- cluster ---- */
+
+static int cmd_cluster(const struct tpuctl *g, int argc, char **argv)
+{
+    static const char *const head[] = {"HOST", "CORE", "STATE", "REPLICA", "TYPE", "HBM_USED",
+                                       "HBM_CAP", "HEARTBEAT_AGE", "PID", "CONTROL", "DATA"};
+    struct opt none[1] = {{0}};
+    tpu_resolver *r;
+    tpu_cluster *c;
+    tpu_cluster_spec *s;
+    tpu_core_info ci;
+    size_t n, cnt[4] = {0};
+    int rc = cmd_flags(none, 0, argc, argv, "tpuctl cluster",
+                       "Every core the resolver knows: state, replica, HBM, heartbeat age.");
+
+    if (rc >= 0 || (rc = connect_cluster(g, &r, &c)) >= 0)
+        return rc;
+    if (tpu_cluster_spec_get(c, &s) != TPU_OK) {
+        rc = fail();
+        disconnect(r, c);
+        return rc;
+    }
+    n = tpu_cluster_spec_num_cores(s);
+    for (size_t i = 0; i < n; i++) {
+        tpu_cluster_spec_core(s, i, &ci);
+        cnt[ci.state & 3]++;
+    }
+    if (g->json) {
+        json j;
+        json_init(&j, stdout);
+        json_obj(&j, NULL);
+        json_str(&j, "resolver", tpu_cluster_endpoint(c));
+        json_uint(&j, "num_cores", n);
+        json_uint(&j, "ready", cnt[TPU_CORE_READY]);
+        json_uint(&j, "idle", cnt[TPU_CORE_IDLE]);
+        json_uint(&j, "dead", cnt[TPU_CORE_DEAD]);
+        json_uint(&j, "num_hosts", count_hosts(s));
+        json_uint(&j, "epoch", tpu_cluster_spec_epoch(s));
+        json_bool(&j, "initialized", tpu_cluster_spec_initialized(s));
+        json_uint(&j, "heartbeat_ms", tpu_cluster_spec_heartbeat_ms(s));
+        json_uint(&j, "dead_after", tpu_cluster_spec_dead_after(s));
+        json_str(&j, "owner", tpu_cluster_spec_owner(s));
+        json_str(&j, "resolver_version", tpu_cluster_spec_resolver_version(s));
+        json_arr(&j, "cores");
+        for (size_t i = 0; i < n; i++) {
+            tpu_cluster_spec_core(s, i, &ci);
+            json_obj(&j, NULL);
+            json_str(&j, "host", ci.host_id);
+            json_int(&j, "core", ci.core);
+            json_str(&j, "state", tpu_core_state_name(ci.state));
+            if (ci.replica_id >= 0)
+                json_int(&j, "replica", ci.replica_id);
+            else
+                json_null(&j, "replica");
+            json_str(&j, "tpu_type", ci.tpu_type);
+            json_uint(&j, "hbm_used", ci.hbm_used);
+            json_uint(&j, "hbm_capacity", ci.hbm_capacity);
+            json_uint(&j, "heartbeat_age_ms", ci.heartbeat_age_ms);
+            json_uint(&j, "pid", ci.pid);
+            json_str(&j, "control_addr", ci.control_addr);
+            json_str(&j, "data_addr", ci.data_addr);
+            json_str(&j, "version", ci.version);
+            json_end(&j);
+        }
+        json_end(&j);
+        json_end(&j);
+    } else {
+        table t;
+        printf("cluster: %zu cores (%zu ready, %zu idle, %zu dead) on %zu hosts, epoch %llu, "
+               "initialized %s, heartbeat %u ms\n",
+               n, cnt[TPU_CORE_READY], cnt[TPU_CORE_IDLE], cnt[TPU_CORE_DEAD], count_hosts(s),
+               (unsigned long long)tpu_cluster_spec_epoch(s),
+               tpu_cluster_spec_initialized(s) ? "yes" : "no", tpu_cluster_spec_heartbeat_ms(s));
+        table_init(&t, sizeof head / sizeof head[0], head);
+        for (size_t i = 0; i < n; i++) {
+            tpu_cluster_spec_core(s, i, &ci);
+            table_cell(&t, "%s", ci.host_id);
+            table_cell(&t, "%d", ci.core);
+            table_cell(&t, "%s", tpu_core_state_name(ci.state));
+            if (ci.replica_id >= 0)
+                table_cell(&t, "%d", ci.replica_id);
+            else
+                table_cell(&t, "-");
+            table_cell(&t, "%s", ci.tpu_type);
+            table_cell(&t, "%.2f", (double)ci.hbm_used / GIB);
+            table_cell(&t, "%.2f", (double)ci.hbm_capacity / GIB);
+            table_cell(&t, "%.1fs", (double)ci.heartbeat_age_ms / 1000.0);
+            table_cell(&t, "%u", ci.pid);
+            table_cell(&t, "%s", ci.control_addr);
+            table_cell(&t, "%s", ci.data_addr);
+        }
+        if (n)
+            table_print(&t, stdout);
+        else
+            printf("no cores have registered; start workers with tpu-worker --resolver %s\n",
+                   tpu_cluster_endpoint(c));
+        table_free(&t);
+    }
+    tpu_cluster_spec_free(s);
+    disconnect(r, c);
+    return EXIT_OK;
+}
+
+/* ---- init ---- */
+
+static int cmd_init(const struct tpuctl *g, int argc, char **argv)
+{
+    static const char *const head[] = {"REPLICA", "HOST", "CORE", "TASK", "COORDS", "DATA"};
+    long long expect = 0, timeout = 0;
+    int partial = 0;
+    struct opt flags[] = {
+        {"expect", NULL, OPT_INT, "0", 0, 4096, "N", "cores to wait for; 0: every core the resolver knows",
+         &expect},
+        {"timeout-ms", NULL, OPT_INT, "10000", 0, 600000, "MS", "how long to wait for them", &timeout},
+        {"allow-partial", NULL, OPT_BOOL, NULL, 0, 0, NULL,
+         "at the deadline, go on with the cores that are there", &partial},
+    };
+    tpu_resolver *r;
+    tpu_cluster *c;
+    tpu_topology *t;
+    tpu_init_options o;
+    tpu_topology_core tc;
+    int mesh[4] = {0}, nrep;
+    size_t nmesh;
+    int rc = cmd_flags(flags, sizeof flags / sizeof flags[0], argc, argv,
+                       "tpuctl init [--expect N] [--timeout-ms MS] [--allow-partial]",
+                       "Initialize the TPU system: wait for the cores, start a new epoch, reset "
+                       "them, print the topology.");
+
+    if (rc >= 0 || (rc = connect_cluster(g, &r, &c)) >= 0)
+        return rc;
+    o.expect = (uint32_t)expect;
+    o.timeout_ms = (uint32_t)timeout;
+    o.allow_partial = partial;
+    if (tpu_initialize_system(c, &o, &t) != TPU_OK) {
+        rc = fail();
+        disconnect(r, c);
+        return rc;
+    }
+    nmesh = tpu_topology_mesh_shape(t, mesh);
+    nrep = tpu_topology_num_replicas(t);
+    if (g->json) {
+        json j;
+        json_init(&j, stdout);
+        json_obj(&j, NULL);
+        json_uint(&j, "epoch", tpu_topology_epoch(t));
+        json_str(&j, "tpu_type", tpu_topology_tpu_type(t));
+        json_int(&j, "num_cores", nrep);
+        json_int(&j, "num_hosts", tpu_topology_num_tasks(t));
+        json_int(&j, "num_tasks", tpu_topology_num_tasks(t));
+        json_int(&j, "num_tpus_per_task", tpu_topology_num_tpus_per_task(t));
+        json_arr(&j, "mesh_shape");
+        for (size_t i = 0; i < nmesh; i++)
+            json_int(&j, NULL, mesh[i]);
+        json_end(&j);
+        json_str(&j, "owner", tpu_topology_owner(t));
+        json_arr(&j, "cores");
+        for (int i = 0; i < nrep; i++) {
+            if (tpu_topology_core_get(t, i, &tc) != TPU_OK)
+                continue;
+            json_obj(&j, NULL);
+            json_int(&j, "replica", tc.replica_id);
+            json_str(&j, "host", tc.host_id);
+            json_int(&j, "core", tc.core);
+            json_int(&j, "task", tc.task_id);
+            json_arr(&j, "coords");
+            for (int k = 0; k < 4; k++)
+                json_int(&j, NULL, tc.coords[k]);
+            json_end(&j);
+            json_str(&j, "data_addr", tc.data_addr);
+            json_str(&j, "control_addr", tpu_topology_control_addr(t, i));
+            json_end(&j);
+        }
+        json_end(&j);
+        json_arr(&j, "missing");
+        for (size_t i = 0; i < tpu_topology_num_missing(t); i++)
+            json_str(&j, NULL, tpu_topology_missing(t, i));
+        json_end(&j);
+        json_end(&j);
+    } else {
+        table tb;
+        printf("TPU system initialized: epoch %llu, %s, %d cores on %d hosts (%d tasks x %d cores per "
+               "task), mesh [%d, %d, %d, %d]\n",
+               (unsigned long long)tpu_topology_epoch(t), tpu_topology_tpu_type(t), nrep,
+               tpu_topology_num_tasks(t), tpu_topology_num_tasks(t), tpu_topology_num_tpus_per_task(t),
+               mesh[0], mesh[1], mesh[2], mesh[3]);
+        table_init(&tb, sizeof head / sizeof head[0], head);
+        for (int i = 0; i < nrep; i++) {
+            if (tpu_topology_core_get(t, i, &tc) != TPU_OK)
+                continue;
+            table_cell(&tb, "%d", tc.replica_id);
+            table_cell(&tb, "%s", tc.host_id);
+            table_cell(&tb, "%d", tc.core);
+            table_cell(&tb, "%d", tc.task_id);
+            table_cell(&tb, "[%d, %d, %d, %d]", tc.coords[0], tc.coords[1], tc.coords[2], tc.coords[3]);
+            table_cell(&tb, "%s", tc.data_addr);
+        }
+        table_print(&tb, stdout);
+        table_free(&tb);
+        for (size_t i = 0; i < tpu_topology_num_missing(t); i++)
+            printf("missing: %s\n", tpu_topology_missing(t, i));
+    }
+    tpu_topology_free(t);
+    disconnect(r, c);
+    return EXIT_OK;
+}
+
+/* ---- shutdown ---- */
+
+static int cmd_shutdown(const struct tpuctl *g, int argc, char **argv)
+{
+    struct opt none[1] = {{0}};
+    tpu_resolver *r;
+    tpu_cluster *c;
+    int rc = cmd_flags(none, 0, argc, argv, "tpuctl shutdown",
+                       "Shut the TPU system down: every core leaves it and is reset; a new epoch "
+                       "starts with nothing initialized.");
+
+    if (rc >= 0 || (rc = connect_cluster(g, &r, &c)) >= 0)
+        return rc;
+    if (tpu_shutdown_system(c) != TPU_OK) {
+        rc = fail();
+        disconnect(r, c);
+        return rc;
+    }
+    if (g->json) {
+        json j;
+        json_init(&j, stdout);
+        json_obj(&j, NULL);
+        json_bool(&j, "shutdown", 1);
+        json_uint(&j, "epoch", tpu_cluster_system_epoch(c));
+        json_end(&j);
+    } else {
+        printf("TPU system shut down (epoch %llu)\n", (unsigned long long)tpu_cluster_system_epoch(c));
+    }
+    disconnect(r, c);
+    return EXIT_OK;
+}
+
+/* ---- health ---- */
+
+static int cmd_health(const struct tpuctl *g, int argc, char **argv)
+{
+    static const char *const head[] = {"CORE", "STATE", "HEALTH", "SYMPTOMS"};
+    struct opt none[1] = {{0}};
+    tpu_resolver *r;
+    tpu_cluster *c;
+    tpu_cluster_spec *s;
+    tpu_core_info ci;
+    size_t n, bad = 0, dead = 0, wl = 0;
+    char why[2048] = "";
+    const char *state, *health;
+    uint64_t epoch;
+    int init;
+    int rc = cmd_flags(none, 0, argc, argv, "tpuctl health",
+                       "Health of the cluster and of every core, shaped like Cloud TPU's. "
+                       "Exit 0 when every core is healthy, else 1.");
+
+    if (rc >= 0 || (rc = connect_cluster(g, &r, &c)) >= 0)
+        return rc;
+    if (tpu_cluster_spec_get(c, &s) != TPU_OK) {
+        rc = fail();
+        disconnect(r, c);
+        return rc;
+    }
+    n = tpu_cluster_spec_num_cores(s);
+    epoch = tpu_cluster_spec_epoch(s);
+    init = tpu_cluster_spec_initialized(s);
+    /* per core: health and symptom */
+    char (*sym)[128] = calloc(n ? n : 1, sizeof *sym);
+    if (!sym) {
+        fprintf(stderr, "tpuctl: out of memory\n");
+        exit(EXIT_ERROR);
+    }
+    for (size_t i = 0; i < n; i++) {
+        tpu_cluster_spec_core(s, i, &ci);
+        if (ci.state == TPU_CORE_DEAD) {
+            snprintf(sym[i], sizeof sym[i], "HEARTBEAT_MISSED: no heartbeat for %.1f s",
+                     (double)ci.heartbeat_age_ms / 1000.0);
+            dead++;
+        } else if (ci.state == TPU_CORE_IDLE && init) {
+            snprintf(sym[i], sizeof sym[i], "RESTARTED: not part of initialized system epoch %llu",
+                     (unsigned long long)epoch);
+        }
+        if (sym[i][0]) {
+            if (bad < 10 && wl < sizeof why)
+                wl += (size_t)snprintf(why + wl, sizeof why - wl, "%s%s/%d (%s)", bad ? ", " : "",
+                                       ci.host_id, ci.core, strchr(sym[i], ':') + 2);
+            bad++;
+        }
+    }
+    if (bad > 10 && wl < sizeof why)
+        snprintf(why + wl, sizeof why - wl, ", and %zu more", bad - 10);
+    state = n ? "READY" : "CREATING";
+    health = n == 0 || (dead == n) ? "TIMEOUT" : bad ? "UNHEALTHY_TENSORFLOW" : "HEALTHY";
+    if (g->json) {
+        json j;
+        json_init(&j, stdout);
+        json_obj(&j, NULL);
+        json_str(&j, "state", state);
+        json_str(&j, "health", health);
+        json_uint(&j, "epoch", epoch);
+        json_bool(&j, "initialized", init);
+        json_uint(&j, "num_cores", n);
+        json_uint(&j, "unhealthy", n ? bad : 0);
+        json_arr(&j, "cores");
+        for (size_t i = 0; i < n; i++) {
+            tpu_cluster_spec_core(s, i, &ci);
+            json_obj(&j, NULL);
+            json_str(&j, "host", ci.host_id);
+            json_int(&j, "core", ci.core);
+            json_str(&j, "state", tpu_core_state_name(ci.state));
+            json_str(&j, "health", ci.state == TPU_CORE_DEAD ? "TIMEOUT"
+                                   : sym[i][0]               ? "UNHEALTHY_TENSORFLOW"
+                                                             : "HEALTHY");
+            json_arr(&j, "symptoms");
+            if (sym[i][0])
+                json_str(&j, NULL, sym[i]);
+            json_end(&j);
+            json_uint(&j, "heartbeat_age_ms", ci.heartbeat_age_ms);
+            json_end(&j);
+        }
+        json_end(&j);
+        json_end(&j);
+    } else {
+        table t;
+        printf("state: %s%s\nhealth: %s\n", state, n ? "" : " (no cores)", health);
+        table_init(&t, sizeof head / sizeof head[0], head);
+        for (size_t i = 0; i < n; i++) {
+            tpu_cluster_spec_core(s, i, &ci);
+            table_cell(&t, "%s/%d", ci.host_id, ci.core);
+            table_cell(&t, "%s", tpu_core_state_name(ci.state));
+            table_cell(&t, "%s", ci.state == TPU_CORE_DEAD ? "TIMEOUT"
+                                 : sym[i][0]               ? "UNHEALTHY_TENSORFLOW"
+                                                           : "HEALTHY");
+            table_cell(&t, "%s", sym[i][0] ? sym[i] : "-");
+        }
+        if (n)
+            table_print(&t, stdout);
+        table_free(&t);
+    }
+    fflush(stdout);
+    if (n == 0) {
+        fprintf(stderr, "UNAVAILABLE: no cores have registered with the resolver at %s; start "
+                        "tpu-worker --resolver %s\n", tpu_cluster_endpoint(c), tpu_cluster_endpoint(c));
+        rc = EXIT_ERROR;
+    } else if (bad) {
+        fprintf(stderr, "UNAVAILABLE: %zu of %zu cores are unhealthy: %s\n", bad, n, why);
+        rc = EXIT_ERROR;
+    } else {
+        rc = EXIT_OK;
+    }
+    free(sym);
+    tpu_cluster_spec_free(s);
+    disconnect(r, c);
+    return rc;
+}
+
+/* ---- version ---- */
+
+static int cmd_version(const struct tpuctl *g, int argc, char **argv)
+{
+    struct opt none[1] = {{0}};
+    int rc = cmd_flags(none, 0, argc, argv, "tpuctl version",
+                       "Versions of tpuctl, the loaded libtpuclient and the wire protocol.");
+    if (rc >= 0)
+        return rc;
+    if (g->json) {
+        json j;
+        json_init(&j, stdout);
+        json_obj(&j, NULL);
+        json_str(&j, "tpuctl", TPUEMU_VERSION_STRING);
+        json_str(&j, "libtpuclient", tpu_version());
+        json_uint(&j, "protocol", WIRE_VERSION);
+        json_end(&j);
+    } else {
+        printf("tpuctl %s (libtpuclient %s, protocol %u)\n", TPUEMU_VERSION_STRING, tpu_version(),
+               WIRE_VERSION);
+    }
+    return EXIT_OK;
+}
+
+const struct tpuctl_cmd tpuctl_cmds[] = {
+    {"cluster", "list every core: state, replica, HBM, heartbeat age", cmd_cluster},
+    {"init", "initialize the TPU system and print its topology", cmd_init},
+    {"shutdown", "shut the TPU system down", cmd_shutdown},
+    {"health", "cluster and per-core health; exit 1 if any core is unhealthy", cmd_health},
+    {"version", "print versions", cmd_version},
+};
+const int tpuctl_ncmds = (int)(sizeof tpuctl_cmds / sizeof tpuctl_cmds[0]);
