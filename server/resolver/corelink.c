@@ -1,0 +1,228 @@
+/* corelink: calls from the resolver to one worker's control socket, with a
+ * deadline each. Must not block: every send is NN_DONTWAIT. */
+#include "corelink.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nanomsg/nn.h>
+#include <nanomsg/reqrep.h>
+
+#include "log.h"
+#include "wire.h"
+
+static void pop_head(corelink *l, struct cl_call *out)
+{
+    *out = l->q[0];
+    memmove(&l->q[0], &l->q[1], (size_t)(l->qn - 1) * sizeof l->q[0]);
+    l->qn--;
+    l->inflight = 0;
+    l->nonce = 0;
+}
+
+/* Puts q[0] on the wire. On failure the call is popped and e says why. */
+static int send_head(corelink *l, err *e)
+{
+    wire_msg m = TPUEMU__MESSAGE__INIT;
+    Tpuemu__ProbeCore probe = TPUEMU__PROBE_CORE__INIT;
+    Tpuemu__ResetCore reset = TPUEMU__RESET_CORE__INIT;
+    struct cl_call *c = &l->q[0], done;
+    uint64_t now = wire_now_ms();
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int rc;
+
+    if (c->deadline_ms <= now) {
+        pop_head(l, &done);
+        return err_set(e, CODE_DEADLINE_EXCEEDED, "its deadline passed while an earlier call to it waited");
+    }
+    if (c->is_probe) {
+        m.body_case = TPUEMU__MESSAGE__BODY_PROBE_CORE;
+        m.probe_core = &probe;
+    } else {
+        reset.epoch = c->epoch;
+        reset.replica_id = c->replica_id;
+        reset.num_replicas = c->num_replicas;
+        m.body_case = TPUEMU__MESSAGE__BODY_RESET_CORE;
+        m.reset_core = &reset;
+    }
+    if ((rc = wire_seal(l->auth, "resolver", &m, &buf, &len, &l->nonce, e)) != CODE_OK) {
+        pop_head(l, &done);
+        return rc;
+    }
+    if (nn_send(l->nn.sock, buf, len, NN_DONTWAIT) < 0) {
+        rc = err_set(e, CODE_UNAVAILABLE, "sending to %s: %s", l->url, nn_strerror(nn_errno()));
+        free(buf);
+        pop_head(l, &done);
+        return rc;
+    }
+    free(buf);
+    l->inflight = 1;
+    return CODE_OK;
+}
+
+static void on_timer(uv_timer_t *t);
+
+/* Sends queued calls until one is on the wire; failures complete their call. */
+static void pump(corelink *l)
+{
+    while (l->qn > 0 && !l->inflight && l->nn.active) {
+        struct cl_call c = l->q[0];
+        err e;
+        if (send_head(l, &e) == CODE_OK) {
+            uv_timer_start(&l->timer, on_timer, l->q[0].deadline_ms - wire_now_ms(), 0);
+            return;
+        }
+        c.cb(l->ctx, c.tag, c.idx, e.code, e.msg, NULL);
+    }
+}
+
+static void on_timer(uv_timer_t *t)
+{
+    corelink *l = t->data;
+    struct cl_call c;
+
+    if (!l->inflight || !l->nn.active)
+        return;
+    if (l->q[0].deadline_ms > wire_now_ms()) { /* fired early by rounding */
+        uv_timer_start(&l->timer, on_timer, l->q[0].deadline_ms - wire_now_ms(), 0);
+        return;
+    }
+    pop_head(l, &c);
+    c.cb(l->ctx, c.tag, c.idx, CODE_DEADLINE_EXCEEDED, "no answer before the deadline", NULL);
+    pump(l);
+}
+
+static void on_reply(nnuv *s, const uint8_t *buf, size_t len, void *ctl)
+{
+    corelink *l = s->data;
+    wire_msg *m = NULL;
+    struct cl_call c;
+    err e;
+
+    nnuv_ctl_free(ctl);
+    if (wire_open(l->auth, NULL, buf, len, WIRE_MAX_REPLY, &m, &e) != CODE_OK) {
+        log_warn("bad reply from core", "control=%s reason=%s", log_q(l->url), log_q(e.msg));
+        return; /* the call's deadline will complete it */
+    }
+    if (!l->inflight || m->request_id != l->nonce) {
+        log_debug("stale reply from core dropped", "control=%s", log_q(l->url));
+        wire_msg_free(m);
+        return;
+    }
+    uv_timer_stop(&l->timer);
+    pop_head(l, &c);
+    if (m->body_case == TPUEMU__MESSAGE__BODY_CORE_REPORT && m->core_report && m->core_report->worker) {
+        c.cb(l->ctx, c.tag, c.idx, CODE_OK, "", m->core_report->worker);
+    } else if (m->body_case == TPUEMU__MESSAGE__BODY_ERROR && m->error) {
+        int code = (int)m->error->code == CODE_OK ? CODE_UNKNOWN : (int)m->error->code;
+        c.cb(l->ctx, c.tag, c.idx, code, m->error->message ? m->error->message : "", NULL);
+    } else {
+        char msg[128];
+        snprintf(msg, sizeof msg, "unexpected '%s' reply", wire_body_name(m));
+        c.cb(l->ctx, c.tag, c.idx, CODE_INTERNAL, msg, NULL);
+    }
+    wire_msg_free(m);
+    pump(l);
+}
+
+corelink *corelink_new(uv_loop_t *loop, const auth *a, void *ctx, const char *url, err *e)
+{
+    corelink *l = calloc(1, sizeof *l);
+    int sock = -1, ivl = 3600 * 1000;
+
+    if (!l) {
+        err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    l->auth = a;
+    l->ctx = ctx;
+    snprintf(l->url, sizeof l->url, "%s", url);
+    if ((sock = nn_socket(AF_SP, NN_REQ)) < 0) {
+        err_set(e, CODE_INTERNAL, "nanomsg socket: %s", nn_strerror(nn_errno()));
+        goto fail;
+    }
+    if (nnuv_sockopts(sock, WIRE_MAX_REPLY, e) != CODE_OK)
+        goto fail;
+    /* we keep our own deadlines; never let nanomsg resend a reset on its own */
+    if (nn_setsockopt(sock, NN_REQ, NN_REQ_RESEND_IVL, &ivl, sizeof ivl) < 0) {
+        err_set(e, CODE_INTERNAL, "nanomsg NN_REQ_RESEND_IVL: %s", nn_strerror(nn_errno()));
+        goto fail;
+    }
+    if (nnuv_connect(sock, url, e) != CODE_OK)
+        goto fail;
+    if (nnuv_start(loop, &l->nn, sock, 0, on_reply, e) != CODE_OK)
+        goto fail;
+    l->nn.data = l;
+    uv_timer_init(loop, &l->timer);
+    l->timer.data = l;
+    l->open_handles = 2;
+    return l;
+fail:
+    if (sock >= 0)
+        nn_close(sock);
+    free(l);
+    return NULL;
+}
+
+static int enqueue(corelink *l, struct cl_call *c, uint32_t timeout_ms, err *e)
+{
+    if (!l->nn.active)
+        return err_set(e, CODE_UNAVAILABLE, "connection to %s is closing", l->url);
+    if (l->qn >= CORELINK_QUEUE)
+        return err_set(e, CODE_UNAVAILABLE, "%d calls to %s are already waiting", l->qn, l->url);
+    c->deadline_ms = wire_now_ms() + timeout_ms;
+    l->q[l->qn++] = *c;
+    if (!l->inflight) {
+        int rc = send_head(l, e);
+        if (rc != CODE_OK)
+            return rc;
+        uv_timer_start(&l->timer, on_timer, timeout_ms, 0);
+    }
+    return CODE_OK;
+}
+
+int corelink_probe(corelink *l, uint32_t timeout_ms, corelink_cb cb, uint64_t tag, int idx, err *e)
+{
+    struct cl_call c = {.is_probe = 1, .cb = cb, .tag = tag, .idx = idx};
+    return enqueue(l, &c, timeout_ms, e);
+}
+
+int corelink_reset(corelink *l, uint64_t epoch, int32_t replica_id, uint32_t num_replicas,
+                   uint32_t timeout_ms, corelink_cb cb, uint64_t tag, int idx, err *e)
+{
+    struct cl_call c = {.epoch = epoch, .replica_id = replica_id, .num_replicas = num_replicas,
+                        .cb = cb, .tag = tag, .idx = idx};
+    return enqueue(l, &c, timeout_ms, e);
+}
+
+static void one_closed(corelink *l)
+{
+    if (--l->open_handles > 0)
+        return;
+    for (int i = 0; i < l->qn; i++)
+        l->q[i].cb(l->ctx, l->q[i].tag, l->q[i].idx, CODE_CANCELLED,
+                   "the connection to the core was closed (the core was replaced or the resolver "
+                   "is stopping)", NULL);
+    free(l);
+}
+
+static void on_nn_closed(nnuv *s)
+{
+    one_closed(s->data);
+}
+
+static void on_timer_closed(uv_handle_t *h)
+{
+    one_closed(h->data);
+}
+
+void corelink_close(corelink *l)
+{
+    if (!l->nn.active)
+        return;
+    uv_timer_stop(&l->timer);
+    nnuv_close(&l->nn, on_nn_closed);
+    uv_close((uv_handle_t *)&l->timer, on_timer_closed);
+}

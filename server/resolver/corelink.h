@@ -1,0 +1,65 @@
+/* corelink: the resolver's control connection to one worker (a cooked NN_REQ
+ * socket to its control_addr, joined to the loop through nnuv).
+ *
+ * One call is on the wire at a time; a few more may queue behind it (each
+ * keeps its own deadline, checked when its turn comes). A reply is matched to
+ * the call by the request nonce; late or foreign replies are dropped. Every
+ * call completes exactly once through its callback: with the worker's
+ * CoreReport, an error reply, a deadline, or CANCELLED when the link closes.
+ * Cancellations are delivered from the close callback, never from inside
+ * corelink_close(), so callers may close a link from anywhere. */
+#ifndef TPUEMU_RESOLVER_CORELINK_H
+#define TPUEMU_RESOLVER_CORELINK_H
+
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "auth.h"
+#include "nnuv.h"
+#include "tpuemu.pb-c.h"
+
+#define CORELINK_QUEUE 4
+
+/* code CODE_OK: w is the worker's report (valid during the call only).
+ * Otherwise msg says what went wrong and w is NULL. */
+typedef void (*corelink_cb)(void *ctx, uint64_t tag, int idx, int code, const char *msg,
+                            const Tpuemu__WorkerInfo *w);
+
+struct cl_call {
+    int is_probe;            /* ProbeCore, else ResetCore with the fields below */
+    uint64_t epoch;
+    int32_t replica_id;
+    uint32_t num_replicas;
+    uint64_t deadline_ms;    /* monotonic */
+    corelink_cb cb;
+    uint64_t tag;
+    int idx;
+};
+
+typedef struct corelink {
+    nnuv nn;
+    uv_timer_t timer;
+    const auth *auth;
+    void *ctx;               /* passed to callbacks */
+    char url[256];
+    struct cl_call q[CORELINK_QUEUE];
+    int qn;                  /* q[0] is on the wire when inflight */
+    int inflight;
+    uint64_t nonce;          /* of the call on the wire */
+    int open_handles;        /* freed when both handles have closed */
+} corelink;
+
+/* Connects (asynchronously) to url; NULL with e set on failure. */
+corelink *corelink_new(uv_loop_t *loop, const auth *a, void *ctx, const char *url, err *e);
+
+/* Queues a call. UNAVAILABLE in e if the queue is full or sending fails now
+ * (the callback is then not called). */
+int corelink_probe(corelink *l, uint32_t timeout_ms, corelink_cb cb, uint64_t tag, int idx, err *e);
+int corelink_reset(corelink *l, uint64_t epoch, int32_t replica_id, uint32_t num_replicas,
+                   uint32_t timeout_ms, corelink_cb cb, uint64_t tag, int idx, err *e);
+
+/* Closes the link; queued calls complete with CANCELLED later, then l is freed. */
+void corelink_close(corelink *l);
+
+#endif

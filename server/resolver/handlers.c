@@ -1,0 +1,416 @@
+/* Requests to the resolver: open and check each envelope, dispatch by body
+ * case through a table, and the registry-side handlers (heartbeat with
+ * identity checks, cluster spec). System state changes live in system.c. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "corelink.h"
+#include "log.h"
+#include "resolver.h"
+
+void rsv_reply(resolver *r, rreq *req, wire_msg *m)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    err e;
+
+    m->request_id = req->id;
+    if (wire_seal(&r->auth, RSV_SENDER, m, &buf, &len, NULL, &e) != CODE_OK) {
+        log_error("cannot seal a reply", "reason=%s", log_q(e.msg));
+        nnuv_ctl_free(req->ctl);
+    } else if (nnuv_reply(&r->rep, req->ctl, buf, len, &e) != CODE_OK) {
+        log_warn("cannot send a reply", "reason=%s", log_q(e.msg));
+    }
+    req->ctl = NULL;
+    free(buf);
+}
+
+void rsv_reply_error(resolver *r, rreq *req, int code, const char *fmt, ...)
+{
+    wire_msg m = TPUEMU__MESSAGE__INIT;
+    Tpuemu__Status st = TPUEMU__STATUS__INIT;
+    char msg[ERR_MSG_MAX];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    st.code = (Tpuemu__Code)code;
+    st.message = msg;
+    m.body_case = TPUEMU__MESSAGE__BODY_ERROR;
+    m.error = &st;
+    rsv_reply(r, req, &m);
+}
+
+struct corelink *rsv_link(resolver *r, rentry *en, err *e)
+{
+    if (!en->link)
+        en->link = corelink_new(r->loop, &r->auth, r, en->w.control_addr, e);
+    return en->link;
+}
+
+void rsv_drop_link(rentry *en)
+{
+    if (en->link) {
+        corelink_close(en->link);
+        en->link = NULL;
+    }
+}
+
+/* ---- heartbeat ---- */
+
+static void reply_heartbeat(resolver *r, rreq *req, const rentry *en)
+{
+    wire_msg m = TPUEMU__MESSAGE__INIT;
+    Tpuemu__HeartbeatReply hr = TPUEMU__HEARTBEAT_REPLY__INIT;
+    hr.core = en->w.core;
+    hr.heartbeat_ms = r->heartbeat_ms;
+    hr.system_epoch = r->sys.epoch;
+    m.body_case = TPUEMU__MESSAGE__BODY_HEARTBEAT_REPLY;
+    m.heartbeat_reply = &hr;
+    rsv_reply(r, req, &m);
+}
+
+static void refresh(resolver *r, rentry *en, const winfo *w, uint64_t now)
+{
+    uint64_t epoch = en->w.epoch;
+    int32_t replica = en->w.replica_id;
+
+    if (strcmp(en->w.control_addr, w->control_addr) != 0)
+        rsv_drop_link(en);
+    en->w = *w;
+    if (w->epoch < epoch) { /* a heartbeat sent before a reset we already saw acked */
+        en->w.epoch = epoch;
+        en->w.replica_id = replica;
+    }
+    en->last_hb_ms = now;
+    if (en->dead) {
+        reg_set_dead(&r->reg, en, 0);
+        log_info("core back", "host=%s core=%d pid=%u", log_q(w->host_id), w->core, w->pid);
+    }
+}
+
+static void replace(resolver *r, rentry *en, const winfo *w, uint64_t now)
+{
+    int was_ready = sys_core_state(r, en) == TPUEMU__CORE_STATE__CORE_READY ||
+                    (en->dead && r->sys.initialized && en->w.epoch == r->sys.epoch &&
+                     en->w.replica_id >= 0);
+    log_info("core re-registered", "host=%s core=%d old_pid=%u new_pid=%u control=%s",
+             log_q(w->host_id), w->core, en->w.pid, w->pid, log_q(w->control_addr));
+    if (was_ready)
+        log_warn("core of the initialized system replaced; the system is degraded until it is "
+                 "initialized again", "host=%s core=%d epoch=%llu", log_q(w->host_id), w->core,
+                 (unsigned long long)r->sys.epoch);
+    rsv_drop_link(en);
+    en->w = *w;
+    en->last_hb_ms = en->registered_ms = now;
+    reg_set_dead(&r->reg, en, 0);
+}
+
+static void log_registered(const winfo *w)
+{
+    log_info("core registered", "host=%s core=%d pid=%u tpu_type=%s control=%s data=%s",
+             log_q(w->host_id), w->core, w->pid, w->tpu_type, log_q(w->control_addr),
+             log_q(w->data_addr));
+}
+
+/* core -1: the core this incarnation holds on its host, else the lowest index
+ * not held by a live entry. -1 if the host is full. */
+static int assign_core(const registry *g, const winfo *w)
+{
+    size_t cnt, first = reg_host_range(g, w->host_id, &cnt);
+    int idx = 0;
+
+    for (size_t i = first; i < first + cnt; i++)
+        if (g->v[i]->w.incarnation == w->incarnation)
+            return g->v[i]->w.core;
+    for (size_t i = first; i < first + cnt; i++) {
+        const rentry *en = g->v[i];
+        if (en->w.core > idx || en->dead)
+            break;
+        idx++;
+    }
+    return idx > REG_CORE_MAX ? -1 : idx;
+}
+
+static struct claim *take_claim(resolver *r, uint64_t tag)
+{
+    for (struct claim **pp = &r->claims; *pp; pp = &(*pp)->next) {
+        if ((*pp)->tag == tag) {
+            struct claim *c = *pp;
+            *pp = c->next;
+            r->nclaims--;
+            return c;
+        }
+    }
+    return NULL;
+}
+
+static void accept_worker(resolver *r, rreq *req, rentry *en)
+{
+    sys_note_worker(r, en);
+    reply_heartbeat(r, req, en);
+    sys_on_change(r);
+}
+
+static void probe_done(void *ctx, uint64_t tag, int idx, int code, const char *msg,
+                       const Tpuemu__WorkerInfo *w)
+{
+    resolver *r = ctx;
+    struct claim *c = take_claim(r, tag);
+    rentry *en;
+    char name[300];
+    (void)idx;
+
+    if (!c)
+        return;
+    reg_name(c->w.host_id, c->w.core, name, sizeof name);
+    en = reg_lookup(&r->reg, c->w.host_id, c->w.core);
+    if (!en || en->probe_tag != tag || en->w.incarnation != c->old_inc) {
+        if (en && en->probe_tag == tag)
+            en->probe_tag = 0;
+        rsv_reply_error(r, &c->req, CODE_UNAVAILABLE, "core %s changed hands while it was checked; "
+                        "retrying", name);
+        free(c);
+        return;
+    }
+    en->probe_tag = 0;
+    if (code == CODE_OK && w->incarnation == c->old_inc) {
+        double age = (double)(wire_now_ms() - en->last_hb_ms) / 1000.0;
+        log_warn("duplicate core refused", "host=%s core=%d holder_pid=%u claimant_pid=%u "
+                 "claimant_control=%s", log_q(c->w.host_id), c->w.core, en->w.pid, c->w.pid,
+                 log_q(c->w.control_addr));
+        rsv_reply_error(r, &c->req, CODE_ALREADY_EXISTS,
+                        "core %s is already held by a live worker (pid %u, control %s, last "
+                        "heartbeat %.1f s ago); give this worker another --core, or stop the other one",
+                        name, en->w.pid, en->w.control_addr, age);
+        free(c);
+        return;
+    }
+    log_info("previous holder did not answer the probe", "host=%s core=%d old_pid=%u reason=%s",
+             log_q(c->w.host_id), c->w.core, en->w.pid,
+             log_q(code == CODE_OK ? "another incarnation answered" : msg));
+    replace(r, en, &c->w, wire_now_ms());
+    accept_worker(r, &c->req, en);
+    free(c);
+}
+
+/* A live entry holds the key: ask it whether it is still there before giving
+ * the key away. The reply to the claimant waits for the answer. */
+static void start_probe(resolver *r, rreq *req, rentry *en, const winfo *w)
+{
+    struct claim *c;
+    struct corelink *l;
+    uint32_t timeout = r->heartbeat_ms < 1000 ? r->heartbeat_ms : 1000;
+    err e;
+
+    if (r->nclaims >= RSV_MAX_CLAIMS || !(c = calloc(1, sizeof *c))) {
+        rsv_reply_error(r, req, CODE_UNAVAILABLE, "too many registrations are being checked; retrying");
+        return;
+    }
+    c->tag = ++r->next_tag;
+    c->req = *req;
+    c->w = *w;
+    c->old_inc = en->w.incarnation;
+    if (!(l = rsv_link(r, en, &e)) || corelink_probe(l, timeout, probe_done, c->tag, 0, &e) != CODE_OK) {
+        log_info("previous holder cannot be probed", "host=%s core=%d reason=%s",
+                 log_q(w->host_id), w->core, log_q(e.msg));
+        replace(r, en, w, wire_now_ms());
+        accept_worker(r, req, en);
+        free(c);
+        return;
+    }
+    en->probe_tag = c->tag;
+    c->next = r->claims;
+    r->claims = c;
+    r->nclaims++;
+}
+
+static void h_heartbeat(resolver *r, rreq *req, const wire_msg *m)
+{
+    const Tpuemu__WorkerInfo *wi = m->heartbeat ? m->heartbeat->worker : NULL;
+    uint64_t now = wire_now_ms();
+    rentry *en;
+    winfo w;
+    char name[300];
+    err e;
+
+    if (reg_validate(wi, &e) != CODE_OK) {
+        log_warn("heartbeat refused", "sender=%s reason=%s", log_q(m->sender), log_q(e.msg));
+        rsv_reply_error(r, req, e.code, "heartbeat: %s", e.msg);
+        return;
+    }
+    reg_winfo_copy(&w, wi);
+    if (w.core < 0 && (w.core = assign_core(&r->reg, &w)) < 0) {
+        rsv_reply_error(r, req, CODE_RESOURCE_EXHAUSTED, "host %s has no free core index (0..%d)",
+                        w.host_id, REG_CORE_MAX);
+        return;
+    }
+    en = reg_lookup(&r->reg, w.host_id, w.core);
+    if (!en) {
+        if (!(en = reg_add(&r->reg, &w, now, &e))) {
+            log_warn("heartbeat refused", "host=%s core=%d reason=%s", log_q(w.host_id), w.core,
+                     log_q(e.msg));
+            rsv_reply_error(r, req, e.code, "%s", e.msg);
+            return;
+        }
+        log_registered(&w);
+    } else if (en->w.incarnation == w.incarnation) {
+        refresh(r, en, &w, now);
+    } else if (en->probe_tag) {
+        rsv_reply_error(r, req, CODE_UNAVAILABLE, "checking whether the previous holder of %s is "
+                        "alive; retrying", reg_name(w.host_id, w.core, name, sizeof name));
+        return;
+    } else if (en->dead) {
+        replace(r, en, &w, now);
+    } else {
+        start_probe(r, req, en, &w);
+        return;
+    }
+    accept_worker(r, req, en);
+}
+
+/* ---- cluster spec ---- */
+
+static void h_cluster_spec(resolver *r, rreq *req, const wire_msg *m)
+{
+    wire_msg out = TPUEMU__MESSAGE__INIT;
+    Tpuemu__ClusterSpec cs = TPUEMU__CLUSTER_SPEC__INIT;
+    size_t n = r->reg.n;
+    Tpuemu__CoreInfo *ci = calloc(n ? n : 1, sizeof *ci);
+    Tpuemu__CoreInfo **cip = calloc(n ? n : 1, sizeof *cip);
+    Tpuemu__WorkerInfo *wi = calloc(n ? n : 1, sizeof *wi);
+    uint64_t now = wire_now_ms();
+    (void)m;
+
+    if (!ci || !cip || !wi) {
+        rsv_reply_error(r, req, CODE_RESOURCE_EXHAUSTED, "out of memory listing %zu cores", n);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const rentry *en = r->reg.v[i];
+        tpuemu__core_info__init(&ci[i]);
+        reg_winfo_view(&en->w, &wi[i]);
+        ci[i].worker = &wi[i];
+        ci[i].state = sys_core_state(r, en);
+        ci[i].heartbeat_age_ms = now - en->last_hb_ms;
+        ci[i].registered_age_ms = now - en->registered_ms;
+        cip[i] = &ci[i];
+    }
+    cs.n_cores = n;
+    cs.cores = cip;
+    cs.system_epoch = r->sys.epoch;
+    cs.initialized = r->sys.initialized;
+    cs.heartbeat_ms = r->heartbeat_ms;
+    cs.dead_after = r->dead_after;
+    cs.resolver_version = (char *)TPUEMU_VERSION;
+    cs.owner = r->sys.owner;
+    out.body_case = TPUEMU__MESSAGE__BODY_CLUSTER_SPEC;
+    out.cluster_spec = &cs;
+    rsv_reply(r, req, &out);
+out:
+    free(ci);
+    free(cip);
+    free(wi);
+}
+
+/* ---- system ---- */
+
+static void h_initialize(resolver *r, rreq *req, const wire_msg *m)
+{
+    sys_initialize(r, req->ctl, req->id, m->initialize);
+    req->ctl = NULL;
+}
+
+static void h_shutdown(resolver *r, rreq *req, const wire_msg *m)
+{
+    sys_shutdown(r, req->ctl, req->id, m->shutdown);
+    req->ctl = NULL;
+}
+
+static void h_system_check(resolver *r, rreq *req, const wire_msg *m)
+{
+    sys_check(r, req->ctl, req->id, m->system_check);
+    req->ctl = NULL;
+}
+
+/* ---- dispatch ---- */
+
+static const struct {
+    Tpuemu__Message__BodyCase body;
+    void (*fn)(resolver *r, rreq *req, const wire_msg *m);
+    const char *name;
+} handlers[] = {
+    {TPUEMU__MESSAGE__BODY_HEARTBEAT, h_heartbeat, "heartbeat"},
+    {TPUEMU__MESSAGE__BODY_CLUSTER_SPEC_REQUEST, h_cluster_spec, "cluster_spec_request"},
+    {TPUEMU__MESSAGE__BODY_INITIALIZE, h_initialize, "initialize"},
+    {TPUEMU__MESSAGE__BODY_SHUTDOWN, h_shutdown, "shutdown"},
+    {TPUEMU__MESSAGE__BODY_SYSTEM_CHECK, h_system_check, "system_check"},
+};
+
+/* protobuf-c leaves a oneof's message pointer NULL only on broken input; guard anyway */
+static int body_present(const wire_msg *m)
+{
+    switch (m->body_case) {
+    case TPUEMU__MESSAGE__BODY_HEARTBEAT: return m->heartbeat != NULL;
+    case TPUEMU__MESSAGE__BODY_INITIALIZE: return m->initialize != NULL;
+    case TPUEMU__MESSAGE__BODY_SHUTDOWN: return m->shutdown != NULL;
+    case TPUEMU__MESSAGE__BODY_SYSTEM_CHECK: return m->system_check != NULL;
+    default: return 1;
+    }
+}
+
+void rsv_on_request(nnuv *s, const uint8_t *buf, size_t len, void *ctl)
+{
+    resolver *r = s->data;
+    rreq req = {ctl, 0};
+    wire_msg *m = NULL;
+    err e;
+
+    if (wire_open(&r->auth, r->replay, buf, len, WIRE_MAX_REQUEST, &m, &e) != CODE_OK) {
+        log_warn("message refused", "bytes=%zu code=%s reason=%s", len, code_name(e.code),
+                 log_q(e.msg));
+        rsv_reply_error(r, &req, e.code, "%s", e.msg);
+        return;
+    }
+    req.id = m->nonce;
+    if (r->stopping) {
+        rsv_reply_error(r, &req, CODE_UNAVAILABLE, "tpu-resolver is shutting down");
+        wire_msg_free(m);
+        return;
+    }
+    for (size_t i = 0; i < sizeof handlers / sizeof *handlers; i++) {
+        if (handlers[i].body == m->body_case) {
+            if (!body_present(m)) {
+                rsv_reply_error(r, &req, CODE_INVALID_ARGUMENT, "'%s' message has no body",
+                                handlers[i].name);
+            } else {
+                log_debug("request", "type=%s sender=%s", handlers[i].name, log_q(m->sender));
+                handlers[i].fn(r, &req, m);
+            }
+            wire_msg_free(m);
+            return;
+        }
+    }
+    log_warn("message refused", "sender=%s reason=%s", log_q(m->sender),
+             log_q("message type not handled here"));
+    rsv_reply_error(r, &req, CODE_INVALID_ARGUMENT, "tpu-resolver does not handle '%s' messages",
+                    wire_body_name(m));
+    wire_msg_free(m);
+}
+
+void rsv_stop_claims(resolver *r)
+{
+    while (r->claims) {
+        struct claim *c = r->claims;
+        rentry *en = reg_lookup(&r->reg, c->w.host_id, c->w.core);
+        if (en && en->probe_tag == c->tag)
+            en->probe_tag = 0;
+        r->claims = c->next;
+        r->nclaims--;
+        rsv_reply_error(r, &c->req, CODE_UNAVAILABLE, "tpu-resolver is shutting down");
+        free(c);
+    }
+}

@@ -1,0 +1,195 @@
+/* tpu-resolver: the emulator's TPUClusterResolver. Tracks the workers (one per
+ * emulated core) through their heartbeats, answers cluster-spec requests, and
+ * runs the TPU system's initialize/shutdown. main.c reads the settings, starts
+ * the loop in stages and has the one cleanup path. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nanomsg/nn.h>
+#include <nanomsg/reqrep.h>
+
+#include "addr.h"
+#include "config.h"
+#include "corelink.h"
+#include "log.h"
+#include "resolver.h"
+
+struct settings {
+    const char *listen, *token_file, *log_level;
+    int insecure;
+    long long heartbeat_ms, dead_after, max_cores;
+};
+
+static int parse_settings(int argc, char **argv, struct settings *st)
+{
+    const struct opt table[] = {
+        {"listen", "TPUEMU_LISTEN", OPT_STRING, "127.0.0.1:8470", 0, 0, "ADDR:PORT",
+         "address to accept workers and clients on", &st->listen},
+        {"token-file", "TPUEMU_TOKEN_FILE", OPT_STRING, NULL, 0, 0, "FILE",
+         "cluster token file (else $TPUEMU_TOKEN; none: no authentication)", &st->token_file},
+        {"insecure", "TPUEMU_INSECURE", OPT_BOOL, NULL, 0, 0, NULL,
+         "allow a non-loopback --listen without a cluster token", &st->insecure},
+        {"heartbeat-ms", "TPUEMU_HEARTBEAT_MS", OPT_INT, "1000", 50, 60000, "MS",
+         "heartbeat interval the workers are told to use", &st->heartbeat_ms},
+        {"dead-after", "TPUEMU_DEAD_AFTER", OPT_INT, "3", 1, 100, "N",
+         "missed heartbeats after which a core is dead", &st->dead_after},
+        {"max-cores", "TPUEMU_MAX_CORES", OPT_INT, "1024", 1, 4096, "N",
+         "most cores the resolver tracks", &st->max_cores},
+        {"log-level", "TPUEMU_LOG_LEVEL", OPT_STRING, "info", 0, 0, "LEVEL",
+         "debug, info, warn or error", &st->log_level},
+    };
+    const size_t n = sizeof table / sizeof *table;
+    int first = 0, rc;
+    err e;
+
+    rc = opt_parse(table, n, argc, argv, &first, &e);
+    if (rc == CODE_CANCELLED) {
+        opt_usage(table, n, "tpu-resolver [OPTIONS]",
+                  "Registry of TPU workers, their health and topology; initializes and shuts "
+                  "down the TPU system.");
+        return 0;
+    }
+    if (rc != CODE_OK) {
+        fprintf(stderr, "tpu-resolver: %s\n", e.msg);
+        return 2;
+    }
+    if (first < argc) {
+        fprintf(stderr, "tpu-resolver: unexpected argument '%s' (see --help)\n", argv[first]);
+        return 2;
+    }
+    if (log_level_parse(st->log_level) < 0) {
+        fprintf(stderr, "tpu-resolver: --log-level: '%s' is not one of debug, info, warn, error\n",
+                st->log_level);
+        return 2;
+    }
+    return -1;
+}
+
+static void on_rep_closed(nnuv *s)
+{
+    (void)s;
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    resolver *r = h->data;
+
+    if (r->stopping)
+        return;
+    r->stopping = 1;
+    log_info("stopping", "signal=%d", signum);
+    uv_timer_stop(&r->dead_timer);
+    uv_close((uv_handle_t *)&r->dead_timer, NULL);
+    sys_stop(r);
+    rsv_stop_claims(r);
+    for (size_t i = 0; i < r->reg.n; i++)
+        rsv_drop_link(r->reg.v[i]);
+    nnuv_close(&r->rep, on_rep_closed);
+    uv_close((uv_handle_t *)&r->sigint, NULL);
+    uv_close((uv_handle_t *)&r->sigterm, NULL);
+}
+
+static void on_dead_timer(uv_timer_t *t)
+{
+    sys_dead_check(t->data);
+}
+
+int main(int argc, char **argv)
+{
+    struct settings st;
+    resolver r;
+    uv_loop_t loop;
+    addr la;
+    err e;
+    int rc, port = 0, sock = -1, status = 1;
+    int loop_ok = 0, started = 0;
+    char shown[300];
+
+    memset(&st, 0, sizeof st);
+    if ((rc = parse_settings(argc, argv, &st)) >= 0)
+        return rc;
+    memset(&r, 0, sizeof r);
+    log_init("resolver", (enum log_level)log_level_parse(st.log_level));
+    auth_global_init();
+    if (addr_parse(st.listen, ADDR_DEFAULT_PORT, &la, &e) != CODE_OK) {
+        fprintf(stderr, "tpu-resolver: --listen: %s\n", e.msg);
+        return 2;
+    }
+    if (auth_load(&r.auth, st.token_file, &e) != CODE_OK) {
+        fprintf(stderr, "tpu-resolver: %s\n", e.msg);
+        return 2;
+    }
+    addr_format(la.host, la.port, shown, sizeof shown);
+    if (!r.auth.enabled && !addr_is_loopback(la.host) && !st.insecure) {
+        fprintf(stderr, "tpu-resolver: refusing to listen on %s without a cluster token: give "
+                "--token-file (or $TPUEMU_TOKEN), or --insecure to allow it\n", shown);
+        return 2;
+    }
+    r.heartbeat_ms = (uint32_t)st.heartbeat_ms;
+    r.dead_after = (uint32_t)st.dead_after;
+    r.max_cores = (uint32_t)st.max_cores;
+    reg_init(&r.reg, (size_t)st.max_cores);
+    signal(SIGPIPE, SIG_IGN);
+
+    /* stage 1: loop and replay cache */
+    if (uv_loop_init(&loop) != 0) {
+        log_error("cannot start the event loop", NULL);
+        goto out;
+    }
+    loop_ok = 1;
+    r.loop = &loop;
+    if (!(r.replay = replay_new(16384))) {
+        log_error("out of memory", NULL);
+        goto out;
+    }
+    /* stage 2: the listening socket */
+    if ((sock = nn_socket(AF_SP_RAW, NN_REP)) < 0) {
+        log_error("cannot create the listening socket", "reason=%s", log_q(nn_strerror(nn_errno())));
+        goto out;
+    }
+    if (nnuv_sockopts(sock, WIRE_MAX_REQUEST, &e) != CODE_OK ||
+        nnuv_bind_tcp(sock, la.host, la.port, &port, &e) != CODE_OK ||
+        nnuv_start(&loop, &r.rep, sock, 1, rsv_on_request, &e) != CODE_OK) {
+        log_error("cannot listen", "listen=%s reason=%s", log_q(shown), log_q(e.msg));
+        fprintf(stderr, "tpu-resolver: %s\n", e.msg);
+        nn_close(sock);
+        goto out;
+    }
+    r.rep.data = &r;
+    started = 1;
+    /* stage 3: timers and signals */
+    uv_timer_init(&loop, &r.dead_timer);
+    r.dead_timer.data = &r;
+    uv_timer_start(&r.dead_timer, on_dead_timer, r.heartbeat_ms / 2, r.heartbeat_ms / 2);
+    sys_start(&r);
+    uv_signal_init(&loop, &r.sigint);
+    uv_signal_init(&loop, &r.sigterm);
+    r.sigint.data = r.sigterm.data = &r;
+    uv_signal_start(&r.sigint, on_signal, SIGINT);
+    uv_signal_start(&r.sigterm, on_signal, SIGTERM);
+
+    addr_format(la.host, port, shown, sizeof shown);
+    log_info("listening", "listen=%s auth=%s heartbeat_ms=%u dead_after=%u max_cores=%u version=%s",
+             log_q(shown), r.auth.enabled ? "on" : "off", r.heartbeat_ms, r.dead_after,
+             r.max_cores, TPUEMU_VERSION);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    status = 0;
+out:
+    if (loop_ok) {
+        if (started && !r.stopping) { /* not reached through a signal: close what is open */
+            nnuv_close(&r.rep, on_rep_closed);
+        }
+        uv_run(&loop, UV_RUN_DEFAULT);
+        if ((rc = uv_loop_close(&loop)) != 0) {
+            log_error("event loop still has open handles at exit", "rc=%s", uv_err_name(rc));
+            status = 1;
+        }
+    }
+    reg_free(&r.reg);
+    replay_free(r.replay);
+    if (status == 0)
+        log_info("stopped", NULL);
+    return status;
+}

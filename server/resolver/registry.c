@@ -1,0 +1,181 @@
+/* The registry of cores: validation, sorted storage, lookup, counters. It knows
+ * nothing about sockets or the system state machine. */
+#include "registry.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const tpu_types[] = {"v2", "v3", "v4", "v5e", "v5p"};
+
+void reg_init(registry *g, size_t max)
+{
+    memset(g, 0, sizeof *g);
+    g->max = max;
+}
+
+void reg_free(registry *g)
+{
+    for (size_t i = 0; i < g->n; i++)
+        free(g->v[i]);
+    free(g->v);
+    g->v = NULL;
+    g->n = g->cap = g->n_dead = 0;
+}
+
+const char *reg_name(const char *host, int core, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s/%d", host, core);
+    return buf;
+}
+
+int reg_validate(const Tpuemu__WorkerInfo *w, err *e)
+{
+    size_t len;
+    int ok = 0;
+
+    if (!w)
+        return err_set(e, CODE_INVALID_ARGUMENT, "heartbeat carries no worker description");
+    len = w->host_id ? strlen(w->host_id) : 0;
+    if (len < 1 || len >= REG_HOST_MAX || strspn(w->host_id,
+                                                 "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                                 "0123456789._-") != len)
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       "host_id must be 1..%d characters of [A-Za-z0-9._-] (got %zu characters)",
+                       REG_HOST_MAX - 1, len);
+    if (w->core < -1 || w->core > REG_CORE_MAX)
+        return err_set(e, CODE_INVALID_ARGUMENT, "core %d is out of range (-1 to let the resolver "
+                       "assign one, or 0..%d)", (int)w->core, REG_CORE_MAX);
+    if (w->incarnation == 0)
+        return err_set(e, CODE_INVALID_ARGUMENT, "incarnation must not be 0");
+    len = w->control_addr ? strlen(w->control_addr) : 0;
+    if (len >= REG_ADDR_MAX || strncmp(w->control_addr ? w->control_addr : "", "tcp://", 6) != 0)
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       "control_addr must start with tcp:// and be shorter than %d characters",
+                       REG_ADDR_MAX);
+    if (w->data_addr && strlen(w->data_addr) >= REG_ADDR_MAX)
+        return err_set(e, CODE_INVALID_ARGUMENT, "data_addr must be shorter than %d characters",
+                       REG_ADDR_MAX);
+    for (size_t i = 0; i < sizeof tpu_types / sizeof *tpu_types; i++)
+        if (w->tpu_type && strcmp(w->tpu_type, tpu_types[i]) == 0)
+            ok = 1;
+    if (!ok)
+        return err_set(e, CODE_INVALID_ARGUMENT, "tpu_type must be one of v2, v3, v4, v5e, v5p");
+    if (w->hbm_capacity == 0)
+        return err_set(e, CODE_INVALID_ARGUMENT, "hbm_capacity must be greater than 0");
+    return CODE_OK;
+}
+
+void reg_winfo_copy(winfo *d, const Tpuemu__WorkerInfo *s)
+{
+    snprintf(d->host_id, sizeof d->host_id, "%s", s->host_id ? s->host_id : "");
+    d->core = s->core;
+    d->incarnation = s->incarnation;
+    snprintf(d->control_addr, sizeof d->control_addr, "%s", s->control_addr ? s->control_addr : "");
+    snprintf(d->data_addr, sizeof d->data_addr, "%s", s->data_addr ? s->data_addr : "");
+    snprintf(d->tpu_type, sizeof d->tpu_type, "%s", s->tpu_type ? s->tpu_type : "");
+    d->hbm_capacity = s->hbm_capacity;
+    d->hbm_used = s->hbm_used;
+    d->pid = s->pid;
+    snprintf(d->version, sizeof d->version, "%.31s", s->version ? s->version : "");
+    d->epoch = s->epoch;
+    d->replica_id = s->replica_id;
+}
+
+void reg_winfo_view(const winfo *w, Tpuemu__WorkerInfo *o)
+{
+    tpuemu__worker_info__init(o);
+    o->host_id = (char *)w->host_id;
+    o->core = w->core;
+    o->incarnation = w->incarnation;
+    o->control_addr = (char *)w->control_addr;
+    o->data_addr = (char *)w->data_addr;
+    o->tpu_type = (char *)w->tpu_type;
+    o->hbm_capacity = w->hbm_capacity;
+    o->hbm_used = w->hbm_used;
+    o->pid = w->pid;
+    o->version = (char *)w->version;
+    o->epoch = w->epoch;
+    o->replica_id = w->replica_id;
+}
+
+static int key_cmp(const char *h1, int c1, const char *h2, int c2)
+{
+    int d = strcmp(h1, h2);
+    if (d)
+        return d;
+    return (c1 > c2) - (c1 < c2);
+}
+
+/* First index whose key is >= (host, core). */
+static size_t lower_bound(const registry *g, const char *host, int core)
+{
+    size_t lo = 0, hi = g->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (key_cmp(g->v[mid]->w.host_id, g->v[mid]->w.core, host, core) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+rentry *reg_lookup(const registry *g, const char *host, int core)
+{
+    size_t i = lower_bound(g, host, core);
+    if (i < g->n && key_cmp(g->v[i]->w.host_id, g->v[i]->w.core, host, core) == 0)
+        return g->v[i];
+    return NULL;
+}
+
+size_t reg_host_range(const registry *g, const char *host, size_t *count)
+{
+    size_t i = lower_bound(g, host, -1), j = i;
+    while (j < g->n && strcmp(g->v[j]->w.host_id, host) == 0)
+        j++;
+    *count = j - i;
+    return i;
+}
+
+rentry *reg_add(registry *g, const winfo *w, uint64_t now_ms, err *e)
+{
+    rentry *en;
+    size_t i;
+
+    if (g->n >= g->max) {
+        err_set(e, CODE_RESOURCE_EXHAUSTED, "resolver already tracks %zu cores (--max-cores)", g->n);
+        return NULL;
+    }
+    if (g->n == g->cap) {
+        size_t nc = g->cap ? g->cap * 2 : 16;
+        rentry **nv = realloc(g->v, nc * sizeof *nv);
+        if (!nv) {
+            err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory adding a core");
+            return NULL;
+        }
+        g->v = nv;
+        g->cap = nc;
+    }
+    en = calloc(1, sizeof *en);
+    if (!en) {
+        err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory adding a core");
+        return NULL;
+    }
+    en->w = *w;
+    en->last_hb_ms = en->registered_ms = now_ms;
+    i = lower_bound(g, w->host_id, w->core);
+    memmove(&g->v[i + 1], &g->v[i], (g->n - i) * sizeof *g->v);
+    g->v[i] = en;
+    g->n++;
+    return en;
+}
+
+void reg_set_dead(registry *g, rentry *en, int dead)
+{
+    if (!en->dead && dead)
+        g->n_dead++;
+    else if (en->dead && !dead)
+        g->n_dead--;
+    en->dead = dead;
+}

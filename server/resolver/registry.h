@@ -1,0 +1,80 @@
+/* The resolver's registry of cores, keyed by (host_id, core).
+ *
+ * Entries are heap objects (their address is stable: corelinks and pending
+ * operations point at them) kept in an array sorted by (host_id, core), which
+ * is also ring order. An entry is never removed: a dead one stays listed until
+ * a new worker replaces it in place. Bounded by --max-cores. Loop thread only. */
+#ifndef TPUEMU_RESOLVER_REGISTRY_H
+#define TPUEMU_RESOLVER_REGISTRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+#include "tpuemu.pb-c.h"
+
+#define REG_HOST_MAX 64   /* host ids are 1..63 chars */
+#define REG_ADDR_MAX 256  /* control/data addresses are < 256 chars */
+#define REG_CORE_MAX 1023 /* largest core index */
+
+struct corelink;
+
+/* WorkerInfo with bounded, owned storage. */
+typedef struct winfo {
+    char host_id[REG_HOST_MAX];
+    int core;
+    uint64_t incarnation;
+    char control_addr[REG_ADDR_MAX];
+    char data_addr[REG_ADDR_MAX];
+    char tpu_type[8];
+    uint64_t hbm_capacity, hbm_used;
+    uint32_t pid;
+    char version[32];
+    uint64_t epoch;
+    int32_t replica_id;
+} winfo;
+
+typedef struct rentry {
+    winfo w;
+    uint64_t last_hb_ms;    /* monotonic */
+    uint64_t registered_ms; /* monotonic, when this incarnation registered */
+    int dead;
+    uint64_t probe_tag;     /* != 0 while a claim on this key waits for a probe */
+    struct corelink *link;  /* REQ socket to w.control_addr, made lazily */
+} rentry;
+
+typedef struct registry {
+    rentry **v; /* sorted by (host_id, core) */
+    size_t n, cap, max;
+    size_t n_dead;
+} registry;
+
+void reg_init(registry *g, size_t max);
+/* Frees every entry; their links must be closed (NULL) already. */
+void reg_free(registry *g);
+
+/* Checks a worker's self-description; INVALID_ARGUMENT naming the field. */
+int reg_validate(const Tpuemu__WorkerInfo *w, err *e);
+/* Copies a validated WorkerInfo into owned storage. */
+void reg_winfo_copy(winfo *dst, const Tpuemu__WorkerInfo *src);
+/* Points a protobuf WorkerInfo at w's strings (valid while w is). */
+void reg_winfo_view(const winfo *w, Tpuemu__WorkerInfo *out);
+
+rentry *reg_lookup(const registry *g, const char *host, int core);
+/* Index of the first entry of host (or where it would go) and the count. */
+size_t reg_host_range(const registry *g, const char *host, size_t *count);
+/* Adds a new entry for w (w->core >= 0, key not present). NULL and
+ * RESOURCE_EXHAUSTED when --max-cores entries are tracked already. */
+rentry *reg_add(registry *g, const winfo *w, uint64_t now_ms, err *e);
+/* Marks an entry dead or alive, keeping the counters right. */
+void reg_set_dead(registry *g, rentry *en, int dead);
+
+static inline size_t reg_alive(const registry *g)
+{
+    return g->n - g->n_dead;
+}
+
+/* "h0/3" into buf. */
+const char *reg_name(const char *host, int core, char *buf, size_t n);
+
+#endif

@@ -1,0 +1,69 @@
+/* The tpu-resolver daemon's one context, and the request plumbing shared by
+ * handlers.c (dispatch, registration, cluster spec) and system.c (initialize,
+ * shutdown, system check). Loop thread only; no global state besides this. */
+#ifndef TPUEMU_RESOLVER_RESOLVER_H
+#define TPUEMU_RESOLVER_RESOLVER_H
+
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "auth.h"
+#include "nnuv.h"
+#include "registry.h"
+#include "system.h"
+#include "wire.h"
+
+#define RSV_SENDER "resolver"
+#define RSV_MAX_CLAIMS 64 /* probes of previous holders waiting at once */
+
+/* A request whose reply may wait: the raw REP routing header and the nonce
+ * the reply's request_id must carry. Owned by whoever holds it until
+ * rsv_reply*() consumes it. */
+typedef struct rreq {
+    void *ctl;
+    uint64_t id;
+} rreq;
+
+/* A heartbeat claiming a (host, core) that a live entry holds, waiting for
+ * the probe of that entry. */
+struct claim {
+    struct claim *next;
+    uint64_t tag;
+    rreq req;
+    winfo w;             /* the claimant */
+    uint64_t old_inc;    /* the holder probed */
+};
+
+typedef struct resolver {
+    uv_loop_t *loop;
+    auth auth;
+    replay *replay;
+    nnuv rep;
+    uv_timer_t dead_timer;
+    uv_signal_t sigint, sigterm;
+    uint32_t heartbeat_ms, dead_after, max_cores;
+    registry reg;
+    rsys sys;
+    struct claim *claims;
+    size_t nclaims;
+    uint64_t next_tag;   /* tags pending operations so late callbacks find nothing */
+    int stopping;
+} resolver;
+
+/* Seals m as the reply to req and sends it; consumes req->ctl. */
+void rsv_reply(resolver *r, rreq *req, wire_msg *m);
+void rsv_reply_error(resolver *r, rreq *req, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* The nnuv callback of the REP socket. */
+void rsv_on_request(nnuv *s, const uint8_t *buf, size_t len, void *ctl);
+
+/* The entry's control link, made on first use; NULL with e set on failure. */
+struct corelink *rsv_link(resolver *r, rentry *en, err *e);
+void rsv_drop_link(rentry *en);
+
+/* Graceful stop: answers every waiting claim with UNAVAILABLE. */
+void rsv_stop_claims(resolver *r);
+
+#endif
