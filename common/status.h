@@ -44,7 +44,7 @@ const char *code_name(int code);
 /* Sets e (if not NULL) and returns code, so callers can `return err_set(...)`. */
 int err_set(err *e, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-int err_vset(err *e, int code, const char *fmt, va_list ap);
+int err_vset(err *e, int code, const char *fmt, va_list ap) __attribute__((format(printf, 3, 0)));
 
 /* Prefixes e->msg with more context: "connecting to X: <old message>". */
 void err_prefix(err *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The main job: install what is needed, build, start a local emulated TPU
+# cluster (a resolver and 8 workers: 2 hosts x 4 cores of a v3), and walk the
+# TensorFlow lifecycle against it: resolve, connect, initialize, show the
+# topology, check health, shut down. Everything started here is stopped on exit.
+#
+#   scripts/demo.sh                     # port 8470, or the next free one
+#   TPUEMU_DEMO_PORT=9000 scripts/demo.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+
+install_packages
+build_tree build -DTPUEMU_WERROR=OFF
+
+bin=build/bin
+port=${TPUEMU_DEMO_PORT:-8470}
+while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
+tpu="127.0.0.1:$port"
+logdir=$(mktemp -d /tmp/tpuemu-demo.XXXXXX)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    echo "stopped the cluster; daemon logs are in $logdir"
+}
+trap cleanup EXIT
+
+step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
+
+echo "starting tpu-resolver on $tpu and 8 tpu-workers (hosts host0, host1; 4 cores each; v3)"
+"$bin/tpu-resolver" --listen "$tpu" 2>"$logdir/resolver.log" &
+pids+=($!)
+for h in 0 1; do
+    for c in 0 1 2 3; do
+        "$bin/tpu-worker" --resolver "$tpu" --host-id "host$h" --core "$c" --tpu-type v3 \
+            2>"$logdir/worker-host$h-$c.log" &
+        pids+=($!)
+    done
+done
+
+export TPU_NAME="grpc://$tpu"
+step "$bin/tpuctl" init --expect 8 --timeout-ms 10000
+step "$bin/tpuctl" cluster
+step "$bin/tpuctl" health
+step "$bin/tpuctl" shutdown

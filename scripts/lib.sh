@@ -1,0 +1,31 @@
+# Shared by scripts/demo.sh and scripts/test.sh: package installation and builds.
+
+# Exactly the Debian 12 packages tpuemu builds, runs and tests with.
+TPUEMU_PACKAGES="build-essential cmake pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler
+libnanomsg-dev libcriterion-dev libsodium-dev clang"
+
+install_packages() {
+    local missing=()
+    for p in $TPUEMU_PACKAGES; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "installing Debian packages: ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# build_tree DIR [cmake args...]: configure and build the whole tree into DIR.
+build_tree() {
+    local dir=$1
+    shift
+    cmake -S . -B "$dir" "$@" >/dev/null
+    echo "building in $dir/ ($*)"
+    if ! cmake --build "$dir" -j"$(nproc)" >"$dir/build.log" 2>&1; then
+        grep -E 'error|warning' "$dir/build.log" | head -40
+        echo "build failed; the whole log is $dir/build.log" >&2
+        return 1
+    fi
+}

@@ -1,0 +1,165 @@
+/* The data-plane listener: accepts, bounds the number of connections, and
+ * answers the frames a core understands so far (PING). The framing, handshake
+ * and write bounds live in dpconn.c. */
+#include "dataplane.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "dpconn.h"
+#include "log.h"
+#include "worker.h"
+
+struct dp_peer {
+    struct dp_peer *prev, *next;
+    struct worker *w;
+    dp_conn *c;
+};
+
+static void on_ready(dp_conn *c)
+{
+    log_debug("data-plane peer authenticated", "peer=%s name=%s", dp_conn_peer_addr(c),
+              log_q(dp_conn_peer_name(c)));
+}
+
+static void free_payload(void *arg, int status)
+{
+    (void)status;
+    free(arg);
+}
+
+static void on_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload, size_t len)
+{
+    if (h->kind == TPUEMU__FRAME_KIND__FRAME_PING) {
+        Tpuemu__FrameHeader pong = TPUEMU__FRAME_HEADER__INIT;
+        pong.kind = TPUEMU__FRAME_KIND__FRAME_PONG;
+        pong.epoch = h->epoch;
+        pong.step = h->step;
+        pong.chunk = h->chunk;
+        if (dp_conn_send(c, &pong, payload, len, free_payload, payload) != CODE_OK)
+            free(payload); /* not queued: the connection is closing */
+        return;
+    }
+    free(payload);
+    dp_conn_fail(c, CODE_INVALID_ARGUMENT,
+                 "tpu-worker does not handle data-plane frames of kind %d here (only PING)",
+                 (int)h->kind);
+}
+
+static void on_conn_close(dp_conn *c, const err *why)
+{
+    struct dp_peer *p = dp_conn_data(c);
+    struct dataplane *dp = &p->w->dp;
+
+    if (why->code != CODE_OK)
+        log_warn("data-plane connection refused", "peer=%s name=%s code=%s reason=%s",
+                 dp_conn_peer_addr(c), log_q(dp_conn_peer_name(c)), code_name(why->code),
+                 log_q(why->msg));
+    else
+        log_debug("data-plane connection closed", "peer=%s", dp_conn_peer_addr(c));
+    if (p->prev)
+        p->prev->next = p->next;
+    else
+        dp->conns = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
+    dp->nconns--;
+    free(p);
+}
+
+static void free_handle(uv_handle_t *h)
+{
+    free(h);
+}
+
+/* Over the connection limit: accept and close at once, so the backlog drains. */
+static void refuse_one(struct worker *w, uv_stream_t *server)
+{
+    uv_tcp_t *t = malloc(sizeof *t);
+    if (!t)
+        return;
+    uv_tcp_init(w->loop, t);
+    if (uv_accept(server, (uv_stream_t *)t) == 0)
+        log_warn("data-plane connection refused", "reason=%s limit=%d",
+                 log_q("too many data-plane connections"), DP_MAX_CONNS);
+    uv_close((uv_handle_t *)t, free_handle);
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    struct worker *w = server->data;
+    struct dp_conn_cfg cfg;
+    struct dp_peer *p;
+    dp_conn *c;
+    err e;
+
+    if (status < 0) {
+        log_warn("data-plane accept failed", "reason=%s", log_q(uv_strerror(status)));
+        return;
+    }
+    if (w->stopping || w->dp.nconns >= DP_MAX_CONNS || !(p = calloc(1, sizeof *p))) {
+        refuse_one(w, server);
+        return;
+    }
+    memset(&cfg, 0, sizeof cfg);
+    cfg.auth = &w->auth;
+    cfg.self_name = worker_sender(w);
+    cfg.max_payload = DP_MAX_PING;
+    cfg.max_pending_write = DP_MAX_PENDING;
+    cfg.handshake_ms = DP_HANDSHAKE_MS;
+    cfg.on_ready = on_ready;
+    cfg.on_frame = on_frame;
+    cfg.on_close = on_conn_close;
+    cfg.data = p;
+    p->w = w;
+    if (dp_conn_accept(server, &cfg, &c, &e) != CODE_OK) {
+        log_warn("data-plane accept failed", "reason=%s", log_q(e.msg));
+        free(p);
+        return;
+    }
+    p->c = c;
+    p->next = w->dp.conns;
+    if (p->next)
+        p->next->prev = p;
+    w->dp.conns = p;
+    w->dp.nconns++;
+    log_debug("data-plane connection", "peer=%s conns=%u", dp_conn_peer_addr(c), w->dp.nconns);
+}
+
+int dp_start(struct worker *w, err *e)
+{
+    struct sockaddr_storage ss;
+    int sl = sizeof ss, rc;
+    const char *host = w->listen;
+
+    memset(&ss, 0, sizeof ss);
+    if (strcmp(host, "*") == 0)
+        host = "0.0.0.0";
+    if (uv_ip4_addr(host, 0, (struct sockaddr_in *)&ss) != 0 &&
+        uv_ip6_addr(host, 0, (struct sockaddr_in6 *)&ss) != 0)
+        return err_set(e, CODE_INVALID_ARGUMENT, "--listen: '%s' is not a local IP address", w->listen);
+    uv_tcp_init(w->loop, &w->dp.listener);
+    w->dp.listener.data = w;
+    w->dp.started = 1;
+    if ((rc = uv_tcp_bind(&w->dp.listener, (struct sockaddr *)&ss, 0)) < 0 ||
+        (rc = uv_listen((uv_stream_t *)&w->dp.listener, 128, on_connection)) < 0)
+        return err_set(e, CODE_UNAVAILABLE, "cannot listen for the data plane on %s: %s", w->listen,
+                       uv_strerror(rc));
+    if ((rc = uv_tcp_getsockname(&w->dp.listener, (struct sockaddr *)&ss, &sl)) < 0)
+        return err_set(e, CODE_INTERNAL, "data-plane getsockname: %s", uv_strerror(rc));
+    w->dp.port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                : ((struct sockaddr_in *)&ss)->sin_port);
+    return CODE_OK;
+}
+
+void dp_stop(struct worker *w)
+{
+    struct dp_peer *p, *next;
+
+    if (w->dp.started && !uv_is_closing((uv_handle_t *)&w->dp.listener))
+        uv_close((uv_handle_t *)&w->dp.listener, NULL);
+    for (p = w->dp.conns; p; p = next) {
+        next = p->next; /* p is freed later, in the close callback */
+        dp_conn_close(p->c, NULL);
+    }
+}

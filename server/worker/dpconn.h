@@ -1,0 +1,88 @@
+/* One data-plane TCP connection: the framing reader, the handshake, and a
+ * bounded write queue. The same object serves both ends: a worker accepting
+ * clients and peers (dp_conn_accept), and a worker dialing its ring neighbour
+ * (dp_conn_connect). After the handshake every frame goes to on_frame.
+ *
+ * Reading: the 4-byte prefix, then the header (bounded by FRAME_MAX_HEADER,
+ * checked by frame_decode against max_payload), then exactly payload_bytes
+ * into a buffer sized from the checked header. Nothing is allocated from an
+ * unchecked size. Anything malformed gets an ERROR frame and a close.
+ *
+ * Writing: dp_conn_send writes the header and the caller's payload straight from
+ * its buffer (no copy). Bytes queued but not yet written are bounded by
+ * max_pending_write; a peer that does not read is closed.
+ *
+ * Lifetime: the connection frees itself after on_close returns; on_close is
+ * called exactly once, from a libuv close callback. Loop thread only. */
+#ifndef TPUEMU_WORKER_DPCONN_H
+#define TPUEMU_WORKER_DPCONN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "auth.h"
+#include "status.h"
+#include "tpuemu.pb-c.h"
+
+typedef struct dp_conn dp_conn;
+
+/* Called once per dp_conn_send: status 0 when written, a libuv error (<0) when
+ * the connection closed first. The payload may be reused from here. */
+typedef void (*dp_write_cb)(void *arg, int status);
+
+struct dp_conn_cfg {
+    const auth *auth;          /* cluster key; must outlive the connection */
+    const char *self_name;     /* AUTH.peer when connecting: "worker h0/3" */
+    uint64_t max_payload;      /* largest payload accepted in one frame */
+    size_t max_pending_write;  /* bytes queued for writing before the peer is dropped */
+    unsigned handshake_ms;     /* connect + handshake deadline */
+    /* Handshake complete (may be NULL). */
+    void (*on_ready)(dp_conn *c);
+    /* A frame after the handshake. payload is malloc'd (NULL when len is 0) and
+     * belongs to the callee, which frees it with free(). The callee may call
+     * dp_conn_send, dp_conn_fail or dp_conn_close. ERROR frames from the peer
+     * do not come here: they close the connection with the peer's status. */
+    void (*on_frame)(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload, size_t len);
+    /* The connection is gone. why->code is CODE_OK for an orderly close (the
+     * peer hung up after the handshake, or the owner closed it), else why it
+     * was refused or failed. c is freed right after this returns. */
+    void (*on_close)(dp_conn *c, const err *why);
+    void *data;                /* the owner's */
+};
+
+/* Accepts one pending connection from server, sends HELLO, starts the
+ * handshake deadline. On success on_close follows sooner or later (even when
+ * the first write already failed); on an error return *out is NULL, nothing is
+ * left behind and on_close is not called. */
+int dp_conn_accept(uv_stream_t *server, const struct dp_conn_cfg *cfg, dp_conn **out, err *e);
+
+/* Dials sa (an IPv4 or IPv6 address) and runs the connecting side of the
+ * handshake within handshake_ms; on_ready tells when frames may be sent,
+ * on_close when it failed. Error returns as for dp_conn_accept. */
+int dp_conn_connect(uv_loop_t *loop, const struct sockaddr *sa, const struct dp_conn_cfg *cfg,
+                    dp_conn **out, err *e);
+
+/* Queues one frame: h (version set here) and len payload bytes, which must stay
+ * valid until cb (may be NULL) is called. h->payload_bytes is set to len.
+ * CODE_FAILED_PRECONDITION before the handshake is done or while closing;
+ * CODE_RESOURCE_EXHAUSTED (and the connection is closed) when the write queue
+ * would exceed its bound. cb is called in every case where CODE_OK was returned. */
+int dp_conn_send(dp_conn *c, Tpuemu__FrameHeader *h, const void *payload, size_t len, dp_write_cb cb,
+                 void *arg);
+
+/* Sends ERROR{code, message} and closes once it is written (at most 1 s). The
+ * message also becomes the on_close reason. */
+void dp_conn_fail(dp_conn *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Closes now; pending writes are cancelled. why may be NULL (orderly). */
+void dp_conn_close(dp_conn *c, const err *why);
+
+int dp_conn_is_ready(const dp_conn *c);
+const char *dp_conn_peer_addr(const dp_conn *c); /* "127.0.0.1:53412" */
+const char *dp_conn_peer_name(const dp_conn *c); /* AUTH.peer of the other side, or "" */
+void *dp_conn_data(const dp_conn *c);
+void dp_conn_set_data(dp_conn *c, void *data);
+
+#endif

@@ -1,0 +1,220 @@
+/* Heartbeat to the resolver over a cooked REQ socket joined to the loop. */
+#include "heartbeat.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <nanomsg/nn.h>
+#include <nanomsg/reqrep.h>
+
+#include "log.h"
+#include "wire.h"
+#include "worker.h"
+
+#define UNREACHABLE_TICKS 3
+#define HB_MIN_MS 50
+#define HB_MAX_MS 60000
+
+/* Errors nothing in this process can fix by retrying. */
+static int is_fatal(int code)
+{
+    return code == CODE_ALREADY_EXISTS || code == CODE_UNAUTHENTICATED ||
+           code == CODE_FAILED_PRECONDITION || code == CODE_INVALID_ARGUMENT;
+}
+
+static void fatal(struct worker *w, int code, const char *msg)
+{
+    log_error("resolver refused this worker", "code=%s resolver=%s reason=%s", code_name(code),
+              log_q(w->resolver_url), log_q(msg));
+    fprintf(stderr, "tpu-worker: %s: %s\n", code_name(code), msg);
+    worker_stop(w, 3);
+}
+
+static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *ctl);
+
+static void free_sock(nnuv *s)
+{
+    free(s);
+}
+
+static void close_sock(struct heartbeat *hb)
+{
+    if (hb->sock) {
+        nnuv_close(hb->sock, free_sock);
+        hb->sock = NULL;
+    }
+}
+
+/* A new REQ socket dialing the resolver (nanomsg connects in the background). */
+static int open_sock(struct worker *w, err *e)
+{
+    nnuv *s;
+    int sock, rc;
+
+    sock = nn_socket(AF_SP, NN_REQ);
+    if (sock < 0)
+        return err_set(e, CODE_INTERNAL, "nanomsg REQ socket: %s", nn_strerror(nn_errno()));
+    if ((rc = nnuv_sockopts(sock, WIRE_MAX_REPLY, e)) != CODE_OK)
+        goto fail;
+    if ((rc = nnuv_connect(sock, w->resolver_url, e)) != CODE_OK) {
+        err_prefix(e, "--resolver");
+        goto fail;
+    }
+    if (!(s = calloc(1, sizeof *s))) {
+        rc = err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the heartbeat socket");
+        goto fail;
+    }
+    s->data = w;
+    if ((rc = nnuv_start(w->loop, s, sock, 0, on_msg, e)) != CODE_OK) {
+        free(s);
+        goto fail;
+    }
+    w->hb.sock = s;
+    return CODE_OK;
+fail:
+    nn_close(sock);
+    return rc;
+}
+
+static void tick(uv_timer_t *t)
+{
+    struct worker *w = t->data;
+    struct heartbeat *hb = &w->hb;
+    wire_msg m = TPUEMU__MESSAGE__INIT;
+    Tpuemu__Heartbeat body = TPUEMU__HEARTBEAT__INIT;
+    Tpuemu__WorkerInfo info = TPUEMU__WORKER_INFO__INIT;
+    uint8_t *buf;
+    size_t len;
+    err e;
+
+    if (hb->last_nonce) {
+        if (++hb->unanswered >= UNREACHABLE_TICKS && !hb->unreachable) {
+            hb->unreachable = 1;
+            log_warn("resolver unreachable", "resolver=%s missed=%u heartbeat_ms=%u",
+                     log_q(w->resolver_url), hb->unanswered, w->heartbeat_ms);
+        }
+        close_sock(hb); /* drop the unanswered request with its connection */
+        hb->last_nonce = 0;
+    }
+    if (!hb->sock && open_sock(w, &e) != CODE_OK) {
+        log_error("cannot open the heartbeat socket", "reason=%s", log_q(e.msg));
+        return;
+    }
+    worker_info(w, &info);
+    body.worker = &info;
+    m.body_case = TPUEMU__MESSAGE__BODY_HEARTBEAT;
+    m.heartbeat = &body;
+    if (wire_seal(&w->auth, worker_sender(w), &m, &buf, &len, &hb->last_nonce, &e) != CODE_OK) {
+        log_error("cannot build a heartbeat", "reason=%s", log_q(e.msg));
+        return;
+    }
+    if (nnuv_send(hb->sock, buf, len, &e) != CODE_OK)
+        log_debug("heartbeat not sent", "reason=%s", log_q(e.msg));
+    free(buf);
+}
+
+static void adopt_interval(struct worker *w, uint32_t ms)
+{
+    if (ms < HB_MIN_MS || ms > HB_MAX_MS || ms == w->heartbeat_ms)
+        return;
+    log_info("heartbeat interval", "from_ms=%u to_ms=%u", w->heartbeat_ms, ms);
+    w->heartbeat_ms = ms;
+    uv_timer_start(&w->hb.timer, tick, ms, ms);
+}
+
+static void on_reply(struct worker *w, const Tpuemu__HeartbeatReply *r)
+{
+    struct heartbeat *hb = &w->hb;
+
+    if (r->core < 0 || r->core > 1023 || (w->core >= 0 && r->core != w->core)) {
+        log_warn("resolver assigned an unexpected core; ignoring the reply", "core=%d asked=%d",
+                 (int)r->core, w->core);
+        return;
+    }
+    w->core = r->core;
+    snprintf(w->sender, sizeof w->sender, "worker %s/%d", w->host_id, w->core);
+    if (!hb->registered)
+        log_info("registered", "host=%s core=%d resolver=%s system_epoch=%llu", log_q(w->host_id),
+                 w->core, log_q(w->resolver_url), (unsigned long long)r->system_epoch);
+    else if (hb->unreachable || hb->last_error)
+        log_info("resolver reachable again", "host=%s core=%d resolver=%s", log_q(w->host_id),
+                 w->core, log_q(w->resolver_url));
+    hb->registered = 1;
+    hb->unreachable = 0;
+    hb->last_error = 0;
+    adopt_interval(w, r->heartbeat_ms);
+}
+
+static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *ctl)
+{
+    struct worker *w = s->data;
+    struct heartbeat *hb = &w->hb;
+    wire_msg *m;
+    err e;
+
+    (void)ctl;
+    if (wire_open(&w->auth, NULL, buf, len, WIRE_MAX_REPLY, &m, &e) != CODE_OK) {
+        if (e.code == CODE_UNAUTHENTICATED || e.code == CODE_FAILED_PRECONDITION) {
+            char msg[ERR_MSG_MAX + 400];
+            snprintf(msg, sizeof msg, "reply from the resolver at %s: %s", w->resolver_url, e.msg);
+            fatal(w, e.code, msg);
+        } else {
+            log_warn("unreadable reply from the resolver", "resolver=%s reason=%s",
+                     log_q(w->resolver_url), log_q(e.msg));
+        }
+        return;
+    }
+    /* A daemon that could not open our request answers with request_id 0. */
+    if (m->request_id != hb->last_nonce &&
+        !(m->body_case == TPUEMU__MESSAGE__BODY_ERROR && m->request_id == 0)) {
+        log_debug("stale heartbeat reply ignored", NULL);
+        goto out;
+    }
+    hb->last_nonce = 0;
+    hb->unanswered = 0;
+    switch (m->body_case) {
+    case TPUEMU__MESSAGE__BODY_HEARTBEAT_REPLY:
+        on_reply(w, m->heartbeat_reply);
+        break;
+    case TPUEMU__MESSAGE__BODY_ERROR: {
+        int code = (int)m->error->code;
+        const char *msg = m->error->message ? m->error->message : "";
+        if (is_fatal(code)) {
+            fatal(w, code, msg);
+        } else if (code != hb->last_error) {
+            hb->last_error = code;
+            log_at(code == CODE_UNAVAILABLE ? LOG_INFO : LOG_WARN, "heartbeat refused; retrying",
+                   "code=%s reason=%s", code_name(code), log_q(msg));
+        }
+        break;
+    }
+    default:
+        log_warn("unexpected reply to a heartbeat", "body=%s", log_q(wire_body_name(m)));
+    }
+out:
+    wire_msg_free(m);
+}
+
+int hb_start(struct worker *w, err *e)
+{
+    struct heartbeat *hb = &w->hb;
+    int rc;
+
+    if ((rc = open_sock(w, e)) != CODE_OK)
+        return rc;
+    uv_timer_init(w->loop, &hb->timer);
+    hb->timer.data = w;
+    hb->started = 1;
+    uv_timer_start(&hb->timer, tick, 0, w->heartbeat_ms);
+    return CODE_OK;
+}
+
+void hb_stop(struct worker *w)
+{
+    if (!w->hb.started)
+        return;
+    w->hb.started = 0;
+    uv_timer_stop(&w->hb.timer);
+    uv_close((uv_handle_t *)&w->hb.timer, NULL);
+    close_sock(&w->hb);
+}

@@ -1,0 +1,295 @@
+/* tpu-worker: one emulated TPU core. Reads its settings, binds its control and
+ * data-plane listeners, then registers with the resolver and heartbeats until
+ * SIGINT/SIGTERM (exit 0) or a refusal it cannot fix (exit 3). Bad settings
+ * exit 2. Nothing a peer sends makes it exit. */
+#include <errno.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "log.h"
+#include "wire.h"
+#include "worker.h"
+
+#define EXIT_USAGE 2
+
+void worker_info(struct worker *w, Tpuemu__WorkerInfo *out)
+{
+    out->host_id = w->host_id;
+    out->core = w->core;
+    out->incarnation = w->incarnation;
+    out->control_addr = w->control_addr;
+    out->data_addr = w->data_addr;
+    out->tpu_type = (char *)w->preset->name;
+    out->hbm_capacity = w->hbm.capacity;
+    out->hbm_used = w->hbm.used;
+    out->pid = (uint32_t)getpid();
+    out->version = (char *)TPUEMU_VERSION;
+    out->epoch = w->epoch;
+    out->replica_id = w->replica_id;
+}
+
+const char *worker_sender(struct worker *w)
+{
+    if (w->core < 0)
+        snprintf(w->sender, sizeof w->sender, "worker %s/?", w->host_id);
+    else
+        snprintf(w->sender, sizeof w->sender, "worker %s/%d", w->host_id, w->core);
+    return w->sender;
+}
+
+static void close_signal(uv_signal_t *s)
+{
+    if (uv_is_active((uv_handle_t *)s) || !uv_is_closing((uv_handle_t *)s)) {
+        uv_signal_stop(s);
+        if (!uv_is_closing((uv_handle_t *)s))
+            uv_close((uv_handle_t *)s, NULL);
+    }
+}
+
+void worker_stop(struct worker *w, int exit_code)
+{
+    if (w->stopping)
+        return;
+    w->stopping = 1;
+    w->exit_code = exit_code;
+    log_info("stopping", "host=%s core=%d", log_q(w->host_id), w->core);
+    hb_stop(w);
+    ctl_stop(w);
+    dp_stop(w);
+    close_signal(&w->sigint);
+    close_signal(&w->sigterm);
+}
+
+static void on_signal(uv_signal_t *s, int signum)
+{
+    struct worker *w = s->data;
+    log_info("signal received; shutting down", "signal=%d", signum);
+    worker_stop(w, 0);
+}
+
+static int valid_host_id(const char *s)
+{
+    size_t n = strlen(s);
+    if (n < 1 || n > WORKER_HOST_ID_MAX)
+        return 0;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '.' || *s == '_' || *s == '-'))
+            return 0;
+    return 1;
+}
+
+static int is_wildcard(const char *h)
+{
+    return !strcmp(h, "0.0.0.0") || !strcmp(h, "::") || !strcmp(h, "*");
+}
+
+/* The local address the kernel would use to reach host:port (a UDP connect sends nothing). */
+static int route_source(const char *host, int port, char *out, size_t n, err *e)
+{
+    struct addrinfo hints, *res = NULL;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    char ps[16];
+    int fd, rc;
+
+    memset(&hints, 0, sizeof hints);
+    hints.ai_socktype = SOCK_DGRAM;
+    snprintf(ps, sizeof ps, "%d", port);
+    if ((rc = getaddrinfo(host, ps, &hints, &res)) != 0)
+        return err_set(e, CODE_INVALID_ARGUMENT, "--resolver: cannot resolve '%s': %s", host,
+                       gai_strerror(rc));
+    fd = socket(res->ai_family, SOCK_DGRAM, 0);
+    if (fd < 0 || connect(fd, res->ai_addr, res->ai_addrlen) < 0 ||
+        getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) {
+        rc = err_set(e, CODE_INVALID_ARGUMENT,
+                     "cannot find the local address that reaches the resolver %s: %s; give --advertise",
+                     host, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        freeaddrinfo(res);
+        return rc;
+    }
+    close(fd);
+    freeaddrinfo(res);
+    if (ss.ss_family == AF_INET6)
+        uv_ip6_name((struct sockaddr_in6 *)&ss, out, n);
+    else
+        uv_ip4_name((struct sockaddr_in *)&ss, out, n);
+    return CODE_OK;
+}
+
+/* Flags and environment into w; returns 0, or an exit status. */
+static int configure(struct worker *w, int argc, char **argv)
+{
+    const char *resolver = NULL, *listen = NULL, *advertise = NULL, *host_id = NULL;
+    const char *tpu_type = NULL, *token_file = NULL, *log_level = NULL;
+    long long core = -1, hbm_bytes = 0;
+    int insecure = 0, first, rc, lvl;
+    char hostname[256];
+    err e;
+    const struct opt opts[] = {
+        {"resolver", "TPUEMU_RESOLVER", OPT_STRING, NULL, 0, 0, "HOST:PORT",
+         "the tpu-resolver to register with (required; default port 8470)", &resolver},
+        {"listen", "TPUEMU_WORKER_LISTEN", OPT_STRING, "127.0.0.1", 0, 0, "ADDR",
+         "local IP address for the control and data-plane ports (ports chosen by the kernel)", &listen},
+        {"advertise", "TPUEMU_ADVERTISE", OPT_STRING, NULL, 0, 0, "ADDR",
+         "address other processes use to reach this worker (default: --listen, or for a wildcard "
+         "--listen the local address that routes to the resolver)", &advertise},
+        {"host-id", "TPUEMU_HOST_ID", OPT_STRING, NULL, 0, 0, "NAME",
+         "host this core belongs to; cores of one host are adjacent in the ring (default: hostname)",
+         &host_id},
+        {"core", "TPUEMU_CORE", OPT_INT, "-1", -1, 1023, "N",
+         "core index on the host; -1 lets the resolver assign the lowest free one", &core},
+        {"tpu-type", "TPUEMU_TPU_TYPE", OPT_STRING, "v3", 0, 0, "TYPE",
+         "TPU generation to emulate: v2, v3, v4, v5e, v5p", &tpu_type},
+        {"hbm-bytes", "TPUEMU_HBM_BYTES", OPT_BYTES, NULL, 1, 1LL << 50, "N",
+         "HBM capacity of this core, suffixes K/M/G (default: the generation's per-core HBM)",
+         &hbm_bytes},
+        {"token-file", "TPUEMU_TOKEN_FILE", OPT_STRING, NULL, 0, 0, "FILE",
+         "file holding the cluster token (else $TPUEMU_TOKEN)", &token_file},
+        {"insecure", "TPUEMU_INSECURE", OPT_BOOL, NULL, 0, 0, NULL,
+         "allow listening on a non-loopback address without a cluster token", &insecure},
+        {"log-level", "TPUEMU_LOG_LEVEL", OPT_STRING, "info", 0, 0, "LEVEL",
+         "debug, info, warn or error", &log_level},
+    };
+    const size_t nopts = sizeof opts / sizeof opts[0];
+
+    rc = opt_parse(opts, nopts, argc, argv, &first, &e);
+    if (rc == CODE_CANCELLED) {
+        opt_usage(opts, nopts, "tpu-worker --resolver HOST:PORT [options]",
+                  "One emulated TPU core: registers with tpu-resolver, heartbeats, and serves its "
+                  "control and data-plane ports.");
+        return -1;
+    }
+    if (rc != CODE_OK) {
+        fprintf(stderr, "tpu-worker: %s\n", e.msg);
+        return EXIT_USAGE;
+    }
+    if (first < argc) {
+        fprintf(stderr, "tpu-worker: unexpected argument '%s' (see --help)\n", argv[first]);
+        return EXIT_USAGE;
+    }
+    if ((lvl = log_level_parse(log_level)) < 0) {
+        fprintf(stderr, "tpu-worker: --log-level: '%s' is not one of debug, info, warn, error\n", log_level);
+        return EXIT_USAGE;
+    }
+    log_init("worker", (enum log_level)lvl);
+    if (!resolver || !*resolver) {
+        fprintf(stderr, "tpu-worker: --resolver is required: give the tpu-resolver's HOST:PORT "
+                        "(or set $TPUEMU_RESOLVER)\n");
+        return EXIT_USAGE;
+    }
+    if (addr_parse(resolver, ADDR_DEFAULT_PORT, &w->resolver, &e) != CODE_OK) {
+        fprintf(stderr, "tpu-worker: --resolver: %s\n", e.msg);
+        return EXIT_USAGE;
+    }
+    addr_nn_url(w->resolver.host, w->resolver.port, w->resolver_url, sizeof w->resolver_url);
+    if (!(w->preset = preset_find(tpu_type))) {
+        fprintf(stderr, "tpu-worker: --tpu-type: '%s' is not a TPU type (%s)\n", tpu_type, preset_names());
+        return EXIT_USAGE;
+    }
+    if (!host_id) {
+        if (gethostname(hostname, sizeof hostname) < 0)
+            snprintf(hostname, sizeof hostname, "localhost");
+        hostname[sizeof hostname - 1] = '\0';
+        host_id = hostname;
+    }
+    if (!valid_host_id(host_id)) {
+        fprintf(stderr, "tpu-worker: --host-id: '%s' is not a host id (1..%d characters of "
+                        "A-Z a-z 0-9 . _ -)\n", host_id, WORKER_HOST_ID_MAX);
+        return EXIT_USAGE;
+    }
+    snprintf(w->host_id, sizeof w->host_id, "%s", host_id);
+    snprintf(w->listen, sizeof w->listen, "%s", strcmp(listen, "localhost") ? listen : "127.0.0.1");
+    if (auth_load(&w->auth, token_file, &e) != CODE_OK) {
+        fprintf(stderr, "tpu-worker: %s\n", e.msg);
+        return EXIT_USAGE;
+    }
+    if (!w->auth.enabled && !addr_is_loopback(w->listen) && !insecure) {
+        fprintf(stderr, "tpu-worker: refusing to listen on %s without a cluster token: give "
+                        "--token-file (or $TPUEMU_TOKEN), or --insecure to allow it\n", w->listen);
+        return EXIT_USAGE;
+    }
+    if (advertise && *advertise) {
+        snprintf(w->advertise, sizeof w->advertise, "%s", advertise);
+    } else if (is_wildcard(w->listen)) {
+        if (route_source(w->resolver.host, w->resolver.port, w->advertise, sizeof w->advertise, &e) != CODE_OK) {
+            fprintf(stderr, "tpu-worker: %s\n", e.msg);
+            return EXIT_USAGE;
+        }
+    } else {
+        snprintf(w->advertise, sizeof w->advertise, "%s", w->listen);
+    }
+    w->core = (int)core;
+    hbm_init(&w->hbm, hbm_bytes > 0 ? (uint64_t)hbm_bytes : w->preset->hbm_per_core);
+    return 0;
+}
+
+/* Binds everything and starts heartbeating; on failure the caller stops and drains. */
+static int start(struct worker *w, err *e)
+{
+    int rc;
+
+    if (!(w->replay = replay_new(16384)))
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the replay cache");
+    uv_signal_init(w->loop, &w->sigint);
+    uv_signal_init(w->loop, &w->sigterm);
+    w->sigint.data = w->sigterm.data = w;
+    uv_signal_start(&w->sigint, on_signal, SIGINT);
+    uv_signal_start(&w->sigterm, on_signal, SIGTERM);
+    if ((rc = ctl_start(w, e)) != CODE_OK || (rc = dp_start(w, e)) != CODE_OK)
+        return rc;
+    addr_nn_url(w->advertise, w->ctl.port, w->control_addr, sizeof w->control_addr);
+    addr_format(w->advertise, w->dp.port, w->data_addr, sizeof w->data_addr);
+    w->incarnation = auth_random64();
+    log_info("started", "host=%s core=%d tpu_type=%s hbm_bytes=%llu control=%s data=%s listen=%s "
+             "resolver=%s auth=%s pid=%d version=%s", log_q(w->host_id), w->core, w->preset->name,
+             (unsigned long long)w->hbm.capacity, log_q(w->control_addr), log_q(w->data_addr),
+             log_q(w->listen), log_q(w->resolver_url), w->auth.enabled ? "on" : "off", (int)getpid(),
+             TPUEMU_VERSION);
+    return hb_start(w, e);
+}
+
+int main(int argc, char **argv)
+{
+    struct worker w;
+    uv_loop_t loop;
+    err e;
+    int rc;
+
+    memset(&w, 0, sizeof w);
+    w.replica_id = -1;
+    w.heartbeat_ms = 1000;
+    log_init("worker", LOG_INFO);
+    auth_global_init();
+    if ((rc = configure(&w, argc, argv)) != 0)
+        return rc < 0 ? 0 : rc;
+    signal(SIGPIPE, SIG_IGN);
+    if ((rc = uv_loop_init(&loop)) < 0) {
+        fprintf(stderr, "tpu-worker: uv_loop_init: %s\n", uv_strerror(rc));
+        return 1;
+    }
+    w.loop = &loop;
+    if (start(&w, &e) != CODE_OK) {
+        log_error("cannot start", "code=%s reason=%s", code_name(e.code), log_q(e.msg));
+        fprintf(stderr, "tpu-worker: %s: %s\n", code_name(e.code), e.msg);
+        worker_stop(&w, 1);
+    }
+    uv_run(&loop, UV_RUN_DEFAULT);
+    rc = uv_loop_close(&loop);
+    if (rc != 0) {
+        log_error("event loop did not close cleanly", "reason=%s", log_q(uv_strerror(rc)));
+        if (w.exit_code == 0)
+            w.exit_code = 1;
+    }
+    replay_free(w.replay);
+    log_info("stopped", "exit=%d", w.exit_code);
+    return w.exit_code;
+}

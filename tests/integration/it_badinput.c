@@ -1,0 +1,461 @@
+/* Integration: bad input against running daemons (resolver control port,
+ * worker control port, worker data port). Each case checks for a clear
+ * error reply or a refusal, and that the daemon still serves a normal request
+ * afterwards. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+
+#include "cluster.h"
+#include "raw.h"
+
+static cluster *c;
+static char ctl[300], data[300];
+
+static void setup(void)
+{
+    cluster_opts o = {.hosts = 1, .cores_per_host = 1};
+    auth_global_init();
+    c = cluster_start(&o);
+    tpu_cluster_spec *s = cluster_spec(c);
+    tpu_core_info ci;
+    cr_assert_not_null(s);
+    cr_assert(cluster_find_core(s, "h0", 0, &ci));
+    snprintf(ctl, sizeof ctl, "%s", ci.control_addr);
+    snprintf(data, sizeof data, "%s", ci.data_addr);
+    tpu_cluster_spec_free(s);
+}
+
+static void teardown(void)
+{
+    cluster_free(c);
+    c = NULL;
+}
+
+TestSuite(badinput, .init = setup, .fini = teardown, .timeout = 30);
+
+/* The resolver answers a cluster spec request, the worker a probe and a ping. */
+static void still_serving(void)
+{
+    cr_assert(cluster_alive(&c->resolver), "tpu-resolver died");
+    cr_assert(cluster_alive(&c->workers[0]), "tpu-worker died");
+    tpu_cluster_spec *s = cluster_spec(c);
+    cr_assert_not_null(s, "the resolver stopped answering: %s", tpu_last_error());
+    tpu_cluster_spec_free(s);
+
+    int sock = raw_req_open(ctl, 3000);
+    wire_msg m = TPUEMU__MESSAGE__INIT, *rep;
+    Tpuemu__ProbeCore pc = TPUEMU__PROBE_CORE__INIT;
+    m.body_case = TPUEMU__MESSAGE__BODY_PROBE_CORE;
+    m.probe_core = &pc;
+    cr_assert_eq(raw_call_msg(sock, NULL, &m, &rep, NULL), CODE_OK, "worker control port stopped answering");
+    cr_assert_eq(rep->body_case, TPUEMU__MESSAGE__BODY_CORE_REPORT, "%s", wire_body_name(rep));
+    wire_msg_free(rep);
+    raw_req_close(sock);
+
+    int fd;
+    uint8_t chal[AUTH_CHALLENGE_BYTES];
+    Tpuemu__FrameHeader *ans;
+    cr_assert_eq(dp_handshake(data, NULL, 0, &fd, &ans, chal), 0, "worker data port stopped answering");
+    cr_assert_eq(ans->kind, TPUEMU__FRAME_KIND__FRAME_AUTH_OK);
+    frame_header_free(ans);
+    close(fd);
+}
+
+/* Sends bytes on an SP REQ socket; returns the error reply's code, or -1 if no reply. */
+static int send_raw(const char *addr, const void *buf, size_t len, char *msg, size_t mlen)
+{
+    int sock = raw_req_open(addr, 1500);
+    uint8_t *rep;
+    size_t rlen;
+    wire_msg *m;
+    err e;
+    int code = -1;
+    if (msg)
+        msg[0] = '\0';
+    cr_assert_geq(sock, 0);
+    if (raw_req_call(sock, buf, len, &rep, &rlen) == 0) {
+        cr_assert_eq(wire_open(NULL, NULL, rep, rlen, WIRE_MAX_REPLY, &m, &e), CODE_OK,
+                     "the reply is a proper envelope: %s", e.msg);
+        cr_assert_eq(m->body_case, TPUEMU__MESSAGE__BODY_ERROR, "expected an error, got %s",
+                     wire_body_name(m));
+        cr_assert_eq(m->request_id, 0, "an undecodable request gets request_id 0");
+        code = (int)m->error->code;
+        if (msg)
+            snprintf(msg, mlen, "%s", m->error->message);
+        wire_msg_free(m);
+        free(rep);
+    }
+    raw_req_close(sock);
+    return code;
+}
+
+/* Seals m, sends it, returns the reply (caller frees). */
+static wire_msg *call(const char *addr, wire_msg *m)
+{
+    int sock = raw_req_open(addr, 3000);
+    wire_msg *rep = NULL;
+    uint64_t nonce;
+    cr_assert_eq(raw_call_msg(sock, NULL, m, &rep, &nonce), CODE_OK, "no reply from %s", addr);
+    if (rep->body_case != TPUEMU__MESSAGE__BODY_ERROR)
+        cr_assert_eq(rep->request_id, nonce);
+    raw_req_close(sock);
+    return rep;
+}
+
+static void expect_error(wire_msg *rep, int code, const char *needle)
+{
+    cr_assert_eq(rep->body_case, TPUEMU__MESSAGE__BODY_ERROR, "got %s", wire_body_name(rep));
+    cr_assert_eq((int)rep->error->code, code, "%s: %s", code_name((int)rep->error->code), rep->error->message);
+    if (needle)
+        cr_assert(strstr(rep->error->message, needle), "'%s' not in: %s", needle, rep->error->message);
+    wire_msg_free(rep);
+}
+
+static void raw_tcp(const char *hostport, const void *buf, size_t len)
+{
+    int fd = tcp_connect_addr(hostport, 2000);
+    cr_assert_geq(fd, 0, "connect %s", hostport);
+    tcp_send_all(fd, buf, len); /* the daemon may close early: fine */
+    tcp_wait_closed(fd, 300);
+    close(fd);
+}
+
+static const char *hostport_of(const char *url)
+{
+    return strncmp(url, "tcp://", 6) == 0 ? url + 6 : url;
+}
+
+Test(badinput, raw_garbage_tcp)
+{
+    const char http[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    uint8_t rnd[70000];
+    auth_random(rnd, sizeof rnd);
+    raw_tcp(c->addr, http, sizeof http - 1);
+    raw_tcp(c->addr, rnd, sizeof rnd);
+    raw_tcp(hostport_of(ctl), http, sizeof http - 1);
+    raw_tcp(hostport_of(ctl), rnd, sizeof rnd);
+    /* an SP header claiming REP talking to a REP, then junk */
+    const uint8_t sp[] = {0, 'S', 'P', 0, 0, 0x31, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    raw_tcp(c->addr, sp, sizeof sp);
+    raw_tcp(hostport_of(ctl), sp, sizeof sp);
+    still_serving();
+}
+
+Test(badinput, sp_framed_garbage)
+{
+    char msg[1024];
+    const char junk[] = "this is not a protobuf envelope at all";
+    cr_assert_eq(send_raw(c->addr, junk, sizeof junk - 1, msg, sizeof msg), CODE_INVALID_ARGUMENT, "%s", msg);
+    cr_assert(strstr(msg, "decode"), "%s", msg);
+    cr_assert_eq(send_raw(ctl, junk, sizeof junk - 1, msg, sizeof msg), CODE_INVALID_ARGUMENT, "%s", msg);
+    /* an empty message decodes as an envelope of version 0 */
+    int code = send_raw(c->addr, "", 0, msg, sizeof msg);
+    cr_assert(code == CODE_INVALID_ARGUMENT || code == CODE_FAILED_PRECONDITION, "empty message: %d %s", code, msg);
+    cr_assert(cl_wait_log(&c->resolver, "level=warn", 2000), "one warn line per refusal");
+    still_serving();
+}
+
+Test(badinput, truncated_envelope)
+{
+    wire_msg m = TPUEMU__MESSAGE__INIT;
+    Tpuemu__ClusterSpecRequest req = TPUEMU__CLUSTER_SPEC_REQUEST__INIT;
+    uint8_t *buf;
+    size_t len;
+    err e;
+    char msg[1024];
+    m.body_case = TPUEMU__MESSAGE__BODY_CLUSTER_SPEC_REQUEST;
+    m.cluster_spec_request = &req;
+    cr_assert_eq(wire_seal(NULL, "client t", &m, &buf, &len, NULL, &e), CODE_OK);
+    cr_assert_eq(send_raw(c->addr, buf, len / 2, msg, sizeof msg), CODE_INVALID_ARGUMENT, "%s", msg);
+    cr_assert_eq(send_raw(ctl, buf, len - 1, msg, sizeof msg), CODE_INVALID_ARGUMENT, "%s", msg);
+    free(buf);
+    still_serving();
+}
+
+Test(badinput, oversized_message)
+{
+    size_t len = 200 * 1024;
+    uint8_t *big = malloc(len);
+    memset(big, 0x0a, len);
+    /* over NN_RCVMAXSIZE: nanomsg drops it (no reply) or the daemon refuses it */
+    int code = send_raw(c->addr, big, len, NULL, 0);
+    cr_assert(code == -1 || code == CODE_INVALID_ARGUMENT, "code %d", code);
+    code = send_raw(ctl, big, len, NULL, 0);
+    cr_assert(code == -1 || code == CODE_INVALID_ARGUMENT, "code %d", code);
+    free(big);
+    still_serving();
+}
+
+Test(badinput, unknown_and_misdirected_messages)
+{
+    /* a body field from a newer release */
+    uint8_t body[64];
+    wire_msg mm = TPUEMU__MESSAGE__INIT;
+    mm.nonce = 99;
+    mm.sent_unix_ms = wire_now_unix_ms();
+    size_t blen = tpuemu__message__pack(&mm, body);
+    body[blen++] = 0x9a; /* field 99, length-delimited */
+    body[blen++] = 0x06;
+    body[blen++] = 0x00;
+    Tpuemu__Envelope env = TPUEMU__ENVELOPE__INIT;
+    env.version = WIRE_VERSION;
+    env.body.data = body;
+    env.body.len = blen;
+    uint8_t out[128];
+    size_t olen = tpuemu__envelope__pack(&env, out);
+    char msg[1024];
+    cr_assert_eq(send_raw(c->addr, out, olen, msg, sizeof msg), CODE_INVALID_ARGUMENT, "%s", msg);
+    cr_assert_eq(send_raw(ctl, out, olen, msg, sizeof msg), CODE_INVALID_ARGUMENT, "%s", msg);
+
+    /* a known message the daemon does not handle */
+    wire_msg m = TPUEMU__MESSAGE__INIT;
+    Tpuemu__ResetCore rc = TPUEMU__RESET_CORE__INIT;
+    m.body_case = TPUEMU__MESSAGE__BODY_RESET_CORE;
+    m.reset_core = &rc;
+    expect_error(call(c->addr, &m), CODE_INVALID_ARGUMENT, "tpu-resolver does not handle 'reset_core' messages");
+    Tpuemu__ClusterSpecRequest csr = TPUEMU__CLUSTER_SPEC_REQUEST__INIT;
+    m.body_case = TPUEMU__MESSAGE__BODY_CLUSTER_SPEC_REQUEST;
+    m.cluster_spec_request = &csr;
+    expect_error(call(ctl, &m), CODE_INVALID_ARGUMENT, "does not handle 'cluster_spec_request'");
+    still_serving();
+}
+
+Test(badinput, protocol_version_2)
+{
+    wire_msg m = TPUEMU__MESSAGE__INIT;
+    Tpuemu__ClusterSpecRequest req = TPUEMU__CLUSTER_SPEC_REQUEST__INIT;
+    uint8_t *buf;
+    size_t len;
+    err e;
+    char msg[1024];
+    m.body_case = TPUEMU__MESSAGE__BODY_CLUSTER_SPEC_REQUEST;
+    m.cluster_spec_request = &req;
+    cr_assert_eq(wire_seal(NULL, "client t", &m, &buf, &len, NULL, &e), CODE_OK);
+    Tpuemu__Envelope *env = tpuemu__envelope__unpack(NULL, len, buf);
+    env->version = 2;
+    uint8_t out[512];
+    size_t olen = tpuemu__envelope__pack(env, out);
+    tpuemu__envelope__free_unpacked(env, NULL);
+    free(buf);
+    cr_assert_eq(send_raw(c->addr, out, olen, msg, sizeof msg), CODE_FAILED_PRECONDITION, "%s", msg);
+    cr_assert(strstr(msg, "version 2"), "%s", msg);
+    cr_assert_eq(send_raw(ctl, out, olen, msg, sizeof msg), CODE_FAILED_PRECONDITION, "%s", msg);
+    still_serving();
+}
+
+static wire_msg *heartbeat(Tpuemu__WorkerInfo *w)
+{
+    wire_msg m = TPUEMU__MESSAGE__INIT;
+    Tpuemu__Heartbeat hb = TPUEMU__HEARTBEAT__INIT;
+    hb.worker = w;
+    m.body_case = TPUEMU__MESSAGE__BODY_HEARTBEAT;
+    m.heartbeat = &hb;
+    return call(c->addr, &m);
+}
+
+static void good_worker(Tpuemu__WorkerInfo *w)
+{
+    tpuemu__worker_info__init(w);
+    w->host_id = "fake";
+    w->core = 5;
+    w->incarnation = 12345;
+    w->control_addr = "tcp://127.0.0.1:1";
+    w->data_addr = "127.0.0.1:1";
+    w->tpu_type = "v3";
+    w->hbm_capacity = 1 << 30;
+    w->pid = 1;
+    w->version = TPUEMU_VERSION;
+    w->replica_id = -1;
+}
+
+Test(badinput, absurd_values)
+{
+    Tpuemu__WorkerInfo w;
+    char big[10 * 1024 + 1];
+    memset(big, 'h', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+
+    good_worker(&w);
+    w.host_id = big;
+    expect_error(heartbeat(&w), CODE_INVALID_ARGUMENT, "host_id");
+    good_worker(&w);
+    w.host_id = "bad host/with slash";
+    expect_error(heartbeat(&w), CODE_INVALID_ARGUMENT, "host_id");
+    good_worker(&w);
+    w.core = 99999;
+    expect_error(heartbeat(&w), CODE_INVALID_ARGUMENT, "core");
+    good_worker(&w);
+    w.core = -2;
+    expect_error(heartbeat(&w), CODE_INVALID_ARGUMENT, "core");
+    good_worker(&w);
+    w.incarnation = 0;
+    expect_error(heartbeat(&w), CODE_INVALID_ARGUMENT, "incarnation");
+    good_worker(&w);
+    w.control_addr = "http://x:1";
+    expect_error(heartbeat(&w), CODE_INVALID_ARGUMENT, "control_addr");
+    good_worker(&w);
+    w.tpu_type = "v9";
+    expect_error(heartbeat(&w), CODE_INVALID_ARGUMENT, "tpu_type");
+    good_worker(&w);
+    w.hbm_capacity = 0;
+    expect_error(heartbeat(&w), CODE_INVALID_ARGUMENT, "hbm_capacity");
+
+    wire_msg m = TPUEMU__MESSAGE__INIT;
+    Tpuemu__InitializeRequest ir = TPUEMU__INITIALIZE_REQUEST__INIT;
+    ir.expect = 1000000000;
+    ir.timeout_ms = 100;
+    ir.client_id = "1@test";
+    m.body_case = TPUEMU__MESSAGE__BODY_INITIALIZE;
+    m.initialize = &ir;
+    expect_error(call(c->addr, &m), CODE_INVALID_ARGUMENT, NULL);
+    ir.expect = 1;
+    ir.timeout_ms = 4000000000u;
+    expect_error(call(c->addr, &m), CODE_INVALID_ARGUMENT, NULL);
+
+    /* nothing of the above was registered */
+    cr_assert_eq(cluster_count(c, CL_ALIVE), 1);
+    still_serving();
+}
+
+Test(badinput, stale_reset_refused_by_worker)
+{
+    wire_msg m = TPUEMU__MESSAGE__INIT;
+    Tpuemu__ResetCore rc = TPUEMU__RESET_CORE__INIT;
+    m.body_case = TPUEMU__MESSAGE__BODY_RESET_CORE;
+    m.reset_core = &rc;
+    rc.epoch = 5;
+    rc.replica_id = -1;
+    wire_msg *rep = call(ctl, &m);
+    cr_assert_eq(rep->body_case, TPUEMU__MESSAGE__BODY_CORE_REPORT, "%s", wire_body_name(rep));
+    cr_assert_eq(rep->core_report->worker->epoch, 5);
+    wire_msg_free(rep);
+    rc.epoch = 4;
+    expect_error(call(ctl, &m), CODE_FAILED_PRECONDITION, "stale reset for epoch 4, core is in epoch 5");
+    still_serving();
+}
+
+static int dp_connect_after_hello(void)
+{
+    int fd = tcp_connect_addr(data, 2000);
+    Tpuemu__FrameHeader *hello;
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(dp_recv(fd, 3000, &hello, NULL), 0, "no HELLO");
+    cr_assert_eq(hello->kind, TPUEMU__FRAME_KIND__FRAME_HELLO);
+    frame_header_free(hello);
+    return fd;
+}
+
+Test(badinput, data_port_bad_frames)
+{
+    /* header length 2^31 */
+    int fd = dp_connect_after_hello();
+    const uint8_t huge[4] = {0, 0, 0, 0x80};
+    tcp_send_all(fd, huge, sizeof huge);
+    cr_assert(tcp_wait_closed(fd, 3000), "header length 2^31 must close the connection");
+    close(fd);
+
+    /* garbage */
+    fd = dp_connect_after_hello();
+    const uint8_t junk[] = {10, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    tcp_send_all(fd, junk, sizeof junk);
+    cr_assert(tcp_wait_closed(fd, 3000));
+    close(fd);
+
+    /* after authenticating: payload 2^40, then a frame kind that is not allowed */
+    uint8_t chal[AUTH_CHALLENGE_BYTES];
+    Tpuemu__FrameHeader *ans, h = TPUEMU__FRAME_HEADER__INIT;
+    cr_assert_eq(dp_handshake(data, NULL, 0, &fd, &ans, chal), 0);
+    frame_header_free(ans);
+    h.kind = TPUEMU__FRAME_KIND__FRAME_PING;
+    h.payload_bytes = 1ull << 40;
+    dp_send(fd, &h, NULL, 0);
+    if (dp_recv(fd, 3000, &ans, NULL) == 0) {
+        cr_assert_eq(ans->kind, TPUEMU__FRAME_KIND__FRAME_ERROR, "payload 2^40: got kind %d", ans->kind);
+        frame_header_free(ans);
+    }
+    cr_assert(tcp_wait_closed(fd, 3000));
+    close(fd);
+
+    cr_assert_eq(dp_handshake(data, NULL, 0, &fd, &ans, chal), 0);
+    frame_header_free(ans);
+    Tpuemu__FrameHeader h2 = TPUEMU__FRAME_HEADER__INIT;
+    h2.kind = TPUEMU__FRAME_KIND__FRAME_AUTH_OK;
+    dp_send(fd, &h2, NULL, 0);
+    cr_assert_eq(dp_recv(fd, 3000, &ans, NULL), 0, "an unexpected kind gets an ERROR frame");
+    cr_assert_eq(ans->kind, TPUEMU__FRAME_KIND__FRAME_ERROR);
+    cr_assert_eq((int)ans->status->code, CODE_INVALID_ARGUMENT);
+    frame_header_free(ans);
+    cr_assert(tcp_wait_closed(fd, 3000));
+    close(fd);
+
+    /* a PING announced at 1 MiB + 1 */
+    cr_assert_eq(dp_handshake(data, NULL, 0, &fd, &ans, chal), 0);
+    frame_header_free(ans);
+    h.payload_bytes = (1u << 20) + 1;
+    dp_send(fd, &h, NULL, 0);
+    cr_assert(tcp_wait_closed(fd, 3000), "PING over 1 MiB closes the connection");
+    close(fd);
+    still_serving();
+}
+
+Test(badinput, data_port_peer_dies_mid_frame)
+{
+    uint8_t chal[AUTH_CHALLENGE_BYTES], part[1000];
+    Tpuemu__FrameHeader *ans, h = TPUEMU__FRAME_HEADER__INIT;
+    int fd;
+    cr_assert_eq(dp_handshake(data, NULL, 0, &fd, &ans, chal), 0);
+    frame_header_free(ans);
+    h.kind = TPUEMU__FRAME_KIND__FRAME_PING;
+    h.payload_bytes = 1u << 20;
+    memset(part, 7, sizeof part);
+    dp_send(fd, &h, part, sizeof part);
+    close(fd);
+    /* before the handshake, too */
+    fd = tcp_connect_addr(data, 2000);
+    tcp_send_all(fd, "\x05\x00", 2);
+    close(fd);
+    still_serving();
+}
+
+Test(badinput, data_port_connection_limit)
+{
+    enum { N = 300 };
+    int fds[N], open_n = 0;
+    for (int i = 0; i < N; i++) {
+        fds[i] = tcp_connect_addr(data, 2000);
+        if (fds[i] >= 0)
+            open_n++;
+    }
+    cr_assert_gt(open_n, 256);
+    /* the ones over the limit are closed at once */
+    int closed = 0;
+    for (int i = 0; i < N; i++)
+        if (fds[i] >= 0) {
+            Tpuemu__FrameHeader *hello;
+            if (dp_recv(fds[i], 50, &hello, NULL) == 0)
+                frame_header_free(hello);
+            else if (tcp_wait_closed(fds[i], 50))
+                closed++;
+        }
+    cr_assert_geq(closed, N - 256, "only 256 connections are kept (%d closed)", closed);
+    for (int i = 0; i < N; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    cr_assert(cl_wait_log(&c->workers[0], "level=warn", 2000));
+    still_serving();
+}
+
+Test(badinput, data_port_handshake_timeout, .timeout = 20)
+{
+    int fd = dp_connect_after_hello();
+    int64_t t0 = cl_now_ms();
+    cr_assert(tcp_wait_closed(fd, 8000), "a silent peer is dropped after the 5 s handshake timeout");
+    int64_t ms = cl_now_ms() - t0;
+    cr_assert(ms >= 4000 && ms < 8000, "closed after %lld ms", (long long)ms);
+    close(fd);
+    still_serving();
+}

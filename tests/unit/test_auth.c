@@ -1,0 +1,202 @@
+/* Unit tests of common/auth: token loading, MACs, challenge MACs and the replay
+ * cache (replays refused, the time window, the eviction floor). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+
+#include "auth.h"
+
+#define TOKEN_A "0123456789abcdef-token-a"
+#define TOKEN_B "0123456789abcdef-token-b"
+
+static void setup(void)
+{
+    auth_global_init();
+    unsetenv("TPUEMU_TOKEN");
+}
+
+TestSuite(auth, .init = setup);
+
+static void key(auth *a, const char *t)
+{
+    err e;
+    cr_assert_eq(auth_from_token(a, t, strlen(t), &e), CODE_OK, "%s", e.msg);
+    cr_assert(a->enabled);
+}
+
+Test(auth, mac_round_trip_and_wrong_key)
+{
+    auth a, b;
+    unsigned char mac[AUTH_MAC_BYTES];
+    key(&a, TOKEN_A);
+    key(&b, TOKEN_B);
+    auth_mac(&a, "hello", 5, mac);
+    cr_assert(auth_mac_ok(&a, "hello", 5, mac, sizeof mac));
+    cr_assert_not(auth_mac_ok(&b, "hello", 5, mac, sizeof mac), "another token must not verify");
+    cr_assert_not(auth_mac_ok(&a, "hellp", 5, mac, sizeof mac), "other data must not verify");
+    cr_assert_not(auth_mac_ok(&a, "hello", 5, mac, sizeof mac - 1), "short MAC");
+    cr_assert_not(auth_mac_ok(&a, "hello", 5, mac, 0), "empty MAC");
+}
+
+Test(auth, trailing_newline_is_ignored)
+{
+    auth a, b;
+    unsigned char m1[AUTH_MAC_BYTES], m2[AUTH_MAC_BYTES];
+    key(&a, TOKEN_A);
+    key(&b, TOKEN_A "\n");
+    auth_mac(&a, "x", 1, m1);
+    auth_mac(&b, "x", 1, m2);
+    cr_assert_arr_eq(m1, m2, sizeof m1);
+}
+
+Test(auth, short_token_is_refused)
+{
+    auth a;
+    err e;
+    memset(&a, 0, sizeof a);
+    cr_assert_eq(auth_from_token(&a, "short", 5, &e), CODE_INVALID_ARGUMENT);
+    cr_assert(strstr(e.msg, "at least 16"), "%s", e.msg);
+    cr_assert_eq(auth_from_token(&a, "0123456789abcde\n", 16, &e), CODE_INVALID_ARGUMENT,
+                 "15 bytes plus a newline is still too short");
+}
+
+Test(auth, load_from_file_env_and_nothing)
+{
+    auth a;
+    err e;
+    char path[] = "/tmp/tpuemu-auth-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, TOKEN_A "\n", strlen(TOKEN_A) + 1), (ssize_t)strlen(TOKEN_A) + 1);
+    close(fd);
+
+    cr_assert_eq(auth_load(&a, path, &e), CODE_OK, "%s", e.msg);
+    cr_assert(a.enabled);
+    cr_assert_eq(auth_load(&a, NULL, &e), CODE_OK);
+    cr_assert_not(a.enabled, "no file and no $TPUEMU_TOKEN: auth off");
+    setenv("TPUEMU_TOKEN", TOKEN_A, 1);
+    cr_assert_eq(auth_load(&a, NULL, &e), CODE_OK);
+    cr_assert(a.enabled);
+    setenv("TPUEMU_TOKEN", "tiny", 1);
+    cr_assert_eq(auth_load(&a, NULL, &e), CODE_INVALID_ARGUMENT);
+    cr_assert(strstr(e.msg, "$TPUEMU_TOKEN"), "%s", e.msg);
+    unlink(path);
+    cr_assert_eq(auth_load(&a, path, &e), CODE_INVALID_ARGUMENT);
+    cr_assert(strstr(e.msg, path), "names the file: %s", e.msg);
+}
+
+Test(auth, empty_and_huge_token_files)
+{
+    auth a;
+    err e;
+    char path[] = "/tmp/tpuemu-auth-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(auth_load(&a, path, &e), CODE_INVALID_ARGUMENT, "empty file");
+    char big[5000];
+    memset(big, 'z', sizeof big);
+    cr_assert_eq(write(fd, big, sizeof big), (ssize_t)sizeof big);
+    close(fd);
+    cr_assert_eq(auth_load(&a, path, &e), CODE_INVALID_ARGUMENT, "file over 4096 bytes");
+    unlink(path);
+}
+
+Test(auth, challenge_mac_is_domain_separated)
+{
+    auth a, b;
+    unsigned char chal[AUTH_CHALLENGE_BYTES], m1[AUTH_MAC_BYTES], m2[AUTH_MAC_BYTES], m3[AUTH_MAC_BYTES];
+    key(&a, TOKEN_A);
+    key(&b, TOKEN_B);
+    auth_random(chal, sizeof chal);
+    auth_challenge_mac(&a, chal, m1);
+    auth_challenge_mac(&b, chal, m2);
+    auth_mac(&a, chal, sizeof chal, m3);
+    cr_assert_arr_neq(m1, m2, sizeof m1);
+    cr_assert_arr_neq(m1, m3, sizeof m1, "a message MAC must not answer a challenge");
+}
+
+Test(auth, random64_never_zero)
+{
+    uint64_t prev = 0;
+    for (int i = 0; i < 1000; i++) {
+        uint64_t v = auth_random64();
+        cr_assert_neq(v, 0);
+        cr_assert_neq(v, prev);
+        prev = v;
+    }
+}
+
+Test(auth, replay_refused)
+{
+    replay *r = replay_new(16);
+    err e;
+    uint64_t now = 1700000000000ull;
+    cr_assert_eq(replay_check(r, 42, now, now, &e), CODE_OK);
+    cr_assert_eq(replay_check(r, 42, now, now + 10, &e), CODE_UNAUTHENTICATED);
+    cr_assert(strstr(e.msg, "replay"), "%s", e.msg);
+    cr_assert_eq(replay_check(r, 43, now, now + 10, &e), CODE_OK);
+    replay_free(r);
+}
+
+Test(auth, replay_window)
+{
+    replay *r = replay_new(16);
+    err e;
+    uint64_t now = 1700000000000ull;
+    cr_assert_eq(replay_check(r, 1, now - AUTH_WINDOW_MS - 1, now, &e), CODE_UNAUTHENTICATED);
+    cr_assert(strstr(e.msg, "behind"), "%s", e.msg);
+    cr_assert_eq(replay_check(r, 2, now + AUTH_WINDOW_MS + 1, now, &e), CODE_UNAUTHENTICATED);
+    cr_assert(strstr(e.msg, "ahead"), "%s", e.msg);
+    cr_assert_eq(replay_check(r, 3, now - AUTH_WINDOW_MS, now, &e), CODE_OK, "edge of the window");
+    cr_assert_eq(replay_check(r, 4, now + AUTH_WINDOW_MS, now, &e), CODE_OK);
+    replay_free(r);
+}
+
+Test(auth, replay_expired_entries_are_dropped)
+{
+    replay *r = replay_new(2);
+    err e;
+    uint64_t t = 1700000000000ull;
+    cr_assert_eq(replay_check(r, 1, t, t, &e), CODE_OK);
+    cr_assert_eq(replay_check(r, 2, t + 1, t + 1, &e), CODE_OK);
+    /* both expire; the cache makes room without raising its floor */
+    uint64_t later = t + AUTH_WINDOW_MS + 10;
+    cr_assert_eq(replay_check(r, 3, later, later, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(replay_check(r, 4, later, later, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(replay_check(r, 3, later, later, &e), CODE_UNAUTHENTICATED);
+    replay_free(r);
+}
+
+Test(auth, replay_eviction_floor)
+{
+    replay *r = replay_new(4);
+    err e;
+    uint64_t t = 1700000000000ull;
+    for (uint64_t i = 0; i < 4; i++)
+        cr_assert_eq(replay_check(r, 100 + i, t + i, t + 10, &e), CODE_OK);
+    /* full: the next one evicts nonce 100 (sent at t) and raises the floor */
+    cr_assert_eq(replay_check(r, 200, t + 5, t + 10, &e), CODE_OK);
+    cr_assert_eq(replay_check(r, 100, t, t + 10, &e), CODE_UNAUTHENTICATED,
+                 "a forgotten nonce can never be replayed");
+    cr_assert(strstr(e.msg, "older than the replay cache"), "%s", e.msg);
+    cr_assert_eq(replay_check(r, 300, t, t + 10, &e), CODE_UNAUTHENTICATED,
+                 "anything sent at or before the floor is refused");
+    cr_assert_eq(replay_check(r, 301, t + 6, t + 10, &e), CODE_OK);
+    cr_assert_eq(replay_check(r, 101, t + 1, t + 10, &e), CODE_UNAUTHENTICATED, "still cached or below floor");
+    replay_free(r);
+}
+
+Test(auth, replay_many)
+{
+    replay *r = replay_new(4096);
+    err e;
+    uint64_t t = 1700000000000ull;
+    for (uint64_t i = 1; i <= 6000; i++)
+        cr_assert_eq(replay_check(r, i, t + i / 4 + 1, t + 5000, &e), CODE_OK, "%llu: %s",
+                     (unsigned long long)i, e.msg);
+    cr_assert_eq(replay_check(r, 5999, t + 5000, t + 5000, &e), CODE_UNAUTHENTICATED);
+    replay_free(r);
+}
