@@ -26,7 +26,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
+if [ -t 1 ]; then b=$(printf "\033[1m"); n=$(printf "\033[0m"); else b=""; n=""; fi
+step() { printf "\n%s$ %s%s\n" "$b" "$*" "$n"; "$@"; }
 
 echo "starting tpu-resolver on $tpu and 8 tpu-workers (hosts host0, host1; 4 cores each; v3)"
 "$bin/tpu-resolver" --listen "$tpu" 2>"$logdir/resolver.log" &

@@ -51,10 +51,12 @@ static void on_conn_close(dp_conn *c, const err *why)
     struct dp_peer *p = dp_conn_data(c);
     struct dataplane *dp = &p->w->dp;
 
+    /* refusals are warnings; a peer that simply went away is not */
     if (why->code != CODE_OK)
-        log_warn("data-plane connection refused", "peer=%s name=%s code=%s reason=%s",
-                 dp_conn_peer_addr(c), log_q(dp_conn_peer_name(c)), code_name(why->code),
-                 log_q(why->msg));
+        log_at(why->code == CODE_UNAVAILABLE ? LOG_INFO : LOG_WARN,
+               why->code == CODE_UNAVAILABLE ? "data-plane connection lost" : "data-plane connection refused",
+               "peer=%s name=%s code=%s reason=%s", dp_conn_peer_addr(c), log_q(dp_conn_peer_name(c)),
+               code_name(why->code), log_q(why->msg));
     else
         log_debug("data-plane connection closed", "peer=%s", dp_conn_peer_addr(c));
     if (p->prev)

@@ -166,6 +166,7 @@ static void on_flush_deadline(uv_timer_t *t)
     dp_conn_close(t->data, NULL);
 }
 
+static void vfail(dp_conn *c, int code, const char *fmt, va_list ap) __attribute__((format(printf, 3, 0)));
 static void vfail(dp_conn *c, int code, const char *fmt, va_list ap)
 {
     uint8_t buf[DPAUTH_FRAME_MAX];
