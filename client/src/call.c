@@ -138,7 +138,8 @@ static int open_failed(tpu_cluster *c, const uint8_t *buf, size_t len, err *e)
     return e->code;
 }
 
-int call_do(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_ms, wire_msg **reply, err *e)
+static int call_once(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_ms, wire_msg **reply,
+                     err *e)
 {
     const char *ep = c->r->ep_str[c->ep];
     uint64_t deadline = wire_now_ms() + timeout_ms, nonce = 0;
@@ -221,4 +222,20 @@ int call_do(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_ms, wire_m
     }
     *reply = m;
     return CODE_OK;
+}
+
+int call_do(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_ms, wire_msg **reply, err *e)
+{
+    int rc;
+
+    *reply = NULL;
+    if (c->sock < 0 && (rc = call_open(c, c->ep, timeout_ms, e)) != CODE_OK)
+        return rc;
+    rc = call_once(c, req, want, timeout_ms, reply, e);
+    /* After a call that got no answer, a late reply could still arrive on this
+     * REQ socket; nanomsg 1.1.5 frees such a reply twice once the socket has
+     * moved on to a new request. Dial afresh for the next call instead. */
+    if (rc == CODE_UNAVAILABLE)
+        call_close(c);
+    return rc;
 }

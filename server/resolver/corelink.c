@@ -51,7 +51,12 @@ static int send_head(corelink *l, err *e)
         pop_head(l, &done);
         return rc;
     }
-    if (nn_send(l->nn.sock, buf, len, NN_DONTWAIT) < 0) {
+    if (!l->nn) {
+        free(buf);
+        pop_head(l, &done);
+        return err_set(e, CODE_UNAVAILABLE, "no socket to %s (redialing failed)", l->url);
+    }
+    if (nn_send(l->nn->sock, buf, len, NN_DONTWAIT) < 0) {
         rc = err_set(e, CODE_UNAVAILABLE, "sending to %s: %s", l->url, nn_strerror(nn_errno()));
         free(buf);
         pop_head(l, &done);
@@ -63,11 +68,13 @@ static int send_head(corelink *l, err *e)
 }
 
 static void on_timer(uv_timer_t *t);
+static nnuv *dial(corelink *l, err *e);
+static void on_nn_closed(nnuv *s);
 
 /* Sends queued calls until one is on the wire; failures complete their call. */
 static void pump(corelink *l)
 {
-    while (l->qn > 0 && !l->inflight && l->nn.active) {
+    while (l->qn > 0 && !l->inflight && !l->closing) {
         struct cl_call c = l->q[0];
         err e;
         if (send_head(l, &e) == CODE_OK) {
@@ -83,13 +90,21 @@ static void on_timer(uv_timer_t *t)
     corelink *l = t->data;
     struct cl_call c;
 
-    if (!l->inflight || !l->nn.active)
+    if (!l->inflight || l->closing)
         return;
     if (l->q[0].deadline_ms > wire_now_ms()) { /* fired early by rounding */
         uv_timer_start(&l->timer, on_timer, l->q[0].deadline_ms - wire_now_ms(), 0);
         return;
     }
     pop_head(l, &c);
+    /* never reuse a REQ socket whose request may still be answered (see corelink.h) */
+    nnuv *old = l->nn;
+    err e;
+    l->nn = dial(l, &e);
+    if (!l->nn)
+        log_warn("cannot redial core", "control=%s reason=%s", log_q(l->url), log_q(e.msg));
+    if (old)
+        nnuv_close(old, on_nn_closed);
     c.cb(l->ctx, c.tag, c.idx, CODE_DEADLINE_EXCEEDED, "no answer before the deadline", NULL);
     pump(l);
 }
@@ -127,18 +142,16 @@ static void on_reply(nnuv *s, const uint8_t *buf, size_t len, void *ctl)
     pump(l);
 }
 
-corelink *corelink_new(uv_loop_t *loop, const auth *a, void *ctx, const char *url, err *e)
+/* A fresh REQ socket to l->url, polled by the loop. */
+static nnuv *dial(corelink *l, err *e)
 {
-    corelink *l = calloc(1, sizeof *l);
+    nnuv *n = calloc(1, sizeof *n);
     int sock = -1, ivl = 3600 * 1000;
 
-    if (!l) {
+    if (!n) {
         err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
         return NULL;
     }
-    l->auth = a;
-    l->ctx = ctx;
-    snprintf(l->url, sizeof l->url, "%s", url);
     if ((sock = nn_socket(AF_SP, NN_REQ)) < 0) {
         err_set(e, CODE_INTERNAL, "nanomsg socket: %s", nn_strerror(nn_errno()));
         goto fail;
@@ -150,25 +163,45 @@ corelink *corelink_new(uv_loop_t *loop, const auth *a, void *ctx, const char *ur
         err_set(e, CODE_INTERNAL, "nanomsg NN_REQ_RESEND_IVL: %s", nn_strerror(nn_errno()));
         goto fail;
     }
-    if (nnuv_connect(sock, url, e) != CODE_OK)
+    if (nnuv_connect(sock, l->url, e) != CODE_OK)
         goto fail;
-    if (nnuv_start(loop, &l->nn, sock, 0, on_reply, e) != CODE_OK)
+    if (nnuv_start(l->loop, n, sock, 0, on_reply, e) != CODE_OK)
         goto fail;
-    l->nn.data = l;
-    uv_timer_init(loop, &l->timer);
-    l->timer.data = l;
-    l->open_handles = 2;
-    return l;
+    n->data = l;
+    l->open_handles++;
+    return n;
 fail:
     if (sock >= 0)
         nn_close(sock);
-    free(l);
+    free(n);
     return NULL;
+}
+
+corelink *corelink_new(uv_loop_t *loop, const auth *a, void *ctx, const char *url, err *e)
+{
+    corelink *l = calloc(1, sizeof *l);
+
+    if (!l) {
+        err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    l->auth = a;
+    l->ctx = ctx;
+    l->loop = loop;
+    snprintf(l->url, sizeof l->url, "%s", url);
+    if (!(l->nn = dial(l, e))) {
+        free(l);
+        return NULL;
+    }
+    uv_timer_init(loop, &l->timer);
+    l->timer.data = l;
+    l->open_handles++;
+    return l;
 }
 
 static int enqueue(corelink *l, struct cl_call *c, uint32_t timeout_ms, err *e)
 {
-    if (!l->nn.active)
+    if (l->closing)
         return err_set(e, CODE_UNAVAILABLE, "connection to %s is closing", l->url);
     if (l->qn >= CORELINK_QUEUE)
         return err_set(e, CODE_UNAVAILABLE, "%d calls to %s are already waiting", l->qn, l->url);
@@ -210,7 +243,9 @@ static void one_closed(corelink *l)
 
 static void on_nn_closed(nnuv *s)
 {
-    one_closed(s->data);
+    corelink *l = s->data;
+    free(s);
+    one_closed(l);
 }
 
 static void on_timer_closed(uv_handle_t *h)
@@ -220,9 +255,11 @@ static void on_timer_closed(uv_handle_t *h)
 
 void corelink_close(corelink *l)
 {
-    if (!l->nn.active)
+    if (l->closing)
         return;
+    l->closing = 1;
     uv_timer_stop(&l->timer);
-    nnuv_close(&l->nn, on_nn_closed);
+    if (l->nn)
+        nnuv_close(l->nn, on_nn_closed);
     uv_close((uv_handle_t *)&l->timer, on_timer_closed);
 }

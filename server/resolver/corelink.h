@@ -7,7 +7,11 @@
  * call completes exactly once through its callback: with the worker's
  * CoreReport, an error reply, a deadline, or CANCELLED when the link closes.
  * Cancellations are delivered from the close callback, never from inside
- * corelink_close(), so callers may close a link from anywhere. */
+ * corelink_close(), so callers may close a link from anywhere.
+ *
+ * After a call times out the socket is replaced by a fresh one: nanomsg 1.1.5
+ * frees a message twice when a REQ socket that has moved on to a new request
+ * receives a late reply to the old one (a worker woken from SIGSTOP does that). */
 #ifndef TPUEMU_RESOLVER_CORELINK_H
 #define TPUEMU_RESOLVER_CORELINK_H
 
@@ -38,7 +42,9 @@ struct cl_call {
 };
 
 typedef struct corelink {
-    nnuv nn;
+    nnuv *nn;                /* the current socket; NULL if redialing failed */
+    uv_loop_t *loop;
+    int closing;
     uv_timer_t timer;
     const auth *auth;
     void *ctx;               /* passed to callbacks */
@@ -47,7 +53,7 @@ typedef struct corelink {
     int qn;                  /* q[0] is on the wire when inflight */
     int inflight;
     uint64_t nonce;          /* of the call on the wire */
-    int open_handles;        /* freed when both handles have closed */
+    int open_handles;        /* the timer and every socket not yet closed; freed at 0 */
 } corelink;
 
 /* Connects (asynchronously) to url; NULL with e set on failure. */
