@@ -76,6 +76,16 @@ fail:
     return rc;
 }
 
+/* Milliseconds to the next multiple of the interval on the wall clock. Every
+ * worker heartbeats on the same beat, so the resolver (and nanomsg's I/O thread)
+ * wakes once for a burst of heartbeats instead of once per worker: with 64
+ * workers that cuts the resolver's context switches, which dominate its CPU use,
+ * several times over. */
+static uint64_t to_next_beat(uint32_t ms)
+{
+    return ms - wire_now_unix_ms() % ms;
+}
+
 static void tick(uv_timer_t *t)
 {
     struct worker *w = t->data;
@@ -87,6 +97,7 @@ static void tick(uv_timer_t *t)
     size_t len;
     err e;
 
+    uv_timer_start(&hb->timer, tick, to_next_beat(w->heartbeat_ms), 0);
     if (hb->last_nonce) {
         if (++hb->unanswered >= UNREACHABLE_TICKS && !hb->unreachable) {
             hb->unreachable = 1;
@@ -119,7 +130,7 @@ static void adopt_interval(struct worker *w, uint32_t ms)
         return;
     log_info("heartbeat interval", "from_ms=%u to_ms=%u", w->heartbeat_ms, ms);
     w->heartbeat_ms = ms;
-    uv_timer_start(&w->hb.timer, tick, ms, ms);
+    uv_timer_start(&w->hb.timer, tick, to_next_beat(ms), 0);
 }
 
 static void on_reply(struct worker *w, const Tpuemu__HeartbeatReply *r)
@@ -205,7 +216,7 @@ int hb_start(struct worker *w, err *e)
     uv_timer_init(w->loop, &hb->timer);
     hb->timer.data = w;
     hb->started = 1;
-    uv_timer_start(&hb->timer, tick, 0, w->heartbeat_ms);
+    uv_timer_start(&hb->timer, tick, 0, 0); /* register at once, then on the beat */
     return CODE_OK;
 }
 
