@@ -129,7 +129,7 @@ static int route_source(const char *host, int port, char *out, size_t n, err *e)
 static int configure(struct worker *w, int argc, char **argv)
 {
     const char *resolver = NULL, *listen = NULL, *advertise = NULL, *host_id = NULL;
-    const char *tpu_type = NULL, *token_file = NULL, *log_level = NULL;
+    const char *tpu_type = NULL, *token_file = NULL, *log_level = NULL, *transport = NULL;
     long long core = -1, hbm_bytes = 0;
     int insecure = 0, first, rc, lvl;
     char hostname[256];
@@ -152,6 +152,8 @@ static int configure(struct worker *w, int argc, char **argv)
         {"hbm-bytes", "TPUEMU_HBM_BYTES", OPT_BYTES, NULL, 1, 1LL << 50, "N",
          "HBM capacity of this core, suffixes K/M/G (default: the generation's per-core HBM)",
          &hbm_bytes},
+        {"transport", "TPUEMU_TRANSPORT", OPT_STRING, "auto", 0, 0, "auto|tcp",
+         "collectives between cores of one host: auto uses shared memory, tcp forces TCP", &transport},
         {"token-file", "TPUEMU_TOKEN_FILE", OPT_STRING, NULL, 0, 0, "FILE",
          "file holding the cluster token (else $TPUEMU_TOKEN)", &token_file},
         {"insecure", "TPUEMU_INSECURE", OPT_BOOL, NULL, 0, 0, NULL,
@@ -226,6 +228,14 @@ static int configure(struct worker *w, int argc, char **argv)
         }
     } else {
         snprintf(w->advertise, sizeof w->advertise, "%s", w->listen);
+    }
+    if (strcmp(transport, "auto") == 0) {
+        w->tcp_only = 0;
+    } else if (strcmp(transport, "tcp") == 0) {
+        w->tcp_only = 1;
+    } else {
+        fprintf(stderr, "tpu-worker: --transport: '%s' is not one of auto, tcp\n", transport);
+        return EXIT_USAGE;
     }
     w->core = (int)core;
     hbm_init(&w->hbm, hbm_bytes > 0 ? (uint64_t)hbm_bytes : w->preset->hbm_per_core);

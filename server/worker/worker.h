@@ -31,6 +31,7 @@ struct worker {
     char advertise[ADDR_HOST_MAX];
     char host_id[WORKER_HOST_ID_MAX + 1];
     const struct tpu_preset *preset;
+    int tcp_only;             /* --transport tcp: no shared memory between same-host cores */
 
     /* identity, as the resolver sees it */
     int core;                 /* -1 until assigned */
@@ -44,6 +45,10 @@ struct worker {
     int replica_id;           /* -1: not part of an initialized system */
     uint32_t num_replicas;
     hbm hbm;
+    /* collectives (server/worker/coll/): the links to the other replicas of this
+     * epoch's system, and the engine that runs collectives on them */
+    struct peers *peers;
+    struct coll *coll;
 
     struct heartbeat hb;
     struct control ctl;
