@@ -43,7 +43,7 @@ run_ctest() {
 }
 
 fuzz_all() {
-    local dir=build-fuzz/tests f rc=0 work
+    local dir=build-fuzz/bin f rc=0 work
     work=$(mktemp -d)
     for f in wire_open frame addr bytes; do
         mkdir -p "$work/$f"
