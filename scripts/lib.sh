@@ -2,7 +2,7 @@
 
 # Exactly the Debian 12 packages tpuemu builds, runs and tests with.
 TPUEMU_PACKAGES="build-essential cmake pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler
-libnanomsg-dev libcriterion-dev libsodium-dev clang valgrind"
+libnanomsg-dev libcriterion-dev libsodium-dev clang valgrind libdnnl-dev"
 
 install_packages() {
     local missing=()

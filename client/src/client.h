@@ -42,6 +42,7 @@ struct tpu_cluster {
     int sock;          /* cooked NN_REQ connected to it */
     uint64_t epoch;    /* epoch this handle initialized, 0: never */
     uint64_t seen_epoch;
+    struct cli_coll *coll; /* collectives: the system's cores and data connections (coll.h) */
 };
 
 struct tpu_cluster_spec {
@@ -72,5 +73,17 @@ int call_do(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_ms, wire_m
  * within timeout_ms. Closes any previous socket. */
 int call_open(tpu_cluster *c, size_t i, uint32_t timeout_ms, err *e);
 void call_close(tpu_cluster *c);
+
+/* Collectives (coll.c): the handle now belongs to the system of this epoch,
+ * whose n cores are given in replica order (strings copied). Drops any
+ * previous data connections; sequence numbers restart at first_seq. */
+struct cli_core_ref {
+    const char *host;
+    int core;
+    const char *data_addr; /* "ADDR:PORT" */
+};
+int cli_coll_set_system(tpu_cluster *c, uint64_t epoch, size_t n, const struct cli_core_ref *cores,
+                        uint64_t first_seq, err *e);
+void cli_coll_free(tpu_cluster *c);
 
 #endif

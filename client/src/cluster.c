@@ -80,6 +80,7 @@ void tpu_cluster_free(tpu_cluster *c)
     if (!c)
         return;
     CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    cli_coll_free(c);
     call_close(c);
     c->magic = MAGIC_DEAD;
     free(c);

@@ -5,6 +5,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The collectives' view of the new system: its cores in replica order. */
+static int set_coll_system(tpu_cluster *c, const Tpuemu__Topology *tp, err *e)
+{
+    size_t n = tp->n_cores;
+    struct cli_core_ref *refs = calloc(n ? n : 1, sizeof *refs);
+    int rc;
+    if (!refs)
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const Tpuemu__TopologyCore *tc = tp->cores[i];
+        size_t r = tc->replica_id >= 0 && (size_t)tc->replica_id < n ? (size_t)tc->replica_id : i;
+        refs[r].host = tc->host_id;
+        refs[r].core = tc->core;
+        refs[r].data_addr = tc->data_addr;
+    }
+    rc = n ? cli_coll_set_system(c, tp->epoch, n, refs, 1, e) : CODE_OK;
+    if (!n)
+        cli_coll_free(c);
+    free(refs);
+    return rc;
+}
+
 tpu_status tpu_initialize_system(tpu_cluster *c, const tpu_init_options *opts, tpu_topology **out)
 {
     wire_msg req = TPUEMU__MESSAGE__INIT, *m;
@@ -43,6 +65,10 @@ tpu_status tpu_initialize_system(tpu_cluster *c, const tpu_init_options *opts, t
     }
     t->magic = MAGIC_TOPOLOGY;
     t->m = m;
+    if (set_coll_system(c, m->topology, &e) != CODE_OK) {
+        tpu_topology_free(t);
+        return cli_fail(&e);
+    }
     c->epoch = m->topology->epoch;
     c->seen_epoch = m->topology->epoch;
     *out = t;
@@ -87,6 +113,7 @@ tpu_status tpu_shutdown_system(tpu_cluster *c)
         return cli_fail(&e);
     if (m->shutdown_reply)
         c->seen_epoch = m->shutdown_reply->epoch;
+    cli_coll_free(c); /* the system is gone: so are its data connections */
     wire_msg_free(m);
     return TPU_OK;
 }

@@ -1,4 +1,4 @@
-/* tpuctl commands: cluster, init, shutdown, health, version. Each parses its
+/* tpuctl commands: cluster, init, shutdown, health, version (bench: bench.c). Each parses its
  * own flags from a settings table, talks to the resolver through
  * libtpuclient only, and prints text or (--json) one JSON object. */
 #include <stdio.h>
@@ -471,5 +471,6 @@ const struct tpuctl_cmd tpuctl_cmds[] = {
     {"shutdown", "shut the TPU system down", cmd_shutdown},
     {"health", "cluster and per-core health; exit 1 if any core is unhealthy", cmd_health},
     {"version", "print versions", cmd_version},
+    {"bench", "benchmark a collective: bench allreduce [--dtype --algo --op --min --max]", tpuctl_cmd_bench},
 };
 const int tpuctl_ncmds = (int)(sizeof tpuctl_cmds / sizeof tpuctl_cmds[0]);

@@ -1,6 +1,7 @@
 /* The JSON writer behind tpuctl --json. */
 #include "json.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 void json_init(json *j, FILE *f)
@@ -110,4 +111,13 @@ void json_null(json *j, const char *key)
 {
     pre(j, key);
     fputs("null", j->f);
+}
+
+void json_double(json *j, const char *key, double v, int digits)
+{
+    pre(j, key);
+    if (isfinite(v))
+        fprintf(j->f, "%.*g", digits, v);
+    else
+        fputs("null", j->f);
 }

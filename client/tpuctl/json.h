@@ -25,5 +25,7 @@ void json_int(json *j, const char *key, long long v);
 void json_uint(json *j, const char *key, unsigned long long v);
 void json_bool(json *j, const char *key, int v);
 void json_null(json *j, const char *key);
+/* A number with that many significant digits; null if not finite. */
+void json_double(json *j, const char *key, double v, int digits);
 
 #endif

@@ -24,6 +24,9 @@ struct tpuctl_cmd {
 };
 
 extern const struct tpuctl_cmd tpuctl_cmds[];
+
+/* bench.c: tpuctl bench allreduce ... */
+int tpuctl_cmd_bench(const struct tpuctl *g, int argc, char **argv);
 extern const int tpuctl_ncmds;
 
 #endif

@@ -12,9 +12,54 @@
 #include "log.h"
 #include "wire.h"
 
+struct cl_peers *cl_peers_new(size_t n)
+{
+    struct cl_peers *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->refs = 1;
+    p->n = n;
+    if (n) {
+        p->v = calloc(n, sizeof *p->v);
+        p->pv = calloc(n, sizeof *p->pv);
+        p->host = calloc(n, sizeof *p->host);
+        p->data_addr = calloc(n, sizeof *p->data_addr);
+        p->shm_name = calloc(n, sizeof *p->shm_name);
+        p->control_addr = calloc(n, sizeof *p->control_addr);
+        if (!p->v || !p->pv || !p->host || !p->data_addr || !p->shm_name || !p->control_addr) {
+            cl_peers_unref(p);
+            return NULL;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        tpuemu__peer_info__init(&p->v[i]);
+        p->v[i].host_id = p->host[i];
+        p->v[i].data_addr = p->data_addr[i];
+        p->v[i].shm_name = p->shm_name[i];
+        p->v[i].control_addr = p->control_addr[i];
+        p->pv[i] = &p->v[i];
+    }
+    return p;
+}
+
+void cl_peers_unref(struct cl_peers *p)
+{
+    if (!p || --p->refs > 0)
+        return;
+    free(p->v);
+    free(p->pv);
+    free(p->host);
+    free(p->data_addr);
+    free(p->shm_name);
+    free(p->control_addr);
+    free(p);
+}
+
 static void pop_head(corelink *l, struct cl_call *out)
 {
     *out = l->q[0];
+    cl_peers_unref(out->peers);
+    out->peers = NULL;
     memmove(&l->q[0], &l->q[1], (size_t)(l->qn - 1) * sizeof l->q[0]);
     l->qn--;
     l->inflight = 0;
@@ -44,6 +89,12 @@ static int send_head(corelink *l, err *e)
         reset.epoch = c->epoch;
         reset.replica_id = c->replica_id;
         reset.num_replicas = c->num_replicas;
+        if (c->peers) {
+            reset.n_peers = c->peers->n;
+            reset.peers = c->peers->pv;
+            reset.heartbeat_ms = c->peers->heartbeat_ms;
+            reset.dead_after = c->peers->dead_after;
+        }
         m.body_case = TPUEMU__MESSAGE__BODY_RESET_CORE;
         m.reset_core = &reset;
     }
@@ -201,10 +252,12 @@ corelink *corelink_new(uv_loop_t *loop, const auth *a, void *ctx, const char *ur
 
 static int enqueue(corelink *l, struct cl_call *c, uint32_t timeout_ms, err *e)
 {
-    if (l->closing)
-        return err_set(e, CODE_UNAVAILABLE, "connection to %s is closing", l->url);
-    if (l->qn >= CORELINK_QUEUE)
+    if (l->closing || l->qn >= CORELINK_QUEUE) {
+        cl_peers_unref(c->peers); /* not queued: the call's reference goes */
+        if (l->closing)
+            return err_set(e, CODE_UNAVAILABLE, "connection to %s is closing", l->url);
         return err_set(e, CODE_UNAVAILABLE, "%d calls to %s are already waiting", l->qn, l->url);
+    }
     c->deadline_ms = wire_now_ms() + timeout_ms;
     l->q[l->qn++] = *c;
     if (!l->inflight) {
@@ -223,10 +276,13 @@ int corelink_probe(corelink *l, uint32_t timeout_ms, corelink_cb cb, uint64_t ta
 }
 
 int corelink_reset(corelink *l, uint64_t epoch, int32_t replica_id, uint32_t num_replicas,
-                   uint32_t timeout_ms, corelink_cb cb, uint64_t tag, int idx, err *e)
+                   struct cl_peers *peers, uint32_t timeout_ms, corelink_cb cb, uint64_t tag, int idx,
+                   err *e)
 {
     struct cl_call c = {.epoch = epoch, .replica_id = replica_id, .num_replicas = num_replicas,
-                        .cb = cb, .tag = tag, .idx = idx};
+                        .peers = peers, .cb = cb, .tag = tag, .idx = idx};
+    if (peers)
+        peers->refs++;
     return enqueue(l, &c, timeout_ms, e);
 }
 
@@ -234,6 +290,8 @@ static void one_closed(corelink *l)
 {
     if (--l->open_handles > 0)
         return;
+    for (int i = 0; i < l->qn; i++)
+        cl_peers_unref(l->q[i].peers);
     for (int i = 0; i < l->qn; i++)
         l->q[i].cb(l->ctx, l->q[i].tag, l->q[i].idx, CODE_CANCELLED,
                    "the connection to the core was closed (the core was replaced or the resolver "

@@ -30,11 +30,30 @@
 typedef void (*corelink_cb)(void *ctx, uint64_t tag, int idx, int code, const char *msg,
                             const Tpuemu__WorkerInfo *w);
 
+/* ResetCore.peers and the timeout settings, shared by the reset calls of one
+ * initialize: refcounted, each queued call holds a reference until it is
+ * popped. Owns its strings. */
+struct cl_peers {
+    int refs;
+    uint32_t heartbeat_ms, dead_after;
+    size_t n;
+    Tpuemu__PeerInfo *v;
+    Tpuemu__PeerInfo **pv;
+    char (*host)[64];
+    char (*data_addr)[256];
+    char (*shm_name)[64];
+    char (*control_addr)[256];
+};
+/* n zeroed peers (strings point at the owned arrays) with one reference; NULL if out of memory. */
+struct cl_peers *cl_peers_new(size_t n);
+void cl_peers_unref(struct cl_peers *p);
+
 struct cl_call {
     int is_probe;            /* ProbeCore, else ResetCore with the fields below */
     uint64_t epoch;
     int32_t replica_id;
     uint32_t num_replicas;
+    struct cl_peers *peers;  /* a reference, or NULL (a core leaving the system) */
     uint64_t deadline_ms;    /* monotonic */
     corelink_cb cb;
     uint64_t tag;
@@ -62,8 +81,9 @@ corelink *corelink_new(uv_loop_t *loop, const auth *a, void *ctx, const char *ur
 /* Queues a call. UNAVAILABLE in e if the queue is full or sending fails now
  * (the callback is then not called). */
 int corelink_probe(corelink *l, uint32_t timeout_ms, corelink_cb cb, uint64_t tag, int idx, err *e);
+/* peers (may be NULL) is referenced by the call while it is queued. */
 int corelink_reset(corelink *l, uint64_t epoch, int32_t replica_id, uint32_t num_replicas,
-                   uint32_t timeout_ms, corelink_cb cb, uint64_t tag, int idx, err *e);
+                   struct cl_peers *peers, uint32_t timeout_ms, corelink_cb cb, uint64_t tag, int idx, err *e);
 
 /* Closes the link; queued calls complete with CANCELLED later, then l is freed. */
 void corelink_close(corelink *l);

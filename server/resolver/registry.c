@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const tpu_types[] = {"v2", "v3", "v4", "v5e", "v5p"};
+#include "slice.h"
 
 void reg_init(registry *g, size_t max)
 {
@@ -32,7 +32,6 @@ const char *reg_name(const char *host, int core, char *buf, size_t n)
 int reg_validate(const Tpuemu__WorkerInfo *w, err *e)
 {
     size_t len;
-    int ok = 0;
 
     if (!w)
         return err_set(e, CODE_INVALID_ARGUMENT, "heartbeat carries no worker description");
@@ -56,11 +55,11 @@ int reg_validate(const Tpuemu__WorkerInfo *w, err *e)
     if (w->data_addr && strlen(w->data_addr) >= REG_ADDR_MAX)
         return err_set(e, CODE_INVALID_ARGUMENT, "data_addr must be shorter than %d characters",
                        REG_ADDR_MAX);
-    for (size_t i = 0; i < sizeof tpu_types / sizeof *tpu_types; i++)
-        if (w->tpu_type && strcmp(w->tpu_type, tpu_types[i]) == 0)
-            ok = 1;
-    if (!ok)
-        return err_set(e, CODE_INVALID_ARGUMENT, "tpu_type must be one of v2, v3, v4, v5e, v5p");
+    if (w->shm_name && strlen(w->shm_name) >= REG_SHM_MAX)
+        return err_set(e, CODE_INVALID_ARGUMENT, "shm_name must be shorter than %d characters",
+                       REG_SHM_MAX);
+    if (!slice_type_find(w->tpu_type))
+        return err_set(e, CODE_INVALID_ARGUMENT, "tpu_type must be one of %s", slice_type_names());
     if (w->hbm_capacity == 0)
         return err_set(e, CODE_INVALID_ARGUMENT, "hbm_capacity must be greater than 0");
     return CODE_OK;
@@ -80,6 +79,7 @@ void reg_winfo_copy(winfo *d, const Tpuemu__WorkerInfo *s)
     snprintf(d->version, sizeof d->version, "%.31s", s->version ? s->version : "");
     d->epoch = s->epoch;
     d->replica_id = s->replica_id;
+    snprintf(d->shm_name, sizeof d->shm_name, "%s", s->shm_name ? s->shm_name : "");
 }
 
 void reg_winfo_view(const winfo *w, Tpuemu__WorkerInfo *o)
@@ -90,6 +90,7 @@ void reg_winfo_view(const winfo *w, Tpuemu__WorkerInfo *o)
     o->incarnation = w->incarnation;
     o->control_addr = (char *)w->control_addr;
     o->data_addr = (char *)w->data_addr;
+    o->shm_name = (char *)w->shm_name;
     o->tpu_type = (char *)w->tpu_type;
     o->hbm_capacity = w->hbm_capacity;
     o->hbm_used = w->hbm_used;

@@ -16,6 +16,7 @@
 #define REG_HOST_MAX 64   /* host ids are 1..63 chars */
 #define REG_ADDR_MAX 256  /* control/data addresses are < 256 chars */
 #define REG_CORE_MAX 1023 /* largest core index */
+#define REG_SHM_MAX 64    /* shm_name is < 64 chars */
 
 struct corelink;
 
@@ -32,6 +33,7 @@ typedef struct winfo {
     char version[32];
     uint64_t epoch;
     int32_t replica_id;
+    char shm_name[REG_SHM_MAX]; /* same-host shared-memory socket, "" if none */
 } winfo;
 
 typedef struct rentry {

@@ -180,6 +180,7 @@ static void init_proceed(resolver *r, size_t n)
     struct init_op *op = &r->sys.init;
     registry *g = &r->reg;
     uint64_t now = wire_now_ms(), wait;
+    struct cl_peers *peers;
     char a[300], b[300];
     size_t k = 0;
     err e;
@@ -208,6 +209,7 @@ static void init_proceed(resolver *r, size_t n)
         c->inc = en->w.incarnation;
         snprintf(c->data_addr, sizeof c->data_addr, "%s", en->w.data_addr);
         snprintf(c->control_addr, sizeof c->control_addr, "%s", en->w.control_addr);
+        snprintf(c->shm_name, sizeof c->shm_name, "%s", en->w.shm_name);
         if (k == 1)
             snprintf(op->tpu_type, sizeof op->tpu_type, "%s", en->w.tpu_type);
     }
@@ -223,6 +225,26 @@ static void init_proceed(resolver *r, size_t n)
     log_debug("initialize: resetting cores", "epoch=%llu cores=%zu client=%s",
               (unsigned long long)op->epoch, k, log_q(op->client));
 
+    /* every chosen core learns all of them (ResetCore.peers, replica order)
+     * and the heartbeat settings its collective timeouts derive from */
+    peers = cl_peers_new(op->nchosen);
+    if (!peers) {
+        init_fail(r, CODE_RESOURCE_EXHAUSTED, "out of memory listing %zu cores", op->nchosen);
+        return;
+    }
+    peers->heartbeat_ms = r->heartbeat_ms;
+    peers->dead_after = r->dead_after;
+    for (size_t i = 0; i < op->nchosen; i++) {
+        const struct sys_chosen *c = &op->chosen[i];
+        peers->v[i].replica_id = (int32_t)i;
+        peers->v[i].core = c->core;
+        peers->v[i].incarnation = c->inc;
+        snprintf(peers->host[i], sizeof peers->host[i], "%s", c->host);
+        snprintf(peers->data_addr[i], sizeof peers->data_addr[i], "%s", c->data_addr);
+        snprintf(peers->shm_name[i], sizeof peers->shm_name[i], "%s", c->shm_name);
+        snprintf(peers->control_addr[i], sizeof peers->control_addr[i], "%s", c->control_addr);
+    }
+
     /* chosen cores first, in replica order; then every other alive core leaves */
     k = 0;
     for (size_t i = 0; i < g->n; i++) {
@@ -234,8 +256,9 @@ static void init_proceed(resolver *r, size_t n)
             continue;
         l = rsv_link(r, en, &e);
         if (chosen) {
-            if (!l || corelink_reset(l, op->epoch, (int32_t)k, (uint32_t)op->nchosen, (uint32_t)wait,
-                                     init_ack, op->tag, (int)k, &e) != CODE_OK) {
+            if (!l || corelink_reset(l, op->epoch, (int32_t)k, (uint32_t)op->nchosen, peers,
+                                     (uint32_t)wait, init_ack, op->tag, (int)k, &e) != CODE_OK) {
+                cl_peers_unref(peers);
                 init_fail(r, CODE_UNAVAILABLE, "core %s could not be sent the reset (%s; control "
                           "%s); restart it and initialize again",
                           reg_name(en->w.host_id, en->w.core, a, sizeof a), e.msg, en->w.control_addr);
@@ -243,9 +266,10 @@ static void init_proceed(resolver *r, size_t n)
             }
             k++;
         } else if (l) {
-            corelink_reset(l, op->epoch, -1, 0, SYS_RESET_MIN_MS, ignore_ack, 0, 0, &e);
+            corelink_reset(l, op->epoch, -1, 0, NULL, SYS_RESET_MIN_MS, ignore_ack, 0, 0, &e);
         }
     }
+    cl_peers_unref(peers);
     uv_timer_start(&r->sys.init_timer, init_timer_cb, wait, 0);
 }
 
@@ -587,7 +611,7 @@ void sys_shutdown(resolver *r, void *ctl, uint64_t req_id, const Tpuemu__Shutdow
         corelink *l;
         if (en->dead || !(l = rsv_link(r, en, &e)))
             continue;
-        if (corelink_reset(l, op->epoch, -1, 0, SYS_RESET_MIN_MS, shut_ack, op->tag, 0, &e) == CODE_OK)
+        if (corelink_reset(l, op->epoch, -1, 0, NULL, SYS_RESET_MIN_MS, shut_ack, op->tag, 0, &e) == CODE_OK)
             op->outstanding++;
         else
             log_warn("shutdown: could not send the reset", "host=%s core=%d reason=%s",

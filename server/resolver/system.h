@@ -34,6 +34,7 @@ struct sys_chosen {
     uint64_t inc;
     char data_addr[256];
     char control_addr[256];
+    char shm_name[64];
     int acked;
 };
 

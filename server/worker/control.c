@@ -7,7 +7,10 @@
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 
+#include "coll.h"
 #include "log.h"
+#define TPUEMU_LINK_NO_TYPEDEF 1 /* unistd.h has link() */
+#include "peers.h"
 #include "wire.h"
 #include "worker.h"
 
@@ -34,9 +37,12 @@ static int on_reset(struct worker *w, const wire_msg *req, Tpuemu__CoreReport *r
     w->replica_id = r->replica_id;
     w->num_replicas = r->replica_id >= 0 ? r->num_replicas : 0;
     hbm_reset(&w->hbm);
+    /* every link of the old epoch closes; then the engine forgets its collectives */
+    peers_reset(w, r);
+    coll_reset(w);
     /* compiled models are dropped here once there are any (issue 4) */
-    log_info("core reset", "epoch=%llu replica=%d replicas=%u", (unsigned long long)w->epoch,
-             w->replica_id, w->num_replicas);
+    log_info("core reset", "epoch=%llu replica=%d replicas=%u heartbeat_ms=%u dead_after=%u",
+             (unsigned long long)w->epoch, w->replica_id, w->num_replicas, r->heartbeat_ms, r->dead_after);
     return CODE_OK;
 }
 

@@ -1,12 +1,18 @@
 /* The data-plane listener: accepts, bounds the number of connections, and
- * answers the frames a core understands so far (PING). The framing, handshake
- * and write bounds live in dpconn.c. */
+ * routes what arrives: a connection whose AUTH names a replica and an epoch is
+ * another worker's link (handed to peers, coll/peers.h); from clients, COLL
+ * frames go to the collectives engine (coll/coll.h) and PING is echoed. The
+ * framing, handshake and write bounds live in dpconn.c. */
 #include "dataplane.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#include "coll.h"
 #include "dpconn.h"
+#include "frame.h"
+#define TPUEMU_LINK_NO_TYPEDEF 1 /* unistd.h has link() */
+#include "peers.h"
 #include "log.h"
 #include "worker.h"
 
@@ -16,10 +22,31 @@ struct dp_peer {
     dp_conn *c;
 };
 
+static void forget(struct dp_peer *p)
+{
+    struct dataplane *dp = &p->w->dp;
+    if (p->prev)
+        p->prev->next = p->next;
+    else
+        dp->conns = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
+    dp->nconns--;
+    free(p);
+}
+
 static void on_ready(dp_conn *c)
 {
-    log_debug("data-plane peer authenticated", "peer=%s name=%s", dp_conn_peer_addr(c),
-              log_q(dp_conn_peer_name(c)));
+    struct dp_peer *p = dp_conn_data(c);
+    log_debug("data-plane peer authenticated", "peer=%s name=%s replica=%d epoch=%llu", dp_conn_peer_addr(c),
+              log_q(dp_conn_peer_name(c)), (int)dp_conn_auth_replica(c),
+              (unsigned long long)dp_conn_auth_epoch(c));
+    if (dp_conn_auth_epoch(c) == 0 || dp_conn_auth_replica(c) < 0)
+        return; /* a client */
+    /* another worker's link: peers takes the connection over, or refuses it */
+    peers_accept(p->w, c);
+    if (dp_conn_data(c) != p)
+        forget(p);
 }
 
 static void free_payload(void *arg, int status)
@@ -30,6 +57,12 @@ static void free_payload(void *arg, int status)
 
 static void on_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload, size_t len)
 {
+    struct dp_peer *p = dp_conn_data(c);
+
+    if (h->kind == TPUEMU__FRAME_KIND__FRAME_COLL) {
+        coll_on_client_frame(p->w, c, h, payload, len);
+        return;
+    }
     if (h->kind == TPUEMU__FRAME_KIND__FRAME_PING) {
         Tpuemu__FrameHeader pong = TPUEMU__FRAME_HEADER__INIT;
         pong.kind = TPUEMU__FRAME_KIND__FRAME_PONG;
@@ -42,15 +75,34 @@ static void on_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload,
     }
     free(payload);
     dp_conn_fail(c, CODE_INVALID_ARGUMENT,
-                 "tpu-worker does not handle data-plane frames of kind %d here (only PING)",
+                 "tpu-worker does not handle data-plane frames of kind %d from clients (only COLL and PING)",
                  (int)h->kind);
+}
+
+/* A client's frame header: refuse what is too large before reading it. */
+static enum dp_buf client_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, void **buf)
+{
+    (void)buf;
+    if (h->kind == TPUEMU__FRAME_KIND__FRAME_PING && h->payload_bytes > DP_MAX_PING) {
+        dp_conn_fail(c, CODE_INVALID_ARGUMENT, "a PING payload is at most %u bytes (announced %llu)",
+                     DP_MAX_PING, (unsigned long long)h->payload_bytes);
+        return DP_BUF_FAILED;
+    }
+    if (h->kind != TPUEMU__FRAME_KIND__FRAME_PING && h->kind != TPUEMU__FRAME_KIND__FRAME_COLL &&
+        h->payload_bytes > 0) {
+        dp_conn_fail(c, CODE_INVALID_ARGUMENT,
+                     "tpu-worker does not handle data-plane frames of kind %d from clients (only COLL and PING)",
+                     (int)h->kind);
+        return DP_BUF_FAILED;
+    }
+    return DP_BUF_MALLOC;
 }
 
 static void on_conn_close(dp_conn *c, const err *why)
 {
     struct dp_peer *p = dp_conn_data(c);
-    struct dataplane *dp = &p->w->dp;
 
+    coll_on_client_close(p->w, c);
     /* refusals are warnings; a peer that simply went away is not */
     if (why->code != CODE_OK)
         log_at(why->code == CODE_UNAVAILABLE ? LOG_INFO : LOG_WARN,
@@ -59,14 +111,7 @@ static void on_conn_close(dp_conn *c, const err *why)
                code_name(why->code), log_q(why->msg));
     else
         log_debug("data-plane connection closed", "peer=%s", dp_conn_peer_addr(c));
-    if (p->prev)
-        p->prev->next = p->next;
-    else
-        dp->conns = p->next;
-    if (p->next)
-        p->next->prev = p->prev;
-    dp->nconns--;
-    free(p);
+    forget(p);
 }
 
 static void free_handle(uv_handle_t *h)
@@ -106,12 +151,13 @@ static void on_connection(uv_stream_t *server, int status)
     memset(&cfg, 0, sizeof cfg);
     cfg.auth = &w->auth;
     cfg.self_name = worker_sender(w);
-    cfg.max_payload = DP_MAX_PING;
+    cfg.max_payload = FRAME_MAX_PAYLOAD; /* COLL inputs; PING is checked on arrival */
     cfg.max_pending_write = DP_MAX_PENDING;
     cfg.handshake_ms = DP_HANDSHAKE_MS;
     cfg.on_ready = on_ready;
     cfg.on_frame = on_frame;
     cfg.on_close = on_conn_close;
+    cfg.payload_buf = client_payload_buf;
     cfg.data = p;
     p->w = w;
     if (dp_conn_accept(server, &cfg, &c, &e) != CODE_OK) {

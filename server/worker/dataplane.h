@@ -1,8 +1,11 @@
 /* Data plane: the worker's TCP listener. Each accepted connection is a
- * dp_conn (dpconn.h) that must pass the challenge handshake within 5 s; then
- * PING frames are echoed as PONG and anything else is refused with an ERROR
- * frame and a close. Issue 3 adds tensor frames here. Bounds: DP_MAX_CONNS
- * connections, DP_MAX_PING payload, DP_MAX_PENDING queued write bytes each. */
+ * dp_conn (dpconn.h) that must pass the challenge handshake within 5 s. A
+ * connection whose AUTH carries a replica and an epoch is another worker's
+ * link and goes to peers (coll/peers.h); a client's COLL frames go to the
+ * collectives engine, PING is echoed as PONG, anything else is refused with an
+ * ERROR frame and a close. Bounds: DP_MAX_CONNS connections (links taken over
+ * by peers leave the count: at most one per peer replica), FRAME_MAX_PAYLOAD
+ * per COLL, DP_MAX_PING per PING, DP_MAX_PENDING queued copied bytes each. */
 #ifndef TPUEMU_WORKER_DATAPLANE_H
 #define TPUEMU_WORKER_DATAPLANE_H
 

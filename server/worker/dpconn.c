@@ -15,7 +15,9 @@
 
 #define FLUSH_CLOSE_MS 1000
 
-enum rd_state { RD_PREFIX, RD_HEADER, RD_PAYLOAD };
+#define DISCARD_BYTES (64u * 1024u)
+
+enum rd_state { RD_PREFIX, RD_HEADER, RD_PAYLOAD, RD_WAIT };
 enum hs_state { HS_CONNECTING, HS_WAIT_HELLO, HS_WAIT_AUTH, HS_WAIT_AUTH_OK, HS_READY };
 
 struct dp_conn {
@@ -42,6 +44,12 @@ struct dp_conn {
     Tpuemu__FrameHeader *h; /* decoded header while its payload is read */
     uint8_t *payload;
     size_t plen;
+    int into;          /* payload is the owner's buffer (payload_buf said DP_BUF_INTO) */
+    int discard;       /* payload is read into scratch and dropped */
+    uint8_t *scratch;
+    uint64_t nread;
+    int32_t auth_replica;
+    uint64_t auth_epoch;
 };
 
 struct wreq {
@@ -59,7 +67,9 @@ static void on_handle_closed(uv_handle_t *hd)
     if (--c->open_handles > 0)
         return;
     frame_header_free(c->h);
-    free(c->payload);
+    if (!c->into)
+        free(c->payload);
+    free(c->scratch);
     if (c->cfg.on_close)
         c->cfg.on_close(c, &c->why);
     free(c);
@@ -107,16 +117,17 @@ static void on_written(uv_write_t *req, int status)
 }
 
 /* Queues head (copied) and payload (not copied). */
-static int queue_write(dp_conn *c, const uint8_t *head, size_t hn, const void *payload, size_t len,
-                       dp_write_cb cb, void *arg)
+static int queue_write_x(dp_conn *c, const uint8_t *head, size_t hn, const void *payload, size_t len,
+                         dp_write_cb cb, void *arg, int counted)
 {
     struct wreq *w;
     uv_buf_t bufs[2];
+    size_t cost = hn + (counted ? len : 0);
     int rc;
 
     if (c->closing)
         return CODE_FAILED_PRECONDITION;
-    if (hn + len > c->cfg.max_pending_write - c->pending || c->pending > c->cfg.max_pending_write) {
+    if (cost > c->cfg.max_pending_write - c->pending || c->pending > c->cfg.max_pending_write) {
         close_fmt(c, CODE_RESOURCE_EXHAUSTED,
                  "data-plane peer %s is not reading: %zu bytes already queued, limit %zu; closing",
                  c->peer_addr, c->pending, c->cfg.max_pending_write);
@@ -129,7 +140,7 @@ static int queue_write(dp_conn *c, const uint8_t *head, size_t hn, const void *p
     }
     memcpy(w->head, head, hn);
     w->c = c;
-    w->bytes = hn + len;
+    w->bytes = cost;
     w->cb = cb;
     w->arg = arg;
     bufs[0] = uv_buf_init((char *)w->head, (unsigned)hn);
@@ -140,12 +151,18 @@ static int queue_write(dp_conn *c, const uint8_t *head, size_t hn, const void *p
         close_fmt(c, CODE_UNAVAILABLE, "data-plane write to %s failed: %s", c->peer_addr, uv_strerror(rc));
         return CODE_UNAVAILABLE;
     }
-    c->pending += hn + len;
+    c->pending += cost;
     return CODE_OK;
 }
 
-int dp_conn_send(dp_conn *c, Tpuemu__FrameHeader *h, const void *payload, size_t len, dp_write_cb cb,
-                 void *arg)
+static int queue_write(dp_conn *c, const uint8_t *head, size_t hn, const void *payload, size_t len,
+                       dp_write_cb cb, void *arg)
+{
+    return queue_write_x(c, head, hn, payload, len, cb, arg, 1);
+}
+
+static int send_x(dp_conn *c, Tpuemu__FrameHeader *h, const void *payload, size_t len, dp_write_cb cb,
+                  void *arg, int counted)
 {
     uint8_t head[DPAUTH_FRAME_MAX];
     size_t hn;
@@ -158,7 +175,19 @@ int dp_conn_send(dp_conn *c, Tpuemu__FrameHeader *h, const void *payload, size_t
     hn = frame_encode(h, head, sizeof head);
     if (hn == 0)
         return CODE_INVALID_ARGUMENT;
-    return queue_write(c, head, hn, payload, len, cb, arg);
+    return queue_write_x(c, head, hn, payload, len, cb, arg, counted);
+}
+
+int dp_conn_send(dp_conn *c, Tpuemu__FrameHeader *h, const void *payload, size_t len, dp_write_cb cb,
+                 void *arg)
+{
+    return send_x(c, h, payload, len, cb, arg, 1);
+}
+
+int dp_conn_send_ref(dp_conn *c, Tpuemu__FrameHeader *h, const void *payload, size_t len,
+                     dp_write_cb cb, void *arg)
+{
+    return send_x(c, h, payload, len, cb, arg, 0);
 }
 
 static void on_flush_deadline(uv_timer_t *t)
@@ -214,6 +243,27 @@ static void handshake_done(dp_conn *c)
         c->cfg.on_ready(c);
 }
 
+/* dpauth_auth plus AUTH.replica and AUTH.epoch (a worker dialing a peer). */
+static size_t build_auth(dp_conn *c, const unsigned char peer_chal[AUTH_CHALLENGE_BYTES], uint8_t *out,
+                         size_t cap)
+{
+    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
+    unsigned char mac[AUTH_MAC_BYTES];
+
+    h.kind = TPUEMU__FRAME_KIND__FRAME_AUTH;
+    if (c->cfg.auth && c->cfg.auth->enabled) {
+        auth_challenge_mac(c->cfg.auth, peer_chal, mac);
+        h.mac.data = mac;
+        h.mac.len = sizeof mac;
+    }
+    h.challenge.data = c->my_chal;
+    h.challenge.len = AUTH_CHALLENGE_BYTES;
+    h.peer = (char *)(c->cfg.self_name ? c->cfg.self_name : "");
+    h.replica = c->cfg.replica;
+    h.epoch = c->cfg.epoch;
+    return frame_encode(&h, out, cap);
+}
+
 /* A complete frame during the handshake. */
 static void handshake_frame(dp_conn *c, const Tpuemu__FrameHeader *h)
 {
@@ -231,6 +281,8 @@ static void handshake_frame(dp_conn *c, const Tpuemu__FrameHeader *h)
     case HS_WAIT_AUTH:
         if (h->peer)
             snprintf(c->peer_name, sizeof c->peer_name, "%s", h->peer);
+        c->auth_replica = h->replica;
+        c->auth_epoch = h->epoch;
         if (dpauth_check_auth(c->cfg.auth, c->my_chal, h, peer_chal, &e) != CODE_OK) {
             dp_conn_fail(c, e.code, "%s", e.msg);
             return;
@@ -245,7 +297,7 @@ static void handshake_frame(dp_conn *c, const Tpuemu__FrameHeader *h)
             return;
         }
         auth_random(c->my_chal, sizeof c->my_chal);
-        n = dpauth_auth(c->cfg.auth, peer_chal, c->my_chal, c->cfg.self_name, buf, sizeof buf);
+        n = build_auth(c, peer_chal, buf, sizeof buf);
         if (queue_write(c, buf, n, NULL, 0, NULL, NULL) == CODE_OK)
             c->hs = HS_WAIT_AUTH_OK;
         return;
@@ -261,6 +313,108 @@ static void handshake_frame(dp_conn *c, const Tpuemu__FrameHeader *h)
     }
 }
 
+static void frame_done(dp_conn *c);
+static void on_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *buf);
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
+/* RD_WAIT: the header c->h is held; asks the owner where its payload goes.
+ * Leaves rd at RD_WAIT (reading stopped) when the owner is not ready. */
+static void ask_payload_buf(dp_conn *c)
+{
+    void *dst = NULL;
+    enum dp_buf a = c->cfg.payload_buf(c, c->h, &dst);
+
+    if (c->closing || c->flushing || a == DP_BUF_FAILED)
+        return;
+    c->got = 0;
+    c->into = 0;
+    c->discard = 0;
+    switch (a) {
+    case DP_BUF_WAIT:
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        return;
+    case DP_BUF_INTO:
+        c->payload = dst;
+        c->into = 1;
+        break;
+    case DP_BUF_DISCARD:
+        if (!c->scratch && !(c->scratch = malloc(DISCARD_BYTES))) {
+            dp_conn_fail(c, CODE_RESOURCE_EXHAUSTED, "out of memory for a discard buffer");
+            return;
+        }
+        c->discard = 1;
+        break;
+    default:
+        if (c->plen > 0 && !(c->payload = malloc(c->plen))) {
+            dp_conn_fail(c, CODE_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte frame", c->plen);
+            return;
+        }
+        break;
+    }
+    if (c->plen > 0)
+        c->rd = RD_PAYLOAD;
+    else
+        frame_done(c);
+    if (!c->closing && !c->flushing && c->rd != RD_WAIT)
+        uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+}
+
+static void on_resume(uv_timer_t *t)
+{
+    dp_conn *c = t->data;
+    if (c->rd == RD_WAIT && !c->closing && !c->flushing)
+        ask_payload_buf(c);
+}
+
+void dp_conn_resume(dp_conn *c)
+{
+    if (c->rd == RD_WAIT && !c->closing && !c->flushing && c->hs == HS_READY)
+        uv_timer_start(&c->timer, on_resume, 0, 0);
+}
+
+void dp_conn_discard_current(dp_conn *c)
+{
+    if (c->rd != RD_PAYLOAD || !c->into)
+        return;
+    if (!c->scratch && !(c->scratch = malloc(DISCARD_BYTES))) {
+        c->payload = NULL;
+        c->into = 0;
+        dp_conn_close(c, NULL);
+        return;
+    }
+    c->payload = NULL;
+    c->into = 0;
+    c->discard = 1;
+}
+
+void dp_conn_set_handlers(dp_conn *c, const struct dp_conn_cfg *cfg)
+{
+    c->cfg.on_frame = cfg->on_frame;
+    c->cfg.on_close = cfg->on_close;
+    c->cfg.on_ready = cfg->on_ready;
+    c->cfg.payload_buf = cfg->payload_buf;
+    c->cfg.data = cfg->data;
+    if (cfg->max_payload)
+        c->cfg.max_payload = cfg->max_payload;
+    if (cfg->max_pending_write)
+        c->cfg.max_pending_write = cfg->max_pending_write;
+}
+
+uint64_t dp_conn_bytes_read(const dp_conn *c)
+{
+    return c->nread;
+}
+
+int32_t dp_conn_auth_replica(const dp_conn *c)
+{
+    return c->auth_replica;
+}
+
+uint64_t dp_conn_auth_epoch(const dp_conn *c)
+{
+    return c->auth_epoch;
+}
+
 /* The header in c->hdr is complete: decode it, then read its payload or deliver. */
 static void header_done(dp_conn *c)
 {
@@ -273,6 +427,11 @@ static void header_done(dp_conn *c)
     }
     c->plen = (size_t)c->h->payload_bytes;
     c->got = 0;
+    if (c->hs == HS_READY && c->cfg.payload_buf) {
+        c->rd = RD_WAIT;
+        ask_payload_buf(c);
+        return;
+    }
     if (c->plen > 0) {
         c->payload = malloc(c->plen);
         if (!c->payload) {
@@ -286,15 +445,20 @@ static void header_done(dp_conn *c)
 static void frame_done(dp_conn *c)
 {
     Tpuemu__FrameHeader *h = c->h;
-    uint8_t *p = c->payload;
+    uint8_t *p = c->into ? NULL : c->payload;
     size_t n = c->plen;
+    int discard = c->discard;
 
     c->h = NULL;
     c->payload = NULL;
     c->plen = 0;
     c->rd = RD_PREFIX;
     c->got = 0;
-    if (c->hs != HS_READY) {
+    c->into = 0;
+    c->discard = 0;
+    if (discard) {
+        /* dropped on purpose */
+    } else if (c->hs != HS_READY) {
         handshake_frame(c, h);
     } else if (h->kind == TPUEMU__FRAME_KIND__FRAME_ERROR) {
         close_fmt(c, h->status && h->status->code ? (int)h->status->code : CODE_UNKNOWN, "%s",
@@ -320,9 +484,15 @@ static void on_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *buf)
         break;
     case RD_PAYLOAD: {
         size_t left = c->plen - c->got;
-        *buf = uv_buf_init((char *)c->payload + c->got, (unsigned)(left > (1u << 30) ? 1u << 30 : left));
+        if (c->discard)
+            *buf = uv_buf_init((char *)c->scratch, (unsigned)(left > DISCARD_BYTES ? DISCARD_BYTES : left));
+        else
+            *buf = uv_buf_init((char *)c->payload + c->got, (unsigned)(left > (1u << 30) ? 1u << 30 : left));
         break;
     }
+    case RD_WAIT: /* reading is stopped; libuv may still ask once */
+        *buf = uv_buf_init(NULL, 0);
+        break;
     }
 }
 
@@ -334,6 +504,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 
     if (c->closing || c->flushing)
         return;
+    if (nread == UV_ENOBUFS && c->rd == RD_WAIT)
+        return;
     if (nread < 0) {
         if (nread == UV_EOF && c->hs == HS_READY && c->rd == RD_PREFIX && c->got == 0)
             dp_conn_close(c, NULL);
@@ -344,8 +516,13 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         }
         return;
     }
+    if (nread == 0)
+        return;
     c->got += (size_t)nread;
+    c->nread += (uint64_t)nread;
     switch (c->rd) {
+    case RD_WAIT:
+        return;
     case RD_PREFIX:
         if (c->got < FRAME_PREFIX_BYTES)
             return;
@@ -362,6 +539,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         header_done(c);
         if (!c->flushing && !c->closing && c->rd == RD_HEADER)
             frame_done(c); /* no payload */
+        else if (!c->flushing && !c->closing && c->rd == RD_WAIT)
+            uv_read_stop(s); /* ask_payload_buf left it waiting */
         return;
     case RD_PAYLOAD:
         if (c->got == c->plen)

@@ -8,9 +8,17 @@
  * into a buffer sized from the checked header. Nothing is allocated from an
  * unchecked size. Anything malformed gets an ERROR frame and a close.
  *
+ * Zero-copy receive (worker-to-worker links): with payload_buf set, the owner
+ * picks the destination of each payload once its header is decoded: its own
+ * buffer (a posted receive), a throw-away read (discard), or "not yet": then
+ * reading pauses (uv_read_stop) with the header held, the kernel's socket
+ * buffer pushes back on the sender, and dp_conn_resume asks again.
+ *
  * Writing: dp_conn_send writes the header and the caller's payload straight from
  * its buffer (no copy). Bytes queued but not yet written are bounded by
- * max_pending_write; a peer that does not read is closed.
+ * max_pending_write; a peer that does not read is closed. dp_conn_send_ref
+ * counts only the header against that bound: for payloads the caller owns and
+ * bounds itself (a collective's buffer).
  *
  * Lifetime: the connection frees itself after on_close returns; on_close is
  * called exactly once, from a libuv close callback. Loop thread only. */
@@ -32,6 +40,9 @@ typedef struct dp_conn dp_conn;
  * the connection closed first. The payload may be reused from here. */
 typedef void (*dp_write_cb)(void *arg, int status);
 
+/* payload_buf answers */
+enum dp_buf { DP_BUF_MALLOC, DP_BUF_INTO, DP_BUF_DISCARD, DP_BUF_WAIT, DP_BUF_FAILED };
+
 struct dp_conn_cfg {
     const auth *auth;          /* cluster key; must outlive the connection */
     const char *self_name;     /* AUTH.peer when connecting: "worker h0/3" */
@@ -49,7 +60,18 @@ struct dp_conn_cfg {
      * peer hung up after the handshake, or the owner closed it), else why it
      * was refused or failed. c is freed right after this returns. */
     void (*on_close)(dp_conn *c, const err *why);
+    /* Optional: where the payload of h (payload_bytes > 0, after the handshake)
+     * goes. DP_BUF_INTO with *buf set: read straight into it (exactly
+     * payload_bytes), and on_frame gets payload NULL with len set; DP_BUF_MALLOC:
+     * as without the callback; DP_BUF_DISCARD: read and drop, on_frame is not
+     * called; DP_BUF_WAIT: pause reading until dp_conn_resume; DP_BUF_FAILED: the
+     * callee closed or failed the connection. */
+    enum dp_buf (*payload_buf)(dp_conn *c, const Tpuemu__FrameHeader *h, void **buf);
     void *data;                /* the owner's */
+    /* connecting side: AUTH.replica and AUTH.epoch (worker-to-worker links;
+     * leave 0/-1 otherwise) */
+    int32_t replica;
+    uint64_t epoch;
 };
 
 /* Accepts one pending connection from server, sends HELLO, starts the
@@ -71,6 +93,25 @@ int dp_conn_connect(uv_loop_t *loop, const struct sockaddr *sa, const struct dp_
  * would exceed its bound. cb is called in every case where CODE_OK was returned. */
 int dp_conn_send(dp_conn *c, Tpuemu__FrameHeader *h, const void *payload, size_t len, dp_write_cb cb,
                  void *arg);
+
+/* As dp_conn_send, but the payload is not counted against max_pending_write. */
+int dp_conn_send_ref(dp_conn *c, Tpuemu__FrameHeader *h, const void *payload, size_t len,
+                     dp_write_cb cb, void *arg);
+
+/* Reading paused by DP_BUF_WAIT: asks payload_buf again (from the loop, not
+ * from inside this call). No-op otherwise. */
+void dp_conn_resume(dp_conn *c);
+/* The payload being read into a DP_BUF_INTO buffer is dropped instead from
+ * now on (its owner gave the buffer up); on_frame is not called for it. */
+void dp_conn_discard_current(dp_conn *c);
+/* Replaces the callbacks and data (e.g. when a link takes an accepted connection over). */
+void dp_conn_set_handlers(dp_conn *c, const struct dp_conn_cfg *cfg);
+/* Bytes read so far (progress, for timeouts). */
+uint64_t dp_conn_bytes_read(const dp_conn *c);
+/* Accepting side, after the handshake: the peer's AUTH.replica (-1 or 0 from
+ * clients) and AUTH.epoch (0 from clients). */
+int32_t dp_conn_auth_replica(const dp_conn *c);
+uint64_t dp_conn_auth_epoch(const dp_conn *c);
 
 /* Sends ERROR{code, message} and closes once it is written (at most 1 s). The
  * message also becomes the on_close reason. */

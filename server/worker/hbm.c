@@ -1,35 +1,215 @@
-/* HBM accounting. */
+/* HBM accounting: a capacity check and a table of labelled blocks, so that an
+ * over-capacity failure can say what filled the memory. */
 #include "hbm.h"
 
-#define GIB_F (1024.0 * 1024.0 * 1024.0)
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HBM_LIST_MAX 5   /* allocations named in an out-of-memory message */
+
+static const struct {
+    const char *name;
+    unsigned bytes;
+} dtypes[] = {{"f32", 4}, {"bf16", 2}, {"f16", 2}, {"s32", 4}, {"s8", 1}, {"u8", 1}, {"f64", 8}, {"s64", 8}};
+
+static const char *const kind_names[HBM_KINDS] = {
+    "weights", "optimizer slots", "gradients", "activations", "infeed buffers", "other",
+};
 
 void hbm_init(hbm *h, uint64_t capacity)
 {
+    memset(h, 0, sizeof *h);
     h->capacity = capacity;
-    h->used = 0;
-    h->peak = 0;
+    h->next_id = 1;
 }
 
-int hbm_alloc(hbm *h, uint64_t bytes, err *e)
+void hbm_destroy(hbm *h)
 {
-    if (bytes > hbm_free_bytes(h))
-        return err_set(e, CODE_RESOURCE_EXHAUSTED,
-                       "attempting to reserve %.2f GiB of HBM with %.2f GiB free of %.2f GiB",
-                       (double)bytes / GIB_F, (double)hbm_free_bytes(h) / GIB_F,
-                       (double)h->capacity / GIB_F);
-    h->used += bytes;
-    if (h->used > h->peak)
-        h->peak = h->used;
-    return CODE_OK;
-}
-
-void hbm_release(hbm *h, uint64_t bytes)
-{
-    h->used = bytes > h->used ? 0 : h->used - bytes;
+    free(h->blocks);
+    hbm_init(h, h->capacity);
 }
 
 void hbm_reset(hbm *h)
 {
     h->used = 0;
     h->peak = 0;
+    h->nblocks = 0;
+    memset(h->by_kind, 0, sizeof h->by_kind);
+}
+
+const char *hbm_kind_name(enum hbm_kind kind)
+{
+    return (unsigned)kind < HBM_KINDS ? kind_names[kind] : "unknown";
+}
+
+void hbm_format_size(uint64_t bytes, char *buf, size_t n)
+{
+    static const char units[] = "KMGTPE";
+    double v = (double)bytes;
+    int u = -1;
+
+    if (bytes < 1024) {
+        snprintf(buf, n, "%" PRIu64 "B", bytes);
+        return;
+    }
+    while (v >= 1024.0 && u < 5) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(buf, n, "%.2f%c", v, units[u]);
+}
+
+void hbm_format_shape(const struct hbm_block *b, char *buf, size_t n)
+{
+    size_t off = (size_t)snprintf(buf, n, "%s[", b->dtype);
+    for (int i = 0; i < b->rank && off < n; i++)
+        off += (size_t)snprintf(buf + off, n - off, "%s%" PRId64, i ? "," : "", b->dims[i]);
+    if (off < n)
+        snprintf(buf + off, n - off, "]");
+}
+
+static int bigger(const struct hbm_block *a, const struct hbm_block *b)
+{
+    return a->bytes > b->bytes || (a->bytes == b->bytes && a->id < b->id);
+}
+
+size_t hbm_largest(const hbm *h, struct hbm_block *out, size_t n)
+{
+    size_t k = 0;
+    /* insertion into a short sorted list: n is small (a message's worth) */
+    for (size_t i = 0; i < h->nblocks; i++) {
+        const struct hbm_block *b = &h->blocks[i];
+        size_t j;
+        if (k == n && (n == 0 || !bigger(b, &out[n - 1])))
+            continue;
+        j = k < n ? k++ : n - 1;
+        while (j > 0 && bigger(b, &out[j - 1])) {
+            out[j] = out[j - 1];
+            j--;
+        }
+        out[j] = *b;
+    }
+    return k;
+}
+
+/* The out-of-memory message: XLA's first sentence, then what did not fit,
+ * what is already there, and what to change. */
+static int exhausted(const hbm *h, const struct hbm_block *req, err *e)
+{
+    struct hbm_block top[HBM_LIST_MAX];
+    char used[32], cap[32], over[32], sz[32], shape[128], msg[ERR_MSG_MAX];
+    uint64_t total = h->used + req->bytes;
+    uint64_t batchy = h->by_kind[HBM_ACTIVATIONS] + h->by_kind[HBM_INFEED];
+    size_t off, k;
+
+    if (req->kind == HBM_ACTIVATIONS || req->kind == HBM_INFEED)
+        batchy += req->bytes;
+    if (total < h->used) /* the request alone overflows 64 bits */
+        total = UINT64_MAX;
+    hbm_format_size(total, used, sizeof used);
+    hbm_format_size(h->capacity, cap, sizeof cap);
+    hbm_format_size(total - h->capacity, over, sizeof over);
+    hbm_format_size(req->bytes, sz, sizeof sz);
+    hbm_format_shape(req, shape, sizeof shape);
+    off = (size_t)snprintf(msg, sizeof msg,
+                           "Ran out of memory in memory space hbm. Used %s of %s hbm. Exceeded hbm capacity "
+                           "by %s. Allocating %s for %s '%s' %s.",
+                           used, cap, over, sz, hbm_kind_name(req->kind), req->name, shape);
+    k = hbm_largest(h, top, HBM_LIST_MAX);
+    if (k && off < sizeof msg)
+        off += (size_t)snprintf(msg + off, sizeof msg - off, " Largest allocations in hbm:");
+    for (size_t i = 0; i < k && off < sizeof msg; i++) {
+        hbm_format_size(top[i].bytes, sz, sizeof sz);
+        hbm_format_shape(&top[i], shape, sizeof shape);
+        off += (size_t)snprintf(msg + off, sizeof msg - off, " %zu. %s %s '%s' %s;", i + 1, sz,
+                                hbm_kind_name(top[i].kind), top[i].name, shape);
+    }
+    if (off < sizeof msg) {
+        if (batchy * 2 >= total)
+            snprintf(msg + off, sizeof msg - off,
+                     " Activations and infeed buffers take most of it and grow with the batch: use a "
+                     "smaller per-core batch (or more cores for the same global batch), recompute "
+                     "activations in the backward pass instead of keeping them, or use fewer or "
+                     "narrower layers.");
+        else
+            snprintf(msg + off, sizeof msg - off,
+                     " Weights, gradients and optimizer slots take most of it: use fewer or narrower "
+                     "layers, an optimizer with fewer slots (SGD keeps none, Adam two per weight), or "
+                     "bfloat16 weights; a smaller per-core batch saves only the activations.");
+    }
+    return err_set(e, CODE_RESOURCE_EXHAUSTED, "%s", msg);
+}
+
+int hbm_alloc(hbm *h, enum hbm_kind kind, const char *name, const char *dtype, const int64_t *dims, int rank,
+              uint32_t *id, err *e)
+{
+    struct hbm_block b;
+    unsigned esize = 0;
+
+    memset(&b, 0, sizeof b);
+    if ((unsigned)kind >= HBM_KINDS)
+        return err_set(e, CODE_INVALID_ARGUMENT, "HBM allocation kind %d is not one of the %d kinds", (int)kind,
+                       HBM_KINDS);
+    for (size_t i = 0; dtype && i < sizeof dtypes / sizeof dtypes[0]; i++)
+        if (strcmp(dtype, dtypes[i].name) == 0)
+            esize = dtypes[i].bytes;
+    if (!esize)
+        return err_set(e, CODE_INVALID_ARGUMENT, "HBM allocation '%s': dtype '%s' is not f32, bf16, f16, s32, "
+                       "s8, u8, f64 or s64", name ? name : "", dtype ? dtype : "(null)");
+    if (rank < 0 || rank > HBM_RANK_MAX || (rank > 0 && !dims))
+        return err_set(e, CODE_INVALID_ARGUMENT, "HBM allocation '%s': rank %d is not between 0 and %d",
+                       name ? name : "", rank, HBM_RANK_MAX);
+    b.kind = kind;
+    b.rank = rank;
+    snprintf(b.name, sizeof b.name, "%s", name ? name : "");
+    snprintf(b.dtype, sizeof b.dtype, "%s", dtype);
+    b.bytes = esize;
+    for (int i = 0; i < rank; i++) {
+        if (dims[i] < 0)
+            return err_set(e, CODE_INVALID_ARGUMENT, "HBM allocation '%s': dimension %d is %" PRId64,
+                           b.name, i, dims[i]);
+        b.dims[i] = dims[i];
+        if (dims[i] && b.bytes > UINT64_MAX / (uint64_t)dims[i])
+            return err_set(e, CODE_INVALID_ARGUMENT, "HBM allocation '%s': the shape overflows 64 bits",
+                           b.name);
+        b.bytes *= (uint64_t)dims[i];
+    }
+    if (b.bytes > hbm_free_bytes(h))
+        return exhausted(h, &b, e);
+    if (h->nblocks == h->cap) {
+        size_t ncap = h->cap ? h->cap * 2 : 16;
+        struct hbm_block *nb = realloc(h->blocks, ncap * sizeof *nb);
+        if (!nb)
+            return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of host memory for the HBM allocation table");
+        h->blocks = nb;
+        h->cap = ncap;
+    }
+    b.id = h->next_id++;
+    if (h->next_id == 0)
+        h->next_id = 1;
+    h->blocks[h->nblocks++] = b;
+    h->used += b.bytes;
+    h->by_kind[kind] += b.bytes;
+    if (h->used > h->peak)
+        h->peak = h->used;
+    if (id)
+        *id = b.id;
+    return CODE_OK;
+}
+
+int hbm_release(hbm *h, uint32_t id, err *e)
+{
+    for (size_t i = 0; i < h->nblocks; i++) {
+        struct hbm_block *b = &h->blocks[i];
+        if (b->id != id)
+            continue;
+        h->used -= b->bytes;
+        h->by_kind[b->kind] -= b->bytes;
+        *b = h->blocks[--h->nblocks];
+        return CODE_OK;
+    }
+    return err_set(e, CODE_NOT_FOUND, "HBM allocation %u is not live (released already, or from before the "
+                   "last initialize)", id);
 }

@@ -11,8 +11,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "coll.h"
 #include "config.h"
 #include "log.h"
+#define TPUEMU_LINK_NO_TYPEDEF 1 /* unistd.h has link() */
+#include "peers.h"
 #include "wire.h"
 #include "worker.h"
 
@@ -28,10 +31,12 @@ void worker_info(struct worker *w, Tpuemu__WorkerInfo *out)
     out->tpu_type = (char *)w->preset->name;
     out->hbm_capacity = w->hbm.capacity;
     out->hbm_used = w->hbm.used;
+    out->hbm_peak = w->hbm.peak;
     out->pid = (uint32_t)getpid();
     out->version = (char *)TPUEMU_VERSION;
     out->epoch = w->epoch;
     out->replica_id = w->replica_id;
+    out->shm_name = (char *)peers_shm_name(w->peers);
 }
 
 const char *worker_sender(struct worker *w)
@@ -62,6 +67,7 @@ void worker_stop(struct worker *w, int exit_code)
     hb_stop(w);
     ctl_stop(w);
     dp_stop(w);
+    peers_stop(w);
     close_signal(&w->sigint);
     close_signal(&w->sigterm);
 }
@@ -148,7 +154,7 @@ static int configure(struct worker *w, int argc, char **argv)
         {"core", "TPUEMU_CORE", OPT_INT, "-1", -1, 1023, "N",
          "core index on the host; -1 lets the resolver assign the lowest free one", &core},
         {"tpu-type", "TPUEMU_TPU_TYPE", OPT_STRING, "v3", 0, 0, "TYPE",
-         "TPU generation to emulate: v2, v3, v4, v5e, v5p", &tpu_type},
+         "TPU generation to emulate: v2, v3, v4, v5e, v5p, v6e", &tpu_type},
         {"hbm-bytes", "TPUEMU_HBM_BYTES", OPT_BYTES, NULL, 1, 1LL << 50, "N",
          "HBM capacity of this core, suffixes K/M/G (default: the generation's per-core HBM)",
          &hbm_bytes},
@@ -259,6 +265,10 @@ static int start(struct worker *w, err *e)
     addr_nn_url(w->advertise, w->ctl.port, w->control_addr, sizeof w->control_addr);
     addr_format(w->advertise, w->dp.port, w->data_addr, sizeof w->data_addr);
     w->incarnation = auth_random64();
+    if ((rc = peers_init(w, e)) != CODE_OK) /* its shm socket is named after the incarnation */
+        return rc;
+    if (coll_init(w) != CODE_OK)
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the collectives engine");
     log_info("started", "host=%s core=%d tpu_type=%s hbm_bytes=%llu control=%s data=%s listen=%s "
              "resolver=%s auth=%s pid=%d version=%s", log_q(w->host_id), w->core, w->preset->name,
              (unsigned long long)w->hbm.capacity, log_q(w->control_addr), log_q(w->data_addr),
@@ -299,6 +309,7 @@ int main(int argc, char **argv)
         if (w.exit_code == 0)
             w.exit_code = 1;
     }
+    coll_free(&w);
     replay_free(w.replay);
     log_info("stopped", "exit=%d", w.exit_code);
     return w.exit_code;

@@ -223,6 +223,123 @@ TPU_API tpu_status tpu_system_check(tpu_cluster *c);
  * otherwise); on any other handle it shuts down whatever is current. */
 TPU_API tpu_status tpu_shutdown_system(tpu_cluster *c);
 
+/* ---- collectives: all-reduce, broadcast, all-gather, reduce-scatter ----
+ *
+ * Buffers are held by the caller, one per replica (bufs[r] for replica r, in
+ * replica order of the initialized system). A call sends every replica's input
+ * to its core over a data-plane connection, the cores run the collective among
+ * themselves, and each core's output is read straight back into that replica's
+ * buffer. The first call opens one authenticated connection per core (kept for
+ * later calls, closed by tpu_cluster_free or a re-initialize); every socket is
+ * driven at once, so inputs, results and slow cores never block one another.
+ *
+ * Requires the system this handle initialized (tpu_initialize_system) or
+ * adopted (tpu_attach_system). Blocks until every core answered, with a
+ * deadline derived from the size (at least 30 s; it only matters when a core
+ * neither answers nor fails: a core that dies or hangs makes the others fail
+ * within heartbeat_ms x dead_after, and once one replica failed the call waits
+ * at most 2 x that + 1 s more for the remaining answers).
+ * Errors: TPU_INVALID_ARGUMENT (shape, dtype, group assignment),
+ * TPU_FAILED_PRECONDITION (no system, or it was re-initialized by someone
+ * else, or an earlier collective failed and the system must be re-initialized),
+ * TPU_UNAVAILABLE naming the core, its host and the collective ("core h1/3 never
+ * sent chunk 5 of all-reduce #812"), TPU_RESOURCE_EXHAUSTED (too large for the
+ * cores' memory), TPU_DEADLINE_EXCEEDED. On any error the output buffers'
+ * contents are unspecified. tpu_last_collective() tells more, per replica. */
+
+typedef enum tpu_dtype {
+    TPU_F32 = 0,
+    TPU_BF16 = 1, /* bfloat16 (uint16_t storage), reduced in float32, rounded once */
+} tpu_dtype;
+
+typedef enum tpu_reduce_op {
+    TPU_SUM = 0,
+    TPU_MEAN = 1, /* SUM, then one multiplication by 1/n at the end */
+    TPU_MAX = 2,  /* NaN propagates */
+    TPU_MIN = 3,
+} tpu_reduce_op;
+
+typedef enum tpu_algo {
+    TPU_ALGO_AUTO = 0, /* chosen by size and topology */
+    TPU_ALGO_RING = 1, /* pipelined ring: bandwidth-optimal */
+    TPU_ALGO_HD = 2,   /* recursive halving-doubling: latency-optimal */
+    TPU_ALGO_HIER = 3, /* inside each host, then across hosts */
+} tpu_algo;
+
+typedef struct tpu_collective_options {
+    tpu_algo algo;
+    int reproducible;             /* sums bitwise independent of algorithm, chunking, core count */
+    const int *group_assignment;  /* num_replicas entries: replica -> group index (0..n-1), every
+                                     group the same size; NULL: one group of all replicas */
+    size_t chunk_bytes;           /* pipeline chunk; 0: chosen by the core */
+    uint32_t iters;               /* run back to back this many times (benchmarks); 0 = 1 */
+} tpu_collective_options;
+
+/* Element size in bytes of a dtype (4 or 2; 0 if unknown). */
+TPU_API size_t tpu_dtype_size(tpu_dtype d);
+TPU_API const char *tpu_dtype_name(tpu_dtype d);         /* "f32", "bf16" */
+TPU_API const char *tpu_reduce_op_name(tpu_reduce_op o); /* "sum", ... */
+TPU_API const char *tpu_algo_name(tpu_algo a);           /* "auto", "ring", "hd", "hier" */
+
+/* Adopts the system someone else initialized (e.g. `tpuctl init`): the
+ * current epoch and its cores, from the resolver's cluster spec, without
+ * resetting anything. Errors: TPU_FAILED_PRECONDITION if no system is
+ * initialized. Collectives then use a sequence range of their own. */
+TPU_API tpu_status tpu_attach_system(tpu_cluster *c);
+
+/* Number of replicas of the system this handle initialized or adopted (0: none). */
+TPU_API int tpu_cluster_num_replicas(const tpu_cluster *c);
+
+/* All-reduce in place: bufs[r] holds count elements of replica r and gets the
+ * reduction over its group. opts may be NULL (auto, one group). */
+TPU_API tpu_status tpu_all_reduce(tpu_cluster *c, void *const *bufs, size_t count, tpu_dtype dtype,
+                                  tpu_reduce_op op, const tpu_collective_options *opts);
+
+/* Broadcast in place from replica root: every bufs[r] gets root's count
+ * elements (only root's buffer is read). */
+TPU_API tpu_status tpu_broadcast(tpu_cluster *c, void *const *bufs, size_t count, tpu_dtype dtype,
+                                 int root, const tpu_collective_options *opts);
+
+/* All-gather: in[r] holds count elements; out[r] (room for g x count, g the
+ * group size) gets the inputs of its group's replicas, in replica order. */
+TPU_API tpu_status tpu_all_gather(tpu_cluster *c, const void *const *in, void *const *out, size_t count,
+                                  tpu_dtype dtype, const tpu_collective_options *opts);
+
+/* Reduce-scatter: in[r] holds count elements; the reduction is split in g
+ * blocks, block b = elements [b*count/g, (b+1)*count/g) (integer division), and
+ * out[r] gets block k where k is r's position in its group. See
+ * tpu_reduce_scatter_block() for the sizes. */
+TPU_API tpu_status tpu_reduce_scatter(tpu_cluster *c, const void *const *in, void *const *out, size_t count,
+                                      tpu_dtype dtype, tpu_reduce_op op, const tpu_collective_options *opts);
+/* First element and element count of block k of g for count elements. */
+TPU_API void tpu_reduce_scatter_block(size_t count, int g, int k, size_t *first, size_t *n);
+
+/* What the last collective call on this handle did (also after a failure). */
+typedef struct tpu_collective_stats {
+    uint64_t seq;            /* its sequence number ("#seq" in messages) */
+    int num_replicas;
+    uint32_t iters;
+    uint64_t time_ns;        /* per iteration, as the slowest core measured it */
+    uint64_t wall_ns;        /* the whole call as the client saw it */
+    char algorithm[32];      /* as the cores reported it: "ring", "hd", "hier" */
+    char transport[8];       /* "tcp", "shm" (any core reported "+shm"), "" if unknown */
+    int num_failed;          /* replicas whose core reported or caused an error */
+} tpu_collective_stats;
+TPU_API tpu_status tpu_last_collective(const tpu_cluster *c, tpu_collective_stats *out);
+
+/* Per replica outcome of the last collective: its status and message (owned by
+ * c, valid until the next collective call), and when the answer (or the
+ * failure) arrived, in CLOCK_MONOTONIC milliseconds. TPU_OUT_OF_RANGE for a
+ * bad replica. */
+typedef struct tpu_replica_result {
+    tpu_status status;
+    const char *message;       /* "" when OK */
+    uint64_t answered_mono_ms; /* 0: never answered */
+    uint64_t time_ns;          /* that core's time per iteration */
+    const char *algorithm;     /* that core's algo_used; owned by c */
+} tpu_replica_result;
+TPU_API tpu_status tpu_last_collective_replica(const tpu_cluster *c, int replica, tpu_replica_result *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -31,7 +31,12 @@
 
 #include "status.h"
 
+/* <unistd.h> (pulled in by <uv.h>) declares a function link(): a file that
+ * includes both defines TPUEMU_LINK_NO_TYPEDEF first and writes struct link. */
+struct link;
+#ifndef TPUEMU_LINK_NO_TYPEDEF
 typedef struct link link;
+#endif
 typedef struct peers peers;
 
 /* status CODE_OK, or the failure (e says what, for the user). */
@@ -46,14 +51,14 @@ struct link_chunk {
     const char *what;    /* "all-reduce", "broadcast", ... for messages; static string */
 };
 
-int link_send(link *l, const struct link_chunk *c, const void *buf, size_t len, link_cb cb, void *arg);
-int link_recv(link *l, const struct link_chunk *c, void *buf, size_t len, link_cb cb, void *arg);
+int link_send(struct link *l, const struct link_chunk *c, const void *buf, size_t len, link_cb cb, void *arg);
+int link_recv(struct link *l, const struct link_chunk *c, void *buf, size_t len, link_cb cb, void *arg);
 
 /* "host1/3" of the peer, and its replica id. */
-const char *link_peer_name(const link *l);
-int link_peer_replica(const link *l);
+const char *link_peer_name(const struct link *l);
+int link_peer_replica(const struct link *l);
 /* 1 when this link runs over shared memory. */
-int link_is_shm(const link *l);
+int link_is_shm(const struct link *l);
 
 /* ---- the set of links of one worker, for the current system epoch ---- */
 
@@ -61,7 +66,7 @@ int link_is_shm(const link *l);
  * half dials r's data port (or sets up shm with a same-host peer), the incoming
  * half is r's own dial to us, accepted by the data-plane listener. NULL with e
  * set if r is not in the system. */
-link *peers_link(peers *p, int replica, err *e);
+struct link *peers_link(peers *p, int replica, err *e);
 
 /* Fails every pending operation of collective seq on every link with e, and
  * tells every connected peer (ABORT frames) so they fail fast with the same

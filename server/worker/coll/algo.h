@@ -1,0 +1,80 @@
+/* algo: the schedule generators of the collectives (ring.c, hd.c, hier.c).
+ * Each appends one algorithm's operations for this core to a schedule
+ * (schedule.h) and returns a barrier op that completes when they all did.
+ * Every core of the group calls the same generator with the same arguments
+ * (except `me`), so sends and receives pair up in order.
+ *
+ * Data layout: the reduce phase works on buffer x.wbuf (element size x.wesz,
+ * reduce kernel x.rkern), the gather phase moves buffer x.obuf (x.oesz);
+ * when x.fin is set, a K_FIN op turns each final range of wbuf into obuf
+ * (MEAN scaling, rounding to bfloat16, leaving fixed point). Offsets are in
+ * elements of the collective's buffer; a sub-range (hier) is just another
+ * [base, base + count). */
+#ifndef TPUEMU_WORKER_COLL_ALGO_H
+#define TPUEMU_WORKER_COLL_ALGO_H
+
+#include <stdint.h>
+
+#include "schedule.h"
+
+/* LOCAL kernels (sched op kern); run by coll.c */
+enum {
+    K_F32_SUM, K_F32_MAX, K_F32_MIN, K_I64_SUM, /* dst op= src, len bytes */
+    K_FIN,  /* final range: len elements from global element aux */
+    K_COPY, /* memcpy len bytes */
+    K_PRO,  /* prologue of the whole collective (convert the input) */
+    K_EXP,  /* reproducible mode: block exponents of the input */
+    K_FIX,  /* reproducible mode: input -> fixed point */
+};
+
+struct xfer {
+    int wbuf, rkern;
+    unsigned wesz;
+    int obuf;
+    unsigned oesz;
+    int fin;
+    uint64_t chunk; /* elements per chunk (>= 1) */
+};
+
+struct gen {
+    struct sched *s;
+    const int *mem; /* the participants (group ranks) in ring order */
+    int m, me;      /* how many; my index in mem */
+    int dep;        /* every op depends on it (-1: none) */
+    uint32_t step;  /* next step number; generators advance it */
+    struct xfer x;
+    uint64_t rd_max; /* gen_hd_allreduce: recursive doubling of the whole range
+                        below this many elements (latency: log2 p steps, not 2 log2 p) */
+};
+
+enum { RING_RS = 1, RING_AG = 2, RING_FIN = 4 };
+
+/* Ring over mem with blocks [bo[b], bo[b+1]) (m + 1 entries): the reduce-
+ * scatter leaves block me reduced on core me, the all-gather spreads each
+ * core's block to all. */
+int gen_ring(struct gen *g, const uint64_t *bo, int flags);
+/* Recursive halving (reduce-scatter) + doubling (all-gather) over
+ * [base, base + count) with the non-power-of-two fix-up; recursive doubling
+ * of the whole range when count < the power of two or count < g->rd_max. */
+int gen_hd_allreduce(struct gen *g, uint64_t base, uint64_t count);
+/* Power-of-two m only: recursive halving reduce-scatter / recursive doubling
+ * all-gather over blocks bo (m + 1 entries). */
+int gen_hd_blocks(struct gen *g, const uint64_t *bo, int flags);
+/* Broadcast from mem[root] of obuf [base, base + count): a pipelined chain
+ * (ring) or a binomial tree (hd). */
+int gen_bcast_chain(struct gen *g, int root, uint64_t base, uint64_t count);
+int gen_bcast_tree(struct gen *g, int root, uint64_t base, uint64_t count);
+
+/* Hierarchical all-reduce: host[i] = host index of mem[i]. Reduce-scatter
+ * inside each host, all-reduce of each core's part across hosts (ring or hd
+ * by `cross_hd`), all-gather inside the host. Needs every host to have the
+ * same number of cores; returns -2 when the topology does not fit. */
+int gen_hier_allreduce(struct gen *g, const int *host, uint64_t count, int cross_hd);
+
+/* Chunk i of [lo, hi) in pieces of c elements. */
+static inline uint64_t gen_nchunks(uint64_t lo, uint64_t hi, uint64_t c)
+{
+    return hi > lo ? (hi - lo + c - 1) / c : 0;
+}
+
+#endif

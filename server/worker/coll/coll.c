@@ -1,0 +1,539 @@
+/* The collectives engine of one worker (coll.h): validates a client's
+ * FRAME_COLL, queues it (one collective at a time, in sequence order), builds
+ * this core's schedule with the chosen algorithm (build.c), runs it over the
+ * links, and answers FRAME_COLL_RESULT. A failure poisons the core until the
+ * system is re-initialized, and is passed on to every peer (peers_abort). */
+#define TPUEMU_LINK_NO_TYPEDEF /* <unistd.h> has a link() */
+#include "coll.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "coll_int.h"
+#include "dpconn.h"
+#include "frame.h"
+#include "log.h"
+#include "peers.h"
+#include "worker.h"
+
+#define COLL_QUEUE_MAX 64
+#define COLL_MAX_ITERS 100000u
+
+struct coll {
+    struct worker *w;
+    struct cop *queue; /* by seq */
+    unsigned nqueue;
+    struct cop *cur;
+    int failed;
+    uint64_t fail_seq;
+    err fail_err;
+    /* topology of the current epoch: host index of each replica (-1: unknown) */
+    uint64_t topo_epoch;
+    int *host;
+    uint32_t nhost;
+};
+
+int coll_init(struct worker *w)
+{
+    struct coll *c = calloc(1, sizeof *c);
+    if (!c)
+        return CODE_RESOURCE_EXHAUSTED;
+    c->w = w;
+    w->coll = c;
+    return CODE_OK;
+}
+
+struct worker *coll_worker(struct coll *c)
+{
+    return c->w;
+}
+
+static void cop_free(struct cop *op)
+{
+    if (!op)
+        return;
+    free(op->members);
+    free(op->input_copy);
+    free(op->payload);
+    free(op);
+}
+
+static void reply(struct cop *op, const err *e, const void *payload, size_t len, dp_write_cb cb, void *arg)
+{
+    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
+    Tpuemu__Status st = TPUEMU__STATUS__INIT;
+    int rc;
+
+    h.kind = TPUEMU__FRAME_KIND__FRAME_COLL_RESULT;
+    h.epoch = op->epoch;
+    h.seq = op->seq;
+    st.code = (Tpuemu__Code)e->code;
+    st.message = (char *)e->msg;
+    h.status = &st;
+    h.elapsed_ns = op->iters_done ? op->total_ns / op->iters_done : 0;
+    h.algo_used = (char *)op->algo_used;
+    if (!op->conn) {
+        if (cb)
+            cb(arg, -1);
+        return;
+    }
+    rc = dp_conn_send_ref(op->conn, &h, payload, len, cb, arg);
+    if (rc != CODE_OK && cb)
+        cb(arg, -1);
+}
+
+/* Refuses a client's COLL frame. With `abort` set (the frame belongs to this
+ * epoch, so the other replicas may be running the same collective), the
+ * refusal also fails the collective on every peer (peers_abort: ABORT frames),
+ * so they fail at once with this reason instead of waiting for the progress
+ * timeout. A collective every replica refuses (the same bad spec sent to all)
+ * poisons nobody: no core ever started it. */
+static void reply_err(struct worker *w, dp_conn *conn, const Tpuemu__FrameHeader *h, int abort, int code,
+                      const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static void reply_err(struct worker *w, dp_conn *conn, const Tpuemu__FrameHeader *h, int abort, int code,
+                      const char *fmt, ...)
+{
+    struct cop op;
+    err e;
+    va_list ap;
+
+    memset(&op, 0, sizeof op);
+    op.conn = conn;
+    op.seq = h->seq;
+    op.epoch = h->epoch;
+    op.algo_used = "";
+    va_start(ap, fmt);
+    err_vset(&e, code, fmt, ap);
+    va_end(ap);
+    log_info("collective refused", "seq=%" PRIu64 " code=%s reason=%s", h->seq, code_name(code),
+             log_q(e.msg));
+    reply(&op, &e, NULL, 0, NULL, NULL);
+    if (abort && w->peers)
+        peers_abort(w->peers, h->seq, &e);
+}
+
+/* ---- topology: the host of every replica, from the links' names ---- */
+
+int coll_hosts(struct coll *c, const struct cop *op, int *host)
+{
+    struct worker *w = c->w;
+    if (c->topo_epoch != w->epoch || !c->host) {
+        char (*names)[96] = calloc(w->num_replicas, sizeof *names);
+        int *h = malloc(sizeof(int) * w->num_replicas);
+        if (!names || !h) {
+            free(names), free(h);
+            return -1;
+        }
+        for (uint32_t r = 0; r < w->num_replicas; r++) {
+            err e;
+            if ((int)r == w->replica_id) {
+                snprintf(names[r], sizeof names[r], "%s", w->host_id);
+                continue;
+            }
+            struct link *l = peers_link(w->peers, (int)r, &e);
+            const char *n = l ? link_peer_name(l) : "";
+            const char *slash = strrchr(n, '/');
+            size_t len = slash ? (size_t)(slash - n) : strlen(n);
+            if (len >= sizeof names[r])
+                len = sizeof names[r] - 1;
+            memcpy(names[r], n, len);
+        }
+        for (uint32_t r = 0; r < w->num_replicas; r++) {
+            h[r] = (int)r;
+            for (uint32_t q = 0; q < r; q++)
+                if (strcmp(names[q], names[r]) == 0) {
+                    h[r] = h[q];
+                    break;
+                }
+        }
+        free(names);
+        free(c->host);
+        c->host = h;
+        c->nhost = w->num_replicas;
+        c->topo_epoch = w->epoch;
+    }
+    /* renumber the group's hosts 0.. by first appearance */
+    for (int i = 0; i < op->g; i++) {
+        int hr = c->host[op->members[i]];
+        host[i] = i;
+        for (int j = 0; j < i; j++)
+            if (c->host[op->members[j]] == hr) {
+                host[i] = host[j];
+                break;
+            }
+    }
+    return 0;
+}
+
+/* ---- validation ---- */
+
+static const char *kind_name(int k)
+{
+    switch (k) {
+    case TPUEMU__COLL_KIND__COLL_ALL_REDUCE: return "all-reduce";
+    case TPUEMU__COLL_KIND__COLL_BROADCAST: return "broadcast";
+    case TPUEMU__COLL_KIND__COLL_ALL_GATHER: return "all-gather";
+    case TPUEMU__COLL_KIND__COLL_REDUCE_SCATTER: return "reduce-scatter";
+    default: return "collective";
+    }
+}
+
+static int validate(struct coll *c, const Tpuemu__FrameHeader *h, size_t len, struct cop *op, err *e)
+{
+    struct worker *w = c->w;
+    const Tpuemu__CollSpec *sp = h->coll;
+    uint32_t n = w->num_replicas;
+
+    if (!sp)
+        return err_set(e, CODE_INVALID_ARGUMENT, "FRAME_COLL without a coll spec");
+    if (sp->kind < TPUEMU__COLL_KIND__COLL_ALL_REDUCE || sp->kind > TPUEMU__COLL_KIND__COLL_REDUCE_SCATTER)
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       "coll.kind %d is not a collective (ALL_REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER)",
+                       (int)sp->kind);
+    if ((int)sp->op < 0 || sp->op > TPUEMU__REDUCE_OP__REDUCE_MIN)
+        return err_set(e, CODE_INVALID_ARGUMENT, "coll.op %d is not SUM, MEAN, MAX or MIN", (int)sp->op);
+    if ((int)sp->dtype < 0 || sp->dtype > TPUEMU__DTYPE__DTYPE_BF16)
+        return err_set(e, CODE_INVALID_ARGUMENT, "coll.dtype %d is not F32 or BF16", (int)sp->dtype);
+    if ((int)sp->algo < 0 || sp->algo > TPUEMU__ALGO__ALGO_HIER)
+        return err_set(e, CODE_INVALID_ARGUMENT, "coll.algo %d is not AUTO, RING, HD or HIER", (int)sp->algo);
+    if (sp->iters > COLL_MAX_ITERS)
+        return err_set(e, CODE_INVALID_ARGUMENT, "coll.iters %u is more than %u", sp->iters, COLL_MAX_ITERS);
+    if (sp->chunk_bytes && (sp->chunk_bytes < 1024 || sp->chunk_bytes > COLL_MAX_CHUNK))
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       "coll.chunk_bytes %" PRIu64 " is outside 1 KiB..%u MiB (0: automatic)",
+                       sp->chunk_bytes, COLL_MAX_CHUNK >> 20);
+    /* groups */
+    op->members = malloc(sizeof(int) * (n ? n : 1));
+    if (!op->members)
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+    op->g = 0;
+    if (sp->n_group_of_replica == 0) {
+        for (uint32_t r = 0; r < n; r++)
+            op->members[op->g++] = (int)r;
+    } else {
+        if (sp->n_group_of_replica != n)
+            return err_set(e, CODE_INVALID_ARGUMENT,
+                           "coll.group_of_replica has %zu entries; the system has %u replicas",
+                           sp->n_group_of_replica, n);
+        uint32_t mine = sp->group_of_replica[w->replica_id], gsize = 0;
+        for (uint32_t r = 0; r < n; r++) {
+            if (sp->group_of_replica[r] >= n)
+                return err_set(e, CODE_INVALID_ARGUMENT,
+                               "coll.group_of_replica[%u] = %u: group indices must be below %u", r,
+                               sp->group_of_replica[r], n);
+            if (sp->group_of_replica[r] == mine)
+                op->members[op->g++] = (int)r;
+        }
+        /* every group the same size */
+        for (uint32_t r = 0; r < n; r++) {
+            uint32_t cnt = 0;
+            for (uint32_t q = 0; q < n; q++)
+                cnt += sp->group_of_replica[q] == sp->group_of_replica[r];
+            if (r == 0)
+                gsize = cnt;
+            else if (cnt != gsize)
+                return err_set(e, CODE_INVALID_ARGUMENT,
+                               "coll.group_of_replica: group %u has %u replicas and group %u has %u; "
+                               "all groups must be the same size",
+                               sp->group_of_replica[0], gsize, sp->group_of_replica[r], cnt);
+        }
+    }
+    for (int i = 0; i < op->g; i++)
+        if (op->members[i] == w->replica_id)
+            op->me = i;
+    if (sp->kind == TPUEMU__COLL_KIND__COLL_BROADCAST && (sp->root < 0 || sp->root >= op->g))
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       "coll.root %d is not a replica of the group (0..%d; with groups the root is "
+                       "the index within each group)", (int)sp->root, op->g - 1);
+    if (sp->reproducible && op->g > REPRO_MAX_TERMS)
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       "coll.reproducible supports groups of up to %d replicas, not %d", REPRO_MAX_TERMS,
+                       op->g);
+    /* sizes */
+    unsigned esz = sp->dtype == TPUEMU__DTYPE__DTYPE_BF16 ? 2 : 4;
+    if (sp->count > (COLL_MAX_BYTES / esz) / (uint64_t)(op->g ? op->g : 1))
+        return err_set(e, CODE_RESOURCE_EXHAUSTED,
+                       "coll.count %" PRIu64 " x %d replicas of %u-byte elements is more than the %llu "
+                       "MiB a collective may move", sp->count, op->g, esz,
+                       (unsigned long long)(COLL_MAX_BYTES >> 20));
+    uint64_t in = sp->count * esz, out = in;
+    if (sp->kind == TPUEMU__COLL_KIND__COLL_ALL_GATHER)
+        out = in * (uint64_t)op->g;
+    if (in > FRAME_MAX_PAYLOAD || out > FRAME_MAX_PAYLOAD)
+        return err_set(e, CODE_RESOURCE_EXHAUSTED,
+                       "%s of %" PRIu64 " elements: its %" PRIu64 "-byte buffer exceeds the %llu MiB "
+                       "frame limit", kind_name(sp->kind), sp->count, out > in ? out : in,
+                       (unsigned long long)(FRAME_MAX_PAYLOAD >> 20));
+    op->hbm_bytes = coll_plan_bytes(sp, op->g);
+    if (op->hbm_bytes > w->hbm.capacity)
+        return err_set(e, CODE_RESOURCE_EXHAUSTED,
+                       "%s needs %" PRIu64 " bytes of HBM on each core; a core has %" PRIu64,
+                       kind_name(sp->kind), op->hbm_bytes, w->hbm.capacity);
+    int root_sends = sp->kind != TPUEMU__COLL_KIND__COLL_BROADCAST || sp->root == op->me;
+    if (len != in && !(len == 0 && !root_sends))
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       "%s of %" PRIu64 " %s elements: this replica's input is %zu bytes, expected %" PRIu64,
+                       kind_name(sp->kind), sp->count, esz == 2 ? "bf16" : "f32", len, in);
+    return CODE_OK;
+}
+
+/* ---- running ---- */
+
+static void start_next(struct coll *c);
+
+static void fail_core(struct coll *c, uint64_t seq, const err *e)
+{
+    if (c->failed)
+        return;
+    c->failed = 1;
+    c->fail_seq = seq;
+    c->fail_err = *e;
+}
+
+static void result_written(void *arg, int status)
+{
+    struct cop *op = arg;
+    (void)status;
+    sched_free(op->s);
+    cop_free(op);
+}
+
+static void finish(struct cop *op, const err *e)
+{
+    struct coll *c = op->c;
+    if (c->cur == op)
+        c->cur = NULL;
+    if (op->reserved) {
+        err ignored;
+        hbm_release(&c->w->hbm, op->hbm_id, &ignored);
+    }
+    if (e->code != CODE_OK) {
+        log_warn("collective failed", "seq=%" PRIu64 " kind=%s code=%s reason=%s", op->seq, op->what,
+                 code_name(e->code), log_q(e->msg));
+        fail_core(c, op->seq, e);
+        peers_abort(c->w->peers, op->seq, e);
+        reply(op, e, NULL, 0, NULL, NULL);
+        if (op->s)
+            sched_release(op->s);
+        cop_free(op);
+    } else {
+        coll_algo_name(op);
+        reply(op, e, op->out, op->out_len, result_written, op);
+    }
+    start_next(c);
+}
+
+static void on_sched_done(struct sched *s, const err *e)
+{
+    struct cop *op = s->owner;
+    uint64_t now = uv_hrtime();
+
+    if (e->code != CODE_OK) {
+        op->s = s;
+        finish(op, e);
+        return;
+    }
+    op->total_ns += now - op->t0;
+    op->iters_done++;
+    if (op->iters_done < op->iters) {
+        if (op->input_copy)
+            memcpy(op->input, op->input_copy, op->input_len);
+        op->t0 = uv_hrtime();
+        sched_run(s, op->iters_done);
+        return;
+    }
+    finish(op, e);
+}
+
+static void start(struct coll *c, struct cop *op)
+{
+    struct worker *w = c->w;
+    err e;
+
+    c->cur = op;
+    if (peers_failed(w->peers, op->seq, &e) != CODE_OK)
+        goto fail;
+    int64_t dims[1] = {(int64_t)op->hbm_bytes};
+    char label[48];
+    snprintf(label, sizeof label, "%s #%" PRIu64 " buffers", op->what, op->seq);
+    if (hbm_alloc(&w->hbm, HBM_OTHER, label, "u8", dims, 1, &op->hbm_id, &e) != CODE_OK) {
+        err_prefix(&e, "%s #%" PRIu64 " on core %s/%d", op->what, op->seq, w->host_id, w->core);
+        goto fail;
+    }
+    op->reserved = 1;
+    if (coll_build(c, op, &e) != CODE_OK)
+        goto fail;
+    if (op->iters > 1 && op->input_len) {
+        if (!(op->input_copy = malloc(op->input_len))) {
+            err_set(&e, CODE_RESOURCE_EXHAUSTED, "out of memory for the input copy of %s #%" PRIu64,
+                    op->what, op->seq);
+            goto fail;
+        }
+        memcpy(op->input_copy, op->input, op->input_len);
+    }
+    op->s->owner = op;
+    op->s->done = on_sched_done;
+    op->t0 = uv_hrtime();
+    sched_run(op->s, 0);
+    return;
+fail:
+    finish(op, &e);
+}
+
+static void start_next(struct coll *c)
+{
+    while (!c->cur && c->queue) {
+        struct cop *op = c->queue;
+        c->queue = op->next;
+        c->nqueue--;
+        if (c->failed) {
+            err e;
+            err_set(&e, CODE_FAILED_PRECONDITION,
+                    "collective #%" PRIu64 " failed on this core (%s); re-initialize the TPU system",
+                    c->fail_seq, c->fail_err.msg);
+            reply(op, &e, NULL, 0, NULL, NULL);
+            peers_abort(c->w->peers, op->seq, &e); /* peers running it fail now, not at the timeout */
+            cop_free(op);
+            continue;
+        }
+        start(c, op);
+    }
+}
+
+void coll_on_client_frame(struct worker *w, struct dp_conn *conn, const Tpuemu__FrameHeader *h,
+                          uint8_t *payload, size_t len)
+{
+    struct coll *c = w->coll;
+    struct cop *op, **pp;
+    err e;
+
+    if (!c) {
+        free(payload);
+        reply_err(w, conn, h, 0, CODE_UNAVAILABLE, "the collectives engine of this core is not running");
+        return;
+    }
+    if (h->kind != TPUEMU__FRAME_KIND__FRAME_COLL) {
+        free(payload);
+        reply_err(w, conn, h, 0, CODE_INVALID_ARGUMENT, "frame kind %d is not a collective", (int)h->kind);
+        return;
+    }
+    if (w->replica_id < 0 || w->epoch == 0) {
+        free(payload);
+        reply_err(w, conn, h, 0, CODE_FAILED_PRECONDITION,
+                  "core %s/%d is not part of an initialized TPU system; initialize it first", w->host_id,
+                  w->core);
+        return;
+    }
+    if (h->epoch != w->epoch) {
+        free(payload);
+        reply_err(w, conn, h, 0, CODE_FAILED_PRECONDITION,
+                  "this collective belongs to epoch %" PRIu64 "; the system was re-initialized (now %" PRIu64 ")",
+                  h->epoch, w->epoch);
+        return;
+    }
+    if (c->failed) {
+        free(payload);
+        reply_err(w, conn, h, 1, CODE_FAILED_PRECONDITION,
+                  "collective #%" PRIu64 " failed on this core (%s); re-initialize the TPU system",
+                  c->fail_seq, c->fail_err.msg);
+        return;
+    }
+    if (!(op = calloc(1, sizeof *op))) {
+        free(payload);
+        reply_err(w, conn, h, 1, CODE_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    op->c = c;
+    op->conn = conn;
+    op->seq = h->seq;
+    op->epoch = h->epoch;
+    op->algo_used = "";
+    op->what = kind_name(h->coll ? h->coll->kind : 0);
+    if (validate(c, h, len, op, &e) != CODE_OK) {
+        free(payload);
+        reply_err(w, conn, h, 1, e.code, "%s", e.msg);
+        cop_free(op);
+        return;
+    }
+    if (c->nqueue >= COLL_QUEUE_MAX) {
+        free(payload);
+        reply_err(w, conn, h, 1, CODE_RESOURCE_EXHAUSTED,
+                  "%u collectives are already queued on core %s/%d; wait for their results",
+                  c->nqueue, w->host_id, w->core);
+        cop_free(op);
+        return;
+    }
+    const Tpuemu__CollSpec *sp = h->coll;
+    op->kind = sp->kind;
+    op->op = sp->op;
+    op->bf16 = sp->dtype == TPUEMU__DTYPE__DTYPE_BF16;
+    op->algo = sp->algo;
+    op->count = sp->count;
+    op->root = sp->root;
+    op->repro = sp->reproducible;
+    op->iters = sp->iters ? sp->iters : 1;
+    op->chunk_bytes = sp->chunk_bytes;
+    op->payload = payload;
+    op->len = len;
+    for (pp = &c->queue; *pp && (*pp)->seq <= op->seq; pp = &(*pp)->next)
+        ;
+    op->next = *pp;
+    *pp = op;
+    c->nqueue++;
+    start_next(c);
+}
+
+void coll_on_client_close(struct worker *w, struct dp_conn *conn)
+{
+    struct coll *c = w->coll;
+    if (!c)
+        return;
+    if (c->cur && c->cur->conn == conn)
+        c->cur->conn = NULL;
+    for (struct cop *op = c->queue; op; op = op->next)
+        if (op->conn == conn)
+            op->conn = NULL;
+}
+
+void coll_reset(struct worker *w)
+{
+    struct coll *c = w->coll;
+    err e;
+    if (!c)
+        return;
+    err_set(&e, CODE_ABORTED, "the TPU system was re-initialized (epoch %" PRIu64 ") while this collective was pending",
+            w->epoch);
+    if (c->cur) {
+        struct cop *op = c->cur;
+        c->cur = NULL;
+        if (op->reserved)
+            hbm_release(&w->hbm, op->hbm_id, &e);
+        reply(op, &e, NULL, 0, NULL, NULL);
+        sched_free(op->s); /* peers_reset dropped its link operations */
+        cop_free(op);
+    }
+    while (c->queue) {
+        struct cop *op = c->queue;
+        c->queue = op->next;
+        reply(op, &e, NULL, 0, NULL, NULL);
+        cop_free(op);
+    }
+    c->nqueue = 0;
+    c->failed = 0;
+    free(c->host);
+    c->host = NULL;
+    c->topo_epoch = 0;
+}
+
+void coll_free(struct worker *w)
+{
+    struct coll *c = w->coll;
+    if (!c)
+        return;
+    coll_reset(w);
+    free(c);
+    w->coll = NULL;
+}

@@ -1,0 +1,313 @@
+/* link_tcp: links over data-plane TCP connections (dpconn.h). The outgoing
+ * half is our dial to the peer; the incoming half is the peer's dial to us.
+ * Sends are written straight from the caller's buffer (dp_conn_send_ref: not
+ * counted against the copy cap, the collective bounds them); a CHUNK's payload
+ * is read straight into the posted receive's buffer, and while no receive is
+ * posted reading pauses, so the kernel's socket buffers push back on the
+ * sender. ABORT frames travel on the outgoing half too. */
+#include "link_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "addr.h"
+#include "dataplane.h"
+#include "log.h"
+#include "worker.h"
+
+#define ABORT_MSG_MAX 600
+#define DIAL_MS_MAX 5000u
+
+static const err ok_err = {CODE_OK, ""};
+
+static void lost_err(struct link *l, const struct lop *op, err *e)
+{
+    err_set(e, CODE_UNAVAILABLE,
+            "core %s closed its connection during chunk %u of %s #%llu (the process died or was cut off)",
+            l->name, op->chunk, op->what, (unsigned long long)op->seq);
+}
+
+/* ---- outgoing half ---- */
+
+static void on_sent(void *arg, int status)
+{
+    struct lop *op = arg, *x, *prev = NULL;
+    struct link *l = op->l;
+    err e;
+
+    if (!l) { /* the link was reset */
+        free(op->fail);
+        free(op);
+        return;
+    }
+    for (x = l->sq.head; x && x != op; x = x->next)
+        prev = x;
+    if (x) {
+        if (prev)
+            prev->next = op->next;
+        else
+            l->sq.head = op->next;
+        if (l->sq.tail == op)
+            l->sq.tail = prev;
+    }
+    if (status == 0 && !op->failed) {
+        link_progress(l);
+        op->cb(op->arg, &ok_err);
+        free(op);
+        link_arm(l);
+        return;
+    }
+    if (!op->failed) {
+        lost_err(l, op, &e);
+        link_fail(l, op->seq, &e);
+        op->cb(op->arg, &e);
+    } else {
+        op->cb(op->arg, op->fail ? op->fail : &e);
+    }
+    free(op->fail);
+    free(op);
+    if (!l->closing)
+        link_arm(l);
+}
+
+void tcp_issue_sends(struct link *l)
+{
+    if (l->tx)
+        return; /* chunks go through shared memory; TCP carries ABORTs only */
+    for (struct lop *op = l->sq.head; op && l->out && l->out_ready; op = op->next) {
+        Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
+        if (op->issued)
+            continue;
+        h.kind = TPUEMU__FRAME_KIND__FRAME_CHUNK;
+        h.epoch = l->p->epoch;
+        h.seq = op->seq;
+        h.step = op->step;
+        h.chunk = op->chunk;
+        h.offset = op->offset;
+        if (dp_conn_send_ref(l->out, &h, op->buf, op->len, on_sent, op) != CODE_OK)
+            return; /* closing: on_close fails what is left */
+        op->issued = 1;
+    }
+}
+
+static void on_abort_sent(void *arg, int status)
+{
+    struct link *l = arg;
+    if (status == 0)
+        l->abort_pending = 0;
+}
+
+void tcp_send_abort(struct link *l)
+{
+    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
+    Tpuemu__Status st = TPUEMU__STATUS__INIT;
+    char msg[ABORT_MSG_MAX];
+
+    if (!l->abort_pending || !l->out || !l->out_ready || !l->abort_err)
+        return;
+    snprintf(msg, sizeof msg, "%.*s", (int)sizeof msg - 1, l->abort_err->msg);
+    st.code = (Tpuemu__Code)l->abort_err->code;
+    st.message = msg;
+    h.kind = TPUEMU__FRAME_KIND__FRAME_ABORT;
+    h.epoch = l->p->epoch;
+    h.seq = l->abort_seq;
+    h.status = &st;
+    if (dp_conn_send(l->out, &h, NULL, 0, on_abort_sent, l) != CODE_OK)
+        l->abort_pending = 0;
+}
+
+static void out_ready(dp_conn *c)
+{
+    struct link *l = dp_conn_data(c);
+    if (l->closing || l->out != c)
+        return;
+    l->out_ready = 1;
+    link_progress(l);
+    tcp_send_abort(l);
+    tcp_issue_sends(l);
+}
+
+static void out_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload, size_t len)
+{
+    (void)len;
+    free(payload);
+    dp_conn_fail(c, CODE_INVALID_ARGUMENT, "unexpected frame of kind %d on a collective's outgoing link",
+                 (int)h->kind);
+}
+
+static void out_close(dp_conn *c, const err *why)
+{
+    struct link *l = dp_conn_data(c);
+    int was_ready = 0;
+    err e;
+
+    if (l->out == c) {
+        was_ready = l->out_ready;
+        l->out = NULL;
+        l->out_ready = 0;
+        if (!l->closing && l->sq.head && !l->tx) {
+            struct lop *op = l->sq.head;
+            if (was_ready)
+                lost_err(l, op, &e);
+            else
+                err_set(&e, CODE_UNAVAILABLE, "cannot reach core %s at %s for chunk %u of %s #%llu: %s",
+                        l->name, l->data_addr, op->chunk, op->what, (unsigned long long)op->seq,
+                        why->code != CODE_OK ? why->msg : "the connection closed");
+            link_fail(l, op->seq, &e);
+        }
+    }
+    link_unref(l);
+}
+
+int tcp_dial(struct link *l, err *e)
+{
+    struct worker *w = l->p->w;
+    struct dp_conn_cfg cfg;
+    struct sockaddr_storage ss;
+    addr a;
+    dp_conn *c;
+
+    if (addr_parse(l->data_addr, 0, &a, e) != CODE_OK)
+        return e->code;
+    memset(&ss, 0, sizeof ss);
+    if (uv_ip4_addr(a.host, a.port, (struct sockaddr_in *)&ss) != 0 &&
+        uv_ip6_addr(a.host, a.port, (struct sockaddr_in6 *)&ss) != 0)
+        return err_set(e, CODE_INVALID_ARGUMENT, "data address '%s' is not an IP address and port",
+                       l->data_addr);
+    memset(&cfg, 0, sizeof cfg);
+    cfg.auth = &w->auth;
+    cfg.self_name = worker_sender(w);
+    cfg.max_payload = 0;
+    cfg.max_pending_write = DP_MAX_PENDING;
+    cfg.handshake_ms = l->p->timeout_ms < DIAL_MS_MAX ? l->p->timeout_ms : DIAL_MS_MAX;
+    cfg.on_ready = out_ready;
+    cfg.on_frame = out_frame;
+    cfg.on_close = out_close;
+    cfg.data = l;
+    cfg.replica = l->p->self;
+    cfg.epoch = l->p->epoch;
+    if (dp_conn_connect(l->p->loop, (struct sockaddr *)&ss, &cfg, &c, e) != CODE_OK)
+        return e->code;
+    l->refs++;
+    l->out = c;
+    l->out_ready = 0;
+    return CODE_OK;
+}
+
+/* ---- incoming half ---- */
+
+static enum dp_buf in_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, void **buf)
+{
+    struct link *l = dp_conn_data(c);
+    struct lop *op = l->rq.head;
+    err e;
+
+    if (l->closing || l->in != c)
+        return DP_BUF_DISCARD;
+    if (h->kind == TPUEMU__FRAME_KIND__FRAME_ABORT && h->payload_bytes == 0)
+        return DP_BUF_MALLOC;
+    if (h->kind != TPUEMU__FRAME_KIND__FRAME_CHUNK || h->epoch != l->p->epoch) {
+        dp_conn_fail(c, CODE_INVALID_ARGUMENT,
+                     "a collective's link carries CHUNK and ABORT frames of epoch %llu only (got kind %d "
+                     "of epoch %llu)", (unsigned long long)l->p->epoch, (int)h->kind,
+                     (unsigned long long)h->epoch);
+        return DP_BUF_FAILED;
+    }
+    if (peers_failed(l->p, h->seq, &e) != CODE_OK)
+        return DP_BUF_DISCARD; /* the rest of a failed collective */
+    if (!op)
+        return DP_BUF_WAIT;
+    if (h->seq < op->seq)
+        return DP_BUF_DISCARD;
+    if (h->seq == op->seq && h->step == op->step && h->chunk == op->chunk && h->offset == op->offset &&
+        h->payload_bytes == op->len) {
+        *buf = op->buf;
+        return DP_BUF_INTO;
+    }
+    err_set(&e, CODE_INTERNAL,
+            "core %s sent chunk %u (step %llu, offset %llu, %llu bytes) of #%llu where chunk %u (step %u, "
+            "offset %llu, %zu bytes) of %s #%llu was expected: the cores disagree about the collective",
+            l->name, h->chunk, (unsigned long long)h->step, (unsigned long long)h->offset,
+            (unsigned long long)h->payload_bytes, (unsigned long long)h->seq, op->chunk, op->step,
+            (unsigned long long)op->offset, op->len, op->what, (unsigned long long)op->seq);
+    log_warn("collective protocol error", "reason=%s", log_q(e.msg));
+    link_fail(l, op->seq, &e);
+    return DP_BUF_FAILED;
+}
+
+static void in_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload, size_t len)
+{
+    struct link *l = dp_conn_data(c);
+    err e;
+
+    (void)len;
+    free(payload);
+    if (l->closing || l->in != c)
+        return;
+    if (h->kind == TPUEMU__FRAME_KIND__FRAME_ABORT) {
+        const char *why = h->status && h->status->message ? h->status->message : "no reason given";
+        int code = h->status && h->status->code ? (int)h->status->code : CODE_UNAVAILABLE;
+        err_set(&e, code, "%s #%llu aborted by core %s: %s", peers_what_of(l->p, h->seq),
+                (unsigned long long)h->seq, l->name, why);
+        log_info("collective aborted by a peer", "peer=%s reason=%s", log_q(l->name), log_q(e.msg));
+        peers_fail_seq(l->p, h->seq, &e, 0, -1);
+        return;
+    }
+    /* a CHUNK read into the head receive's buffer (in_payload_buf matched it) */
+    struct lop *op = lopq_pop(&l->rq);
+    if (!op)
+        return;
+    link_progress(l);
+    op->cb(op->arg, &ok_err);
+    free(op);
+    if (!l->closing)
+        link_arm(l);
+}
+
+static void in_close(dp_conn *c, const err *why)
+{
+    struct link *l = dp_conn_data(c);
+    (void)why;
+    if (l->in == c) {
+        l->in = NULL;
+        if (!l->closing && l->rq.head) {
+            /* wait a little for an ABORT that names the root cause */
+            unsigned linger = l->p->timeout_ms / 8 + 1;
+            if (!l->linger_err)
+                l->linger_err = malloc(sizeof *l->linger_err);
+            if (l->linger_err)
+                lost_err(l, l->rq.head, l->linger_err);
+            l->linger_until = uv_now(l->p->loop) + linger;
+            link_arm(l);
+        }
+    }
+    link_unref(l);
+}
+
+void tcp_attach_in(struct link *l, dp_conn *c)
+{
+    struct dp_conn_cfg cfg;
+
+    memset(&cfg, 0, sizeof cfg);
+    cfg.on_frame = in_frame;
+    cfg.on_close = in_close;
+    cfg.payload_buf = in_payload_buf;
+    cfg.data = l;
+    cfg.max_payload = LINK_MAX_FRAME;
+    dp_conn_set_handlers(c, &cfg);
+    l->refs++;
+    if (l->in) {
+        dp_conn *old = l->in;
+        l->in = NULL;
+        dp_conn_close(old, NULL);
+    }
+    l->in = c;
+    l->linger_until = 0;
+}
+
+void tcp_recv_posted(struct link *l)
+{
+    if (l->in)
+        dp_conn_resume(l->in);
+}

@@ -1,0 +1,795 @@
+/* shm: links between workers of one host over shared memory, as OpenMPI's
+ * vader and NCCL's SHM transport do. Per directed pair the sender creates a
+ * sealed memfd holding a ring of SHM_SLOTS slots (head/tail counters, C11
+ * atomics) and two eventfds (data ready, space ready), and passes them with
+ * SCM_RIGHTS over the receiver's abstract unix socket (WorkerInfo.shm_name,
+ * advertised as "@tpuemu-<incarnation hex>", '@' standing for the leading NUL).
+ * Set-up: the receiver checks SO_PEERCRED (same uid), sends a challenge; the
+ * sender answers with auth_challenge_mac under the cluster key, its replica
+ * and the epoch, and the fds; the receiver checks all of it (and the memfd's
+ * seals and size: a peer cannot shrink it under us) and answers one byte.
+ * Anything failing makes the caller fall back to TCP.
+ *
+ * Data: a chunk goes as pieces of at most SHM_SLOT_BYTES, each with a small
+ * header the receiver copies out and checks before trusting it. The receiver
+ * consumes only while a receive is posted: a full ring is the back-pressure.
+ * The unix socket stays open: its EOF is the peer's death. Completions are
+ * delivered through peers_defer (never from inside link_send/link_recv). */
+#include "link_impl.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "auth.h"
+#include "log.h"
+#include "worker.h"
+
+#define SHM_SLOTS 16u
+#define SHM_SLOT_BYTES (256u * 1024u)
+#define SHM_HDR 64u
+#define SHM_STRIDE (SHM_HDR + SHM_SLOT_BYTES)
+#define SHM_CTL 256u
+#define SHM_BYTES ((size_t)SHM_CTL + (size_t)SHM_SLOTS * SHM_STRIDE)
+#define SHM_MAGIC 0x74707573686d3031ull /* "tpushm01" */
+#define SHM_PENDING_MAX 64
+
+struct shm_ctl {
+    _Atomic uint64_t head; /* pieces published (sender) */
+    char pad0[56];
+    _Atomic uint64_t tail; /* pieces consumed (receiver) */
+    char pad1[56];
+};
+
+struct piece {
+    uint64_t seq;
+    uint32_t step, chunk;
+    uint64_t offset;
+    uint64_t chunk_len;
+    uint64_t piece_off;
+    uint32_t piece_len;
+    uint32_t pad;
+};
+
+struct hello {
+    uint64_t magic;
+    int32_t replica;
+    uint32_t pad;
+    uint64_t epoch;
+    unsigned char mac[AUTH_MAC_BYTES];
+};
+
+/* one side's mapping and handles; tx and rx share the shape */
+struct shm_end {
+    struct link *l;
+    int tx;
+    int sock, efd_mine, efd_theirs; /* tx: mine = space, theirs = data; rx: the reverse */
+    uint8_t *map;
+    uv_poll_t pe, ps;               /* on efd_mine, on sock */
+    int polls;                      /* open poll handles */
+    int ready;                      /* tx: set-up done */
+    int dead;
+};
+struct shm_tx { struct shm_end e; };
+struct shm_rx { struct shm_end e; };
+
+/* a receiver-side connection still authenticating */
+struct pend {
+    struct pend *next;
+    struct peers *p;
+    int sock;
+    uv_poll_t poll;
+    unsigned char chal[AUTH_CHALLENGE_BYTES];
+};
+
+struct shm_listener {
+    int fd;
+    uv_poll_t poll;
+    struct pend *pending;
+    int npending;
+};
+
+static struct shm_ctl *ctl_of(uint8_t *map)
+{
+    return (struct shm_ctl *)map;
+}
+
+static uint8_t *slot_of(uint8_t *map, uint64_t i)
+{
+    return map + SHM_CTL + (size_t)(i % SHM_SLOTS) * SHM_STRIDE;
+}
+
+static void signal_fd(int fd)
+{
+    uint64_t one = 1;
+    if (write(fd, &one, sizeof one) < 0 && errno != EAGAIN) {
+        /* the eventfd is ours; nothing sensible to do */
+    }
+}
+
+static void drain_fd(int fd)
+{
+    uint64_t v;
+    while (read(fd, &v, sizeof v) > 0) {
+    }
+}
+
+static int abstract_addr(const char *name, struct sockaddr_un *sa, socklen_t *len)
+{
+    size_t n = strlen(name);
+    if (n < 2 || name[0] != '@' || n > sizeof sa->sun_path)
+        return -1;
+    memset(sa, 0, sizeof *sa);
+    sa->sun_family = AF_UNIX;
+    sa->sun_path[0] = '\0';
+    memcpy(sa->sun_path + 1, name + 1, n - 1);
+    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n);
+    return 0;
+}
+
+/* ---- ends: closing ---- */
+
+static void end_free_if_done(struct shm_end *e)
+{
+    if (e->polls > 0)
+        return;
+    if (e->map)
+        munmap(e->map, SHM_BYTES);
+    if (e->sock >= 0)
+        close(e->sock);
+    if (e->efd_mine >= 0)
+        close(e->efd_mine);
+    if (e->efd_theirs >= 0)
+        close(e->efd_theirs);
+    link_unref(e->l);
+    free(e);
+}
+
+static void on_poll_closed(uv_handle_t *h)
+{
+    struct shm_end *e = h->data;
+    e->polls--;
+    end_free_if_done(e);
+}
+
+static void end_close(struct shm_end *e)
+{
+    if (!e || e->dead)
+        return;
+    e->dead = 1;
+    if (e->tx)
+        e->l->tx = NULL;
+    else
+        e->l->rx = NULL;
+    uv_close((uv_handle_t *)&e->pe, on_poll_closed);
+    uv_close((uv_handle_t *)&e->ps, on_poll_closed);
+}
+
+void shm_close(struct link *l)
+{
+    end_close((struct shm_end *)l->tx);
+    end_close((struct shm_end *)l->rx);
+}
+
+static void end_lost(struct shm_end *e)
+{
+    struct link *l = e->l;
+    struct lop *op = e->tx ? l->sq.head : l->rq.head;
+    err er;
+    end_close(e);
+    if (!op || l->closing)
+        return;
+    err_set(&er, CODE_UNAVAILABLE,
+            "core %s closed its connection during chunk %u of %s #%llu (the process died or was cut off)",
+            l->name, op->chunk, op->what, (unsigned long long)op->seq);
+    link_fail(l, op->seq, &er);
+}
+
+static void on_sock(uv_poll_t *h, int status, int events)
+{
+    struct shm_end *e = h->data;
+    (void)status, (void)events;
+    if (e->dead)
+        return;
+    /* the socket carries nothing after set-up: readable means EOF (or junk) */
+    end_lost(e);
+}
+
+/* ---- sending ---- */
+
+void shm_kick_tx(struct link *l)
+{
+    struct shm_end *e = (struct shm_end *)l->tx;
+    struct shm_ctl *c;
+    uint64_t head, tail, published = 0;
+    struct lop *op;
+
+    if (!e || !e->ready || e->dead)
+        return;
+    c = ctl_of(e->map);
+    head = atomic_load_explicit(&c->head, memory_order_relaxed);
+    tail = atomic_load_explicit(&c->tail, memory_order_acquire);
+    while ((op = l->sq.head) != NULL && head - tail < SHM_SLOTS) {
+        uint8_t *s = slot_of(e->map, head);
+        struct piece pc;
+        size_t n = op->len - op->done;
+        if (n > SHM_SLOT_BYTES)
+            n = SHM_SLOT_BYTES;
+        pc.seq = op->seq;
+        pc.step = op->step;
+        pc.chunk = op->chunk;
+        pc.offset = op->offset;
+        pc.chunk_len = op->len;
+        pc.piece_off = op->done;
+        pc.piece_len = (uint32_t)n;
+        pc.pad = 0;
+        memcpy(s, &pc, sizeof pc);
+        if (n)
+            memcpy(s + SHM_HDR, op->buf + op->done, n);
+        op->done += n;
+        head++;
+        published++;
+        if (op->done == op->len) {
+            lopq_pop(&l->sq);
+            peers_defer(l->p, op); /* complete: the bytes are in the segment */
+        }
+        if (head - tail >= SHM_SLOTS) /* full: look again before waiting */
+            tail = atomic_load_explicit(&c->tail, memory_order_acquire);
+    }
+    if (published) {
+        atomic_store_explicit(&c->head, head, memory_order_release);
+        signal_fd(e->efd_theirs);
+    }
+    link_arm(l);
+}
+
+static void on_space(uv_poll_t *h, int status, int events)
+{
+    struct shm_end *e = h->data;
+    (void)events;
+    if (e->dead)
+        return;
+    if (status < 0) {
+        end_lost(e);
+        return;
+    }
+    drain_fd(e->efd_mine);
+    link_progress(e->l);
+    shm_kick_tx(e->l);
+}
+
+/* ---- receiving ---- */
+
+uint64_t shm_bytes_in(const struct link *l)
+{
+    const struct shm_end *e = (const struct shm_end *)l->rx;
+    if (!e || e->dead)
+        return 0;
+    return atomic_load_explicit(&ctl_of(e->map)->head, memory_order_relaxed);
+}
+
+static void rx_protocol_error(struct link *l, const struct lop *op, const struct piece *pc)
+{
+    err er;
+    err_set(&er, CODE_INTERNAL,
+            "core %s sent chunk %u (step %u, offset %llu, %llu bytes) of #%llu where chunk %u (step %u, offset "
+            "%llu, %zu bytes) of %s #%llu was expected: the cores disagree about the collective", l->name,
+            pc->chunk, pc->step, (unsigned long long)pc->offset, (unsigned long long)pc->chunk_len,
+            (unsigned long long)pc->seq, op->chunk, op->step, (unsigned long long)op->offset, op->len,
+            op->what, (unsigned long long)op->seq);
+    log_warn("collective protocol error", "reason=%s", log_q(er.msg));
+    link_fail(l, op->seq, &er);
+}
+
+void shm_kick_rx(struct link *l)
+{
+    struct shm_end *e = (struct shm_end *)l->rx;
+    struct shm_ctl *c;
+    uint64_t head, tail, consumed = 0;
+    err fe;
+
+    if (!e || e->dead)
+        return;
+    c = ctl_of(e->map);
+    tail = atomic_load_explicit(&c->tail, memory_order_relaxed);
+    head = atomic_load_explicit(&c->head, memory_order_acquire);
+    if (head - tail > SHM_SLOTS) {
+        struct lop *op = l->rq.head;
+        err_set(&fe, CODE_INTERNAL, "core %s corrupted its shared-memory ring (head %llu, tail %llu)",
+                l->name, (unsigned long long)head, (unsigned long long)tail);
+        end_close(e);
+        if (op)
+            link_fail(l, op->seq, &fe);
+        return;
+    }
+    while (tail != head) {
+        struct piece pc;
+        const uint8_t *s = slot_of(e->map, tail);
+        struct lop *op = l->rq.head;
+        memcpy(&pc, s, sizeof pc); /* copy out before checking: the peer can still write */
+        if (peers_failed(l->p, pc.seq, NULL) != CODE_OK || (op && pc.seq < op->seq)) {
+            tail++, consumed++; /* the rest of a failed or finished collective */
+            continue;
+        }
+        if (!op)
+            break;
+        if (pc.seq != op->seq || pc.step != op->step || pc.chunk != op->chunk || pc.offset != op->offset ||
+            pc.chunk_len != op->len || pc.piece_off != op->done || pc.piece_len > SHM_SLOT_BYTES ||
+            pc.piece_len > op->len - op->done || (pc.piece_len == 0 && op->len != 0)) {
+            atomic_store_explicit(&c->tail, tail, memory_order_release);
+            rx_protocol_error(l, op, &pc);
+            return;
+        }
+        if (pc.piece_len)
+            memcpy(op->buf + op->done, s + SHM_HDR, pc.piece_len);
+        op->done += pc.piece_len;
+        tail++, consumed++;
+        if (op->done == op->len) {
+            lopq_pop(&l->rq);
+            peers_defer(l->p, op);
+        }
+    }
+    if (consumed) {
+        atomic_store_explicit(&c->tail, tail, memory_order_release);
+        signal_fd(e->efd_theirs);
+        link_progress(l);
+    }
+    link_arm(l);
+}
+
+static void on_data(uv_poll_t *h, int status, int events)
+{
+    struct shm_end *e = h->data;
+    (void)events;
+    if (e->dead)
+        return;
+    if (status < 0) {
+        end_lost(e);
+        return;
+    }
+    drain_fd(e->efd_mine);
+    shm_kick_rx(e->l);
+}
+
+static struct shm_end *end_new(struct link *l, int tx, int sock, int efd_mine, int efd_theirs, uint8_t *map)
+{
+    struct shm_end *e = calloc(1, sizeof *e);
+    if (!e)
+        return NULL;
+    e->l = l;
+    e->tx = tx;
+    e->sock = sock;
+    e->efd_mine = efd_mine;
+    e->efd_theirs = efd_theirs;
+    e->map = map;
+    l->refs++;
+    uv_poll_init(l->p->loop, &e->pe, efd_mine);
+    uv_poll_init(l->p->loop, &e->ps, sock);
+    e->pe.data = e->ps.data = e;
+    e->polls = 2;
+    uv_poll_start(&e->pe, UV_READABLE, tx ? on_space : on_data);
+    uv_poll_start(&e->ps, UV_READABLE | UV_DISCONNECT, on_sock);
+    return e;
+}
+
+/* ---- sender set-up ---- */
+
+struct dial {
+    struct link *l;
+    int sock, memfd, efd_data, efd_space;
+    uv_poll_t poll;
+    int step; /* 0: waiting for the challenge, 1: for the verdict */
+};
+
+static void dial_closed(uv_handle_t *h)
+{
+    struct dial *d = h->data;
+    if (d->sock >= 0)
+        close(d->sock);
+    if (d->memfd >= 0)
+        close(d->memfd);
+    if (d->efd_data >= 0)
+        close(d->efd_data);
+    if (d->efd_space >= 0)
+        close(d->efd_space);
+    link_unref(d->l);
+    free(d);
+}
+
+/* Set-up failed after it started: TCP takes the link's sends. */
+static void dial_fallback(struct dial *d, const char *why)
+{
+    struct link *l = d->l;
+    err e;
+    uv_close((uv_handle_t *)&d->poll, dial_closed);
+    l->shm_dialing = 0;
+    if (l->closing)
+        return;
+    if (!l->p->shm_fallback_logged) {
+        l->p->shm_fallback_logged = 1;
+        log_warn("shared memory unavailable; using TCP", "peer=%s reason=%s", log_q(l->name), log_q(why));
+    }
+    if (!l->out && tcp_dial(l, &e) != CODE_OK && l->sq.head) {
+        err fe;
+        struct lop *op = l->sq.head;
+        err_set(&fe, CODE_UNAVAILABLE, "cannot reach core %s for chunk %u of %s #%llu: %s", l->name,
+                op->chunk, op->what, (unsigned long long)op->seq, e.msg);
+        link_fail(l, op->seq, &fe);
+    }
+}
+
+static void on_dial(uv_poll_t *h, int status, int events)
+{
+    struct dial *d = h->data;
+    struct link *l = d->l;
+    (void)events;
+
+    if (l->closing) {
+        l->shm_dialing = 0;
+        uv_close((uv_handle_t *)&d->poll, dial_closed);
+        return;
+    }
+    if (status < 0) {
+        dial_fallback(d, uv_strerror(status));
+        return;
+    }
+    if (d->step == 0) {
+        unsigned char chal[AUTH_CHALLENGE_BYTES];
+        struct hello hm;
+        struct msghdr mh;
+        struct iovec iov;
+        union {
+            char buf[CMSG_SPACE(3 * sizeof(int))];
+            struct cmsghdr align;
+        } u;
+        struct cmsghdr *cm;
+        int fds[3] = {d->memfd, d->efd_data, d->efd_space};
+        ssize_t n = recv(d->sock, chal, sizeof chal, MSG_DONTWAIT);
+        if (n < 0 && errno == EAGAIN)
+            return;
+        if (n != (ssize_t)sizeof chal) {
+            dial_fallback(d, "the peer's shared-memory socket sent no challenge");
+            return;
+        }
+        memset(&hm, 0, sizeof hm);
+        hm.magic = SHM_MAGIC;
+        hm.replica = l->p->self;
+        hm.epoch = l->p->epoch;
+        if (l->p->w->auth.enabled)
+            auth_challenge_mac(&l->p->w->auth, chal, hm.mac);
+        memset(&mh, 0, sizeof mh);
+        iov.iov_base = &hm;
+        iov.iov_len = sizeof hm;
+        mh.msg_iov = &iov;
+        mh.msg_iovlen = 1;
+        mh.msg_control = u.buf;
+        mh.msg_controllen = sizeof u.buf;
+        cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof fds);
+        memcpy(CMSG_DATA(cm), fds, sizeof fds);
+        if (sendmsg(d->sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof hm) {
+            dial_fallback(d, "cannot pass the segment to the peer");
+            return;
+        }
+        d->step = 1;
+        return;
+    }
+    {
+        char ok = 0;
+        ssize_t n = recv(d->sock, &ok, 1, MSG_DONTWAIT);
+        uint8_t *map;
+        struct shm_end *e;
+        if (n < 0 && errno == EAGAIN)
+            return;
+        if (n != 1 || ok != 1) {
+            dial_fallback(d, "the peer refused the shared-memory segment");
+            return;
+        }
+        map = mmap(NULL, SHM_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, d->memfd, 0);
+        if (map == MAP_FAILED) {
+            dial_fallback(d, "mmap failed");
+            return;
+        }
+        {
+            int sock = d->sock, efd_space = d->efd_space, efd_data = d->efd_data;
+            /* one poll handle per fd: the dial's goes before the end's starts */
+            d->sock = d->efd_space = d->efd_data = -1; /* the end owns them now */
+            uv_close((uv_handle_t *)&d->poll, dial_closed);
+            e = end_new(l, 1, sock, efd_space, efd_data, map);
+            if (!e) {
+                munmap(map, SHM_BYTES);
+                close(sock);
+                close(efd_space);
+                close(efd_data);
+                return;
+            }
+        }
+        e->ready = 1;
+        l->tx = (struct shm_tx *)e;
+        l->shm_dialing = 0;
+        link_progress(l);
+        shm_kick_tx(l);
+    }
+}
+
+int shm_connect(struct link *l, err *er)
+{
+    struct sockaddr_un sa;
+    socklen_t sl;
+    struct dial *d;
+    const char *name = l->p->info[l->replica].shm_name;
+    int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+
+    if (abstract_addr(name, &sa, &sl) < 0)
+        return err_set(er, CODE_INVALID_ARGUMENT, "'%s' is not a shared-memory socket name", name);
+    if (!(d = calloc(1, sizeof *d)))
+        return err_set(er, CODE_RESOURCE_EXHAUSTED, "out of memory");
+    d->l = l;
+    d->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    d->memfd = memfd_create("tpuemu-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    d->efd_data = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    d->efd_space = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (d->sock < 0 || d->memfd < 0 || d->efd_data < 0 || d->efd_space < 0 ||
+        ftruncate(d->memfd, (off_t)SHM_BYTES) < 0 || fcntl(d->memfd, F_ADD_SEALS, seals) < 0) {
+        err_set(er, CODE_UNAVAILABLE, "cannot make a shared-memory segment: %s", strerror(errno));
+        goto fail;
+    }
+    if (connect(d->sock, (struct sockaddr *)&sa, sl) < 0) {
+        err_set(er, CODE_UNAVAILABLE, "cannot reach the shared-memory socket %s: %s", name, strerror(errno));
+        goto fail;
+    }
+    l->refs++;
+    l->shm_dialing = 1;
+    uv_poll_init(l->p->loop, &d->poll, d->sock);
+    d->poll.data = d;
+    uv_poll_start(&d->poll, UV_READABLE, on_dial);
+    return CODE_OK;
+fail:
+    if (d->sock >= 0)
+        close(d->sock);
+    if (d->memfd >= 0)
+        close(d->memfd);
+    if (d->efd_data >= 0)
+        close(d->efd_data);
+    if (d->efd_space >= 0)
+        close(d->efd_space);
+    free(d);
+    return er->code;
+}
+
+/* ---- receiver: listener and set-up ---- */
+
+static void pend_closed(uv_handle_t *h)
+{
+    struct pend *pd = h->data;
+    if (pd->sock >= 0)
+        close(pd->sock);
+    free(pd);
+}
+
+static void pend_drop(struct pend *pd)
+{
+    struct shm_listener *s = pd->p->shm;
+    struct pend **pp;
+    if (s) {
+        for (pp = &s->pending; *pp; pp = &(*pp)->next)
+            if (*pp == pd) {
+                *pp = pd->next;
+                s->npending--;
+                break;
+            }
+    }
+    uv_close((uv_handle_t *)&pd->poll, pend_closed);
+}
+
+static void pend_refuse(struct pend *pd, const char *why)
+{
+    char no = 0;
+    log_warn("shared-memory link refused", "reason=%s", log_q(why));
+    if (send(pd->sock, &no, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+        /* the peer falls back to TCP either way */
+    }
+    pend_drop(pd);
+}
+
+static void on_pend(uv_poll_t *h, int status, int events)
+{
+    struct pend *pd = h->data;
+    struct peers *p = pd->p;
+    struct hello hm;
+    struct msghdr mh;
+    struct iovec iov;
+    union {
+        char buf[CMSG_SPACE(3 * sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct cmsghdr *cm;
+    int fds[3] = {-1, -1, -1}, seals;
+    struct stat st;
+    struct link *l;
+    struct shm_end *e;
+    uint8_t *map;
+    ssize_t n;
+    char yes = 1;
+
+    (void)events;
+    if (status < 0) {
+        pend_drop(pd);
+        return;
+    }
+    memset(&mh, 0, sizeof mh);
+    iov.iov_base = &hm;
+    iov.iov_len = sizeof hm;
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = u.buf;
+    mh.msg_controllen = sizeof u.buf;
+    n = recvmsg(pd->sock, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0 && errno == EAGAIN)
+        return;
+    for (cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+            size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            int got[8];
+            if (k > 8)
+                k = 8;
+            memcpy(got, CMSG_DATA(cm), k * sizeof(int));
+            for (size_t i = 0; i < k; i++) {
+                if (i < 3 && fds[i] < 0)
+                    fds[i] = got[i];
+                else
+                    close(got[i]);
+            }
+        }
+#define REFUSE(why)                                                                                        \
+    do {                                                                                                   \
+        for (int i_ = 0; i_ < 3; i_++)                                                                     \
+            if (fds[i_] >= 0)                                                                              \
+                close(fds[i_]);                                                                            \
+        pend_refuse(pd, why);                                                                              \
+        return;                                                                                            \
+    } while (0)
+    if (n != (ssize_t)sizeof hm || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || hm.magic != SHM_MAGIC ||
+        fds[0] < 0 || fds[1] < 0 || fds[2] < 0)
+        REFUSE("malformed shared-memory hello");
+    if (p->w->auth.enabled) {
+        unsigned char want[AUTH_MAC_BYTES];
+        auth_challenge_mac(&p->w->auth, pd->chal, want);
+        if (memcmp(want, hm.mac, sizeof want) != 0)
+            REFUSE("wrong MAC on a shared-memory hello (a different cluster token)");
+    }
+    if (p->self < 0 || hm.epoch != p->epoch)
+        REFUSE("shared-memory hello from another system epoch");
+    if (!(l = peers_link_get(p, hm.replica)))
+        REFUSE("shared-memory hello from a replica that is not a peer");
+    seals = fcntl(fds[0], F_GET_SEALS);
+    if (seals < 0 || !(seals & F_SEAL_SHRINK) || fstat(fds[0], &st) < 0 || (size_t)st.st_size < SHM_BYTES)
+        REFUSE("the shared-memory segment is not sealed against shrinking or too small");
+    map = mmap(NULL, SHM_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+    close(fds[0]);
+    fds[0] = -1;
+    if (map == MAP_FAILED)
+        REFUSE("mmap of the shared-memory segment failed");
+    if (send(pd->sock, &yes, 1, MSG_DONTWAIT | MSG_NOSIGNAL) != 1) {
+        munmap(map, SHM_BYTES);
+        REFUSE("cannot answer the shared-memory hello");
+    }
+#undef REFUSE
+    end_close((struct shm_end *)l->rx);
+    {
+        int sock = pd->sock;
+        pd->sock = -1; /* the end owns it; one poll handle per fd: the pending one goes first */
+        pend_drop(pd);
+        e = end_new(l, 0, sock, fds[1], fds[2], map);
+        if (!e) {
+            munmap(map, SHM_BYTES);
+            close(sock);
+            close(fds[1]);
+            close(fds[2]);
+            return;
+        }
+    }
+    l->rx = (struct shm_rx *)e;
+    log_debug("shared-memory link up", "peer=%s", log_q(l->name));
+    shm_kick_rx(l);
+}
+
+static void on_listen(uv_poll_t *h, int status, int events)
+{
+    struct peers *p = h->data;
+    struct shm_listener *s = p->shm;
+    (void)events;
+    if (status < 0 || !s)
+        return;
+    for (;;) {
+        struct ucred cr;
+        socklen_t cl = sizeof cr;
+        struct pend *pd;
+        int fd = accept4(s->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || cr.uid != getuid() ||
+            s->npending >= SHM_PENDING_MAX || !(pd = calloc(1, sizeof *pd))) {
+            close(fd);
+            continue;
+        }
+        pd->p = p;
+        pd->sock = fd;
+        auth_random(pd->chal, sizeof pd->chal);
+        if (send(fd, pd->chal, sizeof pd->chal, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof pd->chal) {
+            close(fd);
+            free(pd);
+            continue;
+        }
+        uv_poll_init(p->loop, &pd->poll, fd);
+        pd->poll.data = pd;
+        uv_poll_start(&pd->poll, UV_READABLE | UV_DISCONNECT, on_pend);
+        pd->next = s->pending;
+        s->pending = pd;
+        s->npending++;
+    }
+}
+
+int shm_listen(struct peers *p, err *er)
+{
+    struct shm_listener *s = calloc(1, sizeof *s);
+    struct sockaddr_un sa;
+    socklen_t sl;
+    char name[64];
+
+    if (!s)
+        return err_set(er, CODE_RESOURCE_EXHAUSTED, "out of memory");
+    snprintf(name, sizeof name, "@tpuemu-%016llx", (unsigned long long)p->w->incarnation);
+    abstract_addr(name, &sa, &sl);
+    s->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (s->fd < 0 || bind(s->fd, (struct sockaddr *)&sa, sl) < 0 || listen(s->fd, 64) < 0) {
+        err_set(er, CODE_UNAVAILABLE, "cannot listen on the shared-memory socket %s: %s", name, strerror(errno));
+        if (s->fd >= 0)
+            close(s->fd);
+        free(s);
+        return er->code;
+    }
+    uv_poll_init(p->loop, &s->poll, s->fd);
+    s->poll.data = p;
+    uv_poll_start(&s->poll, UV_READABLE, on_listen);
+    p->open_handles++;
+    p->shm = s;
+    snprintf(p->shm_name, sizeof p->shm_name, "%s", name);
+    return CODE_OK;
+}
+
+static void listener_closed(uv_handle_t *h)
+{
+    struct peers *p = h->data;
+    struct shm_listener *s = p->shm;
+    p->shm = NULL;
+    close(s->fd);
+    free(s);
+    /* peers frees itself when its last handle is closed */
+    if (--p->open_handles == 0) {
+        free(p->info);
+        free(p->links);
+        free(p);
+    }
+}
+
+void shm_listener_close(struct peers *p)
+{
+    struct shm_listener *s = p->shm;
+    if (!s)
+        return;
+    while (s->pending)
+        pend_drop(s->pending);
+    uv_close((uv_handle_t *)&s->poll, listener_closed);
+}

@@ -1,0 +1,204 @@
+/* Unit tests of the matrix unit: results a user can check by hand (bf16
+ * inputs, f32 accumulation, transposes, accumulate), precision modes, the
+ * primitive cache and the MXU utilization figure. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include "bf16.h"
+#include "mxu.h"
+
+static mxu *u;
+
+static void setup(void)
+{
+    err e;
+    cr_assert_eq(mxu_new(&u, 128, &e), CODE_OK, "%s", e.msg);
+}
+
+static void teardown(void)
+{
+    mxu_free(u);
+}
+
+static void fill(float *x, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        x[i] = (float)((seed >> 8) & 0xffff) / 32768.0f - 1.0f;
+    }
+}
+
+/* C = op(A) . op(B) in double, from inputs optionally rounded to bf16 first. */
+static void reference(const struct mxu_op *op, const float *a, const float *b, double *c, int round)
+{
+    for (int64_t i = 0; i < op->m; i++)
+        for (int64_t j = 0; j < op->n; j++) {
+            double s = 0;
+            for (int64_t p = 0; p < op->k; p++) {
+                float x = op->trans_a ? a[p * op->m + i] : a[i * op->k + p];
+                float y = op->trans_b ? b[j * op->k + p] : b[p * op->n + j];
+                if (round) {
+                    x = bf16_to_f32(bf16_from_f32(x));
+                    y = bf16_to_f32(bf16_from_f32(y));
+                }
+                s += (double)x * (double)y;
+            }
+            c[i * op->n + j] = s;
+        }
+}
+
+static double max_err(const float *c, const double *ref, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++)
+        m = fmax(m, fabs((double)c[i] - ref[i]));
+    return m;
+}
+
+TestSuite(mxu, .init = setup, .fini = teardown);
+
+Test(mxu, small_product_by_hand)
+{
+    /* [1 2; 3 4] . [5 6; 7 8] = [19 22; 43 50], exact in bf16 */
+    const float a[] = {1, 2, 3, 4}, b[] = {5, 6, 7, 8};
+    float c[4];
+    struct mxu_op op = {2, 2, 2, 0, 0, 0};
+    struct mxu_stats st;
+    err e;
+    cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &op, a, b, c, &st, &e), CODE_OK, "%s", e.msg);
+    cr_assert(c[0] == 19 && c[1] == 22 && c[2] == 43 && c[3] == 50, "[%g %g; %g %g]", c[0], c[1], c[2], c[3]);
+    cr_assert_float_eq(st.flops, 16.0, 0);
+}
+
+Test(mxu, default_rounds_inputs_to_bf16_and_accumulates_in_f32)
+{
+    /* 1 + 2^-10 is not a bf16: DEFAULT multiplies 1.0, HIGHEST the exact value */
+    const float a[] = {1.0f + 0x1p-10f}, b[] = {1.0f};
+    float c[1];
+    struct mxu_op op = {1, 1, 1, 0, 0, 0};
+    err e;
+    cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &op, a, b, c, NULL, &e), CODE_OK);
+    cr_assert_eq(c[0], 1.0f, "DEFAULT sees bf16(1 + 2^-10) = 1");
+    cr_assert_eq(mxu_matmul(u, MXU_HIGHEST, &op, a, b, c, NULL, &e), CODE_OK);
+    cr_assert_eq(c[0], 1.0f + 0x1p-10f, "HIGHEST keeps float32");
+
+    /* the sum of 512 products of 1 + 1/256 stays exact in the f32 accumulator
+     * (a bf16 accumulator would stall at 256) */
+    enum { K = 512 };
+    float ones[K], w[K];
+    for (int i = 0; i < K; i++)
+        ones[i] = 1.0f, w[i] = 1.0f + 1.0f / 128;
+    struct mxu_op dot = {1, 1, K, 0, 0, 0};
+    cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &dot, ones, w, c, NULL, &e), CODE_OK);
+    cr_assert_float_eq(c[0], K * (1.0 + 1.0 / 128), 1e-3);
+}
+
+static void check_shape(int64_t m, int64_t n, int64_t k, int ta, int tb)
+{
+    struct mxu_op op = {m, n, k, ta, tb, 0};
+    float *a = malloc((size_t)(m * k) * sizeof *a), *b = malloc((size_t)(k * n) * sizeof *b);
+    float *c = malloc((size_t)(m * n) * sizeof *c);
+    double *ref = malloc((size_t)(m * n) * sizeof *ref);
+    err e;
+
+    fill(a, (size_t)(m * k), 7);
+    fill(b, (size_t)(k * n), 11);
+    reference(&op, a, b, ref, 1);
+    cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &op, a, b, c, NULL, &e), CODE_OK, "%s", e.msg);
+    /* same bf16 products, f32 vs double accumulation: error ~ k * 2^-24 */
+    double tol = 1e-5 * (double)k;
+    cr_assert_leq(max_err(c, ref, (size_t)(m * n)), tol, "DEFAULT %lldx%lldx%lld ta=%d tb=%d", (long long)m,
+                  (long long)n, (long long)k, ta, tb);
+    reference(&op, a, b, ref, 0);
+    cr_assert_eq(mxu_matmul(u, MXU_HIGHEST, &op, a, b, c, NULL, &e), CODE_OK, "%s", e.msg);
+    cr_assert_leq(max_err(c, ref, (size_t)(m * n)), tol, "HIGHEST %lldx%lldx%lld ta=%d tb=%d", (long long)m,
+                  (long long)n, (long long)k, ta, tb);
+    free(a), free(b), free(c), free(ref);
+}
+
+Test(mxu, layer_shapes_and_transposes_match_a_reference)
+{
+    check_shape(32, 128, 784, 0, 0);   /* forward x.W1 */
+    check_shape(32, 10, 128, 0, 0);    /* forward h.W2 */
+    check_shape(32, 128, 10, 0, 1);    /* backward dy.W2^T */
+    check_shape(784, 128, 32, 1, 0);   /* backward x^T.dh */
+    check_shape(7, 5, 3, 1, 1);
+}
+
+Test(mxu, accumulate_adds_into_c)
+{
+    const float a[] = {1, 2}, b[] = {3, 4};
+    float c[1] = {100};
+    struct mxu_op op = {1, 1, 2, 0, 0, 1};
+    err e;
+    cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &op, a, b, c, NULL, &e), CODE_OK);
+    cr_assert_eq(c[0], 111, "100 + 1*3 + 2*4");
+}
+
+Test(mxu, bf16_entry_takes_raw_bits)
+{
+    uint16_t a[] = {bf16_from_f32(2.0f)}, b[] = {bf16_from_f32(-3.0f)};
+    float c[1];
+    struct mxu_op op = {1, 1, 1, 0, 0, 0};
+    err e;
+    cr_assert_eq(mxu_matmul_bf16(u, &op, a, b, c, NULL, &e), CODE_OK);
+    cr_assert_eq(c[0], -6.0f);
+}
+
+Test(mxu, one_primitive_per_shape)
+{
+    float a[64] = {0}, b[64] = {0}, c[64];
+    struct mxu_op op = {8, 8, 8, 0, 0, 0}, other = {4, 8, 8, 0, 0, 0};
+    err e;
+    for (int i = 0; i < 5; i++)
+        cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &op, a, b, c, NULL, &e), CODE_OK);
+    cr_assert_eq(mxu_primitives_created(u), 1, "five calls of one shape build one primitive");
+    cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &other, a, b, c, NULL, &e), CODE_OK);
+    cr_assert_eq(mxu_matmul(u, MXU_HIGHEST, &op, a, b, c, NULL, &e), CODE_OK);
+    cr_assert_eq(mxu_primitives_created(u), 3, "a new shape or precision builds another");
+    cr_assert_eq(mxu_primitives_cached(u), 3);
+}
+
+Test(mxu, many_shapes_are_evicted_not_leaked)
+{
+    float a[100] = {0}, b[100] = {0}, c[100];
+    err e;
+    for (int i = 1; i <= 100; i++) {
+        struct mxu_op op = {1, 1, i, 0, 0, 0};
+        cr_assert_eq(mxu_matmul(u, MXU_HIGHEST, &op, a, b, c, NULL, &e), CODE_OK);
+    }
+    cr_assert_eq(mxu_primitives_created(u), 100);
+    cr_assert_leq(mxu_primitives_cached(u), 64);
+}
+
+Test(mxu, utilization_shows_padding_waste)
+{
+    struct mxu_stats st;
+    float *a = calloc(32 * 784, sizeof *a), *b = calloc(784 * 100, sizeof *b), *c = calloc(32 * 100, sizeof *c);
+    struct mxu_op op = {32, 100, 784, 0, 0, 0};
+    err e;
+    cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &op, a, b, c, &st, &e), CODE_OK);
+    /* N = 100 pads to 128 and K = 784 to 896: 100/128 * 784/896 = 68.4% */
+    cr_assert_float_eq(st.utilization, (100.0 / 128) * (784.0 / 896), 1e-12);
+    cr_assert_float_eq(st.padded_flops, 2.0 * 32 * 128 * 896, 1e-3);
+    cr_assert_float_eq(mxu_utilization(1024, 1024, 1024, 128), 1.0, 0, "aligned shapes waste nothing");
+    cr_assert_float_eq(mxu_utilization(32, 10, 128, 128), 10.0 / 128, 1e-12, "a 10-wide layer uses 8%");
+    cr_assert_float_eq(mxu_utilization(4, 128, 128, 128), 0.5, 1e-12, "rows pad to 8");
+    free(a), free(b), free(c);
+}
+
+Test(mxu, bad_shapes_are_refused)
+{
+    float x[4] = {0};
+    struct mxu_op zero = {0, 1, 1, 0, 0, 0}, neg = {1, -2, 1, 0, 0, 0};
+    err e;
+    cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &zero, x, x, x, NULL, &e), CODE_INVALID_ARGUMENT);
+    cr_assert(strstr(e.msg, "m=0"), "%s", e.msg);
+    cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &neg, x, x, x, NULL, &e), CODE_INVALID_ARGUMENT);
+    cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &neg, NULL, x, x, NULL, &e), CODE_INVALID_ARGUMENT);
+    cr_assert_eq(mxu_matmul(u, (mxu_precision)7, &(struct mxu_op){1, 1, 1, 0, 0, 0}, x, x, x, NULL, &e),
+                 CODE_INVALID_ARGUMENT);
+}
