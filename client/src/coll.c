@@ -116,10 +116,11 @@ tpu_status tpu_attach_system(tpu_cluster *c)
         return st;
     cs = s->m->cluster_spec;
     if (!cs->initialized) {
+        unsigned long long epoch = (unsigned long long)cs->system_epoch;
         tpu_cluster_spec_free(s);
         return cli_failf(TPU_FAILED_PRECONDITION,
                          "no TPU system is initialized (epoch %llu); initialize it first (tpuctl init)",
-                         (unsigned long long)cs->system_epoch);
+                         epoch);
     }
     /* the system's cores: those reset into the current epoch with a replica id */
     for (size_t i = 0; i < cs->n_cores; i++) {
@@ -129,11 +130,12 @@ tpu_status tpu_attach_system(tpu_cluster *c)
             n = (size_t)w->replica_id + 1;
     }
     if (n == 0 || !(refs = calloc(n, sizeof *refs))) {
+        unsigned long long epoch = (unsigned long long)cs->system_epoch;
         tpu_cluster_spec_free(s);
         return n ? cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory")
                  : cli_failf(TPU_FAILED_PRECONDITION,
                              "the resolver lists no core of the system of epoch %llu; re-initialize it",
-                             (unsigned long long)cs->system_epoch);
+                             epoch);
     }
     for (size_t i = 0; i < cs->n_cores; i++) {
         const Tpuemu__WorkerInfo *w = cs->cores[i]->worker;
@@ -145,11 +147,12 @@ tpu_status tpu_attach_system(tpu_cluster *c)
     }
     for (size_t r = 0; r < n; r++)
         if (!refs[r].data_addr) {
+            unsigned long long epoch = (unsigned long long)cs->system_epoch;
             free(refs);
             tpu_cluster_spec_free(s);
             return cli_failf(TPU_FAILED_PRECONDITION,
                              "replica %zu of the system of epoch %llu is not listed by the resolver (its core "
-                             "died?); re-initialize the TPU system", r, (unsigned long long)cs->system_epoch);
+                             "died?); re-initialize the TPU system", r, epoch);
         }
     /* Another client may have run collectives in this epoch (one at a time):
      * start away from its sequence numbers, at 1000 x (wall-clock seconds mod

@@ -310,6 +310,7 @@ int main(int argc, char **argv)
             w.exit_code = 1;
     }
     coll_free(&w);
+    hbm_destroy(&w.hbm);
     replay_free(w.replay);
     log_info("stopped", "exit=%d", w.exit_code);
     return w.exit_code;

@@ -18,6 +18,7 @@
 
 #define ABORT_MSG_MAX 600
 #define DIAL_MS_MAX 5000u
+#define DIAL_MS_MIN 1000u
 
 static const err ok_err = {CODE_OK, ""};
 
@@ -180,7 +181,11 @@ int tcp_dial(struct link *l, err *e)
     cfg.self_name = worker_sender(w);
     cfg.max_payload = 0;
     cfg.max_pending_write = DP_MAX_PENDING;
-    cfg.handshake_ms = l->p->timeout_ms < DIAL_MS_MAX ? l->p->timeout_ms : DIAL_MS_MAX;
+    /* A connection handshake is not progress of a collective: give it room on a
+     * loaded machine (a hung peer is still caught by the probe and the bound). */
+    cfg.handshake_ms = 2 * l->p->timeout_ms < DIAL_MS_MIN ? DIAL_MS_MIN
+                       : 2 * l->p->timeout_ms > DIAL_MS_MAX ? DIAL_MS_MAX
+                                                            : 2 * l->p->timeout_ms;
     cfg.on_ready = out_ready;
     cfg.on_frame = out_frame;
     cfg.on_close = out_close;

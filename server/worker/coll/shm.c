@@ -372,9 +372,25 @@ static struct shm_end *end_new(struct link *l, int tx, int sock, int efd_mine, i
     e->efd_theirs = efd_theirs;
     e->map = map;
     l->refs++;
-    uv_poll_init(l->p->loop, &e->pe, efd_mine);
-    uv_poll_init(l->p->loop, &e->ps, sock);
-    e->pe.data = e->ps.data = e;
+    /* uv_poll_init can fail (e.g. EEXIST: the loop still watches that fd
+     * number); a handle it refused is not initialized (its loop is NULL), so
+     * starting or closing it would crash inside libuv. The caller then still
+     * owns the fds and the mapping (and falls back to TCP). */
+    if (uv_poll_init(l->p->loop, &e->pe, efd_mine) != 0) {
+        l->refs--;
+        free(e);
+        return NULL;
+    }
+    e->pe.data = e;
+    if (uv_poll_init(l->p->loop, &e->ps, sock) != 0) {
+        e->sock = e->efd_mine = e->efd_theirs = -1;
+        e->map = NULL;
+        e->dead = 1;
+        e->polls = 1;
+        uv_close((uv_handle_t *)&e->pe, on_poll_closed); /* frees e, unrefs l */
+        return NULL;
+    }
+    e->ps.data = e;
     e->polls = 2;
     uv_poll_start(&e->pe, UV_READABLE, tx ? on_space : on_data);
     uv_poll_start(&e->ps, UV_READABLE | UV_DISCONNECT, on_sock);
@@ -508,10 +524,19 @@ static void on_dial(uv_poll_t *h, int status, int events)
             uv_close((uv_handle_t *)&d->poll, dial_closed);
             e = end_new(l, 1, sock, efd_space, efd_data, map);
             if (!e) {
+                err te;
                 munmap(map, SHM_BYTES);
                 close(sock);
                 close(efd_space);
                 close(efd_data);
+                l->shm_dialing = 0; /* TCP takes the sends (as dial_fallback) */
+                if (!l->closing && !l->out && tcp_dial(l, &te) != CODE_OK && l->sq.head) {
+                    err fe;
+                    struct lop *op = l->sq.head;
+                    err_set(&fe, CODE_UNAVAILABLE, "cannot reach core %s for chunk %u of %s #%llu: %s",
+                            l->name, op->chunk, op->what, (unsigned long long)op->seq, te.msg);
+                    link_fail(l, op->seq, &fe);
+                }
                 return;
             }
         }
@@ -549,9 +574,12 @@ int shm_connect(struct link *l, err *er)
         err_set(er, CODE_UNAVAILABLE, "cannot reach the shared-memory socket %s: %s", name, strerror(errno));
         goto fail;
     }
+    if (uv_poll_init(l->p->loop, &d->poll, d->sock) != 0) {
+        err_set(er, CODE_UNAVAILABLE, "cannot watch the shared-memory socket %s", name);
+        goto fail;
+    }
     l->refs++;
     l->shm_dialing = 1;
-    uv_poll_init(l->p->loop, &d->poll, d->sock);
     d->poll.data = d;
     uv_poll_start(&d->poll, UV_READABLE, on_dial);
     return CODE_OK;
@@ -732,7 +760,11 @@ static void on_listen(uv_poll_t *h, int status, int events)
             free(pd);
             continue;
         }
-        uv_poll_init(p->loop, &pd->poll, fd);
+        if (uv_poll_init(p->loop, &pd->poll, fd) != 0) {
+            close(fd);
+            free(pd);
+            continue;
+        }
         pd->poll.data = pd;
         uv_poll_start(&pd->poll, UV_READABLE | UV_DISCONNECT, on_pend);
         pd->next = s->pending;
