@@ -15,6 +15,11 @@
 
 #include "colltest.h"
 
+/* These tests check results, not fault detection (it_faults does): beat every
+ * 500 ms so that a core starved of CPU on a loaded two-core machine (the
+ * sanitizer run starts dozens of workers) is not taken for a hung one. */
+#define HEARTBEAT_MS 500
+
 static const tpu_algo ALGOS[] = {TPU_ALGO_AUTO, TPU_ALGO_RING, TPU_ALGO_HD, TPU_ALGO_HIER};
 static const tpu_reduce_op OPS[] = {TPU_SUM, TPU_MEAN, TPU_MAX, TPU_MIN};
 static const tpu_dtype DTYPES[] = {TPU_F32, TPU_BF16};
@@ -51,7 +56,7 @@ static void allreduce_checked(colltest *t, size_t count, tpu_dtype dt, tpu_reduc
  * a > 1 MiB odd count for SUM with each algorithm and dtype. */
 static void matrix(int hosts, const int *cores)
 {
-    colltest *t = ct_start(hosts, cores, NULL, 0);
+    colltest *t = ct_start(hosts, cores, NULL, HEARTBEAT_MS);
     size_t counts[] = {0, 1, (size_t)(t->n > 1 ? t->n - 1 : 2), 7, 1025};
     int seed = 1;
     for (size_t a = 0; a < 4; a++)
@@ -97,7 +102,7 @@ Test(allreduce, n8_two_hosts, .timeout = 200)
 /* Same inputs, same algorithm: bitwise the same outputs, call after call. */
 Test(allreduce, identical_run_to_run, .timeout = 120)
 {
-    colltest *t = ct_start(2, (int[]){3, 2}, NULL, 0);
+    colltest *t = ct_start(2, (int[]){3, 2}, NULL, HEARTBEAT_MS);
     size_t count = 100003;
     for (size_t a = 0; a < 4; a++) {
         void **first = ct_bufs(t->n, count, TPU_F32, 7, 20, t->n);
@@ -131,7 +136,7 @@ static void repro_sum(colltest *t, size_t count, tpu_algo algo, size_t chunk, in
 
 Test(reproducible, across_algorithms_chunks_and_core_counts, .timeout = 200)
 {
-    colltest *t = ct_start(2, (int[]){4, 4}, NULL, 0);
+    colltest *t = ct_start(2, (int[]){4, 4}, NULL, HEARTBEAT_MS);
     size_t count = 70001, chunks[] = {0, 4096, 65536};
     float *ref = malloc(count * 4), *got = malloc(count * 4);
     int members[5] = {0, 1, 2, 3, 4};
@@ -175,7 +180,7 @@ Test(reproducible, across_algorithms_chunks_and_core_counts, .timeout = 200)
 /* Interleaved and blocked groups reduce independently. */
 Test(groups, allreduce_and_allgather, .timeout = 120)
 {
-    colltest *t = ct_start(2, (int[]){3, 3}, NULL, 0);
+    colltest *t = ct_start(2, (int[]){3, 3}, NULL, HEARTBEAT_MS);
     static const int interleaved[6] = {0, 1, 0, 1, 0, 1}, blocked[6] = {0, 0, 1, 1, 2, 2};
     const int *ga[2] = {interleaved, blocked};
     size_t count = 4099;
@@ -229,7 +234,7 @@ Test(groups, allreduce_and_allgather, .timeout = 120)
 
 Test(broadcast, from_every_root, .timeout = 120)
 {
-    colltest *t = ct_start(2, (int[]){3, 2}, NULL, 0);
+    colltest *t = ct_start(2, (int[]){3, 2}, NULL, HEARTBEAT_MS);
     size_t counts[] = {1, 1000, 300001};
     for (size_t d = 0; d < 2; d++)
         for (size_t c = 0; c < 3; c++)
@@ -250,7 +255,7 @@ Test(broadcast, from_every_root, .timeout = 120)
 
 static void gather_scatter(int hosts, const int *cores)
 {
-    colltest *t = ct_start(hosts, cores, NULL, 0);
+    colltest *t = ct_start(hosts, cores, NULL, HEARTBEAT_MS);
     size_t counts[] = {0, 1, (size_t)t->n - 1, 1001, 300007};
     int members[64];
     char why[512];
@@ -301,7 +306,7 @@ Test(gather_scatter, n5, .timeout = 120)
  * id, TCP across host ids or with --transport tcp; the results agree. */
 static void transport_case(int hosts, const int *cores, const char *const *args, const char *want)
 {
-    colltest *t = ct_start(hosts, cores, args, 0);
+    colltest *t = ct_start(hosts, cores, args, HEARTBEAT_MS);
     tpu_collective_stats st;
     for (size_t a = 0; a < 4; a++) {
         allreduce_checked(t, 262147, TPU_F32, TPU_SUM, ALGOS[a], 51);
@@ -334,7 +339,7 @@ Test(transport, tcp_forced_on_one_host, .timeout = 120)
 /* Someone else re-initializes: our next collective is refused, naming both epochs. */
 Test(errors, stale_epoch, .timeout = 60)
 {
-    colltest *t = ct_start(1, (int[]){2}, NULL, 0);
+    colltest *t = ct_start(1, (int[]){2}, NULL, HEARTBEAT_MS);
     tpu_resolver *r2;
     tpu_cluster *c2;
     tpu_topology *tp;
@@ -359,7 +364,7 @@ Test(errors, stale_epoch, .timeout = 60)
 
 Test(errors, no_system_and_bad_arguments, .timeout = 60)
 {
-    colltest *t = ct_start(1, (int[]){2}, NULL, 0);
+    colltest *t = ct_start(1, (int[]){2}, NULL, HEARTBEAT_MS);
     tpu_resolver *r2;
     tpu_cluster *c2;
     void **b = ct_bufs(t->n, 16, TPU_F32, 1, 0, t->n);
@@ -381,7 +386,7 @@ Test(errors, no_system_and_bad_arguments, .timeout = 60)
 /* tpuctl bench allreduce: the table's rows, correct, as JSON. */
 Test(cli, bench_allreduce_json, .timeout = 120)
 {
-    colltest *t = ct_start(2, (int[]){2, 1}, NULL, 0);
+    colltest *t = ct_start(2, (int[]){2, 1}, NULL, HEARTBEAT_MS);
     run_result rr;
     cluster_tpuctl(t->cl, &rr, 90000, "--json", "bench", "allreduce", "--min", "4K", "--max", "64K", "--iters", "3",
                    "--warmup", "1", NULL);

@@ -132,8 +132,8 @@ static void works_again(colltest *t)
 {
     int members[64];
     char why[256];
+    ct_reinit(t); /* first: it sets t->n, which the buffers follow */
     void **b = ct_bufs(t->n, 100003, TPU_F32, 5, 0, t->n);
-    ct_reinit(t);
     for (int r = 0; r < t->n; r++)
         members[r] = r;
     tpu_status s = tpu_all_reduce(t->c, b, 100003, TPU_F32, TPU_SUM, NULL);

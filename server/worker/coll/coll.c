@@ -34,6 +34,9 @@ struct coll {
     uint64_t topo_epoch;
     int *host;
     uint32_t nhost;
+    /* schedules of failed collectives still waiting for link callbacks; freed
+     * at reset, when the links have dropped them (no callback can come) */
+    struct sched *zombies;
 };
 
 int coll_init(struct worker *w)
@@ -317,7 +320,7 @@ static void finish(struct cop *op, const err *e)
         peers_abort(c->w->peers, op->seq, e);
         reply(op, e, NULL, 0, NULL, NULL);
         if (op->s)
-            sched_release(op->s);
+            sched_release(op->s, &c->zombies);
         cop_free(op);
     } else {
         coll_algo_name(op);
@@ -522,6 +525,7 @@ void coll_reset(struct worker *w)
         cop_free(op);
     }
     c->nqueue = 0;
+    sched_free_zombies(&c->zombies); /* peers_reset (or peers_stop) dropped their link operations */
     c->failed = 0;
     free(c->host);
     c->host = NULL;

@@ -39,6 +39,14 @@ void sched_free(struct sched *s)
 {
     if (!s)
         return;
+    if (s->zhead) { /* unlink from the owner's list of released schedules */
+        if (s->zprev)
+            s->zprev->znext = s->znext;
+        else
+            *s->zhead = s->znext;
+        if (s->znext)
+            s->znext->zprev = s->zprev;
+    }
     for (int i = 0; i < s->nowned; i++)
         free(s->owned[i]);
     if (s->pp)
@@ -54,13 +62,27 @@ void sched_free(struct sched *s)
     free(s);
 }
 
-void sched_release(struct sched *s)
+void sched_release(struct sched *s, struct sched **zombies)
 {
     if (!s)
         return;
     s->released = 1;
-    if (s->outstanding == 0)
+    if (s->outstanding == 0) {
         sched_free(s);
+    } else if (zombies) {
+        s->zhead = zombies;
+        s->zprev = NULL;
+        s->znext = *zombies;
+        if (*zombies)
+            (*zombies)->zprev = s;
+        *zombies = s;
+    }
+}
+
+void sched_free_zombies(struct sched **zombies)
+{
+    while (*zombies)
+        sched_free(*zombies); /* unlinks itself */
 }
 
 int sched_own(struct sched *s, void *p)

@@ -86,6 +86,8 @@ struct sched {
     err fail;
     void *owned[8];
     int nowned;
+    /* released but still waiting for link callbacks: on the owner's list */
+    struct sched **zhead, *zprev, *znext;
     int nsend_ops, nrecv_ops;
 };
 
@@ -95,8 +97,11 @@ struct sched *sched_new(uint64_t seq, const char *what, int g, int me, const int
                         peers *p, size_t slot_bytes, int nslots);
 /* Frees now (never while it runs; see sched_release). */
 void sched_free(struct sched *s);
-/* Frees once no link callback is pending (possibly now). */
-void sched_release(struct sched *s);
+/* Frees once no link callback is pending (possibly now). Until then it stays on
+ * *zombies (may be NULL), so its owner can free it for good once no callback
+ * can come any more (the links were reset or stopped): sched_free_zombies(). */
+void sched_release(struct sched *s, struct sched **zombies);
+void sched_free_zombies(struct sched **zombies);
 /* Frees p with the schedule. */
 int sched_own(struct sched *s, void *p);
 
