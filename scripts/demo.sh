@@ -2,7 +2,7 @@
 # The main job: install what is needed, build, start a local emulated TPU
 # cluster (a resolver and 8 workers: 2 hosts x 4 cores of a v3), and walk the
 # TensorFlow lifecycle against it: resolve, connect, initialize, show the
-# topology, check health, shut down. Everything started here is stopped on exit.
+# topology, check health, all-reduce between the cores, shut down. Everything started here is stopped on exit.
 #
 #   scripts/demo.sh                     # port 8470, or the next free one
 #   TPUEMU_DEMO_PORT=9000 scripts/demo.sh
@@ -44,4 +44,5 @@ export TPU_NAME="grpc://$tpu"
 step "$bin/tpuctl" init --expect 8 --timeout-ms 10000
 step "$bin/tpuctl" cluster
 step "$bin/tpuctl" health
+step "$bin/tpuctl" bench allreduce --min 4K --max 16M --iters 5 --warmup 1
 step "$bin/tpuctl" shutdown

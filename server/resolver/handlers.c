@@ -203,7 +203,13 @@ static void start_probe(resolver *r, rreq *req, rentry *en, const winfo *w)
 {
     struct claim *c;
     struct corelink *l;
-    uint32_t timeout = r->heartbeat_ms < 1000 ? r->heartbeat_ms : 1000;
+    /* Long enough for a live but busy holder to answer (a loaded machine, a
+     * worker under valgrind), short enough that a worker restarted right after
+     * a crash gets its core back well before the old one would be declared dead:
+     * half of the dead-core time, at least 500 ms. */
+    uint32_t timeout = r->heartbeat_ms * r->dead_after / 2;
+    if (timeout < 500)
+        timeout = 500;
     err e;
 
     if (r->nclaims >= RSV_MAX_CLAIMS || !(c = calloc(1, sizeof *c))) {

@@ -5,7 +5,7 @@
  * collectives are refused until a re-initialize; after it (the dead worker
  * restarted, the stopped one continued) collectives work again.
  *
- * Bounds: the cores' progress timeout is heartbeat_ms x dead_after (100 ms x
+ * Bounds: the cores' progress timeout is heartbeat_ms x dead_after (200 ms x
  * 3 here); a killed core's connections close at once, a stopped one is noticed
  * when the timeout passes; the detecting core aborts the others at once. We
  * allow the timeout + 700 ms (scheduling on a loaded 2-core machine, the
@@ -24,6 +24,11 @@
 
 #define ROUNDS 5
 #define MARGIN_MS 700
+/* Heartbeats for the repeated rounds: fast enough to keep the test short, slow
+ * enough that a core starved of CPU by the sanitizer run is not taken for a
+ * stopped one (a silent core is probed for at least 500 ms before it is blamed). */
+#define HB_MS 200
+#define BOUND_MS (3 * HB_MS)
 /* A small input (fast to upload: the fault must hit the collective, not the
  * client's upload) run many times back to back, so it is still running when
  * the fault comes. */
@@ -146,11 +151,11 @@ static void works_again(colltest *t)
 
 Test(faults, kill9_mid_allreduce_repeatedly, .timeout = 240)
 {
-    colltest *t = ct_start(2, (int[]){2, 2}, NULL, 0);
+    colltest *t = ct_start(2, (int[]){2, 2}, NULL, HB_MS);
     for (int round = 0; round < ROUNDS; round++) {
         int victim = 1 + round % (t->n - 1); /* never the same neighbour pattern twice in a row */
         int w = t->worker_of[victim];
-        fault_round(t, victim, SIGKILL, 120 + 40 * round, 300 + MARGIN_MS);
+        fault_round(t, victim, SIGKILL, 120 + 40 * round, BOUND_MS + MARGIN_MS);
         cluster_kill_worker(t->cl, w); /* reap */
         cluster_restart_worker(t->cl, w);
         cr_assert(cluster_wait_until(is_pid, t->cl, &w, 10000), "the restarted worker did not register");
@@ -161,11 +166,11 @@ Test(faults, kill9_mid_allreduce_repeatedly, .timeout = 240)
 
 Test(faults, sigstop_mid_allreduce_repeatedly, .timeout = 240)
 {
-    colltest *t = ct_start(2, (int[]){2, 2}, NULL, 0);
+    colltest *t = ct_start(2, (int[]){2, 2}, NULL, HB_MS);
     for (int round = 0; round < ROUNDS; round++) {
         int victim = (round * 3) % t->n;
         int w = t->worker_of[victim];
-        fault_round(t, victim, SIGSTOP, 120 + 40 * round, 300 + MARGIN_MS);
+        fault_round(t, victim, SIGSTOP, 120 + 40 * round, BOUND_MS + MARGIN_MS);
         cluster_signal_worker(t->cl, w, SIGCONT);
         if (round == 0)
             refused_until_reinit(t, victim);

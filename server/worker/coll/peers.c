@@ -50,15 +50,15 @@ void peers_defer(struct peers *p, struct lop *op)
 /* The failure bound is the resolver's own: heartbeat interval x dead-after
  * (3 s with the defaults). A link that hears nothing from its peer for half of
  * it probes the peer's control socket (probe.h) for up to a quarter of it
- * (at least 250 ms: a live but busy loop must get to answer); only a peer that does not answer is blamed. With the
+ * (at least 500 ms: a live but busy loop must get to answer); only a peer that does not answer is blamed. With the
  * link's check period (1/8 of the silence, at most 250 ms) and the ABORT that
  * carries the cause to every other core, every survivor fails inside the bound
- * (about 2.3 s with the defaults). A peer that answers but sends nothing for
+ * (about 2.4 s with the defaults). A peer that answers but sends nothing for
  * ten times the bound is given up on too, so nothing waits forever. */
 static void set_timeouts(struct peers *p, uint64_t bound_ms)
 {
     p->timeout_ms = (unsigned)(bound_ms / 2);
-    p->probe_ms = (unsigned)(bound_ms / 4 < 250 ? 250 : bound_ms / 4);
+    p->probe_ms = (unsigned)(bound_ms / 4 < 500 ? 500 : bound_ms / 4);
     p->stall_ms = (unsigned)(bound_ms * 10);
 }
 
