@@ -41,6 +41,7 @@ size_t dpauth_auth(const auth *a, const unsigned char server_chal[AUTH_CHALLENGE
     h.challenge.len = AUTH_CHALLENGE_BYTES;
     snprintf(p, sizeof p, "%s", peer ? peer : "");
     h.peer = p;
+    h.replica = -1; /* a client (tools, libtpuclient); cores dial each other through dp_conn */
     return frame_encode(&h, out, cap);
 }
 

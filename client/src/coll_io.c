@@ -97,45 +97,6 @@ fail:
                    p->core, p->addr, strerror(rc));
 }
 
-/* dpauth's connecting side, with AUTH.replica = -1 (a client, not a peer core). */
-static int handshake(int fd, const auth *a, const char *peer, uint64_t deadline, err *e)
-{
-    unsigned char schal[AUTH_CHALLENGE_BYTES], mine[AUTH_CHALLENGE_BYTES], mac[AUTH_MAC_BYTES];
-    uint8_t buf[DPAUTH_FRAME_MAX];
-    Tpuemu__FrameHeader *h = NULL, out = TPUEMU__FRAME_HEADER__INIT;
-    char p[128];
-    size_t n;
-    int rc;
-
-    if ((rc = dpauth_read_header(fd, deadline, 0, &h, e)) != CODE_OK)
-        return rc;
-    rc = dpauth_check_hello(h, schal, e);
-    frame_header_free(h);
-    if (rc != CODE_OK)
-        return rc;
-    auth_random(mine, sizeof mine);
-    out.kind = KIND(AUTH);
-    if (a && a->enabled) {
-        auth_challenge_mac(a, schal, mac);
-        out.mac.data = mac;
-        out.mac.len = sizeof mac;
-    }
-    out.challenge.data = mine;
-    out.challenge.len = sizeof mine;
-    snprintf(p, sizeof p, "%s", peer);
-    out.peer = p;
-    out.replica = -1;
-    if ((n = frame_encode(&out, buf, sizeof buf)) == 0)
-        return err_set(e, CODE_INTERNAL, "data-plane AUTH frame does not fit");
-    if ((rc = dpauth_write_all(fd, buf, n, deadline, e)) != CODE_OK)
-        return rc;
-    if ((rc = dpauth_read_header(fd, deadline, 0, &h, e)) != CODE_OK)
-        return rc;
-    rc = dpauth_check_auth_ok(a, mine, h, e);
-    frame_header_free(h);
-    return rc;
-}
-
 int coll_io_connect(tpu_cluster *c, uint64_t deadline_ms, err *e)
 {
     struct cli_coll *k = c->coll;
@@ -148,7 +109,9 @@ int coll_io_connect(tpu_cluster *c, uint64_t deadline_ms, err *e)
         dl = now + COLL_CONNECT_MS < deadline_ms ? now + COLL_CONNECT_MS : deadline_ms;
         if ((rc = tcp_connect(p, dl, &fd, e)) != CODE_OK)
             return rc;
-        if ((rc = handshake(fd, &c->r->auth, c->r->sender, dl, e)) != CODE_OK) {
+        now = wire_now_ms();
+        if ((rc = dpauth_client_fd(fd, &c->r->auth, c->r->sender, dl > now ? (int)(dl - now) : 0, e)) !=
+            CODE_OK) {
             close(fd);
             if (rc == CODE_DEADLINE_EXCEEDED)
                 rc = CODE_UNAVAILABLE;
