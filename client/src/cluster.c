@@ -185,6 +185,7 @@ tpu_status tpu_cluster_spec_core(const tpu_cluster_spec *s, size_t i, tpu_core_i
     out->tpu_type = w->tpu_type;
     out->hbm_capacity = w->hbm_capacity;
     out->hbm_used = w->hbm_used;
+    out->hbm_peak = w->hbm_peak;
     out->state = ci->state >= TPUEMU__CORE_STATE__CORE_IDLE && ci->state <= TPUEMU__CORE_STATE__CORE_DEAD
                      ? (tpu_core_state)ci->state
                      : TPU_CORE_UNKNOWN;

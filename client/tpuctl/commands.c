@@ -87,8 +87,9 @@ static size_t count_hosts(const tpu_cluster_spec *s)
 
 static int cmd_cluster(const struct tpuctl *g, int argc, char **argv)
 {
+    /* HBM figures in GiB */
     static const char *const head[] = {"HOST", "CORE", "STATE", "REPLICA", "TYPE", "HBM_USED",
-                                       "HBM_CAP", "HEARTBEAT_AGE", "PID", "CONTROL", "DATA"};
+                                       "HBM_PEAK", "HBM_CAP", "HEARTBEAT_AGE", "PID", "CONTROL", "DATA"};
     struct opt none[1] = {{0}};
     tpu_resolver *r;
     tpu_cluster *c;
@@ -139,6 +140,7 @@ static int cmd_cluster(const struct tpuctl *g, int argc, char **argv)
                 json_null(&j, "replica");
             json_str(&j, "tpu_type", ci.tpu_type);
             json_uint(&j, "hbm_used", ci.hbm_used);
+            json_uint(&j, "hbm_peak", ci.hbm_peak);
             json_uint(&j, "hbm_capacity", ci.hbm_capacity);
             json_uint(&j, "heartbeat_age_ms", ci.heartbeat_age_ms);
             json_uint(&j, "pid", ci.pid);
@@ -168,6 +170,7 @@ static int cmd_cluster(const struct tpuctl *g, int argc, char **argv)
                 table_cell(&t, "-");
             table_cell(&t, "%s", ci.tpu_type);
             table_cell(&t, "%.2f", (double)ci.hbm_used / GIB);
+            table_cell(&t, "%.2f", (double)ci.hbm_peak / GIB);
             table_cell(&t, "%.2f", (double)ci.hbm_capacity / GIB);
             table_cell(&t, "%.1fs", (double)ci.heartbeat_age_ms / 1000.0);
             table_cell(&t, "%u", ci.pid);

@@ -75,6 +75,7 @@ void reg_winfo_copy(winfo *d, const Tpuemu__WorkerInfo *s)
     snprintf(d->tpu_type, sizeof d->tpu_type, "%s", s->tpu_type ? s->tpu_type : "");
     d->hbm_capacity = s->hbm_capacity;
     d->hbm_used = s->hbm_used;
+    d->hbm_peak = s->hbm_peak;
     d->pid = s->pid;
     snprintf(d->version, sizeof d->version, "%.31s", s->version ? s->version : "");
     d->epoch = s->epoch;
@@ -94,6 +95,7 @@ void reg_winfo_view(const winfo *w, Tpuemu__WorkerInfo *o)
     o->tpu_type = (char *)w->tpu_type;
     o->hbm_capacity = w->hbm_capacity;
     o->hbm_used = w->hbm_used;
+    o->hbm_peak = w->hbm_peak;
     o->pid = w->pid;
     o->version = (char *)w->version;
     o->epoch = w->epoch;

@@ -28,7 +28,7 @@ typedef struct winfo {
     char control_addr[REG_ADDR_MAX];
     char data_addr[REG_ADDR_MAX];
     char tpu_type[8];
-    uint64_t hbm_capacity, hbm_used;
+    uint64_t hbm_capacity, hbm_used, hbm_peak;
     uint32_t pid;
     char version[32];
     uint64_t epoch;

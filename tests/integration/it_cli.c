@@ -25,7 +25,7 @@ Test(cli, cluster_table, .timeout = 30)
     cr_assert(strstr(r.out, "cluster: 2 cores (0 ready, 2 idle, 0 dead) on 2 hosts, epoch 0, "
                             "initialized no, heartbeat 100 ms"),
               SHOW(r));
-    const char *cols[] = {"HOST", "CORE", "STATE", "REPLICA", "TYPE", "HBM_USED", "HBM_CAP",
+    const char *cols[] = {"HOST", "CORE", "STATE", "REPLICA", "TYPE", "HBM_USED", "HBM_PEAK", "HBM_CAP",
                           "HEARTBEAT_AGE", "PID", "CONTROL", "DATA"};
     for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++)
         cr_assert(strstr(r.out, cols[i]), "column %s: " SHOW(r), cols[i]);

@@ -403,3 +403,35 @@ Test(cli, bench_allreduce_json, .timeout = 120)
     run_result_free(&rr);
     ct_free(t);
 }
+
+/* Every core of the system reports a positive HBM peak (and nothing in use), or,
+ * with arg != NULL, a zero peak: what `tpuctl cluster` shows. */
+static int hbm_peaks(cluster *c, void *arg)
+{
+    tpu_cluster_spec *s = cluster_spec(c);
+    int ok = tpu_cluster_spec_num_cores(s) > 0;
+    for (size_t i = 0; i < tpu_cluster_spec_num_cores(s); i++) {
+        tpu_core_info ci;
+        tpu_cluster_spec_core(s, i, &ci);
+        if (ci.hbm_used != 0 || (arg ? ci.hbm_peak != 0 : ci.hbm_peak == 0))
+            ok = 0;
+    }
+    tpu_cluster_spec_free(s);
+    return ok;
+}
+
+/* A collective charges each core's HBM while it runs: afterwards the peak shows
+ * it and nothing stays in use; a re-initialize empties the accounting. */
+Test(hbm, collective_buffers_charged_then_released, .timeout = 60)
+{
+    colltest *t = ct_start(1, (int[]){2}, NULL, HEARTBEAT_MS);
+    void **b = ct_bufs(t->n, 1 << 20, TPU_F32, 3, 0, t->n);
+    CALL_OK(tpu_all_reduce(t->c, b, 1 << 20, TPU_F32, TPU_SUM, NULL));
+    cr_assert(cluster_wait_until(hbm_peaks, t->cl, NULL, 5000),
+              "after an all-reduce of 4 MiB every core reports an HBM peak and nothing in use");
+    ct_reinit(t);
+    cr_assert(cluster_wait_until(hbm_peaks, t->cl, (void *)1, 5000),
+              "a re-initialize empties every core's HBM accounting, peak included");
+    ct_free_bufs(b, t->n);
+    ct_free(t);
+}

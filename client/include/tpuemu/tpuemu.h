@@ -135,6 +135,7 @@ typedef struct tpu_core_info {
     int replica_id;           /* -1 unless READY */
     uint32_t pid;
     const char *version;
+    uint64_t hbm_peak;        /* bytes: the most in use since the last initialize */
 } tpu_core_info;
 
 typedef struct tpu_cluster_spec tpu_cluster_spec;
