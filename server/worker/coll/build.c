@@ -15,8 +15,8 @@
  *   reduce-scatter: hd (powers of two) below COLL_HD_MAX.
  * Below COLL_RD_MAX bytes the hd generator does recursive doubling of the
  * whole buffer (log2 p steps instead of 2 log2 p): 4 workers over TCP, 4-16
- * KiB: 206-228 us against 362-479 us with halving-doubling, A/B in one
- * session (TPUEMU_COLL_RD_MAX=0 vs default); at 32 KiB they are even.
+ * KiB: 206-228 us against 362-479 us with halving-doubling, measured side by
+ * side (TPUEMU_COLL_RD_MAX=0 vs default); at 32 KiB they are even.
  * TPUEMU_COLL_HD_MAX, TPUEMU_COLL_RD_MAX, TPUEMU_COLL_HIER_MIN,
  * TPUEMU_COLL_CHUNK and TPUEMU_COLL_DEPTH (environment of tpu-worker)
  * override them for measuring.
