@@ -69,6 +69,21 @@ static void disconnect(tpu_resolver *r, tpu_cluster *c)
     tpu_resolver_free(r);
 }
 
+/* connect_cluster() and a fresh cluster spec; -1 on success, else the exit
+ * status (the error printed, nothing left open). */
+static int connect_spec(const struct tpuctl *g, tpu_resolver **r, tpu_cluster **c, tpu_cluster_spec **s)
+{
+    int rc = connect_cluster(g, r, c);
+    if (rc >= 0)
+        return rc;
+    if (tpu_cluster_spec_get(*c, s) != TPU_OK) {
+        rc = fail();
+        disconnect(*r, *c);
+        return rc;
+    }
+    return -1;
+}
+
 static size_t count_hosts(const tpu_cluster_spec *s)
 {
     size_t hosts = 0;
@@ -99,13 +114,8 @@ static int cmd_cluster(const struct tpuctl *g, int argc, char **argv)
     int rc = cmd_flags(none, 0, argc, argv, "tpuctl cluster",
                        "Every core the resolver knows: state, replica, HBM, heartbeat age.");
 
-    if (rc >= 0 || (rc = connect_cluster(g, &r, &c)) >= 0)
+    if (rc >= 0 || (rc = connect_spec(g, &r, &c, &s)) >= 0)
         return rc;
-    if (tpu_cluster_spec_get(c, &s) != TPU_OK) {
-        rc = fail();
-        disconnect(r, c);
-        return rc;
-    }
     n = tpu_cluster_spec_num_cores(s);
     for (size_t i = 0; i < n; i++) {
         tpu_cluster_spec_core(s, i, &ci);
@@ -344,13 +354,8 @@ static int cmd_health(const struct tpuctl *g, int argc, char **argv)
                        "Health of the cluster and of every core, shaped like Cloud TPU's. "
                        "Exit 0 when every core is healthy, else 1.");
 
-    if (rc >= 0 || (rc = connect_cluster(g, &r, &c)) >= 0)
+    if (rc >= 0 || (rc = connect_spec(g, &r, &c, &s)) >= 0)
         return rc;
-    if (tpu_cluster_spec_get(c, &s) != TPU_OK) {
-        rc = fail();
-        disconnect(r, c);
-        return rc;
-    }
     n = tpu_cluster_spec_num_cores(s);
     epoch = tpu_cluster_spec_epoch(s);
     init = tpu_cluster_spec_initialized(s);
