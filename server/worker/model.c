@@ -1,0 +1,693 @@
+/* The model math of one emulated core (contract in model.h): Dense layers on
+ * the matrix unit, activations, losses and their gradients, SGD and Adam.
+ *
+ * Every buffer a step needs is allocated at model_new for max_rows rows; a
+ * step never allocates. Results depend on the inputs and the seed only: no
+ * threads, no fast-math, every float sum runs in a fixed order, so replicas
+ * given the same reduced gradients stay bitwise identical. */
+#include "model.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MODEL_MAX_ROWS (1 << 20)
+#define CLIP_LO 1e-7f           /* Keras' backend epsilon */
+#define CLIP_HI (1.0f - 1e-7f)
+
+struct layer {
+    int in, units;
+    enum model_act act;
+    size_t w, b;                /* offsets of kernel and bias in the parameter array */
+    float *a;                   /* activations of the last forward, max_rows x units */
+};
+
+struct model {
+    struct model_cfg cfg;
+    mxu *u;
+    mxu_precision prec;
+    unsigned tile;
+    struct layer layer[MODEL_MAX_LAYERS];
+    size_t nparams;
+    float *params, *grads;
+    float *slots;               /* nslots x nparams */
+    int nslots;
+    uint64_t iterations;
+    const float *x;             /* the last forward's input (the caller's, borrowed) */
+    float *d0, *d1;             /* backward ping-pong, max_rows x widest layer */
+    int out_rows;               /* rows of the last forward's outputs, -1 if none */
+    int fresh;                  /* that forward ran on the current weights */
+    double mm_seconds;
+    uint64_t mm_calls;
+};
+
+static const char *const act_names[] = {"linear", "relu", "softmax", "tanh", "sigmoid"};
+static const char *const loss_names[] = {"sparse_categorical_crossentropy", "categorical_crossentropy",
+                                         "mean_squared_error"};
+static const char *const opt_names[] = {"sgd", "adam"};
+
+const char *model_act_name(enum model_act a)
+{
+    return (unsigned)a < sizeof act_names / sizeof *act_names ? act_names[a] : "unknown";
+}
+
+const char *model_loss_name(enum model_loss l)
+{
+    return (unsigned)l < sizeof loss_names / sizeof *loss_names ? loss_names[l] : "unknown";
+}
+
+const char *model_opt_name(enum model_opt o)
+{
+    return (unsigned)o < sizeof opt_names / sizeof *opt_names ? opt_names[o] : "unknown";
+}
+
+static int positive_finite(float v)
+{
+    return v > 0.0f && isfinite(v);
+}
+
+static int check_cfg(const struct model_cfg *c, err *e)
+{
+    const struct model_opt_cfg *o = &c->opt;
+    int last;
+
+    if (c->in_dim < 1 || c->in_dim > MODEL_MAX_UNITS)
+        return err_set(e, CODE_INVALID_ARGUMENT, "in_dim %d is outside 1..%d", c->in_dim, MODEL_MAX_UNITS);
+    if (c->nlayers < 1 || c->nlayers > MODEL_MAX_LAYERS)
+        return err_set(e, CODE_INVALID_ARGUMENT, "nlayers %d is outside 1..%d", c->nlayers, MODEL_MAX_LAYERS);
+    for (int l = 0; l < c->nlayers; l++) {
+        if (c->units[l] < 1 || c->units[l] > MODEL_MAX_UNITS)
+            return err_set(e, CODE_INVALID_ARGUMENT, "layer %d: units %d is outside 1..%d", l, c->units[l],
+                           MODEL_MAX_UNITS);
+        if ((unsigned)c->act[l] > ACT_SIGMOID)
+            return err_set(e, CODE_INVALID_ARGUMENT,
+                           "layer %d: activation %d is not linear (0), relu (1), softmax (2), tanh (3) or "
+                           "sigmoid (4)", l, (int)c->act[l]);
+    }
+    if ((unsigned)c->loss > LOSS_MSE)
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       "loss %d is not sparse_categorical_crossentropy (0), categorical_crossentropy (1) or "
+                       "mean_squared_error (2)", (int)c->loss);
+    last = c->units[c->nlayers - 1];
+    if (c->loss != LOSS_MSE && last < 2)
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       "loss %s needs at least 2 classes, but the last layer (%d) has %d unit(s)",
+                       model_loss_name(c->loss), c->nlayers - 1, last);
+    if ((unsigned)o->kind > OPT_ADAM)
+        return err_set(e, CODE_INVALID_ARGUMENT, "opt.kind %d is not sgd (0) or adam (1)", (int)o->kind);
+    if (!positive_finite(o->learning_rate))
+        return err_set(e, CODE_INVALID_ARGUMENT, "opt.learning_rate %g is not a finite number above 0",
+                       (double)o->learning_rate);
+    if (o->kind == OPT_SGD && !(o->momentum >= 0.0f && o->momentum <= 1.0f))
+        return err_set(e, CODE_INVALID_ARGUMENT, "opt.momentum %g is outside [0, 1]", (double)o->momentum);
+    if (o->kind == OPT_ADAM) {
+        if (!(o->beta_1 >= 0.0f && o->beta_1 < 1.0f))
+            return err_set(e, CODE_INVALID_ARGUMENT, "opt.beta_1 %g is outside [0, 1)", (double)o->beta_1);
+        if (!(o->beta_2 >= 0.0f && o->beta_2 < 1.0f))
+            return err_set(e, CODE_INVALID_ARGUMENT, "opt.beta_2 %g is outside [0, 1)", (double)o->beta_2);
+        if (!positive_finite(o->epsilon))
+            return err_set(e, CODE_INVALID_ARGUMENT, "opt.epsilon %g is not a finite number above 0",
+                           (double)o->epsilon);
+    }
+    if ((unsigned)c->precision > MODEL_MIXED_BF16)
+        return err_set(e, CODE_INVALID_ARGUMENT, "precision %d is not float32 (0) or mixed_bfloat16 (1)",
+                       (int)c->precision);
+    if (c->max_rows < 1 || c->max_rows > MODEL_MAX_ROWS)
+        return err_set(e, CODE_INVALID_ARGUMENT, "max_rows %d is outside 1..%d", c->max_rows, MODEL_MAX_ROWS);
+    if (c->mxu_tile > 4096)
+        return err_set(e, CODE_INVALID_ARGUMENT, "mxu_tile %u is outside 1..4096 (0 means 128)", c->mxu_tile);
+    return CODE_OK;
+}
+
+/* calloc of a x b floats, NULL on overflow too */
+static float *floats(size_t a, size_t b)
+{
+    if (b && a > SIZE_MAX / sizeof(float) / b)
+        return NULL;
+    return calloc(a * b > 0 ? a * b : 1, sizeof(float));
+}
+
+int model_new(model **out, const struct model_cfg *cfg, mxu *u, err *e)
+{
+    model *m;
+    size_t rows, widest = 0, off = 0;
+    int rc;
+
+    *out = NULL;
+    if (!cfg || !u)
+        return err_set(e, CODE_INVALID_ARGUMENT, "model: missing %s", cfg ? "matrix unit" : "config");
+    if ((rc = check_cfg(cfg, e)) != CODE_OK)
+        return rc;
+    if (!(m = calloc(1, sizeof *m)))
+        goto oom;
+    m->cfg = *cfg;
+    m->u = u;
+    m->prec = cfg->precision == MODEL_MIXED_BF16 ? MXU_DEFAULT : MXU_HIGHEST;
+    m->tile = cfg->mxu_tile ? cfg->mxu_tile : 128;
+    rows = (size_t)cfg->max_rows;
+    for (int l = 0; l < cfg->nlayers; l++) {
+        struct layer *L = &m->layer[l];
+        L->in = l ? cfg->units[l - 1] : cfg->in_dim;
+        L->units = cfg->units[l];
+        L->act = cfg->act[l];
+        L->w = off;
+        L->b = off + (size_t)L->in * (size_t)L->units;
+        off = L->b + (size_t)L->units;
+        if ((size_t)L->units > widest)
+            widest = (size_t)L->units;
+        if (!(L->a = floats(rows, (size_t)L->units)))
+            goto oom;
+    }
+    m->nparams = off;
+    m->nslots = cfg->opt.kind == OPT_ADAM ? 2 : cfg->opt.momentum != 0.0f ? 1 : 0;
+    if (!(m->params = floats(off, 1)) || !(m->grads = floats(off, 1)) ||
+        (m->nslots && !(m->slots = floats(off, (size_t)m->nslots))) ||
+        !(m->d0 = floats(rows, widest)) ||
+        !(m->d1 = floats(rows, widest)))
+        goto oom;
+    model_init_weights(m, cfg->seed);
+    *out = m;
+    return CODE_OK;
+oom:
+    model_free(m);
+    return err_set(e, CODE_RESOURCE_EXHAUSTED,
+                   "out of host memory for a model of %d layers at max_rows %d (parameters, optimizer "
+                   "slots and activations); use a smaller model or per-core batch",
+                   cfg->nlayers, cfg->max_rows);
+}
+
+void model_free(model *m)
+{
+    if (!m)
+        return;
+    for (int l = 0; l < MODEL_MAX_LAYERS; l++)
+        free(m->layer[l].a);
+    free(m->params);
+    free(m->grads);
+    free(m->slots);
+    free(m->d0);
+    free(m->d1);
+    free(m);
+}
+
+const struct model_cfg *model_config(const model *m)
+{
+    return &m->cfg;
+}
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+void model_init_weights(model *m, uint64_t seed)
+{
+    for (int l = 0; l < m->cfg.nlayers; l++) {
+        const struct layer *L = &m->layer[l];
+        size_t n = (size_t)L->in * (size_t)L->units;
+        double lim = sqrt(6.0 / ((double)L->in + (double)L->units));
+        /* value i of layer l is a function of (seed, l, i) alone */
+        uint64_t key = splitmix64(seed ^ splitmix64((uint64_t)l << 56));
+        float *w = m->params + L->w;
+        for (size_t i = 0; i < n; i++) {
+            double r = (double)(splitmix64(key ^ (uint64_t)i) >> 11) * 0x1p-53;   /* [0, 1) */
+            w[i] = (float)((2.0 * r - 1.0) * lim);
+        }
+        memset(m->params + L->b, 0, (size_t)L->units * sizeof(float));
+    }
+    memset(m->grads, 0, m->nparams * sizeof(float));
+    if (m->nslots)
+        memset(m->slots, 0, (size_t)m->nslots * m->nparams * sizeof(float));
+    m->iterations = 0;
+    m->out_rows = -1;
+    m->fresh = 0;
+}
+
+size_t model_num_params(const model *m)
+{
+    return m->nparams;
+}
+
+float *model_params(model *m)
+{
+    return m->params;
+}
+
+float *model_grads(model *m)
+{
+    return m->grads;
+}
+
+size_t model_kernel_offset(const model *m, int l)
+{
+    return m->layer[l].w;
+}
+
+size_t model_bias_offset(const model *m, int l)
+{
+    return m->layer[l].b;
+}
+
+int model_opt_num_slots(const model *m)
+{
+    return m->nslots;
+}
+
+float *model_opt_slot(model *m, int i)
+{
+    return i >= 0 && i < m->nslots ? m->slots + (size_t)i * m->nparams : NULL;
+}
+
+uint64_t model_opt_iterations(const model *m)
+{
+    return m->iterations;
+}
+
+void model_set_opt_iterations(model *m, uint64_t it)
+{
+    m->iterations = it;
+}
+
+static int matmul(model *m, int64_t M, int64_t N, int64_t K, int ta, int tb, const float *a, const float *b,
+                  float *c, err *e)
+{
+    struct mxu_op op = {M, N, K, ta, tb, 0};
+    struct mxu_stats st;
+    int rc = mxu_matmul(m->u, m->prec, &op, a, b, c, &st, e);
+    if (rc == CODE_OK) {
+        m->mm_seconds += st.seconds;
+        m->mm_calls++;
+    }
+    return rc;
+}
+
+/* z = act(z + b), row by row: one pass over the matmul's output. */
+static void activate(float *z, const float *b, int rows, int n, enum model_act act)
+{
+    for (int r = 0; r < rows; r++) {
+        float *restrict v = z + (size_t)r * (size_t)n;
+        switch (act) {
+        case ACT_LINEAR:
+            for (int j = 0; j < n; j++)
+                v[j] += b[j];
+            break;
+        case ACT_RELU:
+            for (int j = 0; j < n; j++) {
+                float s = v[j] + b[j];
+                v[j] = s < 0.0f ? 0.0f : s;   /* NaN stays NaN */
+            }
+            break;
+        case ACT_TANH:
+            for (int j = 0; j < n; j++)
+                v[j] = tanhf(v[j] + b[j]);
+            break;
+        case ACT_SIGMOID:
+            for (int j = 0; j < n; j++)
+                v[j] = 1.0f / (1.0f + expf(-(v[j] + b[j])));
+            break;
+        case ACT_SOFTMAX: {
+            float mx, sum = 0.0f;
+            for (int j = 0; j < n; j++)
+                v[j] += b[j];
+            mx = v[0];
+            for (int j = 1; j < n; j++)
+                mx = v[j] > mx ? v[j] : mx;
+            for (int j = 0; j < n; j++) {
+                v[j] = expf(v[j] - mx);
+                sum += v[j];
+            }
+            for (int j = 0; j < n; j++)
+                v[j] /= sum;
+            break;
+        }
+        }
+    }
+}
+
+/* d = dL/da -> dL/dz in place, from the activations a = act(z). */
+static void act_backward(float *d, const float *a, int rows, int n, enum model_act act)
+{
+    size_t len = (size_t)rows * (size_t)n;
+    float *restrict g = d;
+    const float *restrict y = a;
+
+    switch (act) {
+    case ACT_LINEAR:
+        break;
+    case ACT_RELU:
+        for (size_t i = 0; i < len; i++)
+            g[i] = y[i] > 0.0f ? g[i] : 0.0f;
+        break;
+    case ACT_TANH:
+        for (size_t i = 0; i < len; i++)
+            g[i] *= 1.0f - y[i] * y[i];
+        break;
+    case ACT_SIGMOID:
+        for (size_t i = 0; i < len; i++)
+            g[i] *= y[i] * (1.0f - y[i]);
+        break;
+    case ACT_SOFTMAX:
+        for (int r = 0; r < rows; r++) {
+            float *restrict gr = g + (size_t)r * (size_t)n;
+            const float *restrict yr = y + (size_t)r * (size_t)n;
+            float s = 0.0f;
+            for (int j = 0; j < n; j++)
+                s += gr[j] * yr[j];
+            for (int j = 0; j < n; j++)
+                gr[j] = (gr[j] - s) * yr[j];
+        }
+        break;
+    }
+}
+
+static float clip(float p)
+{
+    return p < CLIP_LO ? CLIP_LO : p > CLIP_HI ? CLIP_HI : p;
+}
+
+static int in_clip(float p)
+{
+    return p >= CLIP_LO && p <= CLIP_HI;   /* tf.clip_by_value passes the gradient at the bounds */
+}
+
+static int argmax(const float *v, int n)
+{
+    int k = 0;
+    for (int j = 1; j < n; j++)
+        if (v[j] > v[k])
+            k = j;
+    return k;
+}
+
+/* One row's loss of output p against its label, and with g (not NULL) the
+ * gradient: dL/dz when fused (softmax last layer, cross-entropy), dL/dp
+ * otherwise. */
+static float row_loss(enum model_loss loss, int fused, const float *restrict p, int n, const float *restrict y,
+                      int cls, float *restrict g)
+{
+    float s = 0.0f;
+
+    switch (loss) {
+    case LOSS_SPARSE_CCE: {
+        float cy = clip(p[cls]);
+        for (int j = 0; j < n; j++)
+            s += clip(p[j]);
+        if (g && fused) {
+            for (int j = 0; j < n; j++)
+                g[j] = p[j];
+            g[cls] -= 1.0f;
+        } else if (g) {
+            float inv = 1.0f / s;
+            for (int j = 0; j < n; j++)
+                g[j] = in_clip(p[j]) ? inv : 0.0f;
+            if (in_clip(p[cls]))
+                g[cls] -= 1.0f / cy;
+        }
+        return logf(s) - logf(cy);
+    }
+    case LOSS_CCE: {
+        float l = 0.0f, h = 0.0f;
+        for (int j = 0; j < n; j++)
+            s += p[j];
+        for (int j = 0; j < n; j++) {
+            float q = p[j] / s, c = clip(q);
+            l -= y[j] * logf(c);
+            if (g && !fused) {
+                g[j] = in_clip(q) ? -y[j] / c : 0.0f;   /* dL/dq */
+                h += g[j] * q;
+            }
+        }
+        if (g && fused) {
+            for (int j = 0; j < n; j++)
+                g[j] = p[j] - y[j];
+        } else if (g) {
+            for (int j = 0; j < n; j++)   /* through q = p / sum(p) */
+                g[j] = (g[j] - h) / s;
+        }
+        return l;
+    }
+    case LOSS_MSE: {
+        float inv = 1.0f / (float)n;
+        for (int j = 0; j < n; j++) {
+            float d = p[j] - y[j];
+            s += d * d;
+            if (g)
+                g[j] = 2.0f * d * inv;
+        }
+        return s / (float)n;
+    }
+    }
+    return 0.0f;
+}
+
+/* The loss over the last forward's outputs; with dz, the last layer's dL/dz. */
+static int loss_pass(model *m, const void *y, int rows, struct model_metrics *out, float *dz, err *e)
+{
+    const struct layer *L = &m->layer[m->cfg.nlayers - 1];
+    enum model_loss loss = m->cfg.loss;
+    int n = L->units, fused = loss != LOSS_MSE && L->act == ACT_SOFTMAX;
+    const int32_t *ids = y;
+    const float *yf = y;
+    struct model_metrics mt = {0, 0, rows};
+
+    if (m->out_rows < 0)
+        return err_set(e, CODE_FAILED_PRECONDITION, "model: no forward pass since the weights were initialized");
+    if (rows != m->out_rows)
+        return err_set(e, CODE_INVALID_ARGUMENT, "model: %d rows of labels for a forward pass over %d rows", rows,
+                       m->out_rows);
+    if (dz && !m->fresh)
+        return err_set(e, CODE_FAILED_PRECONDITION,
+                       "model: backward needs a forward pass on the current weights (they changed since)");
+    if (rows > 0 && !y)
+        return err_set(e, CODE_INVALID_ARGUMENT, "model: missing labels for %d rows", rows);
+    if (loss == LOSS_SPARSE_CCE)
+        for (int r = 0; r < rows; r++)
+            if (ids[r] < 0 || ids[r] >= n)
+                return err_set(e, CODE_INVALID_ARGUMENT,
+                               "row %d: class id %d is outside 0..%d (the last layer has %d units)", r,
+                               (int)ids[r], n - 1, n);
+    for (int r = 0; r < rows; r++) {
+        size_t o = (size_t)r * (size_t)n;
+        const float *p = L->a + o, *yr = loss == LOSS_SPARSE_CCE ? NULL : yf + o;
+        int cls = loss == LOSS_SPARSE_CCE ? ids[r] : 0;
+        mt.loss_sum += (double)row_loss(loss, fused, p, n, yr, cls, dz ? dz + o : NULL);
+        if (loss == LOSS_SPARSE_CCE)
+            mt.correct += argmax(p, n) == cls;
+        else if (loss == LOSS_CCE)
+            mt.correct += argmax(p, n) == argmax(yr, n);
+    }
+    if (dz && !fused)
+        act_backward(dz, L->a, rows, n, L->act);
+    if (out)
+        *out = mt;
+    return CODE_OK;
+}
+
+int model_forward(model *m, const float *x, int rows, float *out, err *e)
+{
+    const float *in = x;
+    const struct layer *L = NULL;
+    int rc;
+
+    m->out_rows = -1;
+    m->fresh = 0;
+    if (rows < 0 || rows > m->cfg.max_rows)
+        return err_set(e, CODE_INVALID_ARGUMENT, "model: %d rows is outside 0..%d (max_rows)", rows,
+                       m->cfg.max_rows);
+    if (rows > 0 && !x)
+        return err_set(e, CODE_INVALID_ARGUMENT, "model: missing input for %d rows", rows);
+    m->x = x;
+    for (int l = 0; l < m->cfg.nlayers && rows > 0; l++) {
+        L = &m->layer[l];
+        if ((rc = matmul(m, rows, L->units, L->in, 0, 0, in, m->params + L->w, L->a, e)) != CODE_OK) {
+            err_prefix(e, "layer %d forward", l);
+            return rc;
+        }
+        activate(L->a, m->params + L->b, rows, L->units, L->act);
+        in = L->a;
+    }
+    if (out && L)
+        memcpy(out, L->a, (size_t)rows * (size_t)L->units * sizeof *out);
+    m->out_rows = rows;
+    m->fresh = 1;
+    return CODE_OK;
+}
+
+int model_metrics_of(model *m, const void *y, int rows, struct model_metrics *out, err *e)
+{
+    return loss_pass(m, y, rows, out, NULL, e);
+}
+
+/* db = column sums of d (rows x n), in row order */
+static void colsum(const float *d, int rows, int n, float *restrict db)
+{
+    memcpy(db, d, (size_t)n * sizeof *db);
+    for (int r = 1; r < rows; r++) {
+        const float *restrict dr = d + (size_t)r * (size_t)n;
+        for (int j = 0; j < n; j++)
+            db[j] += dr[j];
+    }
+}
+
+int model_backward(model *m, const void *y, int rows, struct model_metrics *out, err *e)
+{
+    float *d = m->d0;
+    int rc;
+
+    if ((rc = loss_pass(m, y, rows, out, m->d0, e)) != CODE_OK)
+        return rc;
+    if (rows == 0) {
+        memset(m->grads, 0, m->nparams * sizeof(float));
+        return CODE_OK;
+    }
+    for (int l = m->cfg.nlayers - 1; l >= 0; l--) {
+        const struct layer *L = &m->layer[l];
+        const float *ain = l ? m->layer[l - 1].a : m->x;
+        float *dn = d == m->d0 ? m->d1 : m->d0;
+        /* dW = a_in^T . dZ; db = column sums of dZ; dA_in = dZ . W^T, then
+         * through the previous layer's activation (none for the input) */
+        if ((rc = matmul(m, L->in, L->units, rows, 1, 0, ain, d, m->grads + L->w, e)) != CODE_OK ||
+            (l > 0 && (rc = matmul(m, rows, L->in, L->units, 0, 1, d, m->params + L->w, dn, e)) != CODE_OK)) {
+            err_prefix(e, "layer %d backward", l);
+            return rc;
+        }
+        colsum(d, rows, L->units, m->grads + L->b);
+        if (l > 0) {
+            act_backward(dn, m->layer[l - 1].a, rows, L->in, m->layer[l - 1].act);
+            d = dn;
+        }
+    }
+    return CODE_OK;
+}
+
+/* b^t by squaring in double: the same bits on every machine (pow() need not be). */
+static double powu(double b, uint64_t t)
+{
+    double r = 1.0;
+    for (; t; t >>= 1, b *= b)
+        if (t & 1)
+            r *= b;
+    return r;
+}
+
+/* The update loops, compiled for AVX-512, AVX2 and baseline x86-64 and
+ * picked at load time: they only add, multiply, divide and take square
+ * roots, each correctly rounded at every vector width, and model.c is built
+ * with -ffp-contract=off, so every clone gives the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define UPDATE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define UPDATE_CLONES
+#endif
+
+UPDATE_CLONES
+static void sgd(float *restrict w, const float *restrict g, size_t n, float lr, float scale)
+{
+    for (size_t i = 0; i < n; i++)
+        w[i] -= lr * (g[i] * scale);
+}
+
+UPDATE_CLONES
+static void momentum(float *restrict w, float *restrict v, const float *restrict g, size_t n, float lr,
+                     float scale, float mu, int nesterov)
+{
+    if (nesterov) {
+        for (size_t i = 0; i < n; i++) {
+            float gi = g[i] * scale, vi = mu * v[i] - lr * gi;
+            v[i] = vi;
+            w[i] += mu * vi - lr * gi;
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            float vi = mu * v[i] - lr * (g[i] * scale);
+            v[i] = vi;
+            w[i] += vi;
+        }
+    }
+}
+
+UPDATE_CLONES
+static void adam(float *restrict w, float *restrict mm, float *restrict vv, const float *restrict g, size_t n,
+                 float lr_t, float scale, float b1, float b2, float eps)
+{
+    float c1 = 1.0f - b1, c2 = 1.0f - b2;
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i] * scale;
+        float mi = b1 * mm[i] + c1 * gi;
+        float vi = b2 * vv[i] + c2 * (gi * gi);
+        mm[i] = mi;
+        vv[i] = vi;
+        w[i] -= lr_t * mi / (sqrtf(vi) + eps);
+    }
+}
+
+void model_apply_gradients(model *m, float scale)
+{
+    const struct model_opt_cfg *o = &m->cfg.opt;
+    size_t n = m->nparams;
+
+    if (o->kind == OPT_SGD && m->nslots == 0) {
+        sgd(m->params, m->grads, n, o->learning_rate, scale);
+    } else if (o->kind == OPT_SGD) {
+        momentum(m->params, m->slots, m->grads, n, o->learning_rate, scale, o->momentum, o->nesterov);
+    } else {
+        uint64_t t = m->iterations + 1;
+        float lr_t = (float)((double)o->learning_rate * sqrt(1.0 - powu(o->beta_2, t)) / (1.0 - powu(o->beta_1, t)));
+        adam(m->params, m->slots, m->slots + n, m->grads, n, lr_t, scale, o->beta_1, o->beta_2, o->epsilon);
+    }
+    m->iterations++;
+    m->fresh = 0;
+}
+
+/* 2*M*N*K, and the same on the shape padded to the MXU (rows of the left
+ * operand to 8, the rest to the tile; mxu_utilization's rule). */
+static double flops(int64_t M, int64_t N, int64_t K, unsigned tile, double *padded)
+{
+    int64_t t = (int64_t)tile;
+    *padded += 2.0 * (double)((M + 7) / 8 * 8) * (double)((N + t - 1) / t * t) * (double)((K + t - 1) / t * t);
+    return 2.0 * (double)M * (double)N * (double)K;
+}
+
+double model_forward_flops(const model *m, int rows, double *padded)
+{
+    double f = 0.0, p = 0.0;
+    for (int l = 0; l < m->cfg.nlayers && rows > 0; l++)
+        f += flops(rows, m->layer[l].units, m->layer[l].in, m->tile, &p);
+    if (padded)
+        *padded = p;
+    return f;
+}
+
+double model_train_flops(const model *m, int rows, double *padded)
+{
+    double p = 0.0, f = model_forward_flops(m, rows, &p);
+    for (int l = 0; l < m->cfg.nlayers && rows > 0; l++) {
+        const struct layer *L = &m->layer[l];
+        f += flops(L->in, L->units, rows, m->tile, &p);          /* dW */
+        if (l > 0)
+            f += flops(rows, L->in, L->units, m->tile, &p);      /* dX */
+    }
+    if (padded)
+        *padded = p;
+    return f;
+}
+
+double model_matmul_seconds(const model *m)
+{
+    return m->mm_seconds;
+}
+
+uint64_t model_matmul_calls(const model *m)
+{
+    return m->mm_calls;
+}
+
+void model_reset_timers(model *m)
+{
+    m->mm_seconds = 0.0;
+    m->mm_calls = 0;
+}

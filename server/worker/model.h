@@ -1,0 +1,162 @@
+/* The model math of one emulated core: a sequential stack of Dense layers,
+ * its forward pass, the loss and its gradients, and the optimizers, as Keras
+ * computes them. The worker's training service (train.c) runs a step as
+ *
+ *   model_forward(m, x, rows)                      activations kept for backward
+ *   model_backward(m, y, rows, &metrics)           grads = d(sum of per-row losses)/d(params)
+ *   ...all-reduce model_grads(m) (SUM over every replica's shard)...
+ *   model_apply_gradients(m, 1.0f / global_rows)   the optimizer update
+ *
+ * so every replica, given bitwise identical reduced gradients, applies the
+ * bitwise identical update and stays identical.
+ *
+ * Layout: every trainable value lives in one contiguous float array
+ * (model_params), layer by layer: kernel [in x units] row-major, then bias
+ * [units]. Gradients (model_grads) and each optimizer slot use the same
+ * layout, so one all-reduce moves every gradient and a checkpoint is a few
+ * flat arrays.
+ *
+ * Precision: MODEL_MIXED_BF16 is Keras' mixed_bfloat16 policy: float32
+ * variables, each matmul on the MXU with bfloat16 inputs and float32
+ * accumulation (forward and both backward matmuls), elementwise math and the
+ * loss in float32. MODEL_FLOAT32 runs the matmuls in float32 (MXU_HIGHEST).
+ *
+ * Not thread-safe: one model per thread at a time (it uses the caller's mxu). */
+#ifndef TPUEMU_WORKER_MODEL_H
+#define TPUEMU_WORKER_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mxu.h"
+#include "status.h"
+
+#define MODEL_MAX_LAYERS 16
+#define MODEL_MAX_UNITS 65536
+
+enum model_act { ACT_LINEAR = 0, ACT_RELU = 1, ACT_SOFTMAX = 2, ACT_TANH = 3, ACT_SIGMOID = 4 };
+/* SPARSE_CCE: y is int32 class ids; CCE: y is rows x units floats (one-hot or
+ * soft, each row summing to 1); MSE: y is rows x units floats. Cross-entropies
+ * are computed from the probabilities as Keras does, with them clipped to
+ * [1e-7, 1 - 1e-7] (keras.backend, from_logits=False):
+ *   SPARSE_CCE: c = clip(p);           loss = log(sum_j c_j) - log(c_y)
+ *   CCE:        c = clip(p / sum(p));  loss = -sum_j y_j log(c_j)
+ *   MSE:        loss = mean_j (p_j - y_j)^2
+ * (after a softmax the sums are 1). With a softmax last layer the gradient is
+ * taken through the fused softmax + cross-entropy (p - y), which is what
+ * Keras' clipped formula differentiates to inside the clip range; any other
+ * last layer differentiates the clipped formula (zero outside the range).
+ * Accuracy: argmax of the output (first maximum) against the class id
+ * (SPARSE_CCE) or the argmax of y (CCE). */
+enum model_loss { LOSS_SPARSE_CCE = 0, LOSS_CCE = 1, LOSS_MSE = 2 };
+enum model_opt { OPT_SGD = 0, OPT_ADAM = 1 };
+enum model_precision { MODEL_FLOAT32 = 0, MODEL_MIXED_BF16 = 1 };
+
+struct model_opt_cfg {
+    enum model_opt kind;
+    float learning_rate; /* Keras defaults: SGD 0.01, Adam 0.001 */
+    float momentum;      /* SGD: 0 = plain SGD */
+    int nesterov;        /* SGD */
+    float beta_1, beta_2, epsilon; /* Adam: 0.9, 0.999, 1e-7 */
+};
+
+struct model_cfg {
+    int in_dim;                       /* features per row */
+    int nlayers;                      /* 1..MODEL_MAX_LAYERS */
+    int units[MODEL_MAX_LAYERS];      /* 1..MODEL_MAX_UNITS */
+    enum model_act act[MODEL_MAX_LAYERS];
+    enum model_loss loss;
+    struct model_opt_cfg opt;
+    enum model_precision precision;
+    uint64_t seed;                    /* glorot-uniform kernels from it; biases zero */
+    int max_rows;                     /* largest per-core batch forward/backward will see */
+    unsigned mxu_tile;                /* the mxu's systolic array size, for the padded FLOPs
+                                         only; 0 = 128 */
+};
+
+/* Per step metrics over the rows of one shard (summed, so shards add up). */
+struct model_metrics {
+    double loss_sum;   /* sum over rows of the per-row loss */
+    int64_t correct;   /* rows whose argmax matches the label (accuracy); MSE: 0 */
+    int64_t rows;
+};
+
+typedef struct model model;
+
+/* Checks cfg (CODE_INVALID_ARGUMENT naming the bad field: "layer 2: units 0
+ * is outside 1..65536"; layers count from 0, as in units[]),
+ * allocates parameters, gradients, optimizer slots and activation buffers for
+ * max_rows rows, and initializes the weights from cfg->seed. u must outlive
+ * the model. CODE_RESOURCE_EXHAUSTED if host memory runs out. */
+int model_new(model **out, const struct model_cfg *cfg, mxu *u, err *e);
+void model_free(model *m);
+const struct model_cfg *model_config(const model *m);
+
+/* Re-initializes the weights from seed (glorot uniform: U(-l, l),
+ * l = sqrt(6 / (fan_in + fan_out)), from a counter-based generator so the same
+ * seed gives the same weights on every machine), zeroes the biases, the
+ * optimizer slots and the iteration count. */
+void model_init_weights(model *m, uint64_t seed);
+
+/* Trainable values: count and the arrays (layout above). */
+size_t model_num_params(const model *m);
+float *model_params(model *m);
+float *model_grads(model *m);
+/* Offsets into the parameter array of layer l's kernel and bias. */
+size_t model_kernel_offset(const model *m, int l);
+size_t model_bias_offset(const model *m, int l);
+
+/* Optimizer state: nslots arrays of model_num_params floats (SGD with
+ * momentum: 1, plain SGD: 0, Adam: 2 = m then v) and the iteration count. */
+int model_opt_num_slots(const model *m);
+float *model_opt_slot(model *m, int i);
+uint64_t model_opt_iterations(const model *m);
+void model_set_opt_iterations(model *m, uint64_t it);
+
+/* Forward pass over rows rows of x (rows x in_dim). Keeps what backward needs:
+ * its activations, and the pointer x itself (borrowed, not copied: x must
+ * stay valid and unchanged until the model_backward of this pass).
+ * out, if not NULL, gets the last layer's activations (rows x units). rows in
+ * 0..max_rows (0 is allowed and does nothing). CODE_INVALID_ARGUMENT beyond. */
+int model_forward(model *m, const float *x, int rows, float *out, err *e);
+
+/* Loss and metrics of the last forward pass against y (int32 class ids for
+ * SPARSE_CCE, rows x units floats otherwise) without gradients (evaluate).
+ * CODE_INVALID_ARGUMENT for a class id outside 0..units-1, naming the row,
+ * or rows other than the last forward's; CODE_FAILED_PRECONDITION if no
+ * forward pass ran since the weights were initialized. */
+int model_metrics_of(model *m, const void *y, int rows, struct model_metrics *out, err *e);
+
+/* Backward pass of the last forward pass: metrics as model_metrics_of, and
+ * model_grads = gradient of the SUM of the per-row losses (not the mean: the
+ * caller divides by the global batch after the all-reduce). rows must equal
+ * the last forward's (CODE_INVALID_ARGUMENT), and that forward must have run
+ * on the current weights (CODE_FAILED_PRECONDITION after model_init_weights
+ * or model_apply_gradients). rows 0 gives zero gradients. A bad class id
+ * leaves the gradients untouched; after a matrix unit failure (CODE_INTERNAL)
+ * they are unspecified. */
+int model_backward(model *m, const void *y, int rows, struct model_metrics *out, err *e);
+
+/* One optimizer step with gradients model_grads * scale, as Keras' optimizer
+ * applies it (SGD: v = momentum*v - lr*g; w += v (nesterov: w += momentum*v -
+ * lr*g); Adam: t += 1; lr_t = lr*sqrt(1-b2^t)/(1-b1^t); m = b1*m + (1-b1)*g;
+ * v = b2*v + (1-b2)*g^2; w -= lr_t*m/(sqrt(v) + eps)). Increments the
+ * iteration count. */
+void model_apply_gradients(model *m, float scale);
+
+/* Matmul FLOPs of one training step / forward pass over rows rows (useful
+ * FLOPs, 2*m*n*k summed; the backward pass skips the input gradient of the
+ * first layer), and those padded to the MXU tile (what the MXU spends). */
+double model_train_flops(const model *m, int rows, double *padded);
+double model_forward_flops(const model *m, int rows, double *padded);
+/* Seconds spent in matmuls since the last model_reset_timers (forward and
+ * backward), and their count. */
+double model_matmul_seconds(const model *m);
+uint64_t model_matmul_calls(const model *m);
+void model_reset_timers(model *m);
+
+const char *model_act_name(enum model_act a);   /* "relu" */
+const char *model_loss_name(enum model_loss l); /* "sparse_categorical_crossentropy" */
+const char *model_opt_name(enum model_opt o);   /* "adam" */
+
+#endif
