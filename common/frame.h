@@ -12,7 +12,8 @@
 #include "tpuemu.pb-c.h"
 
 #define FRAME_PREFIX_BYTES 4u
-#define FRAME_MAX_HEADER 1024u
+/* Room for a training answer's per-step statistics (128 steps per execution). */
+#define FRAME_MAX_HEADER 16384u
 /* Largest tensor payload a frame may carry (a receiver may set a lower one). */
 #define FRAME_MAX_PAYLOAD (256ull * 1024 * 1024)
 

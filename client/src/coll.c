@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "frame.h"
+#include "train_io.h"
 
 #define MAX_REPLICAS 4096
 /* Deadline of a call: a floor plus the bytes moved at a pessimistic 20 MB/s. */
@@ -67,6 +68,7 @@ void cli_coll_free(tpu_cluster *c)
     struct cli_coll *k = c->coll;
     if (!k)
         return;
+    tio_free(c);
     for (size_t r = 0; r < k->n; r++)
         coll_io_close(&k->peers[r]);
     free(k->peers);
@@ -231,7 +233,7 @@ out:
     return rc;
 }
 
-static uint64_t progress_ms(tpu_cluster *c)
+uint64_t cli_coll_progress_ms(tpu_cluster *c)
 {
     struct cli_coll *k = c->coll;
     if (!k->progress_ms) {
@@ -335,7 +337,7 @@ static tpu_status run(tpu_cluster *c, const struct call *a, const tpu_collective
     spec.chunk_bytes = o ? o->chunk_bytes : 0;
     iters = spec.iters ? spec.iters : 1;
 
-    uint64_t grace = 2 * progress_ms(c) + 1000;
+    uint64_t grace = 2 * cli_coll_progress_ms(c) + 1000;
     t0 = wire_now_ms();
     deadline = t0 + CALL_FLOOR_MS + (uint64_t)bytes / CALL_BYTES_PER_MS * iters;
     seq = k->next_seq++;

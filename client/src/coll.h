@@ -41,6 +41,7 @@ struct cli_coll {
     uint64_t next_seq;
     uint32_t progress_ms;   /* heartbeat_ms x dead_after; 0: not asked yet */
     tpu_collective_stats last;
+    struct tio_stream *tio; /* training requests in flight, per replica (train_io.h) */
 };
 
 /* What one replica sends and receives in a call. in may be NULL when in_len
@@ -66,5 +67,9 @@ size_t coll_io_run(tpu_cluster *c, const Tpuemu__CollSpec *spec, uint64_t seq, c
                    const struct cli_part *parts, uint64_t deadline_ms, uint64_t grace_ms);
 
 void coll_io_close(struct cli_peer *p);
+
+/* heartbeat_ms x dead_after of the cluster (asked once): how long a dead core
+ * may go unnoticed. */
+uint64_t cli_coll_progress_ms(tpu_cluster *c);
 
 #endif

@@ -8,6 +8,7 @@
 #include <nanomsg/reqrep.h>
 
 #include "coll.h"
+#include "train.h"
 #include "log.h"
 #define TPUEMU_LINK_NO_TYPEDEF 1 /* unistd.h has link() */
 #include "peers.h"
@@ -40,7 +41,7 @@ static int on_reset(struct worker *w, const wire_msg *req, Tpuemu__CoreReport *r
     /* every link of the old epoch closes; then the engine forgets its collectives */
     peers_reset(w, r);
     coll_reset(w);
-    /* compiled models are dropped here once there are any (issue 4) */
+    train_reset(w); /* after coll_reset: a step waiting on its all-reduce has been answered */
     log_info("core reset", "epoch=%llu replica=%d replicas=%u heartbeat_ms=%u dead_after=%u",
              (unsigned long long)w->epoch, w->replica_id, w->num_replicas, r->heartbeat_ms, r->dead_after);
     return CODE_OK;

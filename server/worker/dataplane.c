@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "coll.h"
+#include "train.h"
 #include "dpconn.h"
 #include "frame.h"
 #define TPUEMU_LINK_NO_TYPEDEF 1 /* unistd.h has link() */
@@ -63,6 +64,10 @@ static void on_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload,
         coll_on_client_frame(p->w, c, h, payload, len);
         return;
     }
+    if (train_is_frame(h)) {
+        train_on_client_frame(p->w, c, h, payload, len);
+        return;
+    }
     if (h->kind == TPUEMU__FRAME_KIND__FRAME_PING) {
         Tpuemu__FrameHeader pong = TPUEMU__FRAME_HEADER__INIT;
         pong.kind = TPUEMU__FRAME_KIND__FRAME_PONG;
@@ -75,8 +80,8 @@ static void on_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload,
     }
     free(payload);
     dp_conn_fail(c, CODE_INVALID_ARGUMENT,
-                 "tpu-worker does not handle data-plane frames of kind %d from clients (only COLL and PING)",
-                 (int)h->kind);
+                 "tpu-worker does not handle data-plane frames of kind %d from clients (only COLL, PING, "
+                 "COMPILE, STEPS, STATE_GET and STATE_SET)", (int)h->kind);
 }
 
 /* A client's frame header: refuse what is too large before reading it. */
@@ -87,6 +92,15 @@ static enum dp_buf client_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, 
         dp_conn_fail(c, CODE_INVALID_ARGUMENT, "a PING payload is at most %u bytes (announced %llu)",
                      DP_MAX_PING, (unsigned long long)h->payload_bytes);
         return DP_BUF_FAILED;
+    }
+    if (train_is_frame(h)) {
+        struct dp_peer *p = dp_conn_data(c);
+        err e;
+        if (train_check_payload(p->w, h, &e) != CODE_OK) {
+            dp_conn_fail(c, e.code, "%s", e.msg);
+            return DP_BUF_FAILED;
+        }
+        return DP_BUF_MALLOC;
     }
     if (h->kind != TPUEMU__FRAME_KIND__FRAME_PING && h->kind != TPUEMU__FRAME_KIND__FRAME_COLL &&
         h->payload_bytes > 0) {
@@ -103,6 +117,7 @@ static void on_conn_close(dp_conn *c, const err *why)
     struct dp_peer *p = dp_conn_data(c);
 
     coll_on_client_close(p->w, c);
+    train_on_client_close(p->w, c);
     /* refusals are warnings; a peer that simply went away is not */
     if (why->code != CODE_OK)
         log_at(why->code == CODE_UNAVAILABLE ? LOG_INFO : LOG_WARN,

@@ -16,6 +16,7 @@
 #include "log.h"
 #define TPUEMU_LINK_NO_TYPEDEF 1 /* unistd.h has link() */
 #include "peers.h"
+#include "train.h"
 #include "wire.h"
 #include "worker.h"
 
@@ -269,6 +270,8 @@ static int start(struct worker *w, err *e)
         return rc;
     if (coll_init(w) != CODE_OK)
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the collectives engine");
+    if ((rc = train_init(w)) != CODE_OK)
+        return err_set(e, rc, "cannot start the training service (no matrix unit)");
     log_info("started", "host=%s core=%d tpu_type=%s hbm_bytes=%llu control=%s data=%s listen=%s "
              "resolver=%s auth=%s pid=%d version=%s", log_q(w->host_id), w->core, w->preset->name,
              (unsigned long long)w->hbm.capacity, log_q(w->control_addr), log_q(w->data_addr),
@@ -310,6 +313,7 @@ int main(int argc, char **argv)
             w.exit_code = 1;
     }
     coll_free(&w);
+    train_free(&w);
     hbm_destroy(&w.hbm);
     replay_free(w.replay);
     log_info("stopped", "exit=%d", w.exit_code);

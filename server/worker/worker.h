@@ -49,6 +49,8 @@ struct worker {
      * epoch's system, and the engine that runs collectives on them */
     struct peers *peers;
     struct coll *coll;
+    /* training (train.h): the compiled model and its request queue */
+    struct train *train;
 
     struct heartbeat hb;
     struct control ctl;

@@ -53,7 +53,7 @@ Test(frame, payload_over_limit)
 
 Test(frame, prefix_bounds)
 {
-    uint8_t zero[4] = {0, 0, 0, 0}, big[4] = {0, 0, 0, 0x80}, cap[4] = {0, 4, 0, 0}, over[4] = {1, 4, 0, 0};
+    uint8_t zero[4] = {0, 0, 0, 0}, big[4] = {0, 0, 0, 0x80}, cap[4] = {0, 0x40, 0, 0}, over[4] = {1, 0x40, 0, 0};
     uint32_t hlen = 77;
     err e;
     cr_assert_eq(frame_prefix(zero, &hlen, &e), CODE_INVALID_ARGUMENT);

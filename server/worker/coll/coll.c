@@ -78,6 +78,14 @@ static void reply(struct cop *op, const err *e, const void *payload, size_t len,
     h.status = &st;
     h.elapsed_ns = op->iters_done ? op->total_ns / op->iters_done : 0;
     h.algo_used = (char *)op->algo_used;
+    if (op->done) {
+        coll_done_fn done = op->done;
+        op->done = NULL; /* exactly once */
+        done(op->done_arg, e, payload, len);
+        if (cb)
+            cb(arg, 0);
+        return;
+    }
     if (!op->conn) {
         if (cb)
             cb(arg, -1);
@@ -94,17 +102,25 @@ static void reply(struct cop *op, const err *e, const void *payload, size_t len,
  * so they fail at once with this reason instead of waiting for the progress
  * timeout. A collective every replica refuses (the same bad spec sent to all)
  * poisons nobody: no core ever started it. */
-static void reply_err(struct worker *w, dp_conn *conn, const Tpuemu__FrameHeader *h, int abort, int code,
-                      const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-static void reply_err(struct worker *w, dp_conn *conn, const Tpuemu__FrameHeader *h, int abort, int code,
-                      const char *fmt, ...)
+struct answer_to {
+    dp_conn *conn;
+    coll_done_fn done;
+    void *arg;
+};
+
+static void reply_err(struct worker *w, const struct answer_to *to, const Tpuemu__FrameHeader *h, int abort,
+                      int code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static void reply_err(struct worker *w, const struct answer_to *to, const Tpuemu__FrameHeader *h, int abort,
+                      int code, const char *fmt, ...)
 {
     struct cop op;
     err e;
     va_list ap;
 
     memset(&op, 0, sizeof op);
-    op.conn = conn;
+    op.conn = to->conn;
+    op.done = to->done;
+    op.done_arg = to->arg;
     op.seq = h->seq;
     op.epoch = h->epoch;
     op.algo_used = "";
@@ -406,8 +422,8 @@ static void start_next(struct coll *c)
     }
 }
 
-void coll_on_client_frame(struct worker *w, struct dp_conn *conn, const Tpuemu__FrameHeader *h,
-                          uint8_t *payload, size_t len)
+static void accept_frame(struct worker *w, const struct answer_to *to, const Tpuemu__FrameHeader *h,
+                         uint8_t *payload, size_t len)
 {
     struct coll *c = w->coll;
     struct cop *op, **pp;
@@ -415,55 +431,57 @@ void coll_on_client_frame(struct worker *w, struct dp_conn *conn, const Tpuemu__
 
     if (!c) {
         free(payload);
-        reply_err(w, conn, h, 0, CODE_UNAVAILABLE, "the collectives engine of this core is not running");
+        reply_err(w, to, h, 0, CODE_UNAVAILABLE, "the collectives engine of this core is not running");
         return;
     }
     if (h->kind != TPUEMU__FRAME_KIND__FRAME_COLL) {
         free(payload);
-        reply_err(w, conn, h, 0, CODE_INVALID_ARGUMENT, "frame kind %d is not a collective", (int)h->kind);
+        reply_err(w, to, h, 0, CODE_INVALID_ARGUMENT, "frame kind %d is not a collective", (int)h->kind);
         return;
     }
     if (w->replica_id < 0 || w->epoch == 0) {
         free(payload);
-        reply_err(w, conn, h, 0, CODE_FAILED_PRECONDITION,
+        reply_err(w, to, h, 0, CODE_FAILED_PRECONDITION,
                   "core %s/%d is not part of an initialized TPU system; initialize it first", w->host_id,
                   w->core);
         return;
     }
     if (h->epoch != w->epoch) {
         free(payload);
-        reply_err(w, conn, h, 0, CODE_FAILED_PRECONDITION,
+        reply_err(w, to, h, 0, CODE_FAILED_PRECONDITION,
                   "this collective belongs to epoch %" PRIu64 "; the system was re-initialized (now %" PRIu64 ")",
                   h->epoch, w->epoch);
         return;
     }
     if (c->failed) {
         free(payload);
-        reply_err(w, conn, h, 1, CODE_FAILED_PRECONDITION,
+        reply_err(w, to, h, 1, CODE_FAILED_PRECONDITION,
                   "collective #%" PRIu64 " failed on this core (%s); re-initialize the TPU system",
                   c->fail_seq, c->fail_err.msg);
         return;
     }
     if (!(op = calloc(1, sizeof *op))) {
         free(payload);
-        reply_err(w, conn, h, 1, CODE_RESOURCE_EXHAUSTED, "out of memory");
+        reply_err(w, to, h, 1, CODE_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
     op->c = c;
-    op->conn = conn;
+    op->conn = to->conn;
+    op->done = to->done;
+    op->done_arg = to->arg;
     op->seq = h->seq;
     op->epoch = h->epoch;
     op->algo_used = "";
     op->what = kind_name(h->coll ? h->coll->kind : 0);
     if (validate(c, h, len, op, &e) != CODE_OK) {
         free(payload);
-        reply_err(w, conn, h, 1, e.code, "%s", e.msg);
+        reply_err(w, to, h, 1, e.code, "%s", e.msg);
         cop_free(op);
         return;
     }
     if (c->nqueue >= COLL_QUEUE_MAX) {
         free(payload);
-        reply_err(w, conn, h, 1, CODE_RESOURCE_EXHAUSTED,
+        reply_err(w, to, h, 1, CODE_RESOURCE_EXHAUSTED,
                   "%u collectives are already queued on core %s/%d; wait for their results",
                   c->nqueue, w->host_id, w->core);
         cop_free(op);
@@ -487,6 +505,20 @@ void coll_on_client_frame(struct worker *w, struct dp_conn *conn, const Tpuemu__
     *pp = op;
     c->nqueue++;
     start_next(c);
+}
+
+void coll_on_client_frame(struct worker *w, struct dp_conn *conn, const Tpuemu__FrameHeader *h,
+                          uint8_t *payload, size_t len)
+{
+    struct answer_to to = {conn, NULL, NULL};
+    accept_frame(w, &to, h, payload, len);
+}
+
+void coll_submit(struct worker *w, const Tpuemu__FrameHeader *h, uint8_t *payload, size_t len, coll_done_fn done,
+                 void *arg)
+{
+    struct answer_to to = {NULL, done, arg};
+    accept_frame(w, &to, h, payload, len);
 }
 
 void coll_on_client_close(struct worker *w, struct dp_conn *conn)

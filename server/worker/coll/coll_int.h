@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "algo.h"
+#include "coll.h"
 #include "repro.h"
 #include "schedule.h"
 #include "status.h"
@@ -23,6 +24,8 @@ struct cop {
     struct cop *next;
     struct coll *c;
     struct dp_conn *conn; /* NULL once the client went away */
+    coll_done_fn done;    /* a collective of this worker's own (coll_submit): where the answer goes */
+    void *done_arg;
     uint64_t seq, epoch;
     const char *what;     /* "all-reduce", ... */
     int kind, op, bf16, algo, root, repro;

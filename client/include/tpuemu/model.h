@@ -1,0 +1,250 @@
+/* tpuemu/model.h: data-parallel training on the emulated pod, as Keras does it
+ * under a TPUStrategy.
+ *
+ *   tpu_strategy *s;  tpu_model *m;  tpu_compile_options co;
+ *   tpu_strategy_new(cluster, &s);                      // after tpu_initialize_system
+ *   tpu_model_new(s, 784, &m);                          // with strategy.scope():
+ *   tpu_model_add_dense(m, 128, TPU_ACT_RELU);          //   Sequential([Dense(128, relu),
+ *   tpu_model_add_dense(m, 10, TPU_ACT_SOFTMAX);        //               Dense(10, softmax)])
+ *   tpu_compile_options_init(&co);                      // adam, sparse CCE, accuracy
+ *   co.policy = TPU_POLICY_MIXED_BFLOAT16;
+ *   tpu_model_compile(m, &co);
+ *   tpu_model_fit(m, dataset, &fit_options, &history);
+ *
+ * The model lives on the cores: compiling sends it to every core of the
+ * system, which charges its HBM (weights, optimizer slots, gradients,
+ * activations for the per-core batch, infeed buffers) and initializes the
+ * weights from the model's seed, so every replica starts identical. Each
+ * step splits the global batch into one shard per replica (rows in replica
+ * order), every core runs forward and backward on its shard, the gradients
+ * are all-reduced between the cores (summed, then divided by the global
+ * batch), and every core applies the same optimizer update: replicas stay
+ * bitwise identical. The client streams the next steps' shards while the
+ * current one runs (up to infeed_depth executions ahead).
+ *
+ * After tpu_initialize_system (a new epoch) the model must be compiled
+ * again; tpu_model_load_checkpoint then brings its state back. Errors follow
+ * tpuemu.h: TPU_RESOURCE_EXHAUSTED when the model or batch does not fit a
+ * core's HBM (with the core's report), TPU_UNAVAILABLE naming a core that died
+ * mid-step, TPU_FAILED_PRECONDITION after someone else re-initialized the
+ * system, TPU_DATA_LOSS for a damaged checkpoint. One thread at a time per
+ * model; calls block, each with deadlines. */
+#ifndef TPUEMU_MODEL_H
+#define TPUEMU_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tpuemu/data.h"
+#include "tpuemu/tpuemu.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- strategy ---- */
+
+typedef struct tpu_strategy tpu_strategy;
+
+/* TPUStrategy(resolver): the initialized (or attached) system of c. c must
+ * outlive the strategy. TPU_FAILED_PRECONDITION if c has no system. */
+TPU_API tpu_status tpu_strategy_new(tpu_cluster *c, tpu_strategy **out);
+TPU_API void tpu_strategy_free(tpu_strategy *s);
+/* Replicas of c's current system (re-read after a re-initialize). */
+TPU_API int tpu_strategy_num_replicas_in_sync(const tpu_strategy *s);
+TPU_API tpu_cluster *tpu_strategy_cluster(const tpu_strategy *s);
+
+/* ---- model ---- */
+
+typedef enum tpu_activation {
+    TPU_ACT_LINEAR = 0,
+    TPU_ACT_RELU = 1,
+    TPU_ACT_SOFTMAX = 2,
+    TPU_ACT_TANH = 3,
+    TPU_ACT_SIGMOID = 4,
+} tpu_activation;
+
+typedef enum tpu_loss {
+    TPU_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY = 0, /* labels: int32 class ids */
+    TPU_LOSS_CATEGORICAL_CROSSENTROPY = 1,        /* labels: one-hot rows */
+    TPU_LOSS_MEAN_SQUARED_ERROR = 2,
+} tpu_loss;
+
+typedef enum tpu_policy {
+    TPU_POLICY_FLOAT32 = 0,
+    TPU_POLICY_MIXED_BFLOAT16 = 1, /* bf16 matmul inputs, f32 variables and loss */
+} tpu_policy;
+
+typedef enum tpu_optimizer_kind { TPU_OPT_SGD = 0, TPU_OPT_ADAM = 1 } tpu_optimizer_kind;
+
+typedef struct tpu_optimizer {
+    tpu_optimizer_kind kind;
+    float learning_rate;
+    float momentum;             /* SGD */
+    int nesterov;               /* SGD */
+    float beta_1, beta_2, epsilon; /* Adam */
+} tpu_optimizer;
+
+/* Keras' defaults: SGD(learning_rate 0.01 when 0 is given, momentum),
+ * Adam(learning_rate 0.001 when 0, beta_1 0.9, beta_2 0.999, epsilon 1e-7). */
+TPU_API tpu_optimizer tpu_optimizer_sgd(float learning_rate, float momentum);
+TPU_API tpu_optimizer tpu_optimizer_adam(float learning_rate);
+
+typedef struct tpu_model tpu_model;
+
+/* A Sequential model taking rows of input_dim floats, built in strategy s
+ * (which must outlive it). The seed of the initial weights is random unless
+ * set with tpu_model_set_seed. */
+TPU_API tpu_status tpu_model_new(tpu_strategy *s, size_t input_dim, tpu_model **out);
+TPU_API void tpu_model_free(tpu_model *m);
+/* Dense(units, activation); at most 16 layers of up to 65536 units. Before compile. */
+TPU_API tpu_status tpu_model_add_dense(tpu_model *m, size_t units, tpu_activation act);
+/* Seed of the glorot-uniform initial weights (the same on every replica). Before compile. */
+TPU_API tpu_status tpu_model_set_seed(tpu_model *m, uint64_t seed);
+
+typedef struct tpu_compile_options {
+    tpu_optimizer optimizer;
+    tpu_loss loss;
+    int metrics_accuracy;          /* report accuracy */
+    unsigned steps_per_execution;  /* steps per call to the cores (1..128) */
+    tpu_policy policy;
+    size_t batch_size;             /* global batch to compile for now; 0: at the first fit/evaluate/predict */
+    unsigned infeed_depth;         /* executions the client may run ahead (1..16) */
+} tpu_compile_options;
+
+/* Adam, sparse categorical cross-entropy, accuracy, 1 step per execution,
+ * float32, batch size decided by the first fit, infeed depth 2. */
+TPU_API void tpu_compile_options_init(tpu_compile_options *o);
+
+/* model.compile(): checks the options and, when batch_size is given (or the
+ * model was compiled before), compiles onto every core. Compiling again with
+ * another batch size keeps the weights; after a re-initialize it starts
+ * from the seed again (load a checkpoint to continue).
+ * Errors: TPU_INVALID_ARGUMENT, TPU_RESOURCE_EXHAUSTED (a core's HBM report:
+ * what did not fit, the largest allocations, what to do), TPU_UNAVAILABLE. */
+TPU_API tpu_status tpu_model_compile(tpu_model *m, const tpu_compile_options *o);
+
+TPU_API size_t tpu_model_num_params(const tpu_model *m);
+/* Keras-like summary table into buf (NUL-terminated, truncated to n). */
+TPU_API size_t tpu_model_summary(const tpu_model *m, char *buf, size_t n);
+/* HBM in use on the most loaded core after the last compile or step. */
+TPU_API uint64_t tpu_model_hbm_used(const tpu_model *m);
+TPU_API uint64_t tpu_model_hbm_capacity(const tpu_model *m);
+
+/* ---- training ---- */
+
+/* What fit reports after a batch or an epoch. accuracy is NaN when not
+ * computed (no accuracy metric, or MSE). */
+typedef struct tpu_logs {
+    int epoch;
+    double loss, accuracy;
+    int has_val;
+    double val_loss, val_accuracy;
+    size_t batch;         /* batches done in this epoch */
+    size_t batches;       /* batches in an epoch */
+    uint64_t step;        /* global steps done */
+    double elapsed_s;     /* since the epoch began */
+    double examples_per_s;
+} tpu_logs;
+
+/* Time of the last step, as the client and the cores saw it (nanoseconds;
+ * per-core figures are the slowest core's). */
+typedef struct tpu_step_stats {
+    uint64_t step;
+    uint64_t wall_ns;        /* client: this step's share of its execution */
+    uint64_t input_wait_ns;  /* client: waiting for the dataset */
+    uint64_t compute_ns;     /* forward + backward */
+    uint64_t matmul_ns;      /* of which in the matrix unit */
+    uint64_t allreduce_ns;
+    uint64_t optimizer_ns;
+    uint64_t infeed_wait_ns; /* cores waiting for their shard */
+    size_t rows;             /* global batch */
+} tpu_step_stats;
+TPU_API tpu_status tpu_model_last_step_stats(const tpu_model *m, tpu_step_stats *out);
+
+/* A callback's hooks may be NULL. A hook returns TPU_OK to go on,
+ * TPU_CANCELLED to stop training cleanly (fit returns TPU_OK with the
+ * epochs done), anything else to stop fit with that status. destroy (may be
+ * NULL) frees user when the callback is no longer needed (tpu_callback_free). */
+typedef struct tpu_callback {
+    tpu_status (*on_train_begin)(tpu_model *m, void *user);
+    tpu_status (*on_epoch_begin)(tpu_model *m, int epoch, void *user);
+    tpu_status (*on_batch_begin)(tpu_model *m, int epoch, size_t batch, void *user);
+    tpu_status (*on_batch_end)(tpu_model *m, int epoch, size_t batch, const tpu_logs *logs, void *user);
+    tpu_status (*on_epoch_end)(tpu_model *m, int epoch, const tpu_logs *logs, void *user);
+    tpu_status (*on_train_end)(tpu_model *m, const tpu_logs *logs, void *user);
+    void (*destroy)(void *user);
+    void *user;
+} tpu_callback;
+TPU_API void tpu_callback_free(tpu_callback *cb);
+
+/* Keras' progress bar: on a terminal one line per epoch redrawn after each
+ * execution ("12/58 [====>.....] - 1s 21ms/step - loss: 0.52 - accuracy:
+ * 0.81"), elsewhere one plain line per epoch. out must outlive the callback. */
+TPU_API tpu_status tpu_callback_progress(FILE *out, tpu_callback *cb);
+/* ModelCheckpoint: saves to path (atomically) after every epoch, or every
+ * save_every_steps steps when that is > 0. */
+TPU_API tpu_status tpu_callback_checkpoint(const char *path, uint64_t save_every_steps, tpu_callback *cb);
+/* TensorBoard(log_dir, profile_batch='first,last'): records the steps of
+ * batches first..last (1-based, counted from the start of training, as
+ * Keras counts them) and writes them under logdir/plugins/profile/RUN/ when
+ * the range is done. */
+TPU_API tpu_status tpu_callback_profiler(const char *logdir, uint64_t first, uint64_t last, tpu_callback *cb);
+/* The run directory the profiler callback wrote ("" before it wrote one). */
+TPU_API const char *tpu_callback_profiler_dir(const tpu_callback *cb);
+
+typedef struct tpu_fit_options {
+    int epochs;                       /* train epochs [initial_epoch, epochs), as Keras counts */
+    int initial_epoch;
+    int resume;                       /* start where the model is (a loaded checkpoint: its epoch and batch) */
+    tpu_dataset *validation_data;     /* evaluated after each epoch; may be NULL */
+    const tpu_callback *callbacks;
+    size_t num_callbacks;
+} tpu_fit_options;
+
+typedef struct tpu_history tpu_history;
+TPU_API size_t tpu_history_num_epochs(const tpu_history *h);
+TPU_API tpu_status tpu_history_epoch(const tpu_history *h, size_t i, tpu_logs *out);
+TPU_API void tpu_history_free(tpu_history *h);
+
+/* model.fit(dataset): the dataset must be batched with a global batch that
+ * splits evenly over the replicas (TPU_INVALID_ARGUMENT otherwise, saying
+ * what to use); a per-core batch that is not a multiple of 8, or a global
+ * batch not a multiple of 128, earns one performance warning (tpu_set_warning_handler).
+ * history (may be NULL) gets the per-epoch logs, also when fit fails. */
+TPU_API tpu_status tpu_model_fit(tpu_model *m, tpu_dataset *ds, const tpu_fit_options *o, tpu_history **history);
+/* model.evaluate(dataset): mean loss and accuracy (NaN if not computed) over the dataset. */
+TPU_API tpu_status tpu_model_evaluate(tpu_model *m, tpu_dataset *ds, double *loss, double *accuracy);
+/* model.predict(dataset): the last layer's outputs, rows x units floats, into out
+ * (room for out_rows rows). TPU_OUT_OF_RANGE if the dataset has more rows. */
+TPU_API tpu_status tpu_model_predict(tpu_model *m, tpu_dataset *ds, float *out, size_t out_rows, size_t *rows);
+
+/* Where training is: the global step, and the epoch and batch the next fit
+ * with resume starts at. */
+TPU_API uint64_t tpu_model_step(const tpu_model *m);
+TPU_API int tpu_model_epoch(const tpu_model *m);
+TPU_API size_t tpu_model_batch_in_epoch(const tpu_model *m);
+
+/* Weights of one replica (model_num_params floats, layer by layer: kernel
+ * [in x units] row-major, then bias), read from its core. */
+TPU_API tpu_status tpu_model_get_weights(tpu_model *m, int replica, float *out, size_t n);
+
+/* Saves weights, optimizer state, step, epoch and batch and the seeds to path
+ * atomically (temp file, fsync, rename) with a checksum. */
+TPU_API tpu_status tpu_model_save_checkpoint(tpu_model *m, const char *path);
+/* Loads a checkpoint into every core of the compiled model (or at its first
+ * compile) and sets the step, epoch and batch for fit's resume.
+ * TPU_DATA_LOSS for a damaged file, TPU_INVALID_ARGUMENT for another model's. */
+TPU_API tpu_status tpu_model_load_checkpoint(tpu_model *m, const char *path);
+
+/* Performance warnings (batch sizes): fn(message, user); the default writes
+ * "tpuemu: warning: ..." to stderr. NULL restores the default. Process-wide. */
+typedef void (*tpu_warning_fn)(const char *message, void *user);
+TPU_API void tpu_set_warning_handler(tpu_warning_fn fn, void *user);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

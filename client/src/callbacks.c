@@ -1,0 +1,294 @@
+/* The built-in callbacks of fit: Keras' progress bar, ModelCheckpoint, and
+ * the profiler hook (TensorBoard's profile_batch range). */
+#include "model_int.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+void tpu_callback_free(tpu_callback *cb)
+{
+    if (!cb)
+        return;
+    if (cb->destroy)
+        cb->destroy(cb->user);
+    memset(cb, 0, sizeof *cb);
+}
+
+/* ---- progress ---- */
+
+struct progress {
+    FILE *out;
+    int tty;
+    int epochs;
+};
+
+static void fmt_time(double s, char *buf, size_t n)
+{
+    if (s >= 1 || s <= 0)
+        snprintf(buf, n, "%.0fs", s);
+    else
+        snprintf(buf, n, "%.0fms", s * 1e3);
+}
+
+static void progress_line(struct progress *p, const tpu_logs *l, int final)
+{
+    char bar[31], el[16], per[24];
+    size_t width = 30, done = l->batches ? l->batch * width / l->batches : width;
+    if (done > width)
+        done = width;
+    for (size_t i = 0; i < width; i++)
+        bar[i] = i < done ? '=' : '.';
+    if (done < width && done > 0)
+        bar[done - 1] = '>';
+    bar[width] = '\0';
+    fmt_time(l->elapsed_s, el, sizeof el);
+    double ms = l->batch ? l->elapsed_s * 1e3 / (double)l->batch : 0;
+    snprintf(per, sizeof per, ms >= 1 ? "%.0fms/step" : "%.0fus/step", ms >= 1 ? ms : ms * 1e3);
+    fprintf(p->out, "%s%zu/%zu [%s] - %s %s - loss: %.4f", p->tty ? "\r" : "", l->batch, l->batches, bar, el, per,
+            l->loss);
+    if (!isnan(l->accuracy))
+        fprintf(p->out, " - accuracy: %.4f", l->accuracy);
+    if (final && l->has_val) {
+        fprintf(p->out, " - val_loss: %.4f", l->val_loss);
+        if (!isnan(l->val_accuracy))
+            fprintf(p->out, " - val_accuracy: %.4f", l->val_accuracy);
+    }
+    if (final || !p->tty)
+        fputc('\n', p->out);
+    fflush(p->out);
+}
+
+static tpu_status progress_epoch_begin(tpu_model *m, int epoch, void *user)
+{
+    struct progress *p = user;
+    (void)m;
+    if (p->epochs > 0)
+        fprintf(p->out, "Epoch %d/%d\n", epoch + 1, p->epochs);
+    else
+        fprintf(p->out, "Epoch %d\n", epoch + 1);
+    fflush(p->out);
+    return TPU_OK;
+}
+
+static tpu_status progress_batch_end(tpu_model *m, int epoch, size_t batch, const tpu_logs *l, void *user)
+{
+    struct progress *p = user;
+    (void)m, (void)epoch, (void)batch;
+    if (p->tty && l->batch < l->batches)
+        progress_line(p, l, 0);
+    return TPU_OK;
+}
+
+static tpu_status progress_epoch_end(tpu_model *m, int epoch, const tpu_logs *l, void *user)
+{
+    (void)m, (void)epoch;
+    progress_line(user, l, 1);
+    return TPU_OK;
+}
+
+static tpu_status progress_train_begin(tpu_model *m, void *user)
+{
+    struct progress *p = user;
+    p->epochs = m->fit_epochs;
+    return TPU_OK;
+}
+
+tpu_status tpu_callback_progress(FILE *out, tpu_callback *cb)
+{
+    struct progress *p;
+    memset(cb, 0, sizeof *cb);
+    if (!out)
+        return cli_failf(TPU_INVALID_ARGUMENT, "progress: no output stream");
+    if (!(p = calloc(1, sizeof *p)))
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+    p->out = out;
+    p->tty = isatty(fileno(out));
+    cb->on_train_begin = progress_train_begin;
+    cb->on_epoch_begin = progress_epoch_begin;
+    cb->on_batch_end = progress_batch_end;
+    cb->on_epoch_end = progress_epoch_end;
+    cb->destroy = free;
+    cb->user = p;
+    return TPU_OK;
+}
+
+/* ---- checkpoint ---- */
+
+struct ckpt_cb {
+    char *path;
+    uint64_t every;
+};
+
+static void ckpt_cb_free(void *user)
+{
+    struct ckpt_cb *k = user;
+    free(k->path);
+    free(k);
+}
+
+static tpu_status ckpt_batch_end(tpu_model *m, int epoch, size_t batch, const tpu_logs *l, void *user)
+{
+    struct ckpt_cb *k = user;
+    (void)epoch, (void)batch, (void)l;
+    if (k->every && m->step % k->every == 0)
+        return tpu_model_save_checkpoint(m, k->path);
+    return TPU_OK;
+}
+
+static tpu_status ckpt_epoch_end(tpu_model *m, int epoch, const tpu_logs *l, void *user)
+{
+    struct ckpt_cb *k = user;
+    (void)epoch, (void)l;
+    return k->every ? TPU_OK : tpu_model_save_checkpoint(m, k->path);
+}
+
+tpu_status tpu_callback_checkpoint(const char *path, uint64_t save_every_steps, tpu_callback *cb)
+{
+    struct ckpt_cb *k;
+    memset(cb, 0, sizeof *cb);
+    if (!path || !*path)
+        return cli_failf(TPU_INVALID_ARGUMENT, "checkpoint: no path");
+    if (!(k = calloc(1, sizeof *k)) || !(k->path = strdup(path))) {
+        free(k);
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    k->every = save_every_steps;
+    cb->on_batch_end = ckpt_batch_end;
+    cb->on_epoch_end = ckpt_epoch_end;
+    cb->destroy = ckpt_cb_free;
+    cb->user = k;
+    return TPU_OK;
+}
+
+/* ---- profiler hook ---- */
+
+struct prof {
+    char *logdir;
+    uint64_t first, last, seen; /* batches since train begin, 1-based */
+    tpu_step_stats *steps;
+    size_t n, cap;
+    char dir[4096];
+    int written;
+};
+
+static void prof_free(void *user)
+{
+    struct prof *p = user;
+    free(p->logdir);
+    free(p->steps);
+    free(p);
+}
+
+static int mkdirs(char *path)
+{
+    for (char *s = path + 1; *s; s++)
+        if (*s == '/') {
+            *s = '\0';
+            if (mkdir(path, 0755) < 0 && errno != EEXIST) {
+                *s = '/';
+                return -1;
+            }
+            *s = '/';
+        }
+    return mkdir(path, 0755) < 0 && errno != EEXIST ? -1 : 0;
+}
+
+static tpu_status prof_write(struct prof *p, tpu_model *m)
+{
+    char run[64], file[4200];
+    time_t now = time(NULL);
+    struct tm tm;
+    FILE *f;
+    double sum[7] = {0};
+    gmtime_r(&now, &tm);
+    strftime(run, sizeof run, "%Y_%m_%d_%H_%M_%S", &tm);
+    snprintf(p->dir, sizeof p->dir, "%s/plugins/profile/%s", p->logdir, run);
+    if (mkdirs(p->dir) < 0)
+        return cli_failf(TPU_PERMISSION_DENIED, "profiler: cannot create %s: %s", p->dir, strerror(errno));
+    snprintf(file, sizeof file, "%s/steps.json", p->dir);
+    if (!(f = fopen(file, "w")))
+        return cli_failf(TPU_PERMISSION_DENIED, "profiler: cannot write %s: %s", file, strerror(errno));
+    fprintf(f, "{\"model_params\": %zu, \"replicas\": %zu, \"first_batch\": %llu, \"last_batch\": %llu, \"steps\": [",
+            model_nparams(m), m->n, (unsigned long long)p->first, (unsigned long long)p->last);
+    for (size_t i = 0; i < p->n; i++) {
+        const tpu_step_stats *s = &p->steps[i];
+        fprintf(f, "%s\n  {\"step\": %llu, \"rows\": %zu, \"wall_ns\": %llu, \"input_wait_ns\": %llu, \"compute_ns\": %llu, "
+                   "\"matmul_ns\": %llu, \"allreduce_ns\": %llu, \"optimizer_ns\": %llu, \"infeed_wait_ns\": %llu}",
+                i ? "," : "", (unsigned long long)s->step, s->rows, (unsigned long long)s->wall_ns,
+                (unsigned long long)s->input_wait_ns, (unsigned long long)s->compute_ns,
+                (unsigned long long)s->matmul_ns, (unsigned long long)s->allreduce_ns,
+                (unsigned long long)s->optimizer_ns, (unsigned long long)s->infeed_wait_ns);
+        sum[0] += (double)s->wall_ns, sum[1] += (double)s->input_wait_ns, sum[2] += (double)s->compute_ns;
+        sum[3] += (double)s->matmul_ns, sum[4] += (double)s->allreduce_ns, sum[5] += (double)s->optimizer_ns;
+        sum[6] += (double)s->infeed_wait_ns;
+    }
+    double k = p->n ? 1.0 / (double)p->n : 0;
+    fprintf(f, "\n], \"average_ns\": {\"wall\": %.0f, \"input_wait\": %.0f, \"compute\": %.0f, \"matmul\": %.0f, "
+               "\"allreduce\": %.0f, \"optimizer\": %.0f, \"infeed_wait\": %.0f}}\n",
+            sum[0] * k, sum[1] * k, sum[2] * k, sum[3] * k, sum[4] * k, sum[5] * k, sum[6] * k);
+    if (fclose(f) != 0)
+        return cli_failf(TPU_UNAVAILABLE, "profiler: writing %s failed: %s", file, strerror(errno));
+    p->written = 1;
+    return TPU_OK;
+}
+
+static tpu_status prof_batch_end(tpu_model *m, int epoch, size_t batch, const tpu_logs *l, void *user)
+{
+    struct prof *p = user;
+    (void)epoch, (void)batch, (void)l;
+    p->seen += m->co.steps_per_execution;
+    if (p->written || p->seen < p->first)
+        return TPU_OK;
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? 2 * p->cap : 64;
+        tpu_step_stats *ns = realloc(p->steps, cap * sizeof *ns);
+        if (!ns)
+            return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+        p->steps = ns;
+        p->cap = cap;
+    }
+    p->steps[p->n++] = m->last;
+    return p->seen >= p->last ? prof_write(p, m) : TPU_OK;
+}
+
+static tpu_status prof_train_end(tpu_model *m, const tpu_logs *l, void *user)
+{
+    struct prof *p = user;
+    (void)l;
+    return !p->written && p->n ? prof_write(p, m) : TPU_OK;
+}
+
+tpu_status tpu_callback_profiler(const char *logdir, uint64_t first, uint64_t last, tpu_callback *cb)
+{
+    struct prof *p;
+    memset(cb, 0, sizeof *cb);
+    if (!logdir || !*logdir)
+        return cli_failf(TPU_INVALID_ARGUMENT, "profiler: no log directory");
+    if (first < 1 || last < first)
+        return cli_failf(TPU_INVALID_ARGUMENT, "profiler: profile_batch '%llu,%llu' is not a range of batches "
+                         "counted from 1", (unsigned long long)first, (unsigned long long)last);
+    if (!(p = calloc(1, sizeof *p)) || !(p->logdir = strdup(logdir))) {
+        free(p);
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    p->first = first;
+    p->last = last;
+    cb->on_batch_end = prof_batch_end;
+    cb->on_train_end = prof_train_end;
+    cb->destroy = prof_free;
+    cb->user = p;
+    return TPU_OK;
+}
+
+const char *tpu_callback_profiler_dir(const tpu_callback *cb)
+{
+    if (!cb || cb->destroy != prof_free)
+        return "";
+    return ((const struct prof *)cb->user)->dir;
+}

@@ -1,0 +1,597 @@
+/* fit, evaluate and predict: the client's step loop. Batches come from the
+ * dataset iterator, are split by rows into one shard per replica (sent
+ * straight from the batch buffers), and up to infeed_depth executions are in
+ * flight at once, so the cores always have their next infeed when a step
+ * ends. Answers come back in order; their per-step metrics are summed over
+ * the replicas into the logs. */
+#include "model_int.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define KIND(k) TPUEMU__FRAME_KIND__FRAME_##k
+#define HISTORY_MAX 100000
+
+struct tpu_history {
+    size_t n, cap;
+    tpu_logs *e;
+};
+
+size_t tpu_history_num_epochs(const tpu_history *h)
+{
+    return h ? h->n : 0;
+}
+
+tpu_status tpu_history_epoch(const tpu_history *h, size_t i, tpu_logs *out)
+{
+    if (!h || i >= h->n)
+        return cli_failf(TPU_OUT_OF_RANGE, "the history has %zu epochs", h ? h->n : 0);
+    *out = h->e[i];
+    return TPU_OK;
+}
+
+void tpu_history_free(tpu_history *h)
+{
+    if (!h)
+        return;
+    free(h->e);
+    free(h);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- one execution in flight ---- */
+
+struct exec {
+    tpu_batch b[TIO_MAX_STEPS];
+    size_t nb;
+    struct tio_ans *ans;      /* n */
+    struct tio_ans **pa;      /* n */
+    struct tio_seg *segs;     /* n x 2 x steps */
+    uint64_t input_wait_ns;
+    size_t first_batch;
+};
+
+struct run {
+    tpu_model *m;
+    tpu_dataset_iter *it;
+    int mode;                 /* TPUEMU__STEP_MODE__* */
+    size_t n, spe, depth;
+    struct exec *ex;          /* depth */
+    size_t head, inflight;
+    int eof;
+    size_t batches_done;
+    /* sums */
+    double loss_sum;
+    int64_t correct, rows;
+    /* predict */
+    float *out;
+    size_t out_rows, out_put;
+    size_t units;
+};
+
+static void shard(size_t rows, size_t n, size_t r, size_t *first, size_t *cnt)
+{
+    size_t base = rows / n, extra = rows % n;
+    *first = r * base + (r < extra ? r : extra);
+    *cnt = base + (r < extra ? 1 : 0);
+}
+
+static void exec_release(struct run *u, struct exec *x)
+{
+    for (size_t i = 0; i < x->nb; i++)
+        tpu_dataset_iter_release(u->it, &x->b[i]);
+    x->nb = 0;
+}
+
+static int check_labels(const tpu_model *m, const tpu_batch *b, err *e)
+{
+    if (m->co.loss != TPU_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY || !b->y)
+        return CODE_OK;
+    const int32_t *y = b->y;
+    int32_t units = (int32_t)m->units[m->nlayers - 1];
+    for (size_t i = 0; i < b->rows; i++)
+        if (y[i] < 0 || y[i] >= units)
+            return err_set(e, CODE_INVALID_ARGUMENT, "label %d in row %zu of batch %zu is outside 0..%d (the last "
+                           "layer has %d units)", (int)y[i], i, b->index, (int)units - 1, (int)units);
+    return CODE_OK;
+}
+
+/* Fills the next free execution from the iterator and posts it; sets u->eof
+ * at the end of the epoch. */
+static int post_next(struct run *u, err *e)
+{
+    tpu_model *m = u->m;
+    tpu_cluster *c = m->s->c;
+    struct cli_coll *k = c->coll;
+    struct exec *x = &u->ex[(u->head + u->inflight) % u->depth];
+    size_t lbytes = m->co.loss == TPU_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY ? sizeof(int32_t)
+                                                                           : sizeof(float) * m->units[m->nlayers - 1];
+    size_t spe = u->mode == TPUEMU__STEP_MODE__STEP_PREDICT ? 1 : u->spe;
+    tpu_status st;
+
+    x->nb = 0;
+    x->input_wait_ns = 0;
+    x->first_batch = u->batches_done + u->inflight * spe; /* only for logs */
+    while (x->nb < spe) {
+        tpu_batch *b = &x->b[x->nb];
+        if ((st = tpu_dataset_iter_next(u->it, b)) != TPU_OK) {
+            exec_release(u, x);
+            return err_set(e, (int)st, "reading the dataset: %s", tpu_last_error());
+        }
+        x->input_wait_ns += b->wait_ns;
+        if (b->rows == 0) {
+            tpu_dataset_iter_release(u->it, b);
+            u->eof = 1;
+            break;
+        }
+        if (check_labels(m, b, e) != CODE_OK) {
+            x->nb++;
+            exec_release(u, x);
+            return e->code;
+        }
+        x->nb++;
+    }
+    if (x->nb == 0)
+        return CODE_OK;
+
+    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
+    Tpuemu__StepsSpec ss = TPUEMU__STEPS_SPEC__INIT;
+    uint32_t rows[TIO_MAX_STEPS], grows[TIO_MAX_STEPS];
+    h.kind = KIND(STEPS);
+    h.seq = k->next_seq++;
+    ss.model_id = m->id;
+    ss.mode = (Tpuemu__StepMode)u->mode;
+    ss.steps = (uint32_t)x->nb;
+    ss.n_rows = ss.n_global_rows = x->nb;
+    ss.rows = rows;
+    ss.global_rows = grows;
+    ss.has_labels = u->mode != TPUEMU__STEP_MODE__STEP_PREDICT;
+    ss.first_step = m->step + 1;
+    if (u->mode == TPUEMU__STEP_MODE__STEP_TRAIN) {
+        ss.coll_seq = k->next_seq;
+        k->next_seq += x->nb;
+    }
+    h.steps = &ss;
+    for (size_t r = 0; r < u->n; r++) {
+        struct tio_seg *sg = &x->segs[r * 2 * TIO_MAX_STEPS];
+        size_t ns = 0;
+        for (size_t i = 0; i < x->nb; i++) {
+            size_t first, cnt;
+            shard(x->b[i].rows, u->n, r, &first, &cnt);
+            rows[i] = (uint32_t)cnt;
+            grows[i] = (uint32_t)x->b[i].rows;
+            sg[ns].p = x->b[i].x + first * m->in_dim;
+            sg[ns++].n = cnt * m->in_dim * sizeof(float);
+            if (ss.has_labels) {
+                sg[ns].p = (const uint8_t *)x->b[i].y + first * lbytes;
+                sg[ns++].n = cnt * lbytes;
+            }
+        }
+        x->ans[r].dst = NULL;
+        x->ans[r].dst_cap = 0;
+        if (u->mode == TPUEMU__STEP_MODE__STEP_PREDICT) {
+            size_t first, cnt;
+            shard(x->b[0].rows, u->n, r, &first, &cnt);
+            if (u->out_put + x->b[0].rows > u->out_rows) {
+                exec_release(u, x);
+                return err_set(e, CODE_OUT_OF_RANGE, "the dataset has more than the %zu rows there is room for",
+                               u->out_rows);
+            }
+            x->ans[r].dst = u->out + (u->out_put + first) * u->units;
+            x->ans[r].dst_cap = cnt * u->units * sizeof(float);
+        }
+        if (tio_post(c, r, &h, sg, ns, &x->ans[r], e) != CODE_OK) {
+            exec_release(u, x);
+            tio_abort(c);
+            return e->code;
+        }
+    }
+    if (u->mode == TPUEMU__STEP_MODE__STEP_PREDICT)
+        u->out_put += x->b[0].rows;
+    u->inflight++;
+    return CODE_OK;
+}
+
+/* Waits for the oldest execution and folds its answers in. */
+static int finish_oldest(struct run *u, uint64_t *t_last, err *e)
+{
+    tpu_model *m = u->m;
+    tpu_cluster *c = m->s->c;
+    struct exec *x = &u->ex[u->head];
+    size_t bytes = 0;
+    for (size_t i = 0; i < x->nb; i++)
+        bytes += x->b[i].rows * (m->in_dim + 1) * sizeof(float) / u->n;
+    size_t failed = tio_wait(c, x->pa, model_deadline(bytes * u->depth), 2 * cli_coll_progress_ms(c) + 1000);
+    u->head = (u->head + 1) % u->depth;
+    u->inflight--;
+    if (failed) {
+        const struct tio_ans *w = tio_worst(x->pa, u->n);
+        int lost = 0;
+        for (size_t r = 0; r < u->n; r++)
+            lost |= x->ans[r].code == CODE_UNAVAILABLE || x->ans[r].code == CODE_DEADLINE_EXCEEDED;
+        err_set(e, w ? w->code : CODE_UNKNOWN, "%s", w ? w->msg : "the step failed");
+        exec_release(u, x);
+        if (lost)
+            tio_abort(c);
+        return e->code;
+    }
+    uint64_t now = now_ns();
+    for (size_t i = 0; i < x->nb; i++) {
+        tpu_step_stats s;
+        memset(&s, 0, sizeof s);
+        for (size_t r = 0; r < u->n; r++) {
+            const struct tio_stat *a = i < x->ans[r].nstats ? &x->ans[r].stats[i] : NULL;
+            if (!a)
+                continue;
+            u->loss_sum += a->loss_sum;
+            u->correct += a->correct;
+            u->rows += a->rows;
+#define MAXF(f) if (a->f > s.f) s.f = a->f
+            MAXF(compute_ns);
+            MAXF(matmul_ns);
+            MAXF(allreduce_ns);
+            MAXF(optimizer_ns);
+            MAXF(infeed_wait_ns);
+#undef MAXF
+        }
+        if (u->mode == TPUEMU__STEP_MODE__STEP_TRAIN) {
+            m->step++;
+            m->cur_batch++;
+            m->iterations++;
+        }
+        s.step = m->step;
+        s.rows = x->b[i].rows;
+        s.wall_ns = (now - *t_last) / x->nb;
+        s.input_wait_ns = x->input_wait_ns / x->nb;
+        m->last = s;
+    }
+    for (size_t r = 0; r < u->n; r++)
+        if (x->ans[r].hbm_used > m->hbm_used)
+            m->hbm_used = x->ans[r].hbm_used;
+    *t_last = now;
+    u->batches_done += x->nb;
+    exec_release(u, x);
+    return CODE_OK;
+}
+
+static void run_free(struct run *u)
+{
+    if (!u->ex)
+        return;
+    for (size_t d = 0; d < u->depth; d++) {
+        exec_release(u, &u->ex[d]);
+        free(u->ex[d].ans);
+        free(u->ex[d].pa);
+        free(u->ex[d].segs);
+    }
+    free(u->ex);
+    u->ex = NULL;
+}
+
+static int run_init(struct run *u, tpu_model *m, int mode, err *e)
+{
+    memset(u, 0, sizeof *u);
+    u->m = m;
+    u->mode = mode;
+    u->n = m->s->c->coll->n;
+    u->spe = m->co.steps_per_execution;
+    u->depth = m->co.infeed_depth;
+    u->units = m->units[m->nlayers - 1];
+    if (!(u->ex = calloc(u->depth, sizeof *u->ex)))
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+    for (size_t d = 0; d < u->depth; d++) {
+        struct exec *x = &u->ex[d];
+        x->ans = calloc(u->n, sizeof *x->ans);
+        x->pa = calloc(u->n, sizeof *x->pa);
+        x->segs = calloc(u->n * 2 * TIO_MAX_STEPS, sizeof *x->segs);
+        if (!x->ans || !x->pa || !x->segs) {
+            run_free(u);
+            return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        for (size_t r = 0; r < u->n; r++)
+            x->pa[r] = &x->ans[r];
+    }
+    return CODE_OK;
+}
+
+/* Waits for everything in flight (after an error of the caller's own: the
+ * streams stay in step). */
+static void drain(struct run *u)
+{
+    uint64_t t = now_ns();
+    err ignored;
+    while (u->inflight)
+        finish_oldest(u, &t, &ignored);
+}
+
+static int check_dataset(const tpu_model *m, tpu_dataset *ds, int need_labels, const char *what, err *e)
+{
+    size_t n = m->s->c->coll ? m->s->c->coll->n : 0, b;
+    if (!ds)
+        return err_set(e, CODE_INVALID_ARGUMENT, "%s: no dataset", what);
+    if (tpu_dataset_x_dim(ds) != m->in_dim)
+        return err_set(e, CODE_INVALID_ARGUMENT, "%s: the dataset's rows have %zu features; the model takes %zu", what,
+                       tpu_dataset_x_dim(ds), m->in_dim);
+    if (!(b = tpu_dataset_batch_size(ds)))
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       "%s: the dataset is not batched; batch it (tpu_dataset_batch) with a global batch of 128 x %zu "
+                       "replicas = %zu", what, n, 128 * n);
+    if (b % n)
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       "%s: the global batch of %zu does not split evenly over %zu replicas; use a multiple of %zu "
+                       "(128 x %zu = %zu is best)", what, b, n, n, n, 128 * n);
+    if (need_labels) {
+        tpu_label_kind lk = tpu_dataset_label_kind(ds);
+        if (m->co.loss == TPU_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY && lk != TPU_LABELS_SPARSE)
+            return err_set(e, CODE_INVALID_ARGUMENT, "%s: sparse categorical cross-entropy needs int32 class ids "
+                           "(TPU_LABELS_SPARSE)", what);
+        if (m->co.loss != TPU_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY &&
+            (lk != TPU_LABELS_DENSE || tpu_dataset_y_dim(ds) != m->units[m->nlayers - 1]))
+            return err_set(e, CODE_INVALID_ARGUMENT, "%s: this loss needs labels of %zu floats per row (TPU_LABELS_DENSE)",
+                           what, m->units[m->nlayers - 1]);
+    }
+    return CODE_OK;
+}
+
+static void warn_batch(tpu_model *m, size_t b)
+{
+    size_t n = m->s->c->coll->n, per = b / n;
+    if (m->warned_batch == b)
+        return;
+    m->warned_batch = b;
+    if (per % 8 || b % 128)
+        model_warn("global batch %zu (%zu per core on %zu cores) is not a multiple of 8 per core and 128 overall: "
+                   "the MXU's 128x128 tiles run partly empty; use 128 x %zu = %zu", b, per, n, n, 128 * n);
+}
+
+static double nan_or(int have, double v)
+{
+    return have ? v : NAN;
+}
+
+/* One pass over one epoch of ds in mode; callbacks only for training. */
+static int run_epoch(tpu_model *m, tpu_dataset *ds, int mode, int epoch, size_t skip, const tpu_fit_options *o,
+                     tpu_logs *logs, float *out, size_t out_rows, size_t *rows_out, int *stop, err *e)
+{
+    struct run u;
+    int rc;
+    uint64_t t0 = now_ns(), tl = t0;
+    int acc = m->co.metrics_accuracy && m->co.loss != TPU_LOSS_MEAN_SQUARED_ERROR;
+
+    if ((rc = run_init(&u, m, mode, e)) != CODE_OK)
+        return rc;
+    u.out = out;
+    u.out_rows = out_rows;
+    if (tpu_dataset_iter_new(ds, (uint64_t)epoch, skip, &u.it) != TPU_OK) {
+        run_free(&u);
+        return err_set(e, (int)tpu_last_status(), "%s", tpu_last_error());
+    }
+    size_t nb = tpu_dataset_num_batches(ds);
+    logs->batches = nb;
+    logs->epoch = epoch;
+    u.batches_done = skip;
+    rc = CODE_OK;
+    while (rc == CODE_OK) {
+        while (!u.eof && u.inflight < u.depth && rc == CODE_OK) {
+            if (mode == TPUEMU__STEP_MODE__STEP_TRAIN)
+                for (size_t i = 0; i < o->num_callbacks && rc == CODE_OK; i++)
+                    if (o->callbacks[i].on_batch_begin) {
+                        tpu_status cs = o->callbacks[i].on_batch_begin(m, epoch, u.batches_done + u.inflight,
+                                                                       o->callbacks[i].user);
+                        if (cs == TPU_CANCELLED)
+                            *stop = 1, u.eof = 1;
+                        else if (cs != TPU_OK)
+                            rc = err_set(e, (int)cs, "a callback stopped training: %s", tpu_last_error());
+                    }
+            if (rc == CODE_OK && !u.eof)
+                rc = post_next(&u, e);
+        }
+        if (rc != CODE_OK || !u.inflight)
+            break;
+        if ((rc = finish_oldest(&u, &tl, e)) != CODE_OK)
+            break;
+        logs->loss = u.rows ? u.loss_sum / (double)u.rows : NAN;
+        logs->accuracy = nan_or(acc && u.rows, u.rows ? (double)u.correct / (double)u.rows : 0);
+        logs->batch = u.batches_done;
+        logs->step = m->step;
+        logs->elapsed_s = (double)(now_ns() - t0) / 1e9;
+        logs->examples_per_s = logs->elapsed_s > 0 ? (double)u.rows / logs->elapsed_s : 0;
+        if (mode == TPUEMU__STEP_MODE__STEP_TRAIN)
+            for (size_t i = 0; i < o->num_callbacks && rc == CODE_OK; i++)
+                if (o->callbacks[i].on_batch_end) {
+                    tpu_status cs = o->callbacks[i].on_batch_end(m, epoch, u.batches_done - 1, logs,
+                                                                 o->callbacks[i].user);
+                    if (cs == TPU_CANCELLED)
+                        *stop = 1, u.eof = 1;
+                    else if (cs != TPU_OK)
+                        rc = err_set(e, (int)cs, "a callback stopped training: %s", tpu_last_error());
+                }
+    }
+    if (rc != CODE_OK)
+        drain(&u);
+    if (rows_out)
+        *rows_out = u.out_put;
+    tpu_dataset_iter_free(u.it);
+    run_free(&u);
+    return rc;
+}
+
+static int callbacks_call(const tpu_fit_options *o, tpu_model *m, int which, int epoch, const tpu_logs *logs,
+                          int *stop, err *e)
+{
+    for (size_t i = 0; i < o->num_callbacks; i++) {
+        const tpu_callback *cb = &o->callbacks[i];
+        tpu_status cs = TPU_OK;
+        if (which == 0 && cb->on_train_begin)
+            cs = cb->on_train_begin(m, cb->user);
+        else if (which == 1 && cb->on_epoch_begin)
+            cs = cb->on_epoch_begin(m, epoch, cb->user);
+        else if (which == 2 && cb->on_epoch_end)
+            cs = cb->on_epoch_end(m, epoch, logs, cb->user);
+        else if (which == 3 && cb->on_train_end)
+            cs = cb->on_train_end(m, logs, cb->user);
+        if (cs == TPU_CANCELLED)
+            *stop = 1;
+        else if (cs != TPU_OK)
+            return err_set(e, (int)cs, "a callback stopped training: %s", tpu_last_error());
+    }
+    return CODE_OK;
+}
+
+static int prepare(tpu_model *m, tpu_dataset *ds, tpu_dataset *val, int labels, const char *what, err *e)
+{
+    size_t b;
+    if (!m->configured)
+        return err_set(e, CODE_FAILED_PRECONDITION, "%s: compile the model first (tpu_model_compile)", what);
+    if (!m->s->c->coll || !m->s->c->coll->n)
+        return err_set(e, CODE_FAILED_PRECONDITION, "%s: no TPU system; initialize it first", what);
+    if (check_dataset(m, ds, labels, what, e) != CODE_OK)
+        return e->code;
+    b = tpu_dataset_batch_size(ds);
+    if (val) {
+        if (check_dataset(m, val, 1, "validation data", e) != CODE_OK)
+            return e->code;
+        if (tpu_dataset_batch_size(val) > b)
+            b = tpu_dataset_batch_size(val);
+    }
+    warn_batch(m, tpu_dataset_batch_size(ds));
+    return model_ensure_compiled(m, b, e);
+}
+
+tpu_status tpu_model_fit(tpu_model *m, tpu_dataset *ds, const tpu_fit_options *o, tpu_history **history)
+{
+    tpu_fit_options def;
+    tpu_history *h = NULL;
+    tpu_logs logs;
+    err e;
+    int rc, stop = 0;
+
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    if (history)
+        *history = NULL;
+    if (!o) {
+        memset(&def, 0, sizeof def);
+        def.epochs = 1;
+        o = &def;
+    }
+    if (o->epochs < 0 || o->initial_epoch < 0 || o->epochs > HISTORY_MAX)
+        return cli_failf(TPU_INVALID_ARGUMENT, "epochs %d / initial_epoch %d: both must be in 0..%d", o->epochs,
+                         o->initial_epoch, HISTORY_MAX);
+    if (o->num_callbacks && !o->callbacks)
+        return cli_failf(TPU_INVALID_ARGUMENT, "num_callbacks %zu with no callbacks", o->num_callbacks);
+    if ((rc = prepare(m, ds, o->validation_data, 1, "fit", &e)) != CODE_OK)
+        return cli_fail(&e);
+    if (!(h = calloc(1, sizeof *h)))
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+    m->fit_epochs = o->epochs;
+    int start = o->resume ? m->cur_epoch : o->initial_epoch;
+    size_t skip = o->resume ? m->cur_batch : 0;
+    if (!o->resume) {
+        m->cur_epoch = start;
+        m->cur_batch = 0;
+    }
+    if (skip >= tpu_dataset_num_batches(ds)) { /* saved at the very end of an epoch */
+        start++;
+        skip = 0;
+        m->cur_epoch = start;
+        m->cur_batch = 0;
+    }
+    memset(&logs, 0, sizeof logs);
+    rc = callbacks_call(o, m, 0, start, &logs, &stop, &e);
+    for (int ep = start; rc == CODE_OK && !stop && ep < o->epochs; ep++) {
+        memset(&logs, 0, sizeof logs);
+        m->cur_epoch = ep;
+        if ((rc = callbacks_call(o, m, 1, ep, NULL, &stop, &e)) != CODE_OK || stop)
+            break;
+        rc = run_epoch(m, ds, TPUEMU__STEP_MODE__STEP_TRAIN, ep, ep == start ? skip : 0, o, &logs, NULL, 0, NULL, &stop,
+                       &e);
+        if (rc != CODE_OK)
+            break;
+        if (o->validation_data) {
+            tpu_logs vl;
+            memset(&vl, 0, sizeof vl);
+            if ((rc = run_epoch(m, o->validation_data, TPUEMU__STEP_MODE__STEP_EVALUATE, 0, 0, o, &vl, NULL, 0, NULL,
+                                &stop, &e)) != CODE_OK)
+                break;
+            logs.has_val = 1;
+            logs.val_loss = vl.loss;
+            logs.val_accuracy = vl.accuracy;
+        }
+        if (logs.batch >= logs.batches) {
+            m->cur_epoch = ep + 1;
+            m->cur_batch = 0;
+        }
+        if (h->n == h->cap) {
+            size_t cap = h->cap ? 2 * h->cap : 16;
+            tpu_logs *ne = realloc(h->e, cap * sizeof *ne);
+            if (!ne) {
+                rc = err_set(&e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+                break;
+            }
+            h->e = ne;
+            h->cap = cap;
+        }
+        h->e[h->n++] = logs;
+        if ((rc = callbacks_call(o, m, 2, ep, &logs, &stop, &e)) != CODE_OK)
+            break;
+    }
+    if (rc == CODE_OK) {
+        int ignored_stop = 0;
+        rc = callbacks_call(o, m, 3, m->cur_epoch, &logs, &ignored_stop, &e);
+    }
+    if (history)
+        *history = h;
+    else
+        tpu_history_free(h);
+    return rc == CODE_OK ? TPU_OK : cli_fail(&e);
+}
+
+tpu_status tpu_model_evaluate(tpu_model *m, tpu_dataset *ds, double *loss, double *accuracy)
+{
+    tpu_fit_options o;
+    tpu_logs logs;
+    err e;
+    int stop = 0;
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    memset(&o, 0, sizeof o);
+    memset(&logs, 0, sizeof logs);
+    if (prepare(m, ds, NULL, 1, "evaluate", &e) != CODE_OK ||
+        run_epoch(m, ds, TPUEMU__STEP_MODE__STEP_EVALUATE, 0, 0, &o, &logs, NULL, 0, NULL, &stop, &e) != CODE_OK)
+        return cli_fail(&e);
+    if (loss)
+        *loss = logs.loss;
+    if (accuracy)
+        *accuracy = logs.accuracy;
+    return TPU_OK;
+}
+
+tpu_status tpu_model_predict(tpu_model *m, tpu_dataset *ds, float *out, size_t out_rows, size_t *rows)
+{
+    tpu_fit_options o;
+    tpu_logs logs;
+    err e;
+    int stop = 0;
+    size_t got = 0;
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    memset(&o, 0, sizeof o);
+    memset(&logs, 0, sizeof logs);
+    if (rows)
+        *rows = 0;
+    if (!out && out_rows)
+        return cli_failf(TPU_INVALID_ARGUMENT, "predict: no output buffer");
+    if (prepare(m, ds, NULL, 0, "predict", &e) != CODE_OK ||
+        run_epoch(m, ds, TPUEMU__STEP_MODE__STEP_PREDICT, 0, 0, &o, &logs, out, out_rows, &got, &stop, &e) != CODE_OK)
+        return cli_fail(&e);
+    if (rows)
+        *rows = got;
+    return TPU_OK;
+}

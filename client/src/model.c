@@ -1,0 +1,648 @@
+/* Models through libtpuclient: the strategy, building and compiling a model
+ * onto every core, its state (weights, optimizer slots) and checkpoints. The
+ * step loop is fit.c; the wire is train_io.c. */
+#include "model_int.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt.h"
+
+#define KIND(k) TPUEMU__FRAME_KIND__FRAME_##k
+#define CALL_FLOOR_MS 30000u
+#define CALL_BYTES_PER_MS 20000u
+#define CKPT_FORMAT "tpuemu model checkpoint 1"
+
+/* ---- warnings ---- */
+
+static tpu_warning_fn warn_fn;
+static void *warn_user;
+
+void tpu_set_warning_handler(tpu_warning_fn fn, void *user)
+{
+    warn_fn = fn;
+    warn_user = user;
+}
+
+void model_warn(const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (warn_fn)
+        warn_fn(msg, warn_user);
+    else
+        fprintf(stderr, "tpuemu: warning: %s\n", msg);
+}
+
+uint64_t model_deadline(size_t bytes)
+{
+    return wire_now_ms() + CALL_FLOOR_MS + bytes / CALL_BYTES_PER_MS;
+}
+
+/* ---- strategy ---- */
+
+tpu_status tpu_strategy_new(tpu_cluster *c, tpu_strategy **out)
+{
+    tpu_strategy *s;
+    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    *out = NULL;
+    if (!c->coll || c->coll->n == 0)
+        return cli_failf(TPU_FAILED_PRECONDITION,
+                         "no TPU system: call tpu_initialize_system (or tpu_attach_system) before making a strategy");
+    if (!(s = calloc(1, sizeof *s)))
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+    s->magic = MAGIC_STRATEGY;
+    s->c = c;
+    *out = s;
+    return TPU_OK;
+}
+
+void tpu_strategy_free(tpu_strategy *s)
+{
+    if (!s)
+        return;
+    CHECK_HANDLE(s, MAGIC_STRATEGY, "tpu_strategy");
+    s->magic = MAGIC_DEAD;
+    free(s);
+}
+
+int tpu_strategy_num_replicas_in_sync(const tpu_strategy *s)
+{
+    CHECK_HANDLE(s, MAGIC_STRATEGY, "tpu_strategy");
+    return s->c->coll ? (int)s->c->coll->n : 0;
+}
+
+tpu_cluster *tpu_strategy_cluster(const tpu_strategy *s)
+{
+    CHECK_HANDLE(s, MAGIC_STRATEGY, "tpu_strategy");
+    return s->c;
+}
+
+/* ---- options ---- */
+
+tpu_optimizer tpu_optimizer_sgd(float learning_rate, float momentum)
+{
+    tpu_optimizer o;
+    memset(&o, 0, sizeof o);
+    o.kind = TPU_OPT_SGD;
+    o.learning_rate = learning_rate > 0 ? learning_rate : 0.01f;
+    o.momentum = momentum;
+    return o;
+}
+
+tpu_optimizer tpu_optimizer_adam(float learning_rate)
+{
+    tpu_optimizer o;
+    memset(&o, 0, sizeof o);
+    o.kind = TPU_OPT_ADAM;
+    o.learning_rate = learning_rate > 0 ? learning_rate : 0.001f;
+    o.beta_1 = 0.9f;
+    o.beta_2 = 0.999f;
+    o.epsilon = 1e-7f;
+    return o;
+}
+
+void tpu_compile_options_init(tpu_compile_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->optimizer = tpu_optimizer_adam(0);
+    o->loss = TPU_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY;
+    o->metrics_accuracy = 1;
+    o->steps_per_execution = 1;
+    o->policy = TPU_POLICY_FLOAT32;
+    o->infeed_depth = 2;
+}
+
+/* ---- the model ---- */
+
+tpu_status tpu_model_new(tpu_strategy *s, size_t input_dim, tpu_model **out)
+{
+    tpu_model *m;
+    CHECK_HANDLE(s, MAGIC_STRATEGY, "tpu_strategy");
+    *out = NULL;
+    if (input_dim < 1 || input_dim > MODEL_UNITS_MAX)
+        return cli_failf(TPU_INVALID_ARGUMENT, "input_dim %zu is outside 1..%d", input_dim, MODEL_UNITS_MAX);
+    if (!(m = calloc(1, sizeof *m)))
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+    m->magic = MAGIC_MODEL;
+    m->s = s;
+    m->id = auth_random64();
+    m->in_dim = input_dim;
+    m->seed = auth_random64();
+    *out = m;
+    return TPU_OK;
+}
+
+void tpu_model_free(tpu_model *m)
+{
+    if (!m)
+        return;
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    m->magic = MAGIC_DEAD;
+    free(m->pending_state);
+    free(m);
+}
+
+tpu_status tpu_model_add_dense(tpu_model *m, size_t units, tpu_activation act)
+{
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    if (m->configured)
+        return cli_failf(TPU_FAILED_PRECONDITION, "the model is compiled: add layers before tpu_model_compile");
+    if (m->nlayers >= MODEL_LAYERS_MAX)
+        return cli_failf(TPU_INVALID_ARGUMENT, "a model has at most %d Dense layers", MODEL_LAYERS_MAX);
+    if (units < 1 || units > MODEL_UNITS_MAX)
+        return cli_failf(TPU_INVALID_ARGUMENT, "Dense(%zu): units must be in 1..%d", units, MODEL_UNITS_MAX);
+    if ((unsigned)act > TPU_ACT_SIGMOID)
+        return cli_failf(TPU_INVALID_ARGUMENT, "Dense(%zu): activation %d is unknown", units, (int)act);
+    m->units[m->nlayers] = units;
+    m->act[m->nlayers] = act;
+    m->nlayers++;
+    return TPU_OK;
+}
+
+tpu_status tpu_model_set_seed(tpu_model *m, uint64_t seed)
+{
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    if (m->configured)
+        return cli_failf(TPU_FAILED_PRECONDITION, "the model is compiled: set the seed before tpu_model_compile");
+    m->seed = seed;
+    return TPU_OK;
+}
+
+size_t model_nparams(const tpu_model *m)
+{
+    size_t n = 0, prev = m->in_dim;
+    for (size_t l = 0; l < m->nlayers; l++) {
+        n += prev * m->units[l] + m->units[l];
+        prev = m->units[l];
+    }
+    return n;
+}
+
+int model_nslots(const tpu_model *m)
+{
+    if (m->co.optimizer.kind == TPU_OPT_ADAM)
+        return 2;
+    return m->co.optimizer.momentum > 0 ? 1 : 0;
+}
+
+size_t tpu_model_num_params(const tpu_model *m)
+{
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    return model_nparams(m);
+}
+
+uint64_t tpu_model_hbm_used(const tpu_model *m)
+{
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    return m->hbm_used;
+}
+
+uint64_t tpu_model_hbm_capacity(const tpu_model *m)
+{
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    return m->hbm_capacity;
+}
+
+uint64_t tpu_model_step(const tpu_model *m)
+{
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    return m->step;
+}
+
+int tpu_model_epoch(const tpu_model *m)
+{
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    return m->cur_epoch;
+}
+
+size_t tpu_model_batch_in_epoch(const tpu_model *m)
+{
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    return m->cur_batch;
+}
+
+tpu_status tpu_model_last_step_stats(const tpu_model *m, tpu_step_stats *out)
+{
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    *out = m->last;
+    return m->last.step ? TPU_OK : cli_failf(TPU_FAILED_PRECONDITION, "no step has run yet");
+}
+
+static const char *act_name(tpu_activation a)
+{
+    static const char *const n[] = {"linear", "relu", "softmax", "tanh", "sigmoid"};
+    return (unsigned)a <= TPU_ACT_SIGMOID ? n[a] : "?";
+}
+
+/* "784 -> 128 relu -> 10 softmax, adam": what a checkpoint must match. */
+static void describe(const tpu_model *m, char *buf, size_t n)
+{
+    size_t off = (size_t)snprintf(buf, n, "%zu", m->in_dim);
+    for (size_t l = 0; l < m->nlayers && off < n; l++)
+        off += (size_t)snprintf(buf + off, n - off, " -> %zu %s", m->units[l], act_name(m->act[l]));
+    if (off < n)
+        snprintf(buf + off, n - off, ", %s with %d slot(s)", m->co.optimizer.kind == TPU_OPT_ADAM ? "adam" : "sgd",
+                 model_nslots(m));
+}
+
+size_t tpu_model_summary(const tpu_model *m, char *buf, size_t n)
+{
+    size_t off = 0, prev;
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+#define PUT(...) (off += (size_t)snprintf(buf + (off < n ? off : n), off < n ? n - off : 0, __VA_ARGS__))
+    if (n)
+        buf[0] = '\0';
+    PUT("Model: \"sequential\"\n");
+    PUT("%-28s %-22s %12s\n", "Layer (type)", "Output Shape", "Param #");
+    PUT("%.64s\n", "================================================================");
+    prev = m->in_dim;
+    for (size_t l = 0; l < m->nlayers; l++) {
+        char name[40], shape[32];
+        if (l == 0)
+            snprintf(name, sizeof name, "dense (Dense, %s)", act_name(m->act[l]));
+        else
+            snprintf(name, sizeof name, "dense_%zu (Dense, %s)", l, act_name(m->act[l]));
+        snprintf(shape, sizeof shape, "(None, %zu)", m->units[l]);
+        PUT("%-28s %-22s %12zu\n", name, shape, prev * m->units[l] + m->units[l]);
+        prev = m->units[l];
+    }
+    PUT("%.64s\n", "================================================================");
+    PUT("Total params: %zu (%.2f KB)\n", model_nparams(m), model_nparams(m) * 4.0 / 1024);
+#undef PUT
+    return off;
+}
+
+/* ---- compile ---- */
+
+tpu_status tpu_model_compile(tpu_model *m, const tpu_compile_options *o)
+{
+    tpu_compile_options co;
+    err e;
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    if (o)
+        co = *o;
+    else
+        tpu_compile_options_init(&co);
+    if (m->nlayers == 0)
+        return cli_failf(TPU_INVALID_ARGUMENT, "the model has no layers: add a Dense layer first");
+    if ((unsigned)co.loss > TPU_LOSS_MEAN_SQUARED_ERROR)
+        return cli_failf(TPU_INVALID_ARGUMENT, "loss %d is unknown", (int)co.loss);
+    if (co.loss != TPU_LOSS_MEAN_SQUARED_ERROR && m->units[m->nlayers - 1] < 2)
+        return cli_failf(TPU_INVALID_ARGUMENT, "a cross-entropy loss needs at least 2 units in the last layer, not %zu",
+                         m->units[m->nlayers - 1]);
+    if ((unsigned)co.optimizer.kind > TPU_OPT_ADAM)
+        return cli_failf(TPU_INVALID_ARGUMENT, "optimizer %d is unknown (TPU_OPT_SGD, TPU_OPT_ADAM)",
+                         (int)co.optimizer.kind);
+    if (!(co.optimizer.learning_rate > 0) || !isfinite(co.optimizer.learning_rate))
+        return cli_failf(TPU_INVALID_ARGUMENT, "learning_rate %g must be a positive number (tpu_optimizer_adam(0) "
+                         "gives Keras' default)", (double)co.optimizer.learning_rate);
+    if (co.optimizer.kind == TPU_OPT_ADAM &&
+        (!(co.optimizer.beta_1 >= 0 && co.optimizer.beta_1 < 1) || !(co.optimizer.beta_2 >= 0 && co.optimizer.beta_2 < 1) ||
+         !(co.optimizer.epsilon > 0)))
+        return cli_failf(TPU_INVALID_ARGUMENT, "Adam needs 0 <= beta_1, beta_2 < 1 and epsilon > 0 (got %g, %g, %g); "
+                         "tpu_optimizer_adam() sets Keras' defaults", (double)co.optimizer.beta_1,
+                         (double)co.optimizer.beta_2, (double)co.optimizer.epsilon);
+    if (co.optimizer.kind == TPU_OPT_SGD && !(co.optimizer.momentum >= 0 && co.optimizer.momentum < 1))
+        return cli_failf(TPU_INVALID_ARGUMENT, "SGD momentum %g is outside [0, 1)", (double)co.optimizer.momentum);
+    if (co.steps_per_execution == 0)
+        co.steps_per_execution = 1;
+    if (co.steps_per_execution > TIO_MAX_STEPS)
+        return cli_failf(TPU_INVALID_ARGUMENT, "steps_per_execution %u is more than %d", co.steps_per_execution,
+                         TIO_MAX_STEPS);
+    if (co.infeed_depth == 0)
+        co.infeed_depth = 2;
+    if (co.infeed_depth > 16)
+        return cli_failf(TPU_INVALID_ARGUMENT, "infeed_depth %u is outside 1..16", co.infeed_depth);
+    if ((unsigned)co.policy > TPU_POLICY_MIXED_BFLOAT16)
+        return cli_failf(TPU_INVALID_ARGUMENT, "policy %d is unknown", (int)co.policy);
+    if (m->configured && (co.optimizer.kind != m->co.optimizer.kind ||
+                          (co.optimizer.momentum > 0) != (m->co.optimizer.momentum > 0)))
+        m->epoch = 0; /* other optimizer slots: the cores start over from the seed */
+    m->co = co;
+    m->configured = 1;
+    if (co.batch_size || m->batch_per_core) {
+        size_t n = m->s->c->coll ? m->s->c->coll->n : 1;
+        size_t gb = co.batch_size ? co.batch_size : m->batch_per_core * n;
+        m->batch_per_core = 0; /* compile again: the options may have changed */
+        if (model_ensure_compiled(m, gb, &e) != CODE_OK)
+            return cli_fail(&e);
+    }
+    return TPU_OK;
+}
+
+/* One request to every replica (or only to `only` when >= 0), waited for.
+ * ans[r].dst must be set by the caller where a payload comes back. */
+static int request_all(tpu_model *m, Tpuemu__FrameHeader *h, const struct tio_seg *segs, size_t nseg, int only,
+                       struct tio_ans *ans, size_t bytes, const char *what, err *e)
+{
+    tpu_cluster *c = m->s->c;
+    struct cli_coll *k = c->coll;
+    size_t n = k->n;
+    struct tio_ans **pa = calloc(n, sizeof *pa);
+    int rc = CODE_OK;
+
+    if (!pa)
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+    h->seq = k->next_seq++;
+    for (size_t r = 0; r < n; r++) {
+        pa[r] = &ans[r];
+        if (only >= 0 && (size_t)only != r) {
+            ans[r].done = 1;
+            ans[r].code = CODE_OK;
+            continue;
+        }
+        if ((rc = tio_post(c, r, h, segs, nseg, &ans[r], e)) != CODE_OK) {
+            tio_abort(c);
+            free(pa);
+            err_prefix(e, "%s", what);
+            return rc;
+        }
+    }
+    size_t failed = tio_wait(c, pa, model_deadline(bytes), 2 * cli_coll_progress_ms(c) + 1000);
+    if (failed) {
+        const struct tio_ans *w = tio_worst(pa, n);
+        int lost = 0;
+        for (size_t r = 0; r < n; r++)
+            lost |= ans[r].code == CODE_UNAVAILABLE || ans[r].code == CODE_DEADLINE_EXCEEDED || !ans[r].done;
+        rc = err_set(e, w ? w->code : CODE_UNKNOWN, "%s: %s", what, w ? w->msg : "failed");
+        if (lost)
+            tio_abort(c);
+    }
+    free(pa);
+    return rc;
+}
+
+static int push_state(tpu_model *m, const float *state, size_t nfloats, uint32_t nslots, uint64_t iterations, err *e)
+{
+    size_t n = m->s->c->coll->n, np = model_nparams(m);
+    struct tio_ans *ans = calloc(n, sizeof *ans);
+    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
+    Tpuemu__StateInfo si = TPUEMU__STATE_INFO__INIT;
+    struct tio_seg seg = {state, nfloats * sizeof(float)};
+    int rc;
+    if (!ans)
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+    if (nfloats != np * (1 + nslots)) {
+        free(ans);
+        return err_set(e, CODE_INTERNAL, "state of %zu floats for %zu parameters and %u slots", nfloats, np, nslots);
+    }
+    h.kind = KIND(STATE_SET);
+    si.model_id = m->id;
+    si.num_params = np;
+    si.num_slots = nslots;
+    si.iterations = iterations;
+    h.state = &si;
+    rc = request_all(m, &h, &seg, 1, -1, ans, seg.n, "loading the model's state", e);
+    free(ans);
+    if (rc == CODE_OK)
+        m->iterations = iterations;
+    return rc;
+}
+
+int model_ensure_compiled(tpu_model *m, size_t global_batch, err *e)
+{
+    tpu_cluster *c = m->s->c;
+    struct cli_coll *k = c->coll;
+    size_t n, per;
+    int rc;
+
+    if (!m->configured)
+        return err_set(e, CODE_FAILED_PRECONDITION, "the model is not compiled: call tpu_model_compile first");
+    if (!k || k->n == 0)
+        return err_set(e, CODE_FAILED_PRECONDITION, "no TPU system: initialize it first");
+    n = k->n;
+    per = (global_batch + n - 1) / n;
+    if (per == 0)
+        per = 1;
+    if (m->epoch == k->epoch && m->n == n && m->batch_per_core >= per)
+        return CODE_OK;
+
+    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
+    Tpuemu__ModelSpec ms = TPUEMU__MODEL_SPEC__INIT;
+    Tpuemu__OptimizerSpec os = TPUEMU__OPTIMIZER_SPEC__INIT;
+    Tpuemu__LayerSpec ls[MODEL_LAYERS_MAX], *lp[MODEL_LAYERS_MAX];
+    for (size_t l = 0; l < m->nlayers; l++) {
+        tpuemu__layer_spec__init(&ls[l]);
+        ls[l].units = (uint32_t)m->units[l];
+        ls[l].activation = (Tpuemu__Activation)m->act[l];
+        lp[l] = &ls[l];
+    }
+    os.kind = (uint32_t)m->co.optimizer.kind;
+    os.learning_rate = m->co.optimizer.learning_rate;
+    os.momentum = m->co.optimizer.momentum;
+    os.nesterov = m->co.optimizer.nesterov != 0;
+    os.beta_1 = m->co.optimizer.beta_1;
+    os.beta_2 = m->co.optimizer.beta_2;
+    os.epsilon = m->co.optimizer.epsilon;
+    ms.model_id = m->id;
+    ms.input_dim = (uint32_t)m->in_dim;
+    ms.n_layers = m->nlayers;
+    ms.layers = lp;
+    ms.loss = (Tpuemu__Loss)m->co.loss;
+    ms.optimizer = &os;
+    ms.mixed_bfloat16 = m->co.policy == TPU_POLICY_MIXED_BFLOAT16;
+    ms.seed = m->seed;
+    ms.batch_per_core = (uint32_t)per;
+    ms.infeed_depth = m->co.infeed_depth;
+    ms.steps_per_execution = m->co.steps_per_execution;
+    ms.label_dim = m->co.loss == TPU_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY ? 1 : (uint32_t)m->units[m->nlayers - 1];
+    h.kind = KIND(COMPILE);
+    h.model = &ms;
+
+    struct tio_ans *ans = calloc(n, sizeof *ans);
+    if (!ans)
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+    int fresh = m->epoch != k->epoch;
+    rc = request_all(m, &h, NULL, 0, -1, ans, 0, "compiling the model", e);
+    if (rc == CODE_OK) {
+        m->hbm_used = m->hbm_capacity = 0;
+        for (size_t r = 0; r < n; r++) {
+            if (ans[r].hbm_used > m->hbm_used)
+                m->hbm_used = ans[r].hbm_used;
+            if (!m->hbm_capacity || ans[r].hbm_capacity < m->hbm_capacity)
+                m->hbm_capacity = ans[r].hbm_capacity;
+        }
+        m->epoch = k->epoch;
+        m->n = n;
+        m->batch_per_core = per;
+        if (fresh)
+            m->iterations = 0;
+    } else {
+        m->epoch = 0;
+    }
+    free(ans);
+    if (rc == CODE_OK && m->pending_state) {
+        rc = push_state(m, m->pending_state, m->pending_floats, m->pending_slots, m->pending_iterations, e);
+        if (rc == CODE_OK) {
+            free(m->pending_state);
+            m->pending_state = NULL;
+        }
+    }
+    return rc;
+}
+
+/* ---- state ---- */
+
+/* Weights and slots of one replica into buf (np * (1 + slots) floats). */
+static int pull_state(tpu_model *m, int replica, float *buf, size_t nfloats, uint64_t *iterations, err *e)
+{
+    size_t n = m->s->c->coll->n;
+    struct tio_ans *ans = calloc(n, sizeof *ans);
+    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
+    Tpuemu__StateInfo si = TPUEMU__STATE_INFO__INIT;
+    int rc;
+    if (!ans)
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+    h.kind = KIND(STATE_GET);
+    si.model_id = m->id;
+    h.state = &si;
+    ans[replica].dst = buf;
+    ans[replica].dst_cap = nfloats * sizeof(float);
+    rc = request_all(m, &h, NULL, 0, replica, ans, nfloats * sizeof(float), "reading the model's state", e);
+    if (rc == CODE_OK && ans[replica].got != nfloats * sizeof(float))
+        rc = err_set(e, CODE_INTERNAL, "replica %d returned %zu bytes of state, %zu expected", replica,
+                     ans[replica].got, nfloats * sizeof(float));
+    if (rc == CODE_OK && iterations)
+        *iterations = ans[replica].iterations;
+    free(ans);
+    return rc;
+}
+
+static int need_compiled(tpu_model *m, err *e)
+{
+    if (!m->configured || !m->s->c->coll || m->epoch != m->s->c->coll->epoch)
+        return err_set(e, CODE_FAILED_PRECONDITION,
+                       "the model is not compiled on the current TPU system%s: compile it (with a batch size) or fit first",
+                       m->epoch ? " (it was re-initialized)" : "");
+    return CODE_OK;
+}
+
+tpu_status tpu_model_get_weights(tpu_model *m, int replica, float *out, size_t n)
+{
+    err e;
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    if (need_compiled(m, &e) != CODE_OK)
+        return cli_fail(&e);
+    size_t np = model_nparams(m), ns = (size_t)model_nslots(m);
+    if (replica < 0 || (size_t)replica >= m->s->c->coll->n)
+        return cli_failf(TPU_OUT_OF_RANGE, "replica %d is not one of 0..%zu", replica, m->s->c->coll->n - 1);
+    if (n < np)
+        return cli_failf(TPU_INVALID_ARGUMENT, "room for %zu floats; the model has %zu parameters", n, np);
+    float *buf = malloc(np * (1 + ns) * sizeof(float));
+    if (!buf)
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+    if (pull_state(m, replica, buf, np * (1 + ns), NULL, &e) != CODE_OK) {
+        free(buf);
+        return cli_fail(&e);
+    }
+    memcpy(out, buf, np * sizeof(float));
+    free(buf);
+    return TPU_OK;
+}
+
+struct ckpt_pos {
+    uint64_t step, epoch, batch, iterations, seed, num_params, num_slots, model_id;
+};
+
+tpu_status tpu_model_save_checkpoint(tpu_model *m, const char *path)
+{
+    err e;
+    char desc[512];
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    if (!path || !*path)
+        return cli_failf(TPU_INVALID_ARGUMENT, "no checkpoint path");
+    if (need_compiled(m, &e) != CODE_OK)
+        return cli_fail(&e);
+    size_t np = model_nparams(m), ns = (size_t)model_nslots(m);
+    float *buf = malloc(np * (1 + ns) * sizeof(float));
+    uint64_t it = 0;
+    if (!buf)
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+    if (pull_state(m, 0, buf, np * (1 + ns), &it, &e) != CODE_OK) {
+        free(buf);
+        return cli_fail(&e);
+    }
+    struct ckpt_pos pos = {m->step, (uint64_t)m->cur_epoch, m->cur_batch, it, m->seed, np, ns, m->id};
+    describe(m, desc, sizeof desc);
+    struct ckpt_section sec[4] = {
+        {"format", CKPT_FORMAT, sizeof CKPT_FORMAT - 1},
+        {"model", desc, strlen(desc)},
+        {"position", &pos, sizeof pos},
+        {"state", buf, np * (1 + ns) * sizeof(float)},
+    };
+    int rc = ckpt_write(path, sec, 4, &e);
+    free(buf);
+    return rc == CODE_OK ? TPU_OK : cli_fail(&e);
+}
+
+tpu_status tpu_model_load_checkpoint(tpu_model *m, const char *path)
+{
+    ckpt *ck = NULL;
+    err e;
+    uint64_t nb;
+    char desc[512];
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    if (!m->configured)
+        return cli_failf(TPU_FAILED_PRECONDITION, "compile the model (tpu_model_compile) before loading a checkpoint");
+    if (!path || !*path)
+        return cli_failf(TPU_INVALID_ARGUMENT, "no checkpoint path");
+    if (ckpt_read(path, &ck, &e) != CODE_OK)
+        return cli_fail(&e);
+    const char *fmt = ckpt_get(ck, "format", &nb);
+    if (!fmt || nb != sizeof CKPT_FORMAT - 1 || memcmp(fmt, CKPT_FORMAT, nb) != 0) {
+        ckpt_free(ck);
+        return cli_failf(TPU_DATA_LOSS, "%s: not a tpuemu model checkpoint (no 'format' section of version 1)", path);
+    }
+    const char *md = ckpt_get(ck, "model", &nb);
+    describe(m, desc, sizeof desc);
+    if (!md || nb != strlen(desc) || memcmp(md, desc, nb) != 0) {
+        char theirs[512];
+        snprintf(theirs, sizeof theirs, "%.*s", md ? (int)(nb < 500 ? nb : 500) : 0, md ? md : "");
+        ckpt_free(ck);
+        return cli_failf(TPU_INVALID_ARGUMENT, "%s holds another model (%s); this one is %s", path, theirs, desc);
+    }
+    const struct ckpt_pos *pp = ckpt_get(ck, "position", &nb);
+    size_t np = model_nparams(m), ns = (size_t)model_nslots(m);
+    const float *st = NULL;
+    uint64_t sb = 0;
+    if (pp && nb == sizeof *pp)
+        st = ckpt_get(ck, "state", &sb);
+    if (!pp || nb != sizeof *pp || !st || sb != np * (1 + ns) * sizeof(float) || pp->num_params != np ||
+        pp->num_slots != ns) {
+        ckpt_free(ck);
+        return cli_failf(TPU_DATA_LOSS, "%s: its position or state section does not match its model (%s)", path, desc);
+    }
+    struct ckpt_pos pos = *pp;
+    int rc;
+    if (m->s->c->coll && m->epoch == m->s->c->coll->epoch) {
+        rc = push_state(m, st, np * (1 + ns), (uint32_t)ns, pos.iterations, &e);
+    } else {
+        free(m->pending_state);
+        m->pending_state = malloc(sb);
+        if (!m->pending_state) {
+            ckpt_free(ck);
+            return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        memcpy(m->pending_state, st, sb);
+        m->pending_floats = np * (1 + ns);
+        m->pending_slots = (uint32_t)ns;
+        m->pending_iterations = pos.iterations;
+        rc = CODE_OK;
+    }
+    ckpt_free(ck);
+    if (rc != CODE_OK)
+        return cli_fail(&e);
+    m->step = pos.step;
+    m->cur_epoch = (int)pos.epoch;
+    m->cur_batch = (size_t)pos.batch;
+    m->iterations = pos.iterations;
+    return TPU_OK;
+}

@@ -1,0 +1,67 @@
+/* libtpuclient's model internals shared by model.c (building, compiling,
+ * state, checkpoints), fit.c (fit, evaluate, predict) and callbacks.c.
+ * Never installed. */
+#ifndef TPUEMU_CLIENT_MODEL_INT_H
+#define TPUEMU_CLIENT_MODEL_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client.h"
+#include "coll.h"
+#include "tpuemu/model.h"
+#include "train_io.h"
+
+#define MAGIC_STRATEGY 0x74707567u /* "tpug" */
+#define MAGIC_MODEL 0x7470756du    /* "tpum" */
+#define MODEL_LAYERS_MAX 16
+#define MODEL_UNITS_MAX 65536
+
+struct tpu_strategy {
+    uint32_t magic;
+    tpu_cluster *c;
+};
+
+struct tpu_model {
+    uint32_t magic;
+    tpu_strategy *s;
+    uint64_t id;          /* sent with every request; new per tpu_model_new */
+    size_t in_dim, nlayers;
+    size_t units[MODEL_LAYERS_MAX];
+    tpu_activation act[MODEL_LAYERS_MAX];
+    uint64_t seed;
+    int configured;       /* compile options set */
+    tpu_compile_options co;
+    /* on the cores */
+    uint64_t epoch;       /* system epoch it is compiled in; 0: not compiled */
+    size_t n;             /* replicas it is compiled on */
+    size_t batch_per_core;/* compiled for */
+    uint64_t hbm_used, hbm_capacity;
+    /* where training is */
+    uint64_t step;
+    int cur_epoch;
+    size_t cur_batch;
+    uint64_t iterations;  /* optimizer steps (from the cores) */
+    /* a checkpoint loaded before the first compile: pushed at compile */
+    float *pending_state;
+    size_t pending_floats;
+    uint32_t pending_slots;
+    uint64_t pending_iterations;
+    tpu_step_stats last;
+    int fit_epochs;       /* the running fit's `epochs` (progress bar) */
+    /* warned about this global batch already */
+    size_t warned_batch;
+};
+
+/* Compiles onto the cores if not compiled in this epoch for at least
+ * global_batch (rounded up per core). */
+int model_ensure_compiled(tpu_model *m, size_t global_batch, err *e);
+/* Number of trainable floats and optimizer slots. */
+size_t model_nparams(const tpu_model *m);
+int model_nslots(const tpu_model *m);
+/* Emits a performance warning through the handler. */
+void model_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Deadline for a request moving bytes (per replica) */
+uint64_t model_deadline(size_t bytes);
+
+#endif

@@ -1,0 +1,68 @@
+/* The client side of training on the wire: requests (COMPILE, STEPS,
+ * STATE_GET, STATE_SET) queued on the data connection of every core, and one
+ * poll() loop that writes queued requests and reads answers of all cores at
+ * once. Requests may be queued ahead of their answers (prefetch): while the
+ * caller waits for one answer, the next requests' infeed keeps flowing.
+ * Each core answers its requests in order. Never installed. */
+#ifndef TPUEMU_CLIENT_TRAIN_IO_H
+#define TPUEMU_CLIENT_TRAIN_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "coll.h"
+
+#define TIO_MAX_STEPS 128
+#define TIO_MAX_SEGS (2 * TIO_MAX_STEPS)
+
+/* One piece of a request's payload (sent straight from the caller's memory). */
+struct tio_seg {
+    const void *p;
+    size_t n;
+};
+
+/* One core's answer to one request. Filled by tio_wait. */
+struct tio_ans {
+    int done;
+    int code;
+    char msg[ERR_MSG_MAX];
+    void *dst;              /* payload destination (set by the caller), NULL: none expected */
+    size_t dst_cap;
+    size_t got;             /* payload bytes received */
+    size_t nstats;
+    struct tio_stat {
+        double loss_sum;
+        int64_t correct, rows;
+        uint64_t compute_ns, matmul_ns, allreduce_ns, optimizer_ns, infeed_wait_ns;
+    } stats[TIO_MAX_STEPS];
+    uint64_t hbm_used, hbm_capacity;
+    uint64_t num_params, iterations;
+    uint32_t num_slots;
+};
+
+/* Queues the frame h (kind, model/steps/state set by the caller; epoch and seq
+ * are set here) with the payload segs[0..nseg) on replica r's connection, and
+ * ans as the slot its answer goes to. segs and ans must stay valid until the
+ * answer is in (tio_wait) or tio_abort. Connects first if needed.
+ * CODE_INVALID_ARGUMENT if the header does not fit a frame. */
+int tio_post(tpu_cluster *c, size_t r, Tpuemu__FrameHeader *h, const struct tio_seg *segs, size_t nseg,
+             struct tio_ans *ans, err *e);
+
+/* Drives every connection until ans[r] is done for every replica r (ans is an
+ * array of num_replicas slots, e.g. those of one request), or deadline_ms
+ * (CLOCK_MONOTONIC ms). Once one replica failed, the others get at most
+ * grace_ms more. Returns the number of failed replicas (unanswered ones get
+ * DEADLINE_EXCEEDED or UNAVAILABLE). */
+size_t tio_wait(tpu_cluster *c, struct tio_ans *const *ans, uint64_t deadline_ms, uint64_t grace_ms);
+
+/* Drops everything queued and pending and closes the connections (after a
+ * failure: their streams are no longer in step). */
+void tio_abort(tpu_cluster *c);
+
+/* The most telling failure among ans[0..n): a core's own report of another
+ * core's death beats "connection closed"; first by replica otherwise. */
+const struct tio_ans *tio_worst(struct tio_ans *const *ans, size_t n);
+
+void tio_free(tpu_cluster *c);
+
+#endif

@@ -1,0 +1,56 @@
+/* train: the training service of one emulated core. A client compiles a model
+ * onto every core (FRAME_COMPILE: HBM charged for weights, optimizer slots,
+ * gradients, activations and infeed buffers; weights from the model's seed,
+ * so every replica starts identical), then streams FRAME_STEPS with this
+ * core's shard of each global batch. A training step runs forward and
+ * backward on the libuv thread pool (the loop keeps serving heartbeats and
+ * collective chunks), all-reduces the gradients with every other replica
+ * through the collectives engine (coll_submit, sequence numbers chosen by the
+ * client so every core agrees), and applies the optimizer update. Updates are
+ * applied lazily, right before the model is next used (the next step, an
+ * evaluation, a state read), so the answer to a STEPS frame goes out as soon as
+ * its last all-reduce is in.
+ *
+ * Requests on one connection are answered in order, one FRAME_MODEL_RESULT
+ * each. A client may send STEPS frames ahead of their answers (prefetch: the
+ * next step's infeed arrives while this one computes), up to the model's
+ * infeed_depth; more is refused with RESOURCE_EXHAUSTED.
+ *
+ * Initializing the system drops the compiled model (train_reset). Loop thread
+ * only. */
+#ifndef TPUEMU_WORKER_TRAIN_H
+#define TPUEMU_WORKER_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+#include "tpuemu.pb-c.h"
+
+struct worker;
+struct dp_conn;
+
+/* Most steps one STEPS frame may carry (Keras' steps_per_execution). */
+#define TRAIN_MAX_STEPS 128
+
+int train_init(struct worker *w);
+void train_free(struct worker *w);
+
+/* Is h a training frame (COMPILE, STEPS, STATE_GET, STATE_SET)? */
+int train_is_frame(const Tpuemu__FrameHeader *h);
+/* Before its payload is read: CODE_OK if h's payload size is what the
+ * compiled model expects (so nothing is allocated from an unchecked size),
+ * else an error saying what is wrong. */
+int train_check_payload(struct worker *w, const Tpuemu__FrameHeader *h, err *e);
+/* A training frame from a client connection; payload (malloc'd, NULL when
+ * len is 0) belongs to the callee. */
+void train_on_client_frame(struct worker *w, struct dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload,
+                           size_t len);
+/* c is closing: its requests are not answered; those not started are dropped,
+ * and the collectives they would have joined are aborted on every peer. */
+void train_on_client_close(struct worker *w, struct dp_conn *c);
+/* The system was reset: the model is dropped (once the step running on the
+ * thread pool, if any, has come back). */
+void train_reset(struct worker *w);
+
+#endif
