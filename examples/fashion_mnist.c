@@ -140,7 +140,7 @@ int main(int argc, char **argv)
     tpu_compile_options co;
     char summary[2048];
     if (tpu_model_new(strategy, 784, &model) || tpu_model_add_dense(model, 128, TPU_ACT_RELU) ||
-        tpu_model_add_dense(model, 10, TPU_ACT_SOFTMAX))
+        tpu_model_add_dense(model, 10, TPU_ACT_SOFTMAX) || tpu_model_set_seed(model, 42))
         return fail("building the model");
     tpu_compile_options_init(&co);
     /* A global batch k times Keras' 128 takes k times fewer steps per epoch;

@@ -293,7 +293,7 @@ static int do_compile(struct train *t, struct treq *r, err *e)
         release_blocks(t, old);
     if ((rc = charge(t, tm, &cfg, sp, e)) != CODE_OK) {
         err ignored;
-        err_prefix(e, "compiling the model on core %s/%d (per-core batch %d)", w->host_id, w->core, tm->batch);
+        err_prefix(e, "core %s/%d (per-core batch %d)", w->host_id, w->core, tm->batch);
         if (old && charge(t, old, model_config(old->m), old->spec, &ignored) != CODE_OK)
             log_warn("previous model lost its HBM charge", "reason=%s", log_q(ignored.msg));
         tmodel_free(tm);
