@@ -421,6 +421,66 @@ Test(badinput, data_port_peer_dies_mid_frame)
     still_serving();
 }
 
+/* Training frames a client might get wrong: the worker answers each with an
+ * error naming what was wrong, and keeps serving. */
+Test(badinput, data_port_bad_training_frames)
+{
+    uint8_t chal[AUTH_CHALLENGE_BYTES];
+    Tpuemu__FrameHeader *ans, h = TPUEMU__FRAME_HEADER__INIT;
+    int fd;
+
+    /* STEPS announcing 64 MiB of infeed for a model this core never compiled */
+    cr_assert_eq(dp_handshake(data, NULL, 0, &fd, &ans, chal), 0);
+    frame_header_free(ans);
+    Tpuemu__StepsSpec ss = TPUEMU__STEPS_SPEC__INIT;
+    uint32_t rows[1] = {8}, grows[1] = {8};
+    ss.model_id = 77;
+    ss.steps = 1;
+    ss.n_rows = ss.n_global_rows = 1;
+    ss.rows = rows;
+    ss.global_rows = grows;
+    ss.has_labels = 1;
+    h.kind = TPUEMU__FRAME_KIND__FRAME_STEPS;
+    h.steps = &ss;
+    h.payload_bytes = 64ull << 20;
+    dp_send(fd, &h, NULL, 0);
+    cr_assert_eq(dp_recv(fd, 3000, &ans, NULL), 0, "STEPS for no model: no answer");
+    cr_assert_eq(ans->kind, TPUEMU__FRAME_KIND__FRAME_ERROR, "got kind %d", ans->kind);
+    cr_assert(strstr(ans->status->message, "not compiled"), "%s", ans->status->message);
+    frame_header_free(ans);
+    cr_assert(tcp_wait_closed(fd, 3000), "the refused payload is not read: the connection closes");
+    close(fd);
+
+    /* COMPILE of a model with no layers, then one without a system: answered
+     * with the reason, and the connection stays usable */
+    cr_assert_eq(dp_handshake(data, NULL, 0, &fd, &ans, chal), 0);
+    frame_header_free(ans);
+    Tpuemu__FrameHeader comp = TPUEMU__FRAME_HEADER__INIT;
+    Tpuemu__ModelSpec ms = TPUEMU__MODEL_SPEC__INIT;
+    comp.kind = TPUEMU__FRAME_KIND__FRAME_COMPILE;
+    comp.seq = 5;
+    comp.model = &ms;
+    dp_send(fd, &comp, NULL, 0);
+    cr_assert_eq(dp_recv(fd, 3000, &ans, NULL), 0, "COMPILE: no answer");
+    cr_assert_eq(ans->kind, TPUEMU__FRAME_KIND__FRAME_MODEL_RESULT, "got kind %d", ans->kind);
+    cr_assert_eq(ans->seq, 5);
+    cr_assert_neq((int)ans->status->code, CODE_OK, "a model without layers cannot compile");
+    frame_header_free(ans);
+    /* STATE_SET without a state description */
+    Tpuemu__FrameHeader st = TPUEMU__FRAME_HEADER__INIT;
+    st.kind = TPUEMU__FRAME_KIND__FRAME_STATE_SET;
+    st.payload_bytes = 16;
+    dp_send(fd, &st, NULL, 0);
+    cr_assert_eq(dp_recv(fd, 3000, &ans, NULL), 0, "STATE_SET: no answer");
+    cr_assert_eq(ans->kind, TPUEMU__FRAME_KIND__FRAME_ERROR);
+    cr_assert_eq((int)ans->status->code, CODE_INVALID_ARGUMENT);
+    cr_assert(strstr(ans->status->message, "state"), "%s", ans->status->message);
+    frame_header_free(ans);
+    cr_assert(tcp_wait_closed(fd, 3000));
+    close(fd);
+    still_serving();
+}
+
 Test(badinput, data_port_connection_limit)
 {
     enum { N = 300 };
