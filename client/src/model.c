@@ -570,7 +570,12 @@ tpu_status tpu_model_save_checkpoint(tpu_model *m, const char *path)
         free(buf);
         return cli_fail(&e);
     }
-    struct ckpt_pos pos = {m->step, (uint64_t)m->cur_epoch, m->cur_batch, it, m->seed, np, ns, m->id};
+    /* From a callback inside fit, the next executions of this epoch (up to
+     * infeed_depth - 1) are already queued on the cores ahead of the state
+     * read, so the state is that many steps past the client's position:
+     * record the position the state is at, or a resume repeats those steps. */
+    uint64_t ahead = it > m->iterations ? it - m->iterations : 0;
+    struct ckpt_pos pos = {m->step + ahead, (uint64_t)m->cur_epoch, m->cur_batch + ahead, it, m->seed, np, ns, m->id};
     describe(m, desc, sizeof desc);
     struct ckpt_section sec[4] = {
         {"format", CKPT_FORMAT, sizeof CKPT_FORMAT - 1},
