@@ -127,7 +127,8 @@ int tio_post(tpu_cluster *c, size_t r, Tpuemu__FrameHeader *h, const struct tio_
         free(o);
         return err_set(e, CODE_INVALID_ARGUMENT, "the request does not fit in a frame header");
     }
-    memcpy(o->segs, segs, nseg * sizeof *segs);
+    if (nseg)
+        memcpy(o->segs, segs, nseg * sizeof *segs);
     o->nseg = nseg;
     if (s->oq_tail)
         s->oq_tail->next = o;
