@@ -30,7 +30,9 @@
 #define KIND(k) TPUEMU__FRAME_KIND__FRAME_##k
 #define TRAIN_MAX_DEPTH 16
 #define TRAIN_QUEUE_SLACK 4 /* requests beyond infeed_depth: compile, state, evaluate */
-#define TRAIN_MAX_BLOCKS (MODEL_MAX_LAYERS * 8 + 8)
+/* per layer: kernel, bias, up to 2 optimizer slots of each, their gradients,
+ * activations; then the backward delta and the infeed's x and y */
+#define TRAIN_MAX_BLOCKS (MODEL_MAX_LAYERS * 9 + 3)
 
 struct tmodel {
     uint64_t id;
@@ -39,6 +41,8 @@ struct tmodel {
     uint32_t ids[TRAIN_MAX_BLOCKS];
     size_t nids;
     int pending;         /* gradients reduced, update not yet applied */
+    int failed;          /* a gradient all-reduce failed: no training until a reset */
+    err fail_err;
     float pending_scale;
     Tpuemu__ModelSpec *spec; /* a copy, for recharging after a failed recompile */
 };
@@ -55,11 +59,9 @@ struct treq {
     uint32_t rows[TRAIN_MAX_STEPS], global_rows[TRAIN_MAX_STEPS];
     uint64_t coll_seq, first_step;
     uint8_t *payload;    /* the infeed, or STATE_SET's state */
-    size_t len;
     size_t off;          /* payload offset of step i */
     Tpuemu__StepStat stats[TRAIN_MAX_STEPS];
     uint64_t t_ar;       /* all-reduce start */
-    uint8_t *grad_buf;   /* the copy handed to coll_submit */
     /* answers */
     uint8_t *out;        /* predictions or state */
     size_t out_len;
@@ -175,12 +177,8 @@ static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cf
     if (t->w->num_replicas > 1) {
         Tpuemu__CollSpec cs = TPUEMU__COLL_SPEC__INIT;
         uint32_t id;
-        size_t np = 0;
-        prev = cfg->in_dim;
-        for (int l = 0; l < cfg->nlayers; l++)
-            np += (size_t)(prev * cfg->units[l] + cfg->units[l]), prev = cfg->units[l];
         cs.kind = TPUEMU__COLL_KIND__COLL_ALL_REDUCE;
-        cs.count = np;
+        cs.count = model_num_params(tm->m);
         int64_t d[1] = {(int64_t)coll_plan_bytes(&cs, (int)t->w->num_replicas)};
         if ((rc = hbm_alloc(h, HBM_OTHER, "all-reduce of gradients (buffers)", "u8", d, 1, &id, e)) != CODE_OK)
             goto fail;
@@ -326,7 +324,6 @@ static void treq_free(struct treq *r)
         return;
     free(r->payload);
     free(r->out);
-    free(r->grad_buf);
     tpuemu__model_spec__free_unpacked(r->spec, NULL);
     free(r);
 }
@@ -439,8 +436,7 @@ static void pool_step(uv_work_t *req)
         struct model_metrics mt = {0, 0, 0};
         uint64_t c0 = uv_hrtime();
         double mm0 = model_matmul_seconds(tm->m);
-        float *out = r->mode == TPUEMU__STEP_MODE__STEP_PREDICT
-                         ? (float *)(r->out + (size_t)r->first_step * 0 + r->out_len) : NULL;
+        float *out = r->mode == TPUEMU__STEP_MODE__STEP_PREDICT ? (float *)(r->out + r->out_len) : NULL;
 
         if (model_forward(tm->m, x, (int)rows, out, e) != CODE_OK)
             break;
@@ -459,18 +455,8 @@ static void pool_step(uv_work_t *req)
         s->compute_ns = uv_hrtime() - c0;
         s->matmul_ns = (uint64_t)((model_matmul_seconds(tm->m) - mm0) * 1e9);
         r->off += step_bytes(tm, rows, r->has_labels);
-        if (r->mode == TPUEMU__STEP_MODE__STEP_TRAIN) {
-            if (t->w->num_replicas > 1) {
-                size_t nb = model_num_params(tm->m) * sizeof(float);
-                if (!(r->grad_buf = malloc(nb ? nb : 1))) {
-                    err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the gradients of step %" PRIu64,
-                            r->first_step + i);
-                    break;
-                }
-                memcpy(r->grad_buf, model_grads(tm->m), nb);
-            }
+        if (r->mode == TPUEMU__STEP_MODE__STEP_TRAIN)
             break; /* the all-reduce follows on the loop */
-        }
         r->i++;
     } while (r->i < r->steps);
 }
@@ -525,9 +511,9 @@ static void after_step(uv_work_t *req, int status)
     h.epoch = r->epoch;
     h.seq = r->coll_seq + r->i;
     h.coll = &cs;
-    uint8_t *buf = r->grad_buf;
-    r->grad_buf = NULL; /* coll owns it now */
-    coll_submit(w, &h, buf, cs.count * sizeof(float), on_allreduce, r);
+    /* reduced in place: nothing writes the gradients until the answer (or, after
+     * a failure, until the reset: tm->failed keeps training off them) */
+    coll_submit(w, &h, (uint8_t *)model_grads(t->tm->m), cs.count * sizeof(float), on_allreduce, r);
 }
 
 static void on_allreduce(void *arg, const err *e, const uint8_t *out, size_t out_len)
@@ -542,12 +528,16 @@ static void on_allreduce(void *arg, const err *e, const uint8_t *out, size_t out
         if (f.code == CODE_OK)
             err_set(&f, CODE_ABORTED, "the model was dropped (the TPU system was re-initialized)");
         err_prefix(&f, "step %" PRIu64 " (gradient all-reduce)", r->first_step + r->i);
+        if (tm && !tm->failed) {
+            tm->failed = 1;
+            tm->fail_err = f;
+        }
         abort_rest(t, r, r->i + 1, &f);
         answer(t, r, &f);
         next(t);
         return;
     }
-    if (out && out_len == model_num_params(tm->m) * sizeof(float))
+    if (out && (const float *)out != model_grads(tm->m) && out_len == model_num_params(tm->m) * sizeof(float))
         memcpy(model_grads(tm->m), out, out_len);
     tm->pending = 1;
     tm->pending_scale = 1.0f / (float)r->global_rows[r->i];
@@ -644,6 +634,15 @@ static void kick(struct train *t)
             err_set(&e, CODE_FAILED_PRECONDITION,
                     "this request belongs to epoch %" PRIu64 "; the TPU system was re-initialized (now %" PRIu64
                     "): compile the model again", r->epoch, w->epoch);
+            answer(t, r, &e);
+            t->cur = NULL;
+            continue;
+        }
+        if (t->tm && t->tm->failed &&
+            (r->kind == KIND(COMPILE) || (r->kind == KIND(STEPS) && r->mode == TPUEMU__STEP_MODE__STEP_TRAIN))) {
+            err_set(&e, CODE_FAILED_PRECONDITION, "a gradient all-reduce failed on core %s/%d (%s); re-initialize the "
+                    "TPU system", w->host_id, w->core, t->tm->fail_err.msg);
+            abort_rest(t, r, 0, &e);
             answer(t, r, &e);
             t->cur = NULL;
             continue;
@@ -781,7 +780,7 @@ void train_on_client_frame(struct worker *w, struct dp_conn *c, const Tpuemu__Fr
     r->seq = h->seq;
     r->epoch = h->epoch;
     r->payload = payload;
-    r->len = len;
+    (void)len; /* checked against the model by train_check_payload */
     if (h->kind == KIND(COMPILE)) {
         if (!h->model) {
             answerf(t, r, CODE_INVALID_ARGUMENT, "COMPILE without a model");

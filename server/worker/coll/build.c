@@ -189,7 +189,7 @@ int coll_build(struct coll *c, struct cop *op, err *e)
         algo = TPUEMU__ALGO__ALGO_RING;
 
     s = sched_new(op->seq, op->what, g, me, op->members, w->peers, celems * wesz, depth);
-    if (!s || !(mem = own_alloc(s, sizeof(int) * (size_t)g)) || sched_own(s, op->payload) != 0) {
+    if (!s || !(mem = own_alloc(s, sizeof(int) * (size_t)g)) || (!op->borrowed && sched_own(s, op->payload) != 0)) {
         sched_free(s);
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for %s #%llu", op->what,
                        (unsigned long long)op->seq);

@@ -60,7 +60,8 @@ static void cop_free(struct cop *op)
         return;
     free(op->members);
     free(op->input_copy);
-    free(op->payload);
+    if (!op->borrowed)
+        free(op->payload);
     free(op);
 }
 
@@ -106,7 +107,14 @@ struct answer_to {
     dp_conn *conn;
     coll_done_fn done;
     void *arg;
+    int borrowed; /* the payload is the submitter's (coll_submit) */
 };
+
+static void drop_payload(const struct answer_to *to, uint8_t *payload)
+{
+    if (!to->borrowed)
+        free(payload);
+}
 
 static void reply_err(struct worker *w, const struct answer_to *to, const Tpuemu__FrameHeader *h, int abort,
                       int code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
@@ -430,38 +438,38 @@ static void accept_frame(struct worker *w, const struct answer_to *to, const Tpu
     err e;
 
     if (!c) {
-        free(payload);
+        drop_payload(to, payload);
         reply_err(w, to, h, 0, CODE_UNAVAILABLE, "the collectives engine of this core is not running");
         return;
     }
     if (h->kind != TPUEMU__FRAME_KIND__FRAME_COLL) {
-        free(payload);
+        drop_payload(to, payload);
         reply_err(w, to, h, 0, CODE_INVALID_ARGUMENT, "frame kind %d is not a collective", (int)h->kind);
         return;
     }
     if (w->replica_id < 0 || w->epoch == 0) {
-        free(payload);
+        drop_payload(to, payload);
         reply_err(w, to, h, 0, CODE_FAILED_PRECONDITION,
                   "core %s/%d is not part of an initialized TPU system; initialize it first", w->host_id,
                   w->core);
         return;
     }
     if (h->epoch != w->epoch) {
-        free(payload);
+        drop_payload(to, payload);
         reply_err(w, to, h, 0, CODE_FAILED_PRECONDITION,
                   "this collective belongs to epoch %" PRIu64 "; the system was re-initialized (now %" PRIu64 ")",
                   h->epoch, w->epoch);
         return;
     }
     if (c->failed) {
-        free(payload);
+        drop_payload(to, payload);
         reply_err(w, to, h, 1, CODE_FAILED_PRECONDITION,
                   "collective #%" PRIu64 " failed on this core (%s); re-initialize the TPU system",
                   c->fail_seq, c->fail_err.msg);
         return;
     }
     if (!(op = calloc(1, sizeof *op))) {
-        free(payload);
+        drop_payload(to, payload);
         reply_err(w, to, h, 1, CODE_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
@@ -469,18 +477,19 @@ static void accept_frame(struct worker *w, const struct answer_to *to, const Tpu
     op->conn = to->conn;
     op->done = to->done;
     op->done_arg = to->arg;
+    op->borrowed = to->borrowed;
     op->seq = h->seq;
     op->epoch = h->epoch;
     op->algo_used = "";
     op->what = kind_name(h->coll ? h->coll->kind : 0);
     if (validate(c, h, len, op, &e) != CODE_OK) {
-        free(payload);
+        drop_payload(to, payload);
         reply_err(w, to, h, 1, e.code, "%s", e.msg);
         cop_free(op);
         return;
     }
     if (c->nqueue >= COLL_QUEUE_MAX) {
-        free(payload);
+        drop_payload(to, payload);
         reply_err(w, to, h, 1, CODE_RESOURCE_EXHAUSTED,
                   "%u collectives are already queued on core %s/%d; wait for their results",
                   c->nqueue, w->host_id, w->core);
@@ -510,14 +519,14 @@ static void accept_frame(struct worker *w, const struct answer_to *to, const Tpu
 void coll_on_client_frame(struct worker *w, struct dp_conn *conn, const Tpuemu__FrameHeader *h,
                           uint8_t *payload, size_t len)
 {
-    struct answer_to to = {conn, NULL, NULL};
+    struct answer_to to = {conn, NULL, NULL, 0};
     accept_frame(w, &to, h, payload, len);
 }
 
 void coll_submit(struct worker *w, const Tpuemu__FrameHeader *h, uint8_t *payload, size_t len, coll_done_fn done,
                  void *arg)
 {
-    struct answer_to to = {NULL, done, arg};
+    struct answer_to to = {NULL, done, arg, 1};
     accept_frame(w, &to, h, payload, len);
 }
 

@@ -36,13 +36,16 @@ void coll_free(struct worker *w);
 void coll_on_client_frame(struct worker *w, struct dp_conn *c, const Tpuemu__FrameHeader *h,
                           uint8_t *payload, size_t len);
 /* A collective this worker starts itself (the training step's gradient
- * all-reduce): h as a client's FRAME_COLL (epoch, seq, coll), payload its input
- * (malloc'd, taken over; NULL when len is 0). Every replica must submit the
- * same seq, spec and size. The answer goes to done(arg, e, out, out_len) on
- * the loop thread instead of a connection, exactly once: at once when the
- * collective is refused, else when it completes, fails or the system is
- * reset. out (this replica's output, out_len bytes) is valid during the call
- * only; done may call coll_submit again. */
+ * all-reduce): h as a client's FRAME_COLL (epoch, seq, coll), payload its input.
+ * The payload is borrowed, not taken over: an f32 all-reduce runs in it (out
+ * is then payload). It must stay valid and must not be written until done has
+ * been called, and after a failure until the next coll_reset (a failed
+ * collective's link operations may still touch it until then). Every replica
+ * must submit the same seq, spec and size. The answer goes to done(arg, e,
+ * out, out_len) on the loop thread instead of a connection, exactly once: at
+ * once when the collective is refused, else when it completes, fails or the
+ * system is reset. out (this replica's output, out_len bytes) is valid during
+ * the call only; done may call coll_submit again. */
 typedef void (*coll_done_fn)(void *arg, const err *e, const uint8_t *out, size_t out_len);
 void coll_submit(struct worker *w, const Tpuemu__FrameHeader *h, uint8_t *payload, size_t len, coll_done_fn done,
                  void *arg);

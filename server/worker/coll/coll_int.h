@@ -26,6 +26,7 @@ struct cop {
     struct dp_conn *conn; /* NULL once the client went away */
     coll_done_fn done;    /* a collective of this worker's own (coll_submit): where the answer goes */
     void *done_arg;
+    int borrowed;         /* payload is the submitter's: never freed here */
     uint64_t seq, epoch;
     const char *what;     /* "all-reduce", ... */
     int kind, op, bf16, algo, root, repro;
