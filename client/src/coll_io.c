@@ -20,6 +20,7 @@
 
 #include "dpauth.h"
 #include "frame.h"
+#include "frame_rd.h"
 
 #define KIND(k) TPUEMU__FRAME_KIND__FRAME_##k
 
@@ -125,8 +126,6 @@ int coll_io_connect(tpu_cluster *c, uint64_t deadline_ms, err *e)
 
 /* ---- the exchange ---- */
 
-enum { RD_PREFIX, RD_HEADER, RD_PAYLOAD, RD_DONE };
-
 struct xfer {
     uint8_t hdr[DPAUTH_FRAME_MAX];
     size_t hlen, hput;
@@ -134,13 +133,7 @@ struct xfer {
     size_t in_len, in_put;
     int wdone, wfailed;
 
-    int rd;
-    uint8_t pre[FRAME_PREFIX_BYTES];
-    uint8_t rh[FRAME_MAX_HEADER];
-    size_t got;
-    uint32_t rhlen;
-    uint8_t *dst;      /* payload destination; NULL: discard */
-    uint64_t left;     /* payload bytes still to read */
+    struct frame_rd rd;
     int clean;         /* ended with a whole result frame and the whole input written */
     int errframe;      /* the core sent ERROR: it closes the connection */
 };
@@ -169,20 +162,34 @@ static void closed_msg(const struct cli_peer *p, const char *what, uint64_t seq,
 }
 
 /* A whole result header arrived: check it and set up the payload read. */
-static int on_header(struct xfer *x, const struct cli_peer *p, const struct cli_part *part, uint64_t seq,
-                     const char *what, struct cli_res *res)
+struct rd_ctx {
+    struct xfer *x;
+    const struct cli_peer *p;
+    const struct cli_part *part;
+    uint64_t seq;
+    const char *what;
+    struct cli_res *res;
+};
+
+static int on_header(void *arg, const uint8_t *hdr, uint32_t hlen, uint8_t **dst, uint64_t *left)
 {
+    struct rd_ctx *k = arg;
+    struct xfer *x = k->x;
+    const struct cli_peer *p = k->p;
+    const struct cli_part *part = k->part;
+    uint64_t seq = k->seq;
+    const char *what = k->what;
+    struct cli_res *res = k->res;
     Tpuemu__FrameHeader *h = NULL;
     err e;
-    if (frame_decode(x->rh, x->rhlen, (uint64_t)part->out_len > FRAME_MAX_PAYLOAD ? part->out_len
+    if (frame_decode(hdr, hlen, (uint64_t)part->out_len > FRAME_MAX_PAYLOAD ? part->out_len
                                                                                     : FRAME_MAX_PAYLOAD,
                      &h, &e) != CODE_OK) {
         set_res(res, CODE_INTERNAL, 0, "core %s/%d sent a malformed answer to %s #%llu: %s", p->host, p->core,
                 what, (unsigned long long)seq, e.msg);
         return -1;
     }
-    x->left = h->payload_bytes;
-    x->dst = NULL;
+    *left = h->payload_bytes;
     if (h->kind == KIND(ERROR)) {
         set_res(res, h->status && h->status->code ? (int)h->status->code : CODE_UNKNOWN, 1, "%s",
                 h->status && h->status->message && *h->status->message ? h->status->message
@@ -203,89 +210,52 @@ static int on_header(struct xfer *x, const struct cli_peer *p, const struct cli_
         set_res(res, CODE_INTERNAL, 0, "core %s/%d answered %s #%llu before it had read all of its input",
                 p->host, p->core, what, (unsigned long long)seq);
     } else {
-        x->dst = part->out;
+        *dst = part->out;
         res->ns = h->elapsed_ns;
         snprintf(res->algo, sizeof res->algo, "%s", h->algo_used ? h->algo_used : "");
     }
     /* the OK result is recorded only once its payload is in */
     int bad = res->mono_ms && !res->from_core && h->kind != KIND(ERROR);
     if (h->kind == KIND(ERROR)) {
-        x->left = 0; /* an ERROR closes the connection */
+        *left = 0; /* an ERROR closes the connection */
         x->errframe = 1;
     }
     frame_header_free(h);
     return bad ? -1 : 0;
 }
 
+static void on_payload(void *arg, uint64_t got)
+{
+    struct cli_res *res = ((struct rd_ctx *)arg)->res;
+    (void)got;
+    if (!res->mono_ms) {
+        res->code = CODE_OK;
+        res->msg[0] = '\0';
+        res->from_core = 1;
+        res->mono_ms = wire_now_ms();
+    }
+}
+
 /* Reads what is there; returns -1 when the connection is done for. */
 static int do_read(struct xfer *x, int fd, const struct cli_peer *p, const struct cli_part *part,
                    uint64_t seq, const char *what, struct cli_res *res)
 {
-    uint8_t scratch[16 * 1024];
-    for (;;) {
-        uint8_t *buf;
-        size_t want;
-        err e;
-        switch (x->rd) {
-        case RD_PREFIX:
-            buf = x->pre + x->got;
-            want = sizeof x->pre - x->got;
-            break;
-        case RD_HEADER:
-            buf = x->rh + x->got;
-            want = x->rhlen - x->got;
-            break;
-        case RD_PAYLOAD:
-            if (x->dst) {
-                buf = x->dst + x->got;
-                want = (size_t)x->left;
-            } else {
-                buf = scratch;
-                want = x->left < sizeof scratch ? (size_t)x->left : sizeof scratch;
-            }
-            break;
-        default:
-            return 0;
-        }
-        ssize_t n = want ? recv(fd, buf, want, MSG_DONTWAIT) : 0;
-        if (want && n == 0) {
-            closed_msg(p, what, seq, res, "closed");
-            return -1;
-        }
-        if (n < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
-                return 0;
-            closed_msg(p, what, seq, res, errno == ECONNRESET ? "reset" : "lost");
-            return -1;
-        }
-        x->got += (size_t)n;
-        if (x->rd == RD_PREFIX && x->got == sizeof x->pre) {
-            if (frame_prefix(x->pre, &x->rhlen, &e) != CODE_OK) {
-                set_res(res, CODE_INTERNAL, 0, "core %s/%d sent a bad frame: %s", p->host, p->core, e.msg);
-                return -1;
-            }
-            x->rd = RD_HEADER;
-            x->got = 0;
-        } else if (x->rd == RD_HEADER && x->got == x->rhlen) {
-            if (on_header(x, p, part, seq, what, res) < 0)
-                return -1;
-            x->rd = RD_PAYLOAD;
-            x->got = 0;
-        } else if (x->rd == RD_PAYLOAD) {
-            x->left -= (size_t)n;
-            if (!x->dst)
-                x->got = 0;
-        }
-        if (x->rd == RD_PAYLOAD && x->left == 0) {
-            x->rd = RD_DONE;
-            if (!res->mono_ms) {
-                res->code = CODE_OK;
-                res->msg[0] = '\0';
-                res->from_core = 1;
-                res->mono_ms = wire_now_ms();
-            }
-            return 0;
-        }
+    static const struct frame_rd_ops ops = {on_header, on_payload};
+    struct rd_ctx k = {x, p, part, seq, what, res};
+    char why[ERR_MSG_MAX];
+    switch (frame_rd_pump(&x->rd, fd, 1, &ops, &k, why, sizeof why)) {
+    case FRD_AGAIN:
+    case FRD_ONE:
+        return 0;
+    case FRD_CLOSED:
+    case FRD_BROKEN:
+        closed_msg(p, what, seq, res, why);
+        return -1;
+    case FRD_BAD:
+        set_res(res, CODE_INTERNAL, 0, "core %s/%d sent a bad frame: %s", p->host, p->core, why);
+        return -1;
+    default:
+        return -1;
     }
 }
 
@@ -370,7 +340,7 @@ size_t coll_io_run(tpu_cluster *c, const Tpuemu__CollSpec *spec, uint64_t seq, c
             pf[r].fd = -1;
             pf[r].events = 0;
             pf[r].revents = 0;
-            if (k->res[r].mono_ms && (xs[r].rd == RD_DONE || k->peers[r].fd < 0))
+            if (k->res[r].mono_ms && (xs[r].rd.rd == FRD_DONE || k->peers[r].fd < 0))
                 continue;
             if (k->peers[r].fd < 0)
                 continue;
@@ -398,7 +368,7 @@ size_t coll_io_run(tpu_cluster *c, const Tpuemu__CollSpec *spec, uint64_t seq, c
                 open_n--;
                 continue;
             }
-            if (x->rd == RD_DONE) {
+            if (x->rd.rd == FRD_DONE) {
                 x->clean = x->wdone && !x->errframe;
                 open_n--;
                 pf[r].fd = -1;

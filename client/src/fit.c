@@ -57,7 +57,6 @@ struct exec {
     struct tio_ans **pa;      /* n */
     struct tio_seg *segs;     /* n x 2 x steps */
     uint64_t input_wait_ns;
-    size_t first_batch;
 };
 
 struct run {
@@ -120,7 +119,6 @@ static int post_next(struct run *u, err *e)
 
     x->nb = 0;
     x->input_wait_ns = 0;
-    x->first_batch = u->batches_done + u->inflight * spe; /* only for logs */
     while (x->nb < spe) {
         tpu_batch *b = &x->b[x->nb];
         if ((st = tpu_dataset_iter_next(u->it, b)) != TPU_OK) {

@@ -507,7 +507,12 @@ static int pull_state(tpu_model *m, int replica, float *buf, size_t nfloats, uin
     ans[replica].dst = buf;
     ans[replica].dst_cap = nfloats * sizeof(float);
     rc = request_all(m, &h, NULL, 0, replica, ans, nfloats * sizeof(float), "reading the model's state", e);
-    if (rc == CODE_OK && ans[replica].got != nfloats * sizeof(float))
+    if (rc == CODE_OK && (ans[replica].num_params != model_nparams(m) ||
+                          ans[replica].num_slots != (uint32_t)model_nslots(m)))
+        rc = err_set(e, CODE_INTERNAL, "replica %d holds a model of %llu parameters and %u optimizer slots; this one "
+                     "has %zu and %d", replica, (unsigned long long)ans[replica].num_params, ans[replica].num_slots,
+                     model_nparams(m), model_nslots(m));
+    else if (rc == CODE_OK && ans[replica].got != nfloats * sizeof(float))
         rc = err_set(e, CODE_INTERNAL, "replica %d returned %zu bytes of state, %zu expected", replica,
                      ans[replica].got, nfloats * sizeof(float));
     if (rc == CODE_OK && iterations)

@@ -14,6 +14,7 @@
 
 #include "dpauth.h"
 #include "frame.h"
+#include "frame_rd.h"
 
 #define KIND(k) TPUEMU__FRAME_KIND__FRAME_##k
 #define TIO_MAX_PEND 64
@@ -26,23 +27,13 @@ struct tio_out {
     size_t nseg, si, soff;
 };
 
-enum { RD_PREFIX, RD_HEADER, RD_PAYLOAD };
-
 struct tio_stream {
     struct tio_out *oq, *oq_tail;
     struct tio_ans *pend[TIO_MAX_PEND];
     uint64_t pend_seq[TIO_MAX_PEND];
     size_t ph, pn; /* FIFO head and count */
-    /* reader */
-    int rd;
-    uint8_t pre[FRAME_PREFIX_BYTES];
-    uint8_t rh[FRAME_MAX_HEADER];
-    size_t got;
-    uint32_t rhlen;
-    uint8_t *dst; /* payload destination; NULL: discard */
-    uint64_t left;
+    struct frame_rd rd;
     struct tio_ans *cur; /* whose payload is being read */
-    int closing;         /* an ERROR frame came: the core closes */
 };
 
 static struct tio_stream *streams(tpu_cluster *c)
@@ -75,10 +66,8 @@ static void stream_clear(struct tio_stream *s)
     }
     s->oq_tail = NULL;
     s->ph = s->pn = 0;
-    s->rd = RD_PREFIX;
-    s->got = 0;
+    memset(&s->rd, 0, sizeof s->rd);
     s->cur = NULL;
-    s->closing = 0;
 }
 
 /* The connection of replica r is done for: every answer still expected fails. */
@@ -178,18 +167,29 @@ static int do_write(struct tio_stream *s, int fd)
 }
 
 /* A whole answer header is in: match it to the oldest expected answer. */
-static int on_header(struct tio_stream *s, const struct cli_peer *p, char *why, size_t whyn)
+struct rd_ctx {
+    struct tio_stream *s;
+    const struct cli_peer *p;
+    char *why;
+    size_t whyn;
+};
+
+static int on_header(void *arg, const uint8_t *hdr, uint32_t hlen, uint8_t **dst, uint64_t *left)
 {
+    struct rd_ctx *k = arg;
+    struct tio_stream *s = k->s;
+    const struct cli_peer *p = k->p;
+    char *why = k->why;
+    size_t whyn = k->whyn;
     Tpuemu__FrameHeader *h = NULL;
     err e;
     struct tio_ans *a = s->pn ? s->pend[s->ph] : NULL;
 
-    if (frame_decode(s->rh, s->rhlen, FRAME_MAX_PAYLOAD, &h, &e) != CODE_OK) {
+    if (frame_decode(hdr, hlen, FRAME_MAX_PAYLOAD, &h, &e) != CODE_OK) {
         snprintf(why, whyn, "sent a malformed answer: %.900s", e.msg);
         return -1;
     }
-    s->left = h->payload_bytes;
-    s->dst = NULL;
+    *left = h->payload_bytes;
     s->cur = NULL;
     if (h->kind == KIND(ERROR)) {
         snprintf(why, whyn, "refused the request: %.900s",
@@ -199,8 +199,7 @@ static int on_header(struct tio_stream *s, const struct cli_peer *p, char *why, 
                      h->status && h->status->message && *h->status->message ? h->status->message
                                                                              : "the core refused the request");
         }
-        frame_header_free(h);
-        s->closing = 1;
+        frame_header_free(h); /* the core closes the connection after an ERROR */
         return -1;
     }
     if (h->kind != KIND(MODEL_RESULT) || !a || h->seq != s->pend_seq[s->ph]) {
@@ -221,7 +220,7 @@ static int on_header(struct tio_stream *s, const struct cli_peer *p, char *why, 
             snprintf(a->msg, sizeof a->msg, "core %s/%d answered with %llu payload bytes, at most %zu expected",
                      p->host, p->core, (unsigned long long)h->payload_bytes, a->dst ? a->dst_cap : 0);
         } else {
-            s->dst = a->dst;
+            *dst = a->dst;
         }
         a->nstats = h->n_step_stats < TIO_MAX_STEPS ? h->n_step_stats : TIO_MAX_STEPS;
         for (size_t i = 0; i < a->nstats; i++) {
@@ -251,82 +250,33 @@ static int on_header(struct tio_stream *s, const struct cli_peer *p, char *why, 
     return 0;
 }
 
-static void payload_done(struct tio_stream *s)
+static void on_payload(void *arg, uint64_t got)
 {
+    struct tio_stream *s = ((struct rd_ctx *)arg)->s;
     if (s->cur) {
+        s->cur->got = (size_t)got;
         s->cur->done = 1;
         s->cur = NULL;
     }
-    s->rd = RD_PREFIX;
-    s->got = 0;
 }
 
 static int do_read(struct tio_stream *s, int fd, const struct cli_peer *p, char *why, size_t whyn)
 {
-    uint8_t scratch[16 * 1024];
-    for (;;) {
-        uint8_t *buf;
-        size_t want;
-        err e;
-        switch (s->rd) {
-        case RD_PREFIX:
-            buf = s->pre + s->got;
-            want = sizeof s->pre - s->got;
-            break;
-        case RD_HEADER:
-            buf = s->rh + s->got;
-            want = s->rhlen - s->got;
-            break;
-        default:
-            if (s->dst) {
-                buf = s->dst + s->got;
-                want = (size_t)s->left;
-            } else {
-                buf = scratch;
-                want = s->left < sizeof scratch ? (size_t)s->left : sizeof scratch;
-            }
-            break;
-        }
-        if (want == 0) { /* an empty payload */
-            payload_done(s);
-            continue;
-        }
-        ssize_t n = recv(fd, buf, want, MSG_DONTWAIT);
-        if (n == 0) {
-            snprintf(why, whyn, "closed its data connection (the process died or was cut off)");
-            return -1;
-        }
-        if (n < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
-                return 0;
-            snprintf(why, whyn, "%s its data connection (the process died or was cut off)",
-                     errno == ECONNRESET ? "reset" : "lost");
-            return -1;
-        }
-        s->got += (size_t)n;
-        if (s->rd == RD_PREFIX && s->got == sizeof s->pre) {
-            if (frame_prefix(s->pre, &s->rhlen, &e) != CODE_OK) {
-                snprintf(why, whyn, "sent a bad frame: %.900s", e.msg);
-                return -1;
-            }
-            s->rd = RD_HEADER;
-            s->got = 0;
-        } else if (s->rd == RD_HEADER && s->got == s->rhlen) {
-            if (on_header(s, p, why, whyn) < 0)
-                return -1;
-            s->rd = RD_PAYLOAD;
-            s->got = 0;
-            if (s->left == 0)
-                payload_done(s);
-        } else if (s->rd == RD_PAYLOAD) {
-            s->left -= (size_t)n;
-            if (s->cur && s->dst)
-                s->cur->got = s->got;
-            if (!s->dst)
-                s->got = 0;
-            if (s->left == 0)
-                payload_done(s);
-        }
+    static const struct frame_rd_ops ops = {on_header, on_payload};
+    struct rd_ctx k = {s, p, why, whyn};
+    char how[ERR_MSG_MAX];
+    switch (frame_rd_pump(&s->rd, fd, 0, &ops, &k, how, sizeof how)) {
+    case FRD_AGAIN:
+        return 0;
+    case FRD_CLOSED:
+    case FRD_BROKEN:
+        snprintf(why, whyn, "%.16s its data connection (the process died or was cut off)", how);
+        return -1;
+    case FRD_BAD:
+        snprintf(why, whyn, "sent a bad frame: %.900s", how);
+        return -1;
+    default: /* on_header said why */
+        return -1;
     }
 }
 
