@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: install what is needed, build, start a local emulated TPU
-# cluster (a resolver and 8 workers: 2 hosts x 4 cores of a v3), and run the
-# TensorFlow TPU walk-through against it: examples/fashion_mnist trains
+# cluster (a resolver and 8 workers: 2 hosts x 4 cores of a v3), initialize it
+# and show its topology, and run the TensorFlow TPU walk-through against it
+# (it initializes the system again, as the walk-through does): examples/fashion_mnist trains
 # Dense(128, relu) -> Dense(10, softmax) on Fashion-MNIST for 10 epochs with a
 # global batch of 128 x 8, mixed_bfloat16 and prefetch, profiles batches
 # 10-20 and prints the test accuracy. Then the cluster's state, an all-reduce
@@ -45,7 +46,7 @@ for h in 0 1; do
 done
 
 export TPU_NAME="grpc://$tpu"
-"$bin/tpuctl" init --expect 8 --timeout-ms 10000 >/dev/null  # waits until all 8 cores registered
+step "$bin/tpuctl" init --expect 8 --timeout-ms 10000  # waits until all 8 cores registered
 cd "$logdir"  # the profiler writes logs/plugins/profile/RUN/ here
 step "$OLDPWD/$bin/fashion_mnist" --epochs "${TPUEMU_DEMO_EPOCHS:-10}"
 cd "$OLDPWD"
