@@ -49,7 +49,7 @@ int frame_decode(const uint8_t *buf, size_t hlen, uint64_t max_payload, Tpuemu__
                 "tpuemu release on every host", h->version, WIRE_VERSION);
         goto bad;
     }
-    if (h->kind == TPUEMU__FRAME_KIND__FRAME_KIND_UNSPECIFIED || h->kind > TPUEMU__FRAME_KIND__FRAME_MODEL_RESULT) {
+    if (h->kind == TPUEMU__FRAME_KIND__FRAME_KIND_UNSPECIFIED || h->kind > TPUEMU__FRAME_KIND__FRAME_PROFILE_RESULT) {
         err_set(e, CODE_INVALID_ARGUMENT, "unknown frame kind %d", (int)h->kind);
         goto bad;
     }

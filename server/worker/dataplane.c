@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "coll.h"
+#include "trace.h"
 #include "train.h"
 #include "dpconn.h"
 #include "frame.h"
@@ -56,6 +57,44 @@ static void free_payload(void *arg, int status)
     free(arg);
 }
 
+/* PROFILE: answered at once, ahead of any queued training work, so the
+ * client can also use it to estimate this worker's clock offset. */
+static void profile_answer(struct worker *w, dp_conn *c, const Tpuemu__FrameHeader *h)
+{
+    Tpuemu__FrameHeader a = TPUEMU__FRAME_HEADER__INIT;
+    Tpuemu__ProfileInfo pi = TPUEMU__PROFILE_INFO__INIT;
+    const Tpuemu__ProfileRequest *rq = h->profile;
+    uint8_t *out = NULL;
+    size_t out_len = 0;
+    int truncated = 0;
+
+    if (trace_fetch(w->trace, rq ? rq->since_ns : 0, rq ? rq->until_ns : 0, rq ? rq->max_events : 0, &out,
+                    &out_len, &truncated) != CODE_OK) {
+        dp_conn_fail(c, CODE_RESOURCE_EXHAUSTED, "out of memory for the profile of core %s/%d", w->host_id,
+                     w->core);
+        return;
+    }
+    pi.now_ns = uv_hrtime();
+    pi.recorded = trace_recorded(w->trace);
+    pi.dropped = trace_dropped(w->trace);
+    pi.oldest_ns = trace_oldest(w->trace);
+    pi.capacity = trace_capacity(w->trace);
+    pi.host_id = w->host_id;
+    pi.core = w->core;
+    pi.replica = w->replica_id;
+    pi.tpu_type = (char *)w->preset->name;
+    pi.hbm_used = w->hbm.used;
+    pi.hbm_capacity = w->hbm.capacity;
+    pi.hbm_peak = w->hbm.peak;
+    pi.truncated = truncated;
+    a.kind = TPUEMU__FRAME_KIND__FRAME_PROFILE_RESULT;
+    a.epoch = w->epoch;
+    a.seq = h->seq;
+    a.profile_info = &pi;
+    if (dp_conn_send(c, &a, out, out_len, free_payload, out) != CODE_OK)
+        free(out);
+}
+
 static void on_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload, size_t len)
 {
     struct dp_peer *p = dp_conn_data(c);
@@ -78,10 +117,15 @@ static void on_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload,
             free(payload); /* not queued: the connection is closing */
         return;
     }
+    if (h->kind == TPUEMU__FRAME_KIND__FRAME_PROFILE) {
+        free(payload);
+        profile_answer(p->w, c, h);
+        return;
+    }
     free(payload);
     dp_conn_fail(c, CODE_INVALID_ARGUMENT,
                  "tpu-worker does not handle data-plane frames of kind %d from clients (only COLL, PING, "
-                 "COMPILE, STEPS, STATE_GET and STATE_SET)", (int)h->kind);
+                 "COMPILE, STEPS, STATE_GET, STATE_SET and PROFILE)", (int)h->kind);
 }
 
 /* A client's frame header: refuse what is too large before reading it. */

@@ -16,6 +16,7 @@
 #include "log.h"
 #define TPUEMU_LINK_NO_TYPEDEF 1 /* unistd.h has link() */
 #include "peers.h"
+#include "trace.h"
 #include "train.h"
 #include "wire.h"
 #include "worker.h"
@@ -137,7 +138,7 @@ static int configure(struct worker *w, int argc, char **argv)
 {
     const char *resolver = NULL, *listen = NULL, *advertise = NULL, *host_id = NULL;
     const char *tpu_type = NULL, *token_file = NULL, *log_level = NULL, *transport = NULL;
-    long long core = -1, hbm_bytes = 0;
+    long long core = -1, hbm_bytes = 0, trace_events = TRACE_DEFAULT_EVENTS;
     int insecure = 0, first, rc, lvl;
     char hostname[256];
     err e;
@@ -161,6 +162,9 @@ static int configure(struct worker *w, int argc, char **argv)
          &hbm_bytes},
         {"transport", "TPUEMU_TRANSPORT", OPT_STRING, "auto", 0, 0, "auto|tcp",
          "collectives between cores of one host: auto uses shared memory, tcp forces TCP", &transport},
+        {"trace-events", "TPUEMU_TRACE_EVENTS", OPT_INT, "65536", 0, TRACE_MAX_EVENTS, "N",
+         "events the profiler's ring keeps (about 100 bytes each); 0 turns recording off",
+         &trace_events},
         {"token-file", "TPUEMU_TOKEN_FILE", OPT_STRING, NULL, 0, 0, "FILE",
          "file holding the cluster token (else $TPUEMU_TOKEN)", &token_file},
         {"insecure", "TPUEMU_INSECURE", OPT_BOOL, NULL, 0, 0, NULL,
@@ -245,6 +249,7 @@ static int configure(struct worker *w, int argc, char **argv)
         return EXIT_USAGE;
     }
     w->core = (int)core;
+    w->trace_cap = (size_t)trace_events;
     hbm_init(&w->hbm, hbm_bytes > 0 ? (uint64_t)hbm_bytes : w->preset->hbm_per_core);
     return 0;
 }
@@ -270,6 +275,8 @@ static int start(struct worker *w, err *e)
         return rc;
     if (coll_init(w) != CODE_OK)
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the collectives engine");
+    if (!(w->trace = trace_new(w->trace_cap)))
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for %zu profiler events", w->trace_cap);
     if ((rc = train_init(w)) != CODE_OK)
         return err_set(e, rc, "cannot start the training service (no matrix unit)");
     log_info("started", "host=%s core=%d tpu_type=%s hbm_bytes=%llu control=%s data=%s listen=%s "
@@ -314,6 +321,7 @@ int main(int argc, char **argv)
     }
     coll_free(&w);
     train_free(&w);
+    trace_free(w.trace);
     hbm_destroy(&w.hbm);
     replay_free(w.replay);
     log_info("stopped", "exit=%d", w.exit_code);

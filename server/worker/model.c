@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define MODEL_MAX_ROWS (1 << 20)
 #define CLIP_LO 1e-7f           /* Keras' backend epsilon */
@@ -40,6 +41,8 @@ struct model {
     int fresh;                  /* that forward ran on the current weights */
     double mm_seconds;
     uint64_t mm_calls;
+    struct model_rec *rec;      /* the profiler's records of this pass, or NULL */
+    size_t rec_cap, rec_n;
 };
 
 static const char *const act_names[] = {"linear", "relu", "softmax", "tanh", "sigmoid"};
@@ -272,15 +275,54 @@ void model_set_opt_iterations(model *m, uint64_t it)
     m->iterations = it;
 }
 
-static int matmul(model *m, int64_t M, int64_t N, int64_t K, int ta, int tb, const float *a, const float *b,
-                  float *c, err *e)
+uint64_t model_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void model_set_recorder(model *m, struct model_rec *buf, size_t cap)
+{
+    m->rec = buf;
+    m->rec_cap = buf ? cap : 0;
+    m->rec_n = 0;
+}
+
+size_t model_recorded(const model *m)
+{
+    return m->rec_n;
+}
+
+static void rec_add(model *m, enum model_rec_kind kind, int layer, int op, int64_t M, int64_t N, int64_t K,
+                    uint64_t t0, uint64_t t1)
+{
+    struct model_rec *r;
+    if (m->rec_n >= m->rec_cap)
+        return;
+    r = &m->rec[m->rec_n++];
+    r->kind = kind;
+    r->layer = layer;
+    r->op = op;
+    r->m = M;
+    r->n = N;
+    r->k = K;
+    r->t0 = t0;
+    r->t1 = t1;
+}
+
+static int matmul(model *m, int layer, int which, int64_t M, int64_t N, int64_t K, int ta, int tb,
+                  const float *a, const float *b, float *c, err *e)
 {
     struct mxu_op op = {M, N, K, ta, tb, 0};
     struct mxu_stats st;
+    uint64_t t0 = m->rec ? model_now_ns() : 0;
     int rc = mxu_matmul(m->u, m->prec, &op, a, b, c, &st, e);
     if (rc == CODE_OK) {
         m->mm_seconds += st.seconds;
         m->mm_calls++;
+        if (m->rec)
+            rec_add(m, MODEL_REC_MATMUL, layer, which, M, N, K, t0, model_now_ns());
     }
     return rc;
 }
@@ -502,13 +544,16 @@ int model_forward(model *m, const float *x, int rows, float *out, err *e)
         return err_set(e, CODE_INVALID_ARGUMENT, "model: missing input for %d rows", rows);
     m->x = x;
     for (int l = 0; l < m->cfg.nlayers && rows > 0; l++) {
+        uint64_t t0 = m->rec ? model_now_ns() : 0;
         L = &m->layer[l];
-        if ((rc = matmul(m, rows, L->units, L->in, 0, 0, in, m->params + L->w, L->a, e)) != CODE_OK) {
+        if ((rc = matmul(m, l, 0, rows, L->units, L->in, 0, 0, in, m->params + L->w, L->a, e)) != CODE_OK) {
             err_prefix(e, "layer %d forward", l);
             return rc;
         }
         activate(L->a, m->params + L->b, rows, L->units, L->act);
         in = L->a;
+        if (m->rec)
+            rec_add(m, MODEL_REC_FORWARD, l, 0, rows, L->units, L->in, t0, model_now_ns());
     }
     if (out && L)
         memcpy(out, L->a, (size_t)rows * (size_t)L->units * sizeof *out);
@@ -548,10 +593,12 @@ int model_backward(model *m, const void *y, int rows, struct model_metrics *out,
         const struct layer *L = &m->layer[l];
         const float *ain = l ? m->layer[l - 1].a : m->x;
         float *dn = d == m->d0 ? m->d1 : m->d0;
+        uint64_t t0 = m->rec ? model_now_ns() : 0;
         /* dW = a_in^T . dZ; db = column sums of dZ; dA_in = dZ . W^T, then
          * through the previous layer's activation (none for the input) */
-        if ((rc = matmul(m, L->in, L->units, rows, 1, 0, ain, d, m->grads + L->w, e)) != CODE_OK ||
-            (l > 0 && (rc = matmul(m, rows, L->in, L->units, 0, 1, d, m->params + L->w, dn, e)) != CODE_OK)) {
+        if ((rc = matmul(m, l, 1, L->in, L->units, rows, 1, 0, ain, d, m->grads + L->w, e)) != CODE_OK ||
+            (l > 0 &&
+             (rc = matmul(m, l, 2, rows, L->in, L->units, 0, 1, d, m->params + L->w, dn, e)) != CODE_OK)) {
             err_prefix(e, "layer %d backward", l);
             return rc;
         }
@@ -560,6 +607,8 @@ int model_backward(model *m, const void *y, int rows, struct model_metrics *out,
             act_backward(dn, m->layer[l - 1].a, rows, L->in, m->layer[l - 1].act);
             d = dn;
         }
+        if (m->rec)
+            rec_add(m, MODEL_REC_BACKWARD, l, 0, rows, L->units, L->in, t0, model_now_ns());
     }
     return CODE_OK;
 }

@@ -152,6 +152,22 @@ double model_forward_flops(const model *m, int rows, double *padded);
 /* Seconds spent in matmuls since the last model_reset_timers (forward and
  * backward), and their count. */
 double model_matmul_seconds(const model *m);
+
+/* The profiler's view of a pass: with a recorder set, forward and backward
+ * append one record per layer pass and one per matmul (op 0 forward,
+ * 1 weight gradient, 2 input gradient; its m x k times k x n shape), with
+ * CLOCK_MONOTONIC times (the clock of uv_hrtime), until cap records are in.
+ * Setting it (NULL: off) empties it. */
+enum model_rec_kind { MODEL_REC_FORWARD = 0, MODEL_REC_BACKWARD = 1, MODEL_REC_MATMUL = 2 };
+struct model_rec {
+    enum model_rec_kind kind;
+    int layer, op;
+    int64_t m, n, k;
+    uint64_t t0, t1;
+};
+void model_set_recorder(model *m, struct model_rec *buf, size_t cap);
+size_t model_recorded(const model *m);
+uint64_t model_now_ns(void);
 uint64_t model_matmul_calls(const model *m);
 void model_reset_timers(model *m);
 

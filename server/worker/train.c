@@ -7,6 +7,7 @@
  * Compile, state reads and writes run on the loop thread: they are short. */
 #define TPUEMU_LINK_NO_TYPEDEF 1 /* unistd.h has link() */
 #include "train.h"
+#include "trace.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -62,6 +63,10 @@ struct treq {
     size_t off;          /* payload offset of step i */
     Tpuemu__StepStat stats[TRAIN_MAX_STEPS];
     uint64_t t_ar;       /* all-reduce start */
+    /* the profiler's records (trace.h) of the step the pool ran last */
+    struct model_rec rec[MODEL_MAX_LAYERS * 4];
+    uint64_t t_step0, t_opt0, t_opt1;
+    uint64_t st0[TRAIN_MAX_STEPS], st1[TRAIN_MAX_STEPS]; /* evaluate, predict: each step */
     /* answers */
     uint8_t *out;        /* predictions or state */
     size_t out_len;
@@ -416,6 +421,10 @@ static void pool_step(uv_work_t *req)
     uint64_t t0 = uv_hrtime();
 
     err_clear(e);
+    r->t_step0 = t0;
+    r->t_opt0 = r->t_opt1 = 0;
+    model_set_recorder(tm->m, r->mode == TPUEMU__STEP_MODE__STEP_TRAIN && trace_capacity(t->w->trace) ? r->rec : NULL,
+                       sizeof r->rec / sizeof r->rec[0]);
 #if defined(__SSE__)
     /* Flush denormals to zero, as the TPU (and TensorFlow's CPU threads) do:
      * Adam's moments of gradients that stay zero decay into denormals, and
@@ -426,7 +435,9 @@ static void pool_step(uv_work_t *req)
 #endif
     if (tm->pending) {
         flush_update(tm);
-        r->stats[r->i].optimizer_ns = uv_hrtime() - t0;
+        r->t_opt0 = t0;
+        r->t_opt1 = uv_hrtime();
+        r->stats[r->i].optimizer_ns = r->t_opt1 - t0;
     }
     do {
         uint32_t i = r->i, rows = r->rows[i];
@@ -452,7 +463,9 @@ static void pool_step(uv_work_t *req)
         s->correct = mt.correct;
         s->rows = rows;
         s->step = r->first_step + i;
-        s->compute_ns = uv_hrtime() - c0;
+        r->st0[i] = c0;
+        r->st1[i] = uv_hrtime();
+        s->compute_ns = r->st1[i] - c0;
         s->matmul_ns = (uint64_t)((model_matmul_seconds(tm->m) - mm0) * 1e9);
         r->off += step_bytes(tm, rows, r->has_labels);
         if (r->mode == TPUEMU__STEP_MODE__STEP_TRAIN)
@@ -462,6 +475,41 @@ static void pool_step(uv_work_t *req)
 }
 
 static void on_allreduce(void *arg, const err *e, const uint8_t *out, size_t out_len);
+
+/* What the pool recorded of the step(s) it ran, into the ring. */
+static void trace_pool(struct train *t, struct treq *r)
+{
+    trace *tr = t->w->trace;
+    struct trace_ev ev;
+    uint64_t step = r->first_step + r->i;
+    size_t n = t->tm ? model_recorded(t->tm->m) : 0;
+
+    if (!trace_capacity(tr))
+        return;
+    if (r->mode != TPUEMU__STEP_MODE__STEP_TRAIN) {
+        for (uint32_t i = 0; i < r->steps; i++)
+            trace_span(tr, TPUEMU__TRACE_KIND__TRACE_EVAL, r->st0[i], r->st1[i], r->first_step + i);
+        return;
+    }
+    if (r->t_opt1)
+        trace_span(tr, TPUEMU__TRACE_KIND__TRACE_OPTIMIZER, r->t_opt0, r->t_opt1, step);
+    for (size_t i = 0; i < n; i++) {
+        const struct model_rec *m = &r->rec[i];
+        memset(&ev, 0, sizeof ev);
+        ev.kind = m->kind == MODEL_REC_FORWARD    ? TPUEMU__TRACE_KIND__TRACE_FORWARD
+                  : m->kind == MODEL_REC_BACKWARD ? TPUEMU__TRACE_KIND__TRACE_BACKWARD
+                                                  : TPUEMU__TRACE_KIND__TRACE_MATMUL;
+        ev.t0 = m->t0;
+        ev.dur = m->t1 - m->t0;
+        ev.step = step;
+        ev.layer = (uint32_t)m->layer;
+        ev.op = (uint32_t)m->op;
+        ev.m = (uint64_t)m->m;
+        ev.n = (uint64_t)m->n;
+        ev.k = (uint64_t)m->k;
+        trace_add(tr, &ev);
+    }
+}
 
 static void after_step(uv_work_t *req, int status)
 {
@@ -479,6 +527,8 @@ static void after_step(uv_work_t *req, int status)
         next(t);
         return;
     }
+    if (r->e.code == CODE_OK)
+        trace_pool(t, r);
     if (r->e.code != CODE_OK) {
         err e = r->e;
         err_prefix(&e, "step %" PRIu64 " on core %s/%d", r->first_step + r->i, w->host_id, w->core);
@@ -522,7 +572,21 @@ static void on_allreduce(void *arg, const err *e, const uint8_t *out, size_t out
     struct train *t = r->t;
     struct tmodel *tm = t->tm;
 
-    r->stats[r->i].allreduce_ns = uv_hrtime() - r->t_ar;
+    uint64_t now = uv_hrtime();
+    r->stats[r->i].allreduce_ns = now - r->t_ar;
+    if (e->code == CODE_OK && tm && trace_capacity(t->w->trace)) {
+        struct trace_ev ev;
+        memset(&ev, 0, sizeof ev);
+        ev.kind = TPUEMU__TRACE_KIND__TRACE_ALLREDUCE;
+        ev.t0 = r->t_ar;
+        ev.dur = now - r->t_ar;
+        ev.step = r->first_step + r->i;
+        ev.seq = r->coll_seq + r->i;
+        ev.bytes = model_num_params(tm->m) * sizeof(float);
+        ev.peer = (int32_t)t->w->num_replicas;
+        trace_add(t->w->trace, &ev);
+        trace_span(t->w->trace, TPUEMU__TRACE_KIND__TRACE_STEP, r->t_step0, now, r->first_step + r->i);
+    }
     if (e->code != CODE_OK || !tm) {
         err f = *e;
         if (f.code == CODE_OK)
@@ -675,7 +739,10 @@ static void kick(struct train *t)
             continue;
         }
         if (t->idle_since) {
-            r->stats[0].infeed_wait_ns = uv_hrtime() - t->idle_since;
+            uint64_t now = uv_hrtime();
+            r->stats[0].infeed_wait_ns = now - t->idle_since;
+            if (r->kind == KIND(STEPS) && r->mode == TPUEMU__STEP_MODE__STEP_TRAIN)
+                trace_span(w->trace, TPUEMU__TRACE_KIND__TRACE_INFEED_WAIT, t->idle_since, now, r->first_step);
             t->idle_since = 0;
         }
         start_steps(t, r);

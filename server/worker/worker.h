@@ -51,6 +51,9 @@ struct worker {
     struct coll *coll;
     /* training (train.h): the compiled model and its request queue */
     struct train *train;
+    /* the profiler's event ring (trace.h) */
+    struct trace *trace;
+    size_t trace_cap;
 
     struct heartbeat hb;
     struct control ctl;

@@ -3,6 +3,8 @@
  * link, and failures with the messages users see ("core host1/3 never sent
  * chunk 5 of all-reduce #812"). The bytes move in link_tcp.c or shm.c. */
 #include "link_impl.h"
+#include "trace.h"
+#include "worker.h"
 #include "probe.h"
 
 #include <stdio.h>
@@ -372,9 +374,29 @@ static struct lop *new_op(struct link *l, enum lop_kind kind, const struct link_
     op->len = len;
     op->cb = cb;
     op->arg = arg;
+    op->t_post = uv_hrtime();
     l->p->cur_seq = c->seq;
     l->p->cur_what = op->what;
     return op;
+}
+
+void link_trace_done(struct link *l, const struct lop *op)
+{
+    struct trace *t = l->p->w->trace;
+    struct trace_ev ev;
+    if (!trace_capacity(t))
+        return;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = op->kind == LOP_SEND ? TPUEMU__TRACE_KIND__TRACE_SEND : TPUEMU__TRACE_KIND__TRACE_RECV;
+    ev.t0 = op->t_post;
+    ev.dur = uv_hrtime() - op->t_post;
+    ev.bytes = op->len;
+    ev.seq = op->seq;
+    ev.coll_step = op->step;
+    ev.chunk = op->chunk;
+    ev.peer = l->replica;
+    snprintf(ev.algo, sizeof ev.algo, "%s", l->tx || l->rx ? "shm" : "tcp");
+    trace_add(t, &ev);
 }
 
 /* Fails op at once (deferred) if its collective already failed. */

@@ -35,7 +35,11 @@ struct lop {
     link_cb cb;
     void *arg;
     err *fail;       /* deferred failure to report */
+    uint64_t t_post; /* uv_hrtime() when it was posted, for the profiler */
 };
+
+/* Records a completed chunk in the worker's profiler ring (trace.h). */
+void link_trace_done(struct link *l, const struct lop *op);
 
 struct lopq {
     struct lop *head, *tail;

@@ -54,6 +54,7 @@ static void on_sent(void *arg, int status)
     }
     if (status == 0 && !op->failed) {
         link_progress(l);
+        link_trace_done(l, op);
         op->cb(op->arg, &ok_err);
         free(op);
         link_arm(l);
@@ -264,6 +265,7 @@ static void in_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload,
     if (!op)
         return;
     link_progress(l);
+    link_trace_done(l, op);
     op->cb(op->arg, &ok_err);
     free(op);
     if (!l->closing)

@@ -240,6 +240,7 @@ void shm_kick_tx(struct link *l)
         published++;
         if (op->done == op->len) {
             lopq_pop(&l->sq);
+            link_trace_done(l, op);
             peers_defer(l->p, op); /* complete: the bytes are in the segment */
         }
         if (head - tail >= SHM_SLOTS) /* full: look again before waiting */
@@ -335,6 +336,7 @@ void shm_kick_rx(struct link *l)
         tail++, consumed++;
         if (op->done == op->len) {
             lopq_pop(&l->rq);
+            link_trace_done(l, op);
             peers_defer(l->p, op);
         }
     }
