@@ -54,6 +54,8 @@ struct cli_part {
     size_t out_len;
 };
 
+/* Connects p (p->fd was -1) and authenticates, within the deadline. */
+int coll_io_dial(tpu_cluster *c, struct cli_peer *p, uint64_t deadline_ms, err *e);
 /* Connects (and authenticates) every core that has no connection yet. */
 int coll_io_connect(tpu_cluster *c, uint64_t deadline_ms, err *e);
 

@@ -98,28 +98,33 @@ fail:
                    p->core, p->addr, strerror(rc));
 }
 
+int coll_io_dial(tpu_cluster *c, struct cli_peer *p, uint64_t deadline_ms, err *e)
+{
+    uint64_t now = wire_now_ms(), dl;
+    int fd = -1, rc;
+    dl = now + COLL_CONNECT_MS < deadline_ms ? now + COLL_CONNECT_MS : deadline_ms;
+    if ((rc = tcp_connect(p, dl, &fd, e)) != CODE_OK)
+        return rc;
+    now = wire_now_ms();
+    if ((rc = dpauth_client_fd(fd, &c->r->auth, c->r->sender, dl > now ? (int)(dl - now) : 0, e)) != CODE_OK) {
+        close(fd);
+        if (rc == CODE_DEADLINE_EXCEEDED)
+            rc = CODE_UNAVAILABLE;
+        return err_set(e, rc, "data connection to core %s/%d at %s: %s", p->host, p->core, p->addr, e->msg);
+    }
+    p->fd = fd;
+    return CODE_OK;
+}
+
 int coll_io_connect(tpu_cluster *c, uint64_t deadline_ms, err *e)
 {
     struct cli_coll *k = c->coll;
     for (size_t r = 0; r < k->n; r++) {
-        struct cli_peer *p = &k->peers[r];
-        uint64_t now = wire_now_ms(), dl;
-        int fd = -1, rc;
-        if (p->fd >= 0)
+        int rc;
+        if (k->peers[r].fd >= 0)
             continue;
-        dl = now + COLL_CONNECT_MS < deadline_ms ? now + COLL_CONNECT_MS : deadline_ms;
-        if ((rc = tcp_connect(p, dl, &fd, e)) != CODE_OK)
+        if ((rc = coll_io_dial(c, &k->peers[r], deadline_ms, e)) != CODE_OK)
             return rc;
-        now = wire_now_ms();
-        if ((rc = dpauth_client_fd(fd, &c->r->auth, c->r->sender, dl > now ? (int)(dl - now) : 0, e)) !=
-            CODE_OK) {
-            close(fd);
-            if (rc == CODE_DEADLINE_EXCEEDED)
-                rc = CODE_UNAVAILABLE;
-            return err_set(e, rc, "data connection to core %s/%d at %s: %s", p->host, p->core, p->addr,
-                           e->msg);
-        }
-        p->fd = fd;
     }
     return CODE_OK;
 }

@@ -9,6 +9,7 @@
 #include "json.h"
 #include "table.h"
 #include "tpuctl.h"
+#include "tpuemu/profile.h"
 #include "wire.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -473,12 +474,55 @@ static int cmd_version(const struct tpuctl *g, int argc, char **argv)
     return EXIT_OK;
 }
 
+/* ---- profile ---- */
+
+static int cmd_profile(const struct tpuctl *g, int argc, char **argv)
+{
+    const char *logdir = NULL;
+    long long duration = 2000;
+    struct opt t[] = {
+        {"logdir", NULL, OPT_STRING, NULL, 0, 0, "DIR",
+         "where the trace goes: DIR/plugins/profile/RUN/HOST.trace.json.gz (required)", &logdir},
+        {"duration-ms", NULL, OPT_INT, "2000", 0, 600000, "MS",
+         "how long to record, from now (0: what the cores' rings hold now)", &duration},
+    };
+    tpu_resolver *r;
+    tpu_cluster *c;
+    tpu_profile *p;
+    char path[4600];
+    int rc = cmd_flags(t, sizeof t / sizeof t[0], argc, argv, "tpuctl profile --logdir DIR [--duration-ms N]",
+                       "Record what every core of the cluster does for N ms (capture_tpu_profile), write it "
+                       "as one trace for chrome://tracing, Perfetto or TensorBoard, and print where each "
+                       "step's time went.");
+
+    if (rc >= 0)
+        return rc;
+    if (!logdir || !*logdir) {
+        fprintf(stderr, "tpuctl profile: --logdir is required (see tpuctl profile --help)\n");
+        return EXIT_USAGE;
+    }
+    if ((rc = connect_cluster(g, &r, &c)) >= 0)
+        return rc;
+    if (tpu_profile_capture(c, (uint32_t)duration, &p) != TPU_OK ||
+        tpu_profile_write(p, logdir, path, sizeof path) != TPU_OK) {
+        rc = fail();
+        disconnect(r, c);
+        return rc;
+    }
+    tpu_profile_print_overview(p, stdout);
+    printf("Trace: %s\n", path);
+    tpu_profile_free(p);
+    disconnect(r, c);
+    return EXIT_OK;
+}
+
 const struct tpuctl_cmd tpuctl_cmds[] = {
     {"cluster", "list every core: state, replica, HBM, heartbeat age", cmd_cluster},
     {"init", "initialize the TPU system and print its topology", cmd_init},
     {"shutdown", "shut the TPU system down", cmd_shutdown},
     {"health", "cluster and per-core health; exit 1 if any core is unhealthy", cmd_health},
     {"version", "print versions", cmd_version},
+    {"profile", "record every core for N ms: trace file and step-time breakdown", cmd_profile},
     {"bench", "benchmark a collective: bench allreduce [--dtype --algo --op --min --max]", tpuctl_cmd_bench},
 };
 const int tpuctl_ncmds = (int)(sizeof tpuctl_cmds / sizeof tpuctl_cmds[0]);

@@ -1,0 +1,808 @@
+/* The profiler's capture, trace file and overview (tpuemu/profile.h).
+ *
+ * Clock offsets: each worker answers PROFILE at once with its CLOCK_MONOTONIC
+ * reading. Of PROF_PROBES round trips t0 -> (worker w) -> t1 the one with the
+ * shortest round trip gives offset = w - (t0 + t1) / 2, which is right to
+ * within (t1 - t0) / 2 whatever the split of the round trip between the two
+ * directions (NTP's bound). On one machine the clocks are the same and the
+ * offset comes out within that bound of 0. */
+#include "tpuemu/profile.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "client.h"
+#include "coll.h"
+#include "dpauth.h"
+#include "frame.h"
+
+#define KIND(k) TPUEMU__FRAME_KIND__FRAME_##k
+#define TK(k) TPUEMU__TRACE_KIND__TRACE_##k
+#define PROF_PROBES 8
+#define PROF_POLL_MS 200u
+#define PROF_MAX_ROUNDS 64            /* fetches of one read before giving up on a flood */
+#define PROF_MAX_PAYLOAD (64u << 20)
+#define PROF_IO_MS 5000u
+
+struct pev {
+    uint32_t kind, layer, op, cstep, chunk;
+    int32_t peer;
+    int64_t t0;                       /* client clock, ns */
+    uint64_t dur, step, m, n, k, bytes, seq;
+    char algo[16];
+};
+
+struct pcore {
+    struct cli_peer peer;
+    int replica;
+    char tpu_type[16];
+    int64_t offset;                   /* worker - client, ns */
+    uint64_t err_ns, dropped, since_w, seq;
+    struct pev *ev;
+    size_t n, cap;
+};
+
+struct tpu_profile {
+    struct pcore *c;
+    size_t n;
+    int64_t start, end;               /* client clock, ns */
+    time_t wall;
+};
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* One PROFILE request and its answer; *ev gets the unpacked events (or NULL). */
+static int ask(struct pcore *pc, uint64_t since, uint64_t until, uint32_t max, Tpuemu__ProfileInfo **info,
+               Tpuemu__TraceEvents **ev, int64_t *t_sent, int64_t *t_got, err *e)
+{
+    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT, *a = NULL;
+    Tpuemu__ProfileRequest rq = TPUEMU__PROFILE_REQUEST__INIT;
+    uint8_t buf[FRAME_MAX_HEADER + FRAME_PREFIX_BYTES], *pl = NULL;
+    uint64_t dl = wire_now_ms() + PROF_IO_MS;
+    size_t len;
+    int rc;
+
+    *info = NULL;
+    *ev = NULL;
+    rq.since_ns = since;
+    rq.until_ns = until;
+    rq.max_events = max;
+    h.kind = KIND(PROFILE);
+    h.seq = ++pc->seq;
+    h.profile = &rq;
+    if (!(len = frame_encode(&h, buf, sizeof buf)))
+        return err_set(e, CODE_INTERNAL, "profile request does not fit a frame");
+    *t_sent = now_ns();
+    if ((rc = dpauth_write_all(pc->peer.fd, buf, len, dl, e)) != CODE_OK)
+        goto lost;
+    for (;;) {
+        if ((rc = dpauth_read_header(pc->peer.fd, dl, PROF_MAX_PAYLOAD, &a, e)) != CODE_OK)
+            goto lost;
+        *t_got = now_ns();
+        if (a->kind == KIND(ERROR)) {
+            rc = err_set(e, a->status && a->status->code ? (int)a->status->code : CODE_UNKNOWN,
+                         "core %s/%d refused the profile request: %s", pc->peer.host, pc->peer.core,
+                         a->status && a->status->message ? a->status->message : "");
+            frame_header_free(a);
+            return rc;
+        }
+        if (a->kind == KIND(PROFILE_RESULT) && a->seq == h.seq && a->profile_info)
+            break;
+        /* anything else on this connection is not ours to read */
+        rc = err_set(e, CODE_INTERNAL, "core %s/%d answered a profile request with a frame of kind %d",
+                     pc->peer.host, pc->peer.core, (int)a->kind);
+        frame_header_free(a);
+        return rc;
+    }
+    if (a->payload_bytes) {
+        if (!(pl = malloc(a->payload_bytes))) {
+            frame_header_free(a);
+            return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for a profile of %" PRIu64 " bytes",
+                           a->payload_bytes);
+        }
+        if ((rc = dpauth_read_all(pc->peer.fd, pl, a->payload_bytes, dl, e)) != CODE_OK) {
+            free(pl);
+            frame_header_free(a);
+            goto lost;
+        }
+        *ev = tpuemu__trace_events__unpack(NULL, a->payload_bytes, pl);
+        free(pl);
+        if (!*ev) {
+            frame_header_free(a);
+            return err_set(e, CODE_DATA_LOSS, "core %s/%d sent a profile that does not decode", pc->peer.host,
+                           pc->peer.core);
+        }
+    }
+    *info = a->profile_info;
+    a->profile_info = NULL;
+    frame_header_free(a);
+    return CODE_OK;
+lost:
+    return err_set(e, CODE_UNAVAILABLE, "core %s/%d at %s: profile: %s", pc->peer.host, pc->peer.core,
+                   pc->peer.addr, e->msg);
+}
+
+static int sync_clock(struct pcore *pc, err *e)
+{
+    uint64_t best = UINT64_MAX;
+    for (int i = 0; i < PROF_PROBES; i++) {
+        Tpuemu__ProfileInfo *pi;
+        Tpuemu__TraceEvents *ev;
+        int64_t t0, t1;
+        int rc = ask(pc, 0, 0, 0, &pi, &ev, &t0, &t1, e);
+        if (rc != CODE_OK)
+            return rc;
+        if ((uint64_t)(t1 - t0) < best) {
+            best = (uint64_t)(t1 - t0);
+            pc->offset = (int64_t)pi->now_ns - (t0 + (t1 - t0) / 2);
+        }
+        pc->replica = pi->replica;
+        snprintf(pc->tpu_type, sizeof pc->tpu_type, "%s", pi->tpu_type ? pi->tpu_type : "");
+        tpuemu__profile_info__free_unpacked(pi, NULL);
+        if (ev)
+            tpuemu__trace_events__free_unpacked(ev, NULL);
+    }
+    pc->err_ns = best / 2;
+    return CODE_OK;
+}
+
+static int add_events(struct pcore *pc, const Tpuemu__TraceEvents *te, int64_t end)
+{
+    for (size_t i = 0; i < te->n_events; i++) {
+        const Tpuemu__TraceEvent *s = te->events[i];
+        struct pev *d;
+        int64_t t0 = (int64_t)s->t0_ns - pc->offset;
+        if (s->t0_ns + s->dur_ns + 1 > pc->since_w)
+            pc->since_w = s->t0_ns + s->dur_ns + 1;
+        if (end && t0 >= end)
+            continue;
+        if (pc->n == pc->cap) {
+            size_t cap = pc->cap ? 2 * pc->cap : 4096;
+            struct pev *nv = realloc(pc->ev, cap * sizeof *nv);
+            if (!nv)
+                return CODE_RESOURCE_EXHAUSTED;
+            pc->ev = nv;
+            pc->cap = cap;
+        }
+        d = &pc->ev[pc->n++];
+        memset(d, 0, sizeof *d);
+        d->kind = (uint32_t)s->kind;
+        d->t0 = t0;
+        d->dur = s->dur_ns;
+        d->step = s->step;
+        d->layer = s->layer;
+        d->op = s->op;
+        d->m = s->m;
+        d->n = s->n;
+        d->k = s->k;
+        d->bytes = s->bytes;
+        d->seq = s->seq;
+        d->cstep = s->coll_step;
+        d->chunk = s->chunk;
+        d->peer = s->peer;
+        snprintf(d->algo, sizeof d->algo, "%s", s->algo ? s->algo : "");
+    }
+    return CODE_OK;
+}
+
+/* Reads what core pc recorded since the last read (until `end`, client clock; 0: now). */
+static int drain(struct pcore *pc, int64_t end, err *e)
+{
+    for (int round = 0; round < PROF_MAX_ROUNDS; round++) {
+        Tpuemu__ProfileInfo *pi;
+        Tpuemu__TraceEvents *ev;
+        int64_t t0, t1;
+        int rc = ask(pc, pc->since_w, end ? (uint64_t)(end + pc->offset) : 0, 65536, &pi, &ev, &t0, &t1, e);
+        int more;
+        if (rc != CODE_OK)
+            return rc;
+        more = pi->truncated;
+        if (pi->oldest_ns > pc->since_w && pi->dropped)
+            pc->dropped = pi->dropped; /* the ring overwrote some of what we asked for */
+        tpuemu__profile_info__free_unpacked(pi, NULL);
+        if (ev) {
+            rc = add_events(pc, ev, end);
+            tpuemu__trace_events__free_unpacked(ev, NULL);
+            if (rc != CODE_OK)
+                return err_set(e, rc, "out of memory for the profile of core %s/%d", pc->peer.host,
+                               pc->peer.core);
+        }
+        if (!more)
+            return CODE_OK;
+    }
+    return CODE_OK;
+}
+
+void tpu_profile_free(tpu_profile *p)
+{
+    if (!p)
+        return;
+    for (size_t i = 0; i < p->n; i++) {
+        coll_io_close(&p->c[i].peer);
+        free(p->c[i].ev);
+    }
+    free(p->c);
+    free(p);
+}
+
+static int by_replica(const void *a, const void *b)
+{
+    const struct pcore *x = a, *y = b;
+    if (x->replica != y->replica)
+        return x->replica < 0 ? 1 : y->replica < 0 ? -1 : x->replica - y->replica;
+    int h = strcmp(x->peer.host, y->peer.host);
+    return h ? h : x->peer.core - y->peer.core;
+}
+
+tpu_status tpu_profile_capture(tpu_cluster *c, uint32_t duration_ms, tpu_profile **out)
+{
+    tpu_cluster_spec *spec = NULL;
+    tpu_profile *p;
+    size_t n, ready = 0;
+    err e;
+    int rc = CODE_OK;
+
+    *out = NULL;
+    if ((rc = tpu_cluster_spec_get(c, &spec)) != TPU_OK)
+        return rc;
+    n = tpu_cluster_spec_num_cores(spec);
+    for (size_t i = 0; i < n; i++) {
+        tpu_core_info ci;
+        if (tpu_cluster_spec_core(spec, i, &ci) == TPU_OK && ci.state == TPU_CORE_READY)
+            ready++;
+    }
+    if (!(p = calloc(1, sizeof *p)) || !(p->c = calloc(n ? n : 1, sizeof *p->c))) {
+        free(p);
+        tpu_cluster_spec_free(spec);
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        tpu_core_info ci;
+        struct pcore *pc = &p->c[p->n];
+        if (tpu_cluster_spec_core(spec, i, &ci) != TPU_OK || ci.state == TPU_CORE_DEAD ||
+            (ready && ci.state != TPU_CORE_READY) || !ci.data_addr || !*ci.data_addr)
+            continue;
+        snprintf(pc->peer.host, sizeof pc->peer.host, "%s", ci.host_id);
+        pc->peer.core = ci.core;
+        snprintf(pc->peer.addr, sizeof pc->peer.addr, "%s", ci.data_addr);
+        pc->peer.fd = -1;
+        pc->replica = ci.replica_id;
+        p->n++;
+    }
+    tpu_cluster_spec_free(spec);
+    if (!p->n) {
+        tpu_profile_free(p);
+        return cli_failf(TPU_NOT_FOUND, "profile: the cluster has no live core to profile");
+    }
+    for (size_t i = 0; i < p->n && rc == CODE_OK; i++)
+        if ((rc = coll_io_dial(c, &p->c[i].peer, wire_now_ms() + COLL_CONNECT_MS, &e)) == CODE_OK)
+            rc = sync_clock(&p->c[i], &e);
+    p->wall = time(NULL);
+    p->start = now_ns();
+    p->end = p->start + (int64_t)duration_ms * 1000000;
+    for (size_t i = 0; i < p->n && rc == CODE_OK; i++) /* only what happens from now on */
+        p->c[i].since_w = duration_ms ? (uint64_t)(p->start + p->c[i].offset) : 0;
+    /* bounded: one read of every core per PROF_POLL_MS until the end */
+    for (uint32_t round = 0; rc == CODE_OK && duration_ms && round <= duration_ms / PROF_POLL_MS + 1; round++) {
+        int64_t left = p->end - now_ns();
+        if (left <= 0)
+            break;
+        struct timespec ts = {0, (long)((left < PROF_POLL_MS * 1000000ll ? left : PROF_POLL_MS * 1000000ll))};
+        nanosleep(&ts, NULL);
+        for (size_t i = 0; i < p->n && rc == CODE_OK; i++)
+            rc = drain(&p->c[i], 0, &e);
+    }
+    if (!duration_ms)
+        p->end = now_ns();
+    for (size_t i = 0; i < p->n && rc == CODE_OK; i++)
+        rc = drain(&p->c[i], p->end, &e);
+    if (!duration_ms && rc == CODE_OK) { /* the capture spans what the rings held */
+        int64_t lo = p->end;
+        for (size_t i = 0; i < p->n; i++)
+            for (size_t j = 0; j < p->c[i].n; j++)
+                if (p->c[i].ev[j].t0 < lo)
+                    lo = p->c[i].ev[j].t0;
+        p->start = lo;
+    }
+    if (rc != CODE_OK) {
+        tpu_profile_free(p);
+        return cli_fail(&e);
+    }
+    for (size_t i = 0; i < p->n; i++)
+        coll_io_close(&p->c[i].peer);
+    qsort(p->c, p->n, sizeof *p->c, by_replica);
+    *out = p;
+    return TPU_OK;
+}
+
+size_t tpu_profile_num_cores(const tpu_profile *p)
+{
+    return p ? p->n : 0;
+}
+
+size_t tpu_profile_num_events(const tpu_profile *p)
+{
+    size_t n = 0;
+    for (size_t i = 0; p && i < p->n; i++)
+        n += p->c[i].n;
+    return n;
+}
+
+tpu_status tpu_profile_core_info(const tpu_profile *p, size_t i, tpu_profile_core *out)
+{
+    if (!p || i >= p->n)
+        return cli_failf(TPU_OUT_OF_RANGE, "profile: core %zu of %zu", i, p ? p->n : 0);
+    const struct pcore *pc = &p->c[i];
+    out->host_id = pc->peer.host;
+    out->core = pc->peer.core;
+    out->replica_id = pc->replica;
+    out->clock_offset_ns = pc->offset;
+    out->clock_error_ns = pc->err_ns;
+    out->events = pc->n;
+    out->dropped = pc->dropped;
+    return TPU_OK;
+}
+
+/* ---- the trace file ---- */
+
+static int mkdirs(char *path)
+{
+    for (char *s = path + 1; *s; s++)
+        if (*s == '/') {
+            *s = '\0';
+            if (mkdir(path, 0755) < 0 && errno != EEXIST) {
+                *s = '/';
+                return -1;
+            }
+            *s = '/';
+        }
+    return mkdir(path, 0755) < 0 && errno != EEXIST ? -1 : 0;
+}
+
+static void jstr(gzFile f, const char *s)
+{
+    gzputc(f, '"');
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            gzprintf(f, "\\%c", ch);
+        else if (ch < 0x20)
+            gzprintf(f, "\\u%04x", ch);
+        else
+            gzputc(f, ch);
+    }
+    gzputc(f, '"');
+}
+
+/* microseconds since the capture's start, with ns precision */
+static double us(const tpu_profile *p, int64_t t)
+{
+    return (double)(t - p->start) / 1e3;
+}
+
+static const char *const mm_ops[] = {"forward", "weight gradient", "input gradient"};
+
+static double pad(uint64_t v, uint64_t to)
+{
+    return (double)((v + to - 1) / to * to);
+}
+
+/* FLOPs of an m x k . k x n matmul and of its shape padded to the MXU (rows
+ * of the left operand to 8, the rest to 128), as the worker's mxu counts them. */
+static double mm_flops(const struct pev *e, double *padded)
+{
+    *padded = 2.0 * pad(e->m, 8) * pad(e->n, 128) * pad(e->k, 128);
+    return 2.0 * (double)e->m * (double)e->n * (double)e->k;
+}
+
+/* Hosts are numbered in the order their first core appears. */
+static int first_of_host(const tpu_profile *p, size_t i)
+{
+    for (size_t k = 0; k < i; k++)
+        if (strcmp(p->c[k].peer.host, p->c[i].peer.host) == 0)
+            return 0;
+    return 1;
+}
+
+static int host_index(const tpu_profile *p, size_t i)
+{
+    int h = 0;
+    for (size_t j = 0; j <= i; j++)
+        if (first_of_host(p, j)) {
+            if (strcmp(p->c[j].peer.host, p->c[i].peer.host) == 0)
+                return h;
+            h++;
+        }
+    return h;
+}
+
+static int cmp_t0(const void *a, const void *b)
+{
+    const struct pev *x = a, *y = b;
+    return x->t0 < y->t0 ? -1 : x->t0 > y->t0;
+}
+
+/* The flow id of a chunk: (collective, step, chunk, from, to). */
+static uint64_t flow_id(uint64_t seq, uint32_t cstep, uint32_t chunk, int from, int to)
+{
+    uint64_t h = 1469598103934665603ull;
+    uint64_t v[5] = {seq, cstep, chunk, (uint64_t)(uint32_t)from, (uint64_t)(uint32_t)to};
+    for (int i = 0; i < 5; i++) {
+        h ^= v[i];
+        h *= 1099511628211ull;
+    }
+    return h >> 12; /* exact as a JSON number */
+}
+
+static const struct pev *find_recv(const tpu_profile *p, int to, int from, const struct pev *s)
+{
+    for (size_t i = 0; i < p->n; i++) {
+        if (p->c[i].replica != to)
+            continue;
+        for (size_t j = 0; j < p->c[i].n; j++) {
+            const struct pev *r = &p->c[i].ev[j];
+            if (r->kind == TK(RECV) && r->peer == from && r->seq == s->seq && r->cstep == s->cstep &&
+                r->chunk == s->chunk)
+                return r;
+        }
+    }
+    return NULL;
+}
+
+static void write_event(gzFile f, const tpu_profile *p, const struct pev *e, int pid, int tid, int64_t t0,
+                        uint64_t dur, int *first)
+{
+    char name[64];
+    const char *cat = "step";
+    switch (e->kind) {
+    case TK(STEP): snprintf(name, sizeof name, "step %" PRIu64, e->step); break;
+    case TK(INFEED_WAIT): snprintf(name, sizeof name, "infeed wait"); cat = "input"; break;
+    case TK(OPTIMIZER): snprintf(name, sizeof name, "optimizer"); cat = "optimizer"; break;
+    case TK(FORWARD): snprintf(name, sizeof name, e->layer ? "dense_%u forward" : "dense forward", e->layer);
+        cat = "compute"; break;
+    case TK(BACKWARD): snprintf(name, sizeof name, e->layer ? "dense_%u backward" : "dense backward", e->layer);
+        cat = "compute"; break;
+    case TK(MATMUL): snprintf(name, sizeof name, "matmul %" PRIu64 "x%" PRIu64 "x%" PRIu64, e->m, e->k, e->n);
+        cat = "mxu"; break;
+    case TK(ALLREDUCE): snprintf(name, sizeof name, "all-reduce"); cat = "allreduce"; break;
+    case TK(SEND): snprintf(name, sizeof name, "send to replica %d", e->peer); cat = "chunk"; break;
+    case TK(RECV): snprintf(name, sizeof name, "recv from replica %d", e->peer); cat = "chunk"; break;
+    case TK(EVAL): snprintf(name, sizeof name, "eval step %" PRIu64, e->step); break;
+    default: snprintf(name, sizeof name, "event %u", e->kind); cat = "other"; break;
+    }
+    gzprintf(f, "%s\n{\"ph\":\"X\",\"cat\":\"%s\",\"name\":", *first ? "" : ",", cat);
+    jstr(f, name);
+    gzprintf(f, ",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"step\":%" PRIu64, pid, tid,
+             us(p, t0), (double)dur / 1e3, e->step);
+    if (e->kind == TK(MATMUL)) {
+        double padded, fl = mm_flops(e, &padded);
+        gzprintf(f, ",\"op\":\"%s\",\"m\":%" PRIu64 ",\"n\":%" PRIu64 ",\"k\":%" PRIu64
+                    ",\"flops\":%.0f,\"padded_flops\":%.0f,\"mxu_utilization\":%.4f",
+                 e->op < 3 ? mm_ops[e->op] : "?", e->m, e->n, e->k, fl, padded, fl / padded);
+    } else if (e->kind == TK(ALLREDUCE)) {
+        gzprintf(f, ",\"bytes\":%" PRIu64 ",\"collective\":%" PRIu64 ",\"replicas\":%d", e->bytes, e->seq, e->peer);
+    } else if (e->kind == TK(SEND) || e->kind == TK(RECV)) {
+        gzprintf(f, ",\"bytes\":%" PRIu64 ",\"collective\":%" PRIu64 ",\"algorithm_step\":%u,\"chunk\":%u,"
+                    "\"peer_replica\":%d,\"transport\":\"%s\"",
+                 e->bytes, e->seq, e->cstep, e->chunk, e->peer, e->algo);
+    }
+    gzprintf(f, "}}");
+    *first = 0;
+}
+
+static void write_meta(gzFile f, const char *what, int pid, int tid, const char *name, int sort, int *first)
+{
+    gzprintf(f, "%s\n{\"ph\":\"M\",\"name\":\"%s\",\"pid\":%d", *first ? "" : ",", what, pid);
+    if (tid >= 0)
+        gzprintf(f, ",\"tid\":%d", tid);
+    if (name) {
+        gzprintf(f, ",\"args\":{\"name\":");
+        jstr(f, name);
+        gzprintf(f, "}}");
+    } else {
+        gzprintf(f, ",\"args\":{\"sort_index\":%d}}", sort);
+    }
+    *first = 0;
+}
+
+tpu_status tpu_profile_write(const tpu_profile *p, const char *logdir, char *path, size_t pathn)
+{
+    char dir[4096], run[64], host[256] = "localhost", file[4400];
+    struct tm tm;
+    gzFile f;
+    int first = 1;
+
+    if (!logdir || !*logdir)
+        return cli_failf(TPU_INVALID_ARGUMENT, "profile: no log directory");
+    gmtime_r(&p->wall, &tm);
+    strftime(run, sizeof run, "%Y_%m_%d_%H_%M_%S", &tm);
+    gethostname(host, sizeof host - 1);
+    snprintf(dir, sizeof dir, "%s/plugins/profile/%s", logdir, run);
+    if (mkdirs(dir) < 0)
+        return cli_failf(TPU_PERMISSION_DENIED, "profile: cannot create %s: %s", dir, strerror(errno));
+    snprintf(file, sizeof file, "%s/%s.trace.json.gz", dir, host);
+    if (!(f = gzopen(file, "wb6")))
+        return cli_failf(TPU_PERMISSION_DENIED, "profile: cannot write %s: %s", file, strerror(errno));
+    gzprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"tpuemu\",\"capture_ns\":%" PRId64
+                ",\"cores\":%zu},\"traceEvents\":[",
+             p->end - p->start, p->n);
+    for (size_t i = 0; i < p->n; i++) {
+        const struct pcore *pc = &p->c[i];
+        int pid = host_index(p, i) + 1, tid = 1 + 3 * pc->peer.core;
+        char nm[160];
+        int64_t last[2] = {INT64_MIN, INT64_MIN};
+        if (first_of_host(p, i)) {
+            snprintf(nm, sizeof nm, "host %s", pc->peer.host);
+            write_meta(f, "process_name", pid, -1, nm, 0, &first);
+            write_meta(f, "process_sort_index", pid, -1, NULL, pid, &first);
+        }
+        snprintf(nm, sizeof nm, "core %d (replica %d, %s)", pc->peer.core, pc->replica, pc->tpu_type);
+        write_meta(f, "thread_name", pid, tid, nm, 0, &first);
+        write_meta(f, "thread_sort_index", pid, tid, NULL, tid, &first);
+        snprintf(nm, sizeof nm, "core %d sends", pc->peer.core);
+        write_meta(f, "thread_name", pid, tid + 1, nm, 0, &first);
+        write_meta(f, "thread_sort_index", pid, tid + 1, NULL, tid + 1, &first);
+        snprintf(nm, sizeof nm, "core %d receives", pc->peer.core);
+        write_meta(f, "thread_name", pid, tid + 2, nm, 0, &first);
+        write_meta(f, "thread_sort_index", pid, tid + 2, NULL, tid + 2, &first);
+        qsort(pc->ev, pc->n, sizeof *pc->ev, cmp_t0); /* the events are ours; sorting keeps them */
+        for (size_t j = 0; j < pc->n; j++) {
+            struct pev *e = &pc->ev[j];
+            if (e->kind == TK(SEND) || e->kind == TK(RECV)) {
+                /* a track of its own per direction, each chunk from when the
+                 * previous one was done (or it was posted) to its own end */
+                int d = e->kind == TK(RECV);
+                int64_t end = e->t0 + (int64_t)e->dur, t0 = e->t0 > last[d] ? e->t0 : last[d];
+                if (end < t0)
+                    end = t0;
+                write_event(f, p, e, pid, tid + 1 + d, t0, (uint64_t)(end - t0), &first);
+                last[d] = end;
+                e->t0 = t0; /* where it was drawn: the flows bind there */
+                e->dur = (uint64_t)(end - t0);
+            } else {
+                write_event(f, p, e, pid, tid, e->t0, e->dur, &first);
+            }
+        }
+    }
+    /* flows: each chunk's send to its receive */
+    for (size_t i = 0; i < p->n; i++) {
+        const struct pcore *pc = &p->c[i];
+        for (size_t j = 0; j < pc->n; j++) {
+            const struct pev *s = &pc->ev[j], *r;
+            size_t ri;
+            if (s->kind != TK(SEND) || !(r = find_recv(p, s->peer, pc->replica, s)))
+                continue;
+            for (ri = 0; ri < p->n && p->c[ri].replica != s->peer; ri++)
+                ;
+            int64_t fe = r->t0 + (int64_t)r->dur;
+            if (fe < s->t0)
+                continue; /* clocks further apart than the estimate's bound: no arrow backwards */
+            uint64_t id = flow_id(s->seq, s->cstep, s->chunk, pc->replica, s->peer);
+            gzprintf(f, ",\n{\"ph\":\"s\",\"cat\":\"chunk\",\"name\":\"chunk\",\"id\":%" PRIu64
+                        ",\"pid\":%d,\"tid\":%d,\"ts\":%.3f}",
+                     id, host_index(p, i) + 1, 2 + 3 * pc->peer.core, us(p, s->t0));
+            gzprintf(f, ",\n{\"ph\":\"f\",\"bp\":\"e\",\"cat\":\"chunk\",\"name\":\"chunk\",\"id\":%" PRIu64
+                        ",\"pid\":%d,\"tid\":%d,\"ts\":%.3f}",
+                     id, host_index(p, ri) + 1, 3 + 3 * p->c[ri].peer.core, us(p, fe));
+        }
+    }
+    gzprintf(f, "\n]}\n");
+    if (gzclose(f) != Z_OK)
+        return cli_failf(TPU_UNAVAILABLE, "profile: writing %s failed", file);
+    snprintf(path, pathn, "%s", file);
+    return TPU_OK;
+}
+
+/* ---- the overview ---- */
+
+enum { CAT_INPUT, CAT_COMPUTE, CAT_ALLREDUCE, CAT_OPT, CAT_IDLE, NCAT };
+static const char *const cat_names[NCAT] = {"input", "compute", "all-reduce", "optimizer", "idle"};
+
+struct csum {
+    double cat[NCAT];   /* ns, summed over the steps that have a period */
+    double period;      /* ns, summed */
+    size_t steps;
+    double flops, padded;
+    uint64_t first, last;
+};
+
+struct srow {
+    uint64_t step;
+    int64_t end, ar_start;
+    double cat[NCAT - 1];
+};
+
+static int cmp_step(const void *a, const void *b)
+{
+    const struct srow *x = a, *y = b;
+    return x->step < y->step ? -1 : x->step > y->step;
+}
+
+static struct srow *find_row(struct srow *rows, size_t n, uint64_t step)
+{
+    struct srow key = {.step = step};
+    return bsearch(&key, rows, n, sizeof *rows, cmp_step);
+}
+
+/* The step rows of core c, sorted by step; NULL when it trained none. */
+static struct srow *core_rows(const struct pcore *c, size_t *nrows, struct csum *cs)
+{
+    size_t n = 0;
+    struct srow *rows;
+    memset(cs, 0, sizeof *cs);
+    *nrows = 0;
+    for (size_t i = 0; i < c->n; i++)
+        n += c->ev[i].kind == TK(STEP);
+    if (!n || !(rows = calloc(n, sizeof *rows)))
+        return NULL;
+    for (size_t i = 0; i < c->n; i++)
+        if (c->ev[i].kind == TK(STEP)) {
+            rows[*nrows].step = c->ev[i].step;
+            rows[*nrows].end = c->ev[i].t0 + (int64_t)c->ev[i].dur;
+            rows[*nrows].ar_start = INT64_MIN;
+            (*nrows)++;
+        }
+    qsort(rows, *nrows, sizeof *rows, cmp_step);
+    for (size_t i = 0; i < c->n; i++) {
+        const struct pev *e = &c->ev[i];
+        struct srow *r = find_row(rows, *nrows, e->step);
+        if (e->kind == TK(MATMUL)) {
+            double padded;
+            cs->flops += mm_flops(e, &padded);
+            cs->padded += padded;
+        }
+        if (!r)
+            continue;
+        if (e->kind == TK(INFEED_WAIT))
+            r->cat[CAT_INPUT] += (double)e->dur;
+        else if (e->kind == TK(FORWARD) || e->kind == TK(BACKWARD))
+            r->cat[CAT_COMPUTE] += (double)e->dur;
+        else if (e->kind == TK(ALLREDUCE)) {
+            r->cat[CAT_ALLREDUCE] += (double)e->dur;
+            r->ar_start = e->t0;
+        } else if (e->kind == TK(OPTIMIZER))
+            r->cat[CAT_OPT] += (double)e->dur;
+    }
+    cs->first = rows[0].step;
+    cs->last = rows[*nrows - 1].step;
+    for (size_t i = 1; i < *nrows; i++) {
+        double period, busy = 0;
+        if (rows[i].step != rows[i - 1].step + 1)
+            continue;
+        period = (double)(rows[i].end - rows[i - 1].end);
+        for (int k = 0; k < NCAT - 1; k++) {
+            cs->cat[k] += rows[i].cat[k];
+            busy += rows[i].cat[k];
+        }
+        cs->cat[CAT_IDLE] += period > busy ? period - busy : 0;
+        cs->period += period;
+        cs->steps++;
+    }
+    return rows;
+}
+
+void tpu_profile_print_overview(const tpu_profile *p, FILE *f)
+{
+    struct csum all = {0}, *cs = calloc(p->n ? p->n : 1, sizeof *cs);
+    struct srow **rows = calloc(p->n ? p->n : 1, sizeof *rows);
+    size_t *nrows = calloc(p->n ? p->n : 1, sizeof *nrows);
+    size_t *last_count = calloc(p->n ? p->n : 1, sizeof *last_count);
+    double *late_sum = calloc(p->n ? p->n : 1, sizeof *late_sum);
+    size_t compared = 0;
+
+    if (!cs || !rows || !nrows || !last_count || !late_sum) {
+        fprintf(f, "profile: out of memory for the overview\n");
+        goto done;
+    }
+    fprintf(f, "Profile of %zu cores over %.1f ms (%zu events)\n", p->n, (double)(p->end - p->start) / 1e6,
+            tpu_profile_num_events(p));
+    fprintf(f, "%-14s %6s %9s %8s %8s %10s %9s %8s %6s %11s\n", "core", "steps", "step ms", "input", "compute",
+            "all-reduce", "optimizer", "idle", "MXU", "clock offset");
+    for (size_t i = 0; i < p->n; i++) {
+        char name[96];
+        rows[i] = core_rows(&p->c[i], &nrows[i], &cs[i]);
+        snprintf(name, sizeof name, "%s/%d", p->c[i].peer.host, p->c[i].peer.core);
+        if (!cs[i].steps) {
+            fprintf(f, "%-14s %6s   (no training steps in the capture)\n", name, "0");
+            continue;
+        }
+        double k = 1.0 / (double)cs[i].steps;
+        fprintf(f, "%-14s %6zu %9.3f", name, cs[i].steps, cs[i].period * k / 1e6);
+        for (int c = 0; c < NCAT; c++) {
+            fprintf(f, " %*.1f%%", c == CAT_ALLREDUCE ? 9 : c == CAT_OPT ? 8 : 7, 100.0 * cs[i].cat[c] / cs[i].period);
+            all.cat[c] += cs[i].cat[c];
+        }
+        all.period += cs[i].period;
+        all.steps += cs[i].steps;
+        all.flops += cs[i].flops;
+        all.padded += cs[i].padded;
+        fprintf(f, " %5.1f%% %+7.0fus +-%.0fus\n", cs[i].padded > 0 ? 100.0 * cs[i].flops / cs[i].padded : 0.0,
+                (double)p->c[i].offset / 1e3, (double)p->c[i].err_ns / 1e3);
+    }
+    if (!all.steps) {
+        fprintf(f, "No training step was captured: capture while the model trains (--duration-ms longer than a "
+                   "few steps).\n");
+        goto done;
+    }
+    /* the straggler: who arrives last at each step's all-reduce */
+    if (p->n > 1 && rows[0]) {
+        for (size_t j = 0; j < nrows[0]; j++) {
+            uint64_t step = rows[0][j].step;
+            int64_t t[256];
+            size_t m = 0, who = 0;
+            for (size_t i = 0; i < p->n && i < 256; i++) {
+                struct srow *r = rows[i] ? find_row(rows[i], nrows[i], step) : NULL;
+                if (!r || r->ar_start == INT64_MIN)
+                    break;
+                t[m++] = r->ar_start;
+            }
+            if (m != p->n)
+                continue;
+            int64_t first = t[0], mx = t[0];
+            for (size_t i = 1; i < m; i++) {
+                if (t[i] > mx)
+                    mx = t[i], who = i;
+                if (t[i] < first)
+                    first = t[i];
+            }
+            /* late by: after the one that arrived just before it */
+            int64_t second = first;
+            for (size_t i = 0; i < m; i++)
+                if (i != who && t[i] > second)
+                    second = t[i];
+            last_count[who]++;
+            late_sum[who] += (double)(mx - second);
+            compared++;
+        }
+    }
+    double period = all.period / (double)all.steps;
+    fprintf(f, "%-14s %6zu %9.3f", "all cores", all.steps, period / 1e6);
+    for (int c = 0; c < NCAT; c++)
+        fprintf(f, " %*.1f%%", c == CAT_ALLREDUCE ? 9 : c == CAT_OPT ? 8 : 7, 100.0 * all.cat[c] / all.period);
+    fprintf(f, " %5.1f%%\n", all.padded > 0 ? 100.0 * all.flops / all.padded : 0.0);
+    if (compared) {
+        size_t worst = 0;
+        for (size_t i = 1; i < p->n; i++)
+            if (last_count[i] > last_count[worst])
+                worst = i;
+        double frac = (double)last_count[worst] / (double)compared;
+        double late = late_sum[worst] / (double)last_count[worst];
+        fprintf(f, "Last at the all-reduce: core %s/%d in %zu of %zu steps (%.0f%%), %.3f ms after the next latest%s\n",
+                p->c[worst].peer.host, p->c[worst].peer.core, last_count[worst], compared, 100.0 * frac, late / 1e6,
+                frac >= 0.5 && late >= 0.1 * period ? ": a straggler, the other cores wait for it" : "");
+    }
+    {
+        int top = CAT_INPUT;
+        for (int c = 1; c < NCAT; c++)
+            if (c != CAT_OPT && all.cat[c] > all.cat[top])
+                top = c;
+        static const char *const fix[NCAT] = {
+            "the input pipeline: cache() the dataset and prefetch(AUTOTUNE) so the next batch is ready",
+            "compute: use a bigger batch, in multiples of 128 per core, and the mixed_bfloat16 policy",
+            "the all-reduce: use a bigger batch (more compute per byte reduced) or more steps per execution",
+            "the optimizer", "idle time between steps: more steps per execution, and prefetch the input"};
+        fprintf(f, "Bottleneck: %s (%.0f%% of the step): %s\n", cat_names[top], 100.0 * all.cat[top] / all.period,
+                fix[top]);
+    }
+done:
+    for (size_t i = 0; rows && i < p->n; i++)
+        free(rows[i]);
+    free(rows);
+    free(cs);
+    free(nrows);
+    free(last_count);
+    free(late_sum);
+}
