@@ -694,115 +694,136 @@ static struct srow *core_rows(const struct pcore *c, size_t *nrows, struct csum 
     return rows;
 }
 
-void tpu_profile_print_overview(const tpu_profile *p, FILE *f)
-{
-    struct csum all = {0}, *cs = calloc(p->n ? p->n : 1, sizeof *cs);
-    struct srow **rows = calloc(p->n ? p->n : 1, sizeof *rows);
-    size_t *nrows = calloc(p->n ? p->n : 1, sizeof *nrows);
-    size_t *last_count = calloc(p->n ? p->n : 1, sizeof *last_count);
-    double *late_sum = calloc(p->n ? p->n : 1, sizeof *late_sum);
-    size_t compared = 0;
+static const char *const cat_fix[NCAT] = {
+    "the input pipeline: cache() the dataset and prefetch(AUTOTUNE) so the next batch is ready",
+    "compute: use a bigger batch, in multiples of 128 per core, and the mixed_bfloat16 policy",
+    "the all-reduce: use a bigger batch (more compute per byte reduced) or more steps per execution",
+    "the optimizer", "idle time between steps: more steps per execution, and prefetch the input"};
 
-    if (!cs || !rows || !nrows || !last_count || !late_sum) {
-        fprintf(f, "profile: out of memory for the overview\n");
+tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out)
+{
+    struct srow **rows = calloc(p->n ? p->n : 1, sizeof *rows);
+    size_t *nrows = calloc(p->n ? p->n : 1, sizeof *nrows), *last_count = calloc(p->n ? p->n : 1, sizeof(size_t));
+    double *late_sum = calloc(p->n ? p->n : 1, sizeof *late_sum);
+    struct csum all = {0}, cs;
+    size_t compared = 0;
+    tpu_status rc = TPU_OK;
+
+    memset(out, 0, sizeof *out);
+    out->straggler = -1;
+    out->bottleneck = "none";
+    out->advice = "capture while the model trains: no training step was in the capture";
+    if (!rows || !nrows || !last_count || !late_sum) {
+        rc = cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory for the profile's summary");
         goto done;
     }
-    fprintf(f, "Profile of %zu cores over %.1f ms (%zu events)\n", p->n, (double)(p->end - p->start) / 1e6,
-            tpu_profile_num_events(p));
-    fprintf(f, "%-14s %6s %9s %8s %8s %10s %9s %8s %6s %11s\n", "core", "steps", "step ms", "input", "compute",
-            "all-reduce", "optimizer", "idle", "MXU", "clock offset");
     for (size_t i = 0; i < p->n; i++) {
-        char name[96];
-        rows[i] = core_rows(&p->c[i], &nrows[i], &cs[i]);
-        snprintf(name, sizeof name, "%s/%d", p->c[i].peer.host, p->c[i].peer.core);
-        if (!cs[i].steps) {
-            fprintf(f, "%-14s %6s   (no training steps in the capture)\n", name, "0");
-            continue;
-        }
-        double k = 1.0 / (double)cs[i].steps;
-        fprintf(f, "%-14s %6zu %9.3f", name, cs[i].steps, cs[i].period * k / 1e6);
-        for (int c = 0; c < NCAT; c++) {
-            fprintf(f, " %*.1f%%", c == CAT_ALLREDUCE ? 9 : c == CAT_OPT ? 8 : 7, 100.0 * cs[i].cat[c] / cs[i].period);
-            all.cat[c] += cs[i].cat[c];
-        }
-        all.period += cs[i].period;
-        all.steps += cs[i].steps;
-        all.flops += cs[i].flops;
-        all.padded += cs[i].padded;
-        fprintf(f, " %5.1f%% %+7.0fus +-%.0fus\n", cs[i].padded > 0 ? 100.0 * cs[i].flops / cs[i].padded : 0.0,
-                (double)p->c[i].offset / 1e3, (double)p->c[i].err_ns / 1e3);
+        rows[i] = core_rows(&p->c[i], &nrows[i], &cs);
+        for (int c = 0; c < NCAT; c++)
+            all.cat[c] += cs.cat[c];
+        all.period += cs.period;
+        all.steps += cs.steps;
+        all.flops += cs.flops;
+        all.padded += cs.padded;
     }
-    if (!all.steps) {
-        fprintf(f, "No training step was captured: capture while the model trains (--duration-ms longer than a "
-                   "few steps).\n");
+    out->steps = all.steps;
+    out->mxu_utilization = all.padded > 0 ? all.flops / all.padded : 0;
+    if (!all.steps)
         goto done;
-    }
-    /* the straggler: who arrives last at each step's all-reduce */
-    if (p->n > 1 && rows[0]) {
-        for (size_t j = 0; j < nrows[0]; j++) {
-            uint64_t step = rows[0][j].step;
-            int64_t t[256];
-            size_t m = 0, who = 0;
-            for (size_t i = 0; i < p->n && i < 256; i++) {
-                struct srow *r = rows[i] ? find_row(rows[i], nrows[i], step) : NULL;
-                if (!r || r->ar_start == INT64_MIN)
-                    break;
-                t[m++] = r->ar_start;
-            }
-            if (m != p->n)
-                continue;
-            int64_t first = t[0], mx = t[0];
-            for (size_t i = 1; i < m; i++) {
-                if (t[i] > mx)
-                    mx = t[i], who = i;
-                if (t[i] < first)
-                    first = t[i];
-            }
-            /* late by: after the one that arrived just before it */
-            int64_t second = first;
-            for (size_t i = 0; i < m; i++)
-                if (i != who && t[i] > second)
-                    second = t[i];
-            last_count[who]++;
-            late_sum[who] += (double)(mx - second);
-            compared++;
-        }
-    }
-    double period = all.period / (double)all.steps;
-    fprintf(f, "%-14s %6zu %9.3f", "all cores", all.steps, period / 1e6);
+    out->step_ms = all.period / (double)all.steps / 1e6;
     for (int c = 0; c < NCAT; c++)
-        fprintf(f, " %*.1f%%", c == CAT_ALLREDUCE ? 9 : c == CAT_OPT ? 8 : 7, 100.0 * all.cat[c] / all.period);
-    fprintf(f, " %5.1f%%\n", all.padded > 0 ? 100.0 * all.flops / all.padded : 0.0);
+        out->fraction[c] = all.cat[c] / all.period;
+    /* who arrives last at each step's all-reduce, and after the next latest by how much */
+    for (size_t j = 0; p->n > 1 && rows[0] && j < nrows[0]; j++) {
+        int64_t mx = INT64_MIN, second = INT64_MIN;
+        size_t who = 0, m = 0;
+        for (size_t i = 0; i < p->n; i++) {
+            struct srow *r = rows[i] ? find_row(rows[i], nrows[i], rows[0][j].step) : NULL;
+            if (!r || r->ar_start == INT64_MIN)
+                break;
+            if (r->ar_start > mx) {
+                second = mx;
+                mx = r->ar_start;
+                who = i;
+            } else if (r->ar_start > second) {
+                second = r->ar_start;
+            }
+            m++;
+        }
+        if (m != p->n)
+            continue;
+        last_count[who]++;
+        late_sum[who] += (double)(mx - second);
+        compared++;
+    }
     if (compared) {
         size_t worst = 0;
         for (size_t i = 1; i < p->n; i++)
             if (last_count[i] > last_count[worst])
                 worst = i;
-        double frac = (double)last_count[worst] / (double)compared;
-        double late = late_sum[worst] / (double)last_count[worst];
-        fprintf(f, "Last at the all-reduce: core %s/%d in %zu of %zu steps (%.0f%%), %.3f ms after the next latest%s\n",
-                p->c[worst].peer.host, p->c[worst].peer.core, last_count[worst], compared, 100.0 * frac, late / 1e6,
-                frac >= 0.5 && late >= 0.1 * period ? ": a straggler, the other cores wait for it" : "");
+        out->last_core = (int)worst;
+        out->last_share = (double)last_count[worst] / (double)compared;
+        out->last_by_ms = late_sum[worst] / (double)last_count[worst] / 1e6;
+        if (out->last_share >= 0.5 && out->last_by_ms >= 0.1 * out->step_ms)
+            out->straggler = (int)worst;
     }
     {
         int top = CAT_INPUT;
         for (int c = 1; c < NCAT; c++)
             if (c != CAT_OPT && all.cat[c] > all.cat[top])
                 top = c;
-        static const char *const fix[NCAT] = {
-            "the input pipeline: cache() the dataset and prefetch(AUTOTUNE) so the next batch is ready",
-            "compute: use a bigger batch, in multiples of 128 per core, and the mixed_bfloat16 policy",
-            "the all-reduce: use a bigger batch (more compute per byte reduced) or more steps per execution",
-            "the optimizer", "idle time between steps: more steps per execution, and prefetch the input"};
-        fprintf(f, "Bottleneck: %s (%.0f%% of the step): %s\n", cat_names[top], 100.0 * all.cat[top] / all.period,
-                fix[top]);
+        out->bottleneck = cat_names[top];
+        out->advice = cat_fix[top];
     }
 done:
     for (size_t i = 0; rows && i < p->n; i++)
         free(rows[i]);
     free(rows);
-    free(cs);
     free(nrows);
     free(last_count);
     free(late_sum);
+    return rc;
+}
+
+void tpu_profile_print_overview(const tpu_profile *p, FILE *f)
+{
+    tpu_profile_summary sum;
+    fprintf(f, "Profile of %zu cores over %.1f ms (%zu events)\n", p->n, (double)(p->end - p->start) / 1e6,
+            tpu_profile_num_events(p));
+    fprintf(f, "%-14s %6s %9s %8s %8s %10s %9s %8s %6s %s\n", "core", "steps", "step ms", "input", "compute",
+            "all-reduce", "optimizer", "idle", "MXU", "clock offset");
+    for (size_t i = 0; i < p->n; i++) {
+        char name[96];
+        struct csum cs;
+        size_t nr;
+        free(core_rows(&p->c[i], &nr, &cs));
+        snprintf(name, sizeof name, "%s/%d", p->c[i].peer.host, p->c[i].peer.core);
+        if (!cs.steps) {
+            fprintf(f, "%-14s %6s   (no training steps in the capture)\n", name, "0");
+            continue;
+        }
+        fprintf(f, "%-14s %6zu %9.3f", name, cs.steps, cs.period / (double)cs.steps / 1e6);
+        for (int c = 0; c < NCAT; c++)
+            fprintf(f, " %*.1f%%", c == CAT_ALLREDUCE ? 9 : c == CAT_OPT ? 8 : 7, 100.0 * cs.cat[c] / cs.period);
+        fprintf(f, " %5.1f%% %+7.0fus +-%.0fus\n", cs.padded > 0 ? 100.0 * cs.flops / cs.padded : 0.0,
+                (double)p->c[i].offset / 1e3, (double)p->c[i].err_ns / 1e3);
+    }
+    if (tpu_profile_summarize(p, &sum) != TPU_OK || !sum.steps) {
+        fprintf(f, "No training step was captured: %s.\n", sum.advice);
+        return;
+    }
+    fprintf(f, "%-14s %6zu %9.3f", "all cores", sum.steps, sum.step_ms);
+    for (int c = 0; c < NCAT; c++)
+        fprintf(f, " %*.1f%%", c == CAT_ALLREDUCE ? 9 : c == CAT_OPT ? 8 : 7, 100.0 * sum.fraction[c]);
+    fprintf(f, " %5.1f%%\n", 100.0 * sum.mxu_utilization);
+    if (p->n > 1 && sum.last_share > 0)
+        fprintf(f, "Last at the all-reduce: core %s/%d in %.0f%% of the steps, %.3f ms after the next latest%s\n",
+                p->c[sum.last_core].peer.host, p->c[sum.last_core].peer.core, 100.0 * sum.last_share,
+                sum.last_by_ms, sum.straggler >= 0 ? ": a straggler, the other cores wait for it" : "");
+    fprintf(f, "Bottleneck: %s (%.0f%% of the step): %s\n", sum.bottleneck,
+            100.0 * sum.fraction[strcmp(sum.bottleneck, "input") == 0        ? CAT_INPUT
+                                 : strcmp(sum.bottleneck, "compute") == 0    ? CAT_COMPUTE
+                                 : strcmp(sum.bottleneck, "all-reduce") == 0 ? CAT_ALLREDUCE
+                                                                             : CAT_IDLE],
+            sum.advice);
 }

@@ -138,7 +138,7 @@ static int configure(struct worker *w, int argc, char **argv)
 {
     const char *resolver = NULL, *listen = NULL, *advertise = NULL, *host_id = NULL;
     const char *tpu_type = NULL, *token_file = NULL, *log_level = NULL, *transport = NULL;
-    long long core = -1, hbm_bytes = 0, trace_events = TRACE_DEFAULT_EVENTS;
+    long long core = -1, hbm_bytes = 0, trace_events = TRACE_DEFAULT_EVENTS, throttle = 100;
     int insecure = 0, first, rc, lvl;
     char hostname[256];
     err e;
@@ -165,6 +165,9 @@ static int configure(struct worker *w, int argc, char **argv)
         {"trace-events", "TPUEMU_TRACE_EVENTS", OPT_INT, "65536", 0, TRACE_MAX_EVENTS, "N",
          "events the profiler's ring keeps (about 100 bytes each); 0 turns recording off",
          &trace_events},
+        {"throttle-pct", "TPUEMU_THROTTLE_PCT", OPT_INT, "100", 1, 100, "PCT",
+         "run this core's training compute at PCT% of its speed (a slower or throttled chip: the "
+         "straggler the profiler should find)", &throttle},
         {"token-file", "TPUEMU_TOKEN_FILE", OPT_STRING, NULL, 0, 0, "FILE",
          "file holding the cluster token (else $TPUEMU_TOKEN)", &token_file},
         {"insecure", "TPUEMU_INSECURE", OPT_BOOL, NULL, 0, 0, NULL,
@@ -250,6 +253,7 @@ static int configure(struct worker *w, int argc, char **argv)
     }
     w->core = (int)core;
     w->trace_cap = (size_t)trace_events;
+    w->throttle_pct = (int)throttle;
     hbm_init(&w->hbm, hbm_bytes > 0 ? (uint64_t)hbm_bytes : w->preset->hbm_per_core);
     return 0;
 }

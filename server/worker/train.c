@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <uv.h>
 #if defined(__SSE__)
@@ -463,6 +464,12 @@ static void pool_step(uv_work_t *req)
         s->correct = mt.correct;
         s->rows = rows;
         s->step = r->first_step + i;
+        if (t->w->throttle_pct < 100) { /* a slower chip: the step takes 100/pct as long */
+            uint64_t spent = uv_hrtime() - c0, extra = spent * (uint64_t)(100 - t->w->throttle_pct) /
+                                                        (uint64_t)t->w->throttle_pct;
+            struct timespec ts = {(time_t)(extra / 1000000000u), (long)(extra % 1000000000u)};
+            nanosleep(&ts, NULL);
+        }
         r->st0[i] = c0;
         r->st1[i] = uv_hrtime();
         s->compute_ns = r->st1[i] - c0;

@@ -54,6 +54,7 @@ struct worker {
     /* the profiler's event ring (trace.h) */
     struct trace *trace;
     size_t trace_cap;
+    int throttle_pct;         /* --throttle-pct: training compute runs at this % of its speed */
 
     struct heartbeat hb;
     struct control ctl;

@@ -63,6 +63,30 @@ TPU_API tpu_status tpu_profile_core_info(const tpu_profile *p, size_t i, tpu_pro
  * chunk's send to its receive. The file's path goes to path. */
 TPU_API tpu_status tpu_profile_write(const tpu_profile *p, const char *logdir, char *path, size_t n);
 
+/* Where the average step's time went, over every core and captured step:
+ * fraction[] of the step in input (the core waited for infeed), compute
+ * (forward and backward), all-reduce (gradients, including waiting for the
+ * other cores), optimizer and idle (the rest of the step's period); the MXU
+ * utilization of the matmuls after padding their shapes to the MXU (rows to
+ * 8, the other dimensions to 128); the core (index into the profile's cores)
+ * that arrives last at the all-reduce most often, how often and by how much
+ * after the next latest on average, and whether that makes it a straggler
+ * (last in at least half of the steps by at least a tenth of a step); the
+ * bottleneck ("input", "compute", "all-reduce" or "idle") with its fix. */
+enum { TPU_PROFILE_INPUT, TPU_PROFILE_COMPUTE, TPU_PROFILE_ALLREDUCE, TPU_PROFILE_OPTIMIZER, TPU_PROFILE_IDLE };
+typedef struct tpu_profile_summary {
+    size_t steps;            /* core-steps with a full period in the capture */
+    double step_ms;
+    double fraction[5];
+    double mxu_utilization;
+    int last_core;
+    double last_share, last_by_ms;
+    int straggler;           /* -1: none */
+    const char *bottleneck;  /* static strings */
+    const char *advice;
+} tpu_profile_summary;
+TPU_API tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out);
+
 /* The average step on each core, split into input (infeed wait), compute,
  * all-reduce, optimizer and idle; MXU utilization; the core that arrives
  * last at the all-reduce. */
