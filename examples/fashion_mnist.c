@@ -171,7 +171,8 @@ int main(int argc, char **argv)
     if (tpu_model_fit(model, train, &fo, NULL) != TPU_OK)
         return fail("training");
     if (*tpu_callback_profiler_dir(&cbs[1]))
-        printf("profile of batches 10-20: %s/steps.json\n", tpu_callback_profiler_dir(&cbs[1]));
+        printf("profile of batches 10-20 in %s (open the .trace.json.gz in chrome://tracing or Perfetto)\n",
+               tpu_callback_profiler_dir(&cbs[1]));
 
     double loss, accuracy;
     if (tpu_model_evaluate(model, test, &loss, &accuracy) != TPU_OK)

@@ -1,6 +1,7 @@
 /* The built-in callbacks of fit: Keras' progress bar, ModelCheckpoint, and
  * the profiler hook (TensorBoard's profile_batch range). */
 #include "model_int.h"
+#include "profile_int.h"
 
 #include <errno.h>
 #include <math.h>
@@ -173,7 +174,9 @@ struct prof {
     uint64_t first, last, seen; /* batches since train begin, 1-based */
     tpu_step_stats *steps;
     size_t n, cap;
-    char dir[4096];
+    uint64_t step_first, step_last; /* the global steps of those batches */
+    int64_t t_begin;                /* CLOCK_MONOTONIC ns when training began */
+    char dir[4700];
     int written;
 };
 
@@ -185,33 +188,34 @@ static void prof_free(void *user)
     free(p);
 }
 
-static int mkdirs(char *path)
-{
-    for (char *s = path + 1; *s; s++)
-        if (*s == '/') {
-            *s = '\0';
-            if (mkdir(path, 0755) < 0 && errno != EEXIST) {
-                *s = '/';
-                return -1;
-            }
-            *s = '/';
-        }
-    return mkdir(path, 0755) < 0 && errno != EEXIST ? -1 : 0;
-}
-
 static tpu_status prof_write(struct prof *p, tpu_model *m)
 {
-    char run[64], file[4200];
-    time_t now = time(NULL);
-    struct tm tm;
+    char file[4700 - 32];
+    tpu_profile *pr;
     FILE *f;
     double sum[7] = {0};
-    gmtime_r(&now, &tm);
-    strftime(run, sizeof run, "%Y_%m_%d_%H_%M_%S", &tm);
-    snprintf(p->dir, sizeof p->dir, "%s/plugins/profile/%s", p->logdir, run);
-    if (mkdirs(p->dir) < 0)
-        return cli_failf(TPU_PERMISSION_DENIED, "profiler: cannot create %s: %s", p->dir, strerror(errno));
-    snprintf(file, sizeof file, "%s/steps.json", p->dir);
+    char *slash;
+    p->written = 1;
+    /* every core's events of those steps: the trace, and the overview */
+    if (tpu_profile_capture(m->s->c, 0, &pr) != TPU_OK)
+        return tpu_last_status();
+    profile_keep_steps(pr, p->step_first, p->step_last, p->t_begin);
+    if (tpu_profile_write(pr, p->logdir, file, sizeof file) != TPU_OK) {
+        tpu_profile_free(pr);
+        return tpu_last_status();
+    }
+    printf("Profile of batches %llu-%llu (steps %llu-%llu):\n", (unsigned long long)p->first,
+           (unsigned long long)p->last, (unsigned long long)p->step_first, (unsigned long long)p->step_last);
+    tpu_profile_print_overview(pr, stdout);
+    printf("Trace: %s\n", file);
+    fflush(stdout);
+    tpu_profile_free(pr);
+    if ((slash = strrchr(file, '/')))
+        *slash = '\0';
+    snprintf(p->dir, sizeof p->dir, "%s", file);
+    if (strlen(file) + 12 > sizeof file)
+        return cli_failf(TPU_INVALID_ARGUMENT, "profiler: the log directory's path is too long");
+    memcpy(file + strlen(file), "/steps.json", 12);
     if (!(f = fopen(file, "w")))
         return cli_failf(TPU_PERMISSION_DENIED, "profiler: cannot write %s: %s", file, strerror(errno));
     fprintf(f, "{\"model_params\": %zu, \"replicas\": %zu, \"first_batch\": %llu, \"last_batch\": %llu, \"steps\": [",
@@ -234,17 +238,19 @@ static tpu_status prof_write(struct prof *p, tpu_model *m)
             sum[0] * k, sum[1] * k, sum[2] * k, sum[3] * k, sum[4] * k, sum[5] * k, sum[6] * k);
     if (fclose(f) != 0)
         return cli_failf(TPU_UNAVAILABLE, "profiler: writing %s failed: %s", file, strerror(errno));
-    p->written = 1;
     return TPU_OK;
 }
 
 static tpu_status prof_batch_end(tpu_model *m, int epoch, size_t batch, const tpu_logs *l, void *user)
 {
     struct prof *p = user;
-    (void)epoch, (void)batch, (void)l;
+    (void)epoch, (void)batch;
     p->seen += m->co.steps_per_execution;
     if (p->written || p->seen < p->first)
         return TPU_OK;
+    if (!p->step_first)
+        p->step_first = l->step + 1 > m->co.steps_per_execution ? l->step + 1 - m->co.steps_per_execution : 1;
+    p->step_last = l->step;
     if (p->n == p->cap) {
         size_t cap = p->cap ? 2 * p->cap : 64;
         tpu_step_stats *ns = realloc(p->steps, cap * sizeof *ns);
@@ -255,6 +261,16 @@ static tpu_status prof_batch_end(tpu_model *m, int epoch, size_t batch, const tp
     }
     p->steps[p->n++] = m->last;
     return p->seen >= p->last ? prof_write(p, m) : TPU_OK;
+}
+
+static tpu_status prof_train_begin(tpu_model *m, void *user)
+{
+    struct prof *p = user;
+    struct timespec ts;
+    (void)m;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    p->t_begin = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    return TPU_OK;
 }
 
 static tpu_status prof_train_end(tpu_model *m, const tpu_logs *l, void *user)
@@ -279,6 +295,7 @@ tpu_status tpu_callback_profiler(const char *logdir, uint64_t first, uint64_t la
     }
     p->first = first;
     p->last = last;
+    cb->on_train_begin = prof_train_begin;
     cb->on_batch_end = prof_batch_end;
     cb->on_train_end = prof_train_end;
     cb->destroy = prof_free;

@@ -23,6 +23,7 @@
 #include "coll.h"
 #include "dpauth.h"
 #include "frame.h"
+#include "profile_int.h"
 
 #define KIND(k) TPUEMU__FRAME_KIND__FRAME_##k
 #define TK(k) TPUEMU__TRACE_KIND__TRACE_##k
@@ -826,4 +827,33 @@ void tpu_profile_print_overview(const tpu_profile *p, FILE *f)
                                  : strcmp(sum.bottleneck, "all-reduce") == 0 ? CAT_ALLREDUCE
                                                                              : CAT_IDLE],
             sum.advice);
+}
+
+void profile_keep_steps(tpu_profile *p, uint64_t first, uint64_t last, int64_t since_ns)
+{
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    for (size_t i = 0; i < p->n; i++)
+        for (size_t j = 0; j < p->c[i].n; j++) {
+            const struct pev *e = &p->c[i].ev[j];
+            if (e->step < first || e->step > last || e->t0 < since_ns)
+                continue;
+            if ((e->kind == TK(STEP) || e->kind == TK(INFEED_WAIT)) && e->t0 < lo)
+                lo = e->t0;
+            if (e->kind == TK(STEP) && e->t0 + (int64_t)e->dur > hi)
+                hi = e->t0 + (int64_t)e->dur;
+        }
+    if (lo > hi)
+        lo = hi = p->end;
+    for (size_t i = 0; i < p->n; i++) {
+        struct pcore *pc = &p->c[i];
+        size_t k = 0;
+        for (size_t j = 0; j < pc->n; j++) {
+            const struct pev *e = &pc->ev[j];
+            if (e->t0 >= lo && e->t0 + (int64_t)e->dur <= hi)
+                pc->ev[k++] = *e;
+        }
+        pc->n = k;
+    }
+    p->start = lo;
+    p->end = hi;
 }

@@ -186,10 +186,11 @@ TPU_API tpu_status tpu_callback_progress(FILE *out, tpu_callback *cb);
 /* ModelCheckpoint: saves to path (atomically) after every epoch, or every
  * save_every_steps steps when that is > 0. */
 TPU_API tpu_status tpu_callback_checkpoint(const char *path, uint64_t save_every_steps, tpu_callback *cb);
-/* TensorBoard(log_dir, profile_batch='first,last'): records the steps of
- * batches first..last (1-based, counted from the start of training, as
- * Keras counts them) and writes them under logdir/plugins/profile/RUN/ when
- * the range is done. */
+/* TensorBoard(log_dir, profile_batch='first,last'): when batch last (1-based,
+ * counted from the start of training, as Keras counts them) is done, reads
+ * every core's events of batches first..last (tpuemu/profile.h), writes the
+ * trace to logdir/plugins/profile/RUN/HOST.trace.json.gz and the client's
+ * per-step times to steps.json beside it, and prints the overview. */
 TPU_API tpu_status tpu_callback_profiler(const char *logdir, uint64_t first, uint64_t last, tpu_callback *cb);
 /* The run directory the profiler callback wrote ("" before it wrote one). */
 TPU_API const char *tpu_callback_profiler_dir(const tpu_callback *cb);
