@@ -153,7 +153,10 @@ static int post_next(struct run *u, err *e)
     ss.rows = rows;
     ss.global_rows = grows;
     ss.has_labels = u->mode != TPUEMU__STEP_MODE__STEP_PREDICT;
+    /* after the steps of the executions still in flight */
     ss.first_step = m->step + 1;
+    for (size_t i = 0; u->mode == TPUEMU__STEP_MODE__STEP_TRAIN && i < u->inflight; i++)
+        ss.first_step += u->ex[(u->head + i) % u->depth].nb;
     if (u->mode == TPUEMU__STEP_MODE__STEP_TRAIN) {
         ss.coll_seq = k->next_seq;
         k->next_seq += x->nb;

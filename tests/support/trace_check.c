@@ -240,9 +240,9 @@ static int check_event(ctx *c, size_t i, const json *e, struct trace_check_stats
         const char *field = k == 1 ? "labels" : (k == 0 || k == 3) ? "name" : "sort_index";
         const json *a = json_get(args, field);
         long long si;
-        if (!strcmp(field, "sort_index") ? json_int(a, &si) != 0 : !json_is(a, JSON_STRING))
-            return bad(c, "event %zu: %s needs args.%s (%s)", i, name, field,
-                       strcmp(field, "sort_index") ? "a string" : "an integer");
+        int want_int = k == 2 || k == 4;
+        if (want_int ? json_int(a, &si) != 0 : !json_is(a, JSON_STRING))
+            return bad(c, "event %zu: %s needs args.%s (%s)", i, name, field, want_int ? "an integer" : "a string");
         if (k == 0)
             APPEND(c, named_p, n_named_p, c_named_p, ((thr){pid, 0, i}));
         if (k == 3)
