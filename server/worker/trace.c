@@ -94,8 +94,15 @@ int trace_fetch(const trace *t, uint64_t since, uint64_t until, uint32_t max, ui
     if (max > TRACE_MAX_FETCH)
         max = TRACE_MAX_FETCH;
     if (t && t->cap && max) {
-        evs = calloc(max, sizeof *evs);
-        ptrs = calloc(max, sizeof *ptrs);
+        size_t want = 0; /* what matches, so a small answer allocates little */
+        for (uint64_t i = first; i < t->head && want <= max; i++) {
+            const struct trace_ev *e = &t->ev[i % t->cap];
+            want += !(e->t0 + e->dur < since || (until && e->t0 >= until));
+        }
+        if (want > max)
+            want = max;
+        evs = calloc(want + 1, sizeof *evs);
+        ptrs = calloc(want + 1, sizeof *ptrs);
         if (!evs || !ptrs) {
             rc = CODE_RESOURCE_EXHAUSTED;
             goto done;
@@ -104,7 +111,7 @@ int trace_fetch(const trace *t, uint64_t since, uint64_t until, uint32_t max, ui
             const struct trace_ev *e = &t->ev[i % t->cap];
             if (e->t0 + e->dur < since || (until && e->t0 >= until))
                 continue;
-            if (n == max) {
+            if (n == want) {
                 *truncated = 1;
                 break;
             }

@@ -169,7 +169,7 @@ Test(profile, slowed_core_is_the_straggler, .timeout = 120)
     }
     ct_reinit(t);
     cr_assert_eq(t->n, 3);
-    tpu_model *m = train(t, 384, 256, 1);
+    tpu_model *m = train(t, 384, 256, 6); /* 12 steps: enough all-reduces to tell */
     tpu_profile *p;
     tpu_profile_summary sum;
     tpu_profile_core pc;

@@ -395,7 +395,7 @@ void link_trace_done(struct link *l, const struct lop *op)
     ev.coll_step = op->step;
     ev.chunk = op->chunk;
     ev.peer = l->replica;
-    snprintf(ev.algo, sizeof ev.algo, "%s", l->tx || l->rx ? "shm" : "tcp");
+    memcpy(ev.algo, l->tx || l->rx ? "shm" : "tcp", 4);
     trace_add(t, &ev);
 }
 
