@@ -695,6 +695,39 @@ static struct srow *core_rows(const struct pcore *c, size_t *nrows, struct csum 
     return rows;
 }
 
+size_t profile_core_steps(const tpu_profile *p, size_t i, struct profile_step **out)
+{
+    struct csum cs;
+    size_t n = 0;
+    struct srow *rows = i < p->n ? core_rows(&p->c[i], &n, &cs) : NULL;
+    struct profile_step *s = rows ? calloc(n, sizeof *s) : NULL;
+
+    *out = NULL;
+    if (!s) {
+        free(rows);
+        return 0;
+    }
+    for (size_t j = 0; j < n; j++) {
+        double busy = 0;
+        s[j].step = rows[j].step;
+        for (int k = 0; k < NCAT - 1; k++) {
+            s[j].part_ms[k] = rows[j].cat[k] / 1e6;
+            busy += rows[j].cat[k];
+        }
+        s[j].has_period = j > 0 && rows[j].step == rows[j - 1].step + 1;
+        if (s[j].has_period) {
+            double period = (double)(rows[j].end - rows[j - 1].end);
+            s[j].start_ms = (double)(rows[j - 1].end - p->start) / 1e6;
+            s[j].part_ms[CAT_IDLE] = period > busy ? (period - busy) / 1e6 : 0;
+        } else {
+            s[j].start_ms = ((double)(rows[j].end - p->start) - busy) / 1e6;
+        }
+    }
+    free(rows);
+    *out = s;
+    return n;
+}
+
 static const char *const cat_fix[NCAT] = {
     "the input pipeline: cache() the dataset and prefetch(AUTOTUNE) so the next batch is ready",
     "compute: use a bigger batch, in multiples of 128 per core, and the mixed_bfloat16 policy",
