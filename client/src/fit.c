@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define KIND(k) TPUEMU__FRAME_KIND__FRAME_##k
 #define HISTORY_MAX 100000
@@ -117,6 +118,7 @@ static int post_next(struct run *u, err *e)
     size_t spe = u->mode == TPUEMU__STEP_MODE__STEP_PREDICT ? 1 : u->spe;
     tpu_status st;
 
+    uint64_t input_start = now_ns();
     x->nb = 0;
     x->input_wait_ns = 0;
     while (x->nb < spe) {
@@ -190,6 +192,11 @@ static int post_next(struct run *u, err *e)
             x->ans[r].dst = u->out + (u->out_put + first) * u->units;
             x->ans[r].dst_cap = cnt * u->units * sizeof(float);
         }
+        /* the client's part, for the profiler: sent to the first replica only */
+        ss.client_input_start_ns = r == 0 ? input_start : 0;
+        ss.client_input_wait_ns = r == 0 ? x->input_wait_ns : 0;
+        ss.client_post_ns = r == 0 ? now_ns() : 0;
+        ss.client_pid = r == 0 ? (uint32_t)getpid() : 0;
         if (tio_post(c, r, &h, sg, ns, &x->ans[r], e) != CODE_OK) {
             exec_release(u, x);
             tio_abort(c);

@@ -32,6 +32,8 @@
 #define PROF_MAX_ROUNDS 64            /* fetches of one read before giving up on a flood */
 #define PROF_MAX_PAYLOAD (64u << 20)
 #define PROF_IO_MS 5000u
+#define PROF_HBM_TIGHT 0.9            /* HBM peak over capacity that makes memory the bottleneck */
+#define PROF_MXU_GOOD 0.9             /* utilization below which a layer's padding is named */
 
 struct pev {
     uint32_t kind, layer, op, cstep, chunk;
@@ -46,6 +48,9 @@ struct pcore {
     int replica;
     char tpu_type[16];
     int64_t offset;                   /* worker - client, ns */
+    uint64_t hbm_used, hbm_peak, hbm_cap;
+    double peak_flops, hbm_bw, ici_bw; /* the real generation's, per device */
+    unsigned mxu_dim;
     uint64_t err_ns, dropped, since_w, seq;
     struct pev *ev;
     size_t n, cap;
@@ -136,6 +141,19 @@ lost:
                    pc->peer.addr, e->msg);
 }
 
+static void keep_info(struct pcore *pc, const Tpuemu__ProfileInfo *pi)
+{
+    pc->replica = pi->replica;
+    snprintf(pc->tpu_type, sizeof pc->tpu_type, "%s", pi->tpu_type ? pi->tpu_type : "");
+    pc->hbm_used = pi->hbm_used;
+    pc->hbm_peak = pi->hbm_peak;
+    pc->hbm_cap = pi->hbm_capacity;
+    pc->peak_flops = pi->peak_bf16_flops;
+    pc->hbm_bw = pi->hbm_bandwidth;
+    pc->ici_bw = pi->ici_bandwidth;
+    pc->mxu_dim = pi->mxu_dim ? pi->mxu_dim : 128;
+}
+
 static int sync_clock(struct pcore *pc, err *e)
 {
     uint64_t best = UINT64_MAX;
@@ -150,8 +168,7 @@ static int sync_clock(struct pcore *pc, err *e)
             best = (uint64_t)(t1 - t0);
             pc->offset = (int64_t)pi->now_ns - (t0 + (t1 - t0) / 2);
         }
-        pc->replica = pi->replica;
-        snprintf(pc->tpu_type, sizeof pc->tpu_type, "%s", pi->tpu_type ? pi->tpu_type : "");
+        keep_info(pc, pi);
         tpuemu__profile_info__free_unpacked(pi, NULL);
         if (ev)
             tpuemu__trace_events__free_unpacked(ev, NULL);
@@ -213,6 +230,7 @@ static int drain(struct pcore *pc, int64_t end, err *e)
         more = pi->truncated;
         if (pi->oldest_ns > pc->since_w && pi->dropped)
             pc->dropped = pi->dropped; /* the ring overwrote some of what we asked for */
+        keep_info(pc, pi);
         tpuemu__profile_info__free_unpacked(pi, NULL);
         if (ev) {
             rc = add_events(pc, ev, end);
@@ -354,6 +372,10 @@ tpu_status tpu_profile_core_info(const tpu_profile *p, size_t i, tpu_profile_cor
     out->clock_error_ns = pc->err_ns;
     out->events = pc->n;
     out->dropped = pc->dropped;
+    out->tpu_type = pc->tpu_type;
+    out->hbm_used = pc->hbm_used;
+    out->hbm_peak = pc->hbm_peak;
+    out->hbm_capacity = pc->hbm_cap;
     return TPU_OK;
 }
 
@@ -482,6 +504,8 @@ static void write_event(gzFile f, const tpu_profile *p, const struct pev *e, int
     case TK(SEND): snprintf(name, sizeof name, "send to replica %d", e->peer); cat = "chunk"; break;
     case TK(RECV): snprintf(name, sizeof name, "recv from replica %d", e->peer); cat = "chunk"; break;
     case TK(EVAL): snprintf(name, sizeof name, "eval step %" PRIu64, e->step); break;
+    case TK(CLIENT_INPUT): snprintf(name, sizeof name, "dataset wait"); cat = "input"; break;
+    case TK(CLIENT_INFEED): snprintf(name, sizeof name, "infeed from step %" PRIu64, e->step); cat = "infeed"; break;
     default: snprintf(name, sizeof name, "event %u", e->kind); cat = "other"; break;
     }
     gzprintf(f, "%s\n{\"ph\":\"X\",\"cat\":\"%s\",\"name\":", *first ? "" : ",", cat);
@@ -495,6 +519,8 @@ static void write_event(gzFile f, const tpu_profile *p, const struct pev *e, int
                  e->op < 3 ? mm_ops[e->op] : "?", e->m, e->n, e->k, fl, padded, fl / padded);
     } else if (e->kind == TK(ALLREDUCE)) {
         gzprintf(f, ",\"bytes\":%" PRIu64 ",\"collective\":%" PRIu64 ",\"replicas\":%d", e->bytes, e->seq, e->peer);
+    } else if (e->kind == TK(CLIENT_INFEED)) {
+        gzprintf(f, ",\"bytes\":%" PRIu64 ",\"to_replica\":0", e->bytes);
     } else if (e->kind == TK(SEND) || e->kind == TK(RECV)) {
         gzprintf(f, ",\"bytes\":%" PRIu64 ",\"collective\":%" PRIu64 ",\"algorithm_step\":%u,\"chunk\":%u,"
                     "\"peer_replica\":%d,\"transport\":\"%s\"",
@@ -517,6 +543,41 @@ static void write_meta(gzFile f, const char *what, int pid, int tid, const char 
         gzprintf(f, ",\"args\":{\"sort_index\":%d}}", sort);
     }
     *first = 0;
+}
+
+/* The training client's thread, as the first replica's core saw it: its
+ * waits for the dataset and each request's way from posting to the core,
+ * each drawn from when the previous one was done, as the chunks are. */
+static void write_client(gzFile f, const tpu_profile *p, int *first)
+{
+    int pid = 1, named = 0;
+    int64_t last[2] = {INT64_MIN, INT64_MIN};
+    for (size_t i = 0; i < p->n; i++)
+        if (host_index(p, i) + 2 > pid)
+            pid = host_index(p, i) + 2;
+    for (size_t i = 0; i < p->n; i++)
+        for (size_t j = 0; j < p->c[i].n; j++) {
+            const struct pev *e = &p->c[i].ev[j];
+            int d = e->kind == TK(CLIENT_INFEED);
+            if (e->kind != TK(CLIENT_INPUT) && !d)
+                continue;
+            if (!named) {
+                char nm[64];
+                snprintf(nm, sizeof nm, "client (pid %d)", e->peer);
+                write_meta(f, "process_name", pid, -1, nm, 0, first);
+                write_meta(f, "process_sort_index", pid, -1, NULL, pid, first);
+                write_meta(f, "thread_name", pid, 1, "dataset", 0, first);
+                write_meta(f, "thread_sort_index", pid, 1, NULL, 1, first);
+                write_meta(f, "thread_name", pid, 2, "infeed", 0, first);
+                write_meta(f, "thread_sort_index", pid, 2, NULL, 2, first);
+                named = 1;
+            }
+            int64_t t0 = e->t0 > last[d] ? e->t0 : last[d], end = e->t0 + (int64_t)e->dur;
+            if (end < t0)
+                end = t0;
+            write_event(f, p, e, pid, 1 + d, t0, (uint64_t)(end - t0), first);
+            last[d] = end;
+        }
 }
 
 tpu_status tpu_profile_write(const tpu_profile *p, const char *logdir, char *path, size_t pathn)
@@ -573,11 +634,12 @@ tpu_status tpu_profile_write(const tpu_profile *p, const char *logdir, char *pat
                 last[d] = end;
                 e->t0 = t0; /* where it was drawn: the flows bind there */
                 e->dur = (uint64_t)(end - t0);
-            } else {
+            } else if (e->kind != TK(CLIENT_INPUT) && e->kind != TK(CLIENT_INFEED)) {
                 write_event(f, p, e, pid, tid, e->t0, e->dur, &first);
             }
         }
     }
+    write_client(f, p, &first);
     /* flows: each chunk's send to its receive */
     for (size_t i = 0; i < p->n; i++) {
         const struct pcore *pc = &p->c[i];
@@ -604,6 +666,19 @@ tpu_status tpu_profile_write(const tpu_profile *p, const char *logdir, char *pat
     if (gzclose(f) != Z_OK)
         return cli_failf(TPU_UNAVAILABLE, "profile: writing %s failed", file);
     snprintf(path, pathn, "%s", file);
+    {
+        char ov[4400];
+        FILE *o;
+        tpu_status st;
+        snprintf(ov, sizeof ov, "%s/%s.overview.json", dir, host);
+        if (!(o = fopen(ov, "w")))
+            return cli_failf(TPU_PERMISSION_DENIED, "profile: cannot write %s: %s", ov, strerror(errno));
+        st = tpu_profile_write_overview_json(p, o);
+        if (fclose(o) != 0 && st == TPU_OK)
+            st = cli_failf(TPU_UNAVAILABLE, "profile: writing %s failed", ov);
+        if (st != TPU_OK)
+            return st;
+    }
     return TPU_OK;
 }
 
@@ -618,6 +693,10 @@ struct csum {
     size_t steps;
     double flops, padded;
     uint64_t first, last;
+    /* the roofline estimate on the real generation, summed over the rows */
+    size_t rows;
+    double est_mm, est_opt, est_ar; /* ns */
+    size_t est_ops, est_hbm_ops;
 };
 
 struct srow {
@@ -638,8 +717,21 @@ static struct srow *find_row(struct srow *rows, size_t n, uint64_t step)
     return bsearch(&key, rows, n, sizeof *rows, cmp_step);
 }
 
-/* The step rows of core c, sorted by step; NULL when it trained none. */
-static struct srow *core_rows(const struct pcore *c, size_t *nrows, struct csum *cs)
+/* The roofline time of one matmul on core c's real generation, ns; *hbm
+ * says whether its bytes take longer than its FLOPs. */
+static double est_matmul(const struct pcore *c, const struct pev *e, int *hbm)
+{
+    double flops = 2.0 * pad(e->m, 8) * pad(e->n, c->mxu_dim) * pad(e->k, c->mxu_dim);
+    double bytes = 2.0 * ((double)e->m * (double)e->k + (double)e->k * (double)e->n + (double)e->m * (double)e->n);
+    double tf = c->peak_flops > 0 ? flops / c->peak_flops * 1e9 : 0;
+    double tb = c->hbm_bw > 0 ? bytes / c->hbm_bw * 1e9 : 0;
+    *hbm = tb > tf;
+    return tb > tf ? tb : tf;
+}
+
+/* The step rows of core c (of n in the capture), sorted by step; NULL when
+ * it trained none. */
+static struct srow *core_rows(const struct pcore *c, size_t ncores, struct csum *cs, size_t *nrows)
 {
     size_t n = 0;
     struct srow *rows;
@@ -667,6 +759,18 @@ static struct srow *core_rows(const struct pcore *c, size_t *nrows, struct csum 
         }
         if (!r)
             continue;
+        if (e->kind == TK(MATMUL)) {
+            int hbm;
+            cs->est_mm += est_matmul(c, e, &hbm);
+            cs->est_ops++;
+            cs->est_hbm_ops += (size_t)hbm;
+        } else if (e->kind == TK(ALLREDUCE)) {
+            /* f32 weights, gradients and a slot read, weights and slot written */
+            if (c->hbm_bw > 0)
+                cs->est_opt += 5.0 * (double)e->bytes / c->hbm_bw * 1e9;
+            if (c->ici_bw > 0 && ncores > 1)
+                cs->est_ar += (double)e->bytes * 2.0 * (double)(ncores - 1) / (double)ncores / c->ici_bw * 1e9;
+        }
         if (e->kind == TK(INFEED_WAIT))
             r->cat[CAT_INPUT] += (double)e->dur;
         else if (e->kind == TK(FORWARD) || e->kind == TK(BACKWARD))
@@ -679,6 +783,7 @@ static struct srow *core_rows(const struct pcore *c, size_t *nrows, struct csum 
     }
     cs->first = rows[0].step;
     cs->last = rows[*nrows - 1].step;
+    cs->rows = *nrows;
     for (size_t i = 1; i < *nrows; i++) {
         double period, busy = 0;
         if (rows[i].step != rows[i - 1].step + 1)
@@ -699,7 +804,7 @@ size_t profile_core_steps(const tpu_profile *p, size_t i, struct profile_step **
 {
     struct csum cs;
     size_t n = 0;
-    struct srow *rows = i < p->n ? core_rows(&p->c[i], &n, &cs) : NULL;
+    struct srow *rows = i < p->n ? core_rows(&p->c[i], p->n, &cs, &n) : NULL;
     struct profile_step *s = rows ? calloc(n, sizeof *s) : NULL;
 
     *out = NULL;
@@ -734,6 +839,72 @@ static const char *const cat_fix[NCAT] = {
     "the all-reduce: use a bigger batch (more compute per byte reduced) or more steps per execution",
     "the optimizer", "idle time between steps: more steps per execution, and prefetch the input"};
 
+/* The layers' MXU utilization and what their padding costs, from the shape
+ * of their forward matmul: x (batch x inputs) times W (inputs x units). The
+ * weight gradient's inner dimension is the batch. */
+static void layers_of(const tpu_profile *p, tpu_profile_summary *out)
+{
+    struct lsum {
+        double flops, padded;
+        uint64_t batch, in, units;
+    } L[TPU_PROFILE_MAX_LAYERS] = {{0}};
+    size_t n = 0, used;
+    uint64_t small_batch = 0;
+
+    for (size_t i = 0; i < p->n; i++)
+        for (size_t j = 0; j < p->c[i].n; j++) {
+            const struct pev *e = &p->c[i].ev[j];
+            double padded, fl;
+            if (e->kind != TK(MATMUL) || e->layer >= TPU_PROFILE_MAX_LAYERS)
+                continue;
+            fl = mm_flops(e, &padded);
+            L[e->layer].flops += fl;
+            L[e->layer].padded += padded;
+            if (e->op == 0) {
+                L[e->layer].batch = e->m;
+                L[e->layer].in = e->k;
+                L[e->layer].units = e->n;
+            }
+            if (e->layer + 1 > n)
+                n = e->layer + 1;
+        }
+    out->num_layers = n;
+    out->mxu_advice[0] = '\0';
+    for (size_t l = 0; l < n; l++) {
+        tpu_profile_layer *y = &out->layers[l];
+        char *b = y->padding;
+        size_t cap = sizeof y->padding;
+        y->layer = (unsigned)l;
+        y->mxu_utilization = L[l].padded > 0 ? L[l].flops / L[l].padded : 0;
+        b[0] = '\0';
+        if (!L[l].units)
+            continue;
+        used = 0;
+#define LOSS(cond, ...)                                                                                      \
+    if ((cond) && used < cap)                                                                                \
+        used += (size_t)snprintf(b + used, cap - used, __VA_ARGS__);
+        LOSS(L[l].units % 128, "%s%" PRIu64 " units padded to %.0f (%.0f%%)", used ? "; " : "", L[l].units,
+             pad(L[l].units, 128), 100.0 * (double)L[l].units / pad(L[l].units, 128))
+        LOSS(L[l].in % 128, "%s%" PRIu64 " inputs padded to %.0f (%.0f%%)", used ? "; " : "", L[l].in,
+             pad(L[l].in, 128), 100.0 * (double)L[l].in / pad(L[l].in, 128))
+        LOSS(L[l].batch % 128, "%sthe weight gradient's K = per-core batch %" PRIu64 " padded to %.0f (%.0f%%)",
+             used ? "; " : "", L[l].batch, pad(L[l].batch, 128), 100.0 * (double)L[l].batch / pad(L[l].batch, 128))
+#undef LOSS
+        if (L[l].batch % 128 && (!small_batch || L[l].batch < small_batch))
+            small_batch = L[l].batch;
+    }
+    if (out->mxu_utilization >= PROF_MXU_GOOD || !n)
+        return;
+    if (small_batch && small_batch < 128)
+        snprintf(out->mxu_advice, sizeof out->mxu_advice,
+                 "the per-core batch of %" PRIu64 " is the weight-gradient matmuls' inner dimension K, padded to "
+                 "128: %.0f%% of the MXU does work there; use a per-core batch of 128 or a multiple of it",
+                 small_batch, 100.0 * (double)small_batch / 128.0);
+    else
+        snprintf(out->mxu_advice, sizeof out->mxu_advice,
+                 "layer widths and per-core batch in multiples of 128 fill the MXU: see the layers above");
+}
+
 tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out)
 {
     struct srow **rows = calloc(p->n ? p->n : 1, sizeof *rows);
@@ -752,16 +923,37 @@ tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out)
         goto done;
     }
     for (size_t i = 0; i < p->n; i++) {
-        rows[i] = core_rows(&p->c[i], &nrows[i], &cs);
+        rows[i] = core_rows(&p->c[i], p->n, &cs, &nrows[i]);
         for (int c = 0; c < NCAT; c++)
             all.cat[c] += cs.cat[c];
         all.period += cs.period;
         all.steps += cs.steps;
         all.flops += cs.flops;
         all.padded += cs.padded;
+        all.rows += cs.rows;
+        all.est_mm += cs.est_mm;
+        all.est_opt += cs.est_opt;
+        all.est_ar += cs.est_ar;
+        all.est_ops += cs.est_ops;
+        all.est_hbm_ops += cs.est_hbm_ops;
+        if (p->c[i].hbm_cap && (double)p->c[i].hbm_peak / (double)p->c[i].hbm_cap > out->hbm_peak_fraction) {
+            out->hbm_peak_fraction = (double)p->c[i].hbm_peak / (double)p->c[i].hbm_cap;
+            out->hbm_core = (int)i;
+        }
     }
     out->steps = all.steps;
     out->mxu_utilization = all.padded > 0 ? all.flops / all.padded : 0;
+    out->tpu_type = p->n ? p->c[0].tpu_type : "";
+    if (all.rows) {
+        double r = (double)all.rows;
+        out->est_matmul_ms = all.est_mm / r / 1e6;
+        out->est_optimizer_ms = all.est_opt / r / 1e6;
+        out->est_allreduce_ms = all.est_ar / r / 1e6;
+        out->est_step_ms = out->est_matmul_ms + out->est_optimizer_ms + out->est_allreduce_ms;
+        out->est_ops = (all.est_ops + all.rows / 2) / all.rows;
+        out->est_hbm_bound_ops = (all.est_hbm_ops + all.rows / 2) / all.rows;
+    }
+    layers_of(p, out);
     if (!all.steps)
         goto done;
     out->step_ms = all.period / (double)all.steps / 1e6;
@@ -798,10 +990,17 @@ tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out)
         out->last_core = (int)worst;
         out->last_share = (double)last_count[worst] / (double)compared;
         out->last_by_ms = late_sum[worst] / (double)last_count[worst] / 1e6;
-        if (out->last_share >= 0.5 && out->last_by_ms >= 0.1 * out->step_ms)
+        /* last in half of the steps and in 1.5 times its fair share (with 2
+         * cores one is always last), by a tenth of a step */
+        double share = 1.5 / (double)p->n > 0.5 ? 1.5 / (double)p->n : 0.5;
+        if (out->last_share >= share && out->last_by_ms >= 0.1 * out->step_ms)
             out->straggler = (int)worst;
     }
-    {
+    if (out->hbm_peak_fraction >= PROF_HBM_TIGHT) {
+        out->bottleneck = "memory";
+        out->advice = "memory: HBM is nearly full; use a smaller batch per core, or recompute activations in "
+                      "the backward pass instead of keeping them";
+    } else {
         int top = CAT_INPUT;
         for (int c = 1; c < NCAT; c++)
             if (c != CAT_OPT && all.cat[c] > all.cat[top])
@@ -819,6 +1018,18 @@ done:
     return rc;
 }
 
+#define GIB_D (1024.0 * 1024.0 * 1024.0)
+
+/* Keras's names: dense, dense_1, dense_2, ... */
+static const char *layer_name(size_t l)
+{
+    static _Thread_local char nm[32];
+    if (l == 0)
+        return "dense";
+    snprintf(nm, sizeof nm, "dense_%zu", l);
+    return nm;
+}
+
 void tpu_profile_print_overview(const tpu_profile *p, FILE *f)
 {
     tpu_profile_summary sum;
@@ -830,7 +1041,7 @@ void tpu_profile_print_overview(const tpu_profile *p, FILE *f)
         char name[96];
         struct csum cs;
         size_t nr;
-        free(core_rows(&p->c[i], &nr, &cs));
+        free(core_rows(&p->c[i], p->n, &cs, &nr));
         snprintf(name, sizeof name, "%s/%d", p->c[i].peer.host, p->c[i].peer.core);
         if (!cs.steps) {
             fprintf(f, "%-14s %6s   (no training steps in the capture)\n", name, "0");
@@ -854,12 +1065,132 @@ void tpu_profile_print_overview(const tpu_profile *p, FILE *f)
         fprintf(f, "Last at the all-reduce: core %s/%d in %.0f%% of the steps, %.3f ms after the next latest%s\n",
                 p->c[sum.last_core].peer.host, p->c[sum.last_core].peer.core, 100.0 * sum.last_share,
                 sum.last_by_ms, sum.straggler >= 0 ? ": a straggler, the other cores wait for it" : "");
-    fprintf(f, "Bottleneck: %s (%.0f%% of the step): %s\n", sum.bottleneck,
-            100.0 * sum.fraction[strcmp(sum.bottleneck, "input") == 0        ? CAT_INPUT
-                                 : strcmp(sum.bottleneck, "compute") == 0    ? CAT_COMPUTE
-                                 : strcmp(sum.bottleneck, "all-reduce") == 0 ? CAT_ALLREDUCE
-                                                                             : CAT_IDLE],
-            sum.advice);
+    for (size_t l = 0; l < sum.num_layers; l++)
+        if (sum.layers[l].mxu_utilization < PROF_MXU_GOOD && sum.layers[l].padding[0])
+            fprintf(f, "MXU of %-9s %5.1f%%: %s\n", layer_name(l), 100.0 * sum.layers[l].mxu_utilization,
+                    sum.layers[l].padding);
+    if (sum.mxu_advice[0])
+        fprintf(f, "MXU advice: %s\n", sum.mxu_advice);
+    if (p->c[sum.hbm_core].hbm_cap)
+        fprintf(f, "HBM: peak %.2f of %.2f GiB (%.1f%%) on core %s/%d\n",
+                (double)p->c[sum.hbm_core].hbm_peak / GIB_D, (double)p->c[sum.hbm_core].hbm_cap / GIB_D,
+                100.0 * sum.hbm_peak_fraction, p->c[sum.hbm_core].peer.host, p->c[sum.hbm_core].peer.core);
+    if (sum.est_step_ms > 0)
+        fprintf(f, "Estimate on a real %s (roofline, not a measurement): %.4f ms per step = matmuls %.4f ms "
+                   "(%zu ops, %zu bound by HBM bandwidth) + optimizer %.4f ms + all-reduce %.4f ms over ICI; "
+                   "measured here %.3f ms\n",
+                sum.tpu_type, sum.est_step_ms, sum.est_matmul_ms, sum.est_ops, sum.est_hbm_bound_ops,
+                sum.est_optimizer_ms, sum.est_allreduce_ms, sum.step_ms);
+    if (strcmp(sum.bottleneck, "memory") == 0)
+        fprintf(f, "Bottleneck: memory (HBM peak %.0f%% of capacity): %s\n", 100.0 * sum.hbm_peak_fraction,
+                sum.advice);
+    else
+        fprintf(f, "Bottleneck: %s (%.0f%% of the step): %s\n", sum.bottleneck,
+                100.0 * sum.fraction[strcmp(sum.bottleneck, "input") == 0        ? CAT_INPUT
+                                     : strcmp(sum.bottleneck, "compute") == 0    ? CAT_COMPUTE
+                                     : strcmp(sum.bottleneck, "all-reduce") == 0 ? CAT_ALLREDUCE
+                                                                                 : CAT_IDLE],
+                sum.advice);
+}
+
+static void fjstr(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; s && *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+static void fsplit(FILE *f, const double *part, double whole)
+{
+    static const char *const key[NCAT] = {"input", "compute", "all_reduce", "optimizer", "idle"};
+    fputc('{', f);
+    for (int c = 0; c < NCAT; c++)
+        fprintf(f, "%s\"%s\":%.6f", c ? "," : "", key[c], whole > 0 ? part[c] / whole : 0.0);
+    fputc('}', f);
+}
+
+static void fcore(FILE *f, const tpu_profile *p, int i)
+{
+    char nm[96];
+    snprintf(nm, sizeof nm, "%s/%d", p->c[i].peer.host, p->c[i].peer.core);
+    fjstr(f, nm);
+}
+
+tpu_status tpu_profile_write_overview_json(const tpu_profile *p, FILE *f)
+{
+    tpu_profile_summary sum;
+    tpu_status st = tpu_profile_summarize(p, &sum);
+    double one[NCAT];
+
+    if (st != TPU_OK)
+        return st;
+    fprintf(f, "{\"cores\":%zu,\"capture_ms\":%.3f,\"events\":%zu,\"steps\":%zu,\"step_ms\":%.6f,\"split\":",
+            p->n, (double)(p->end - p->start) / 1e6, tpu_profile_num_events(p), sum.steps, sum.step_ms);
+    for (int c = 0; c < NCAT; c++)
+        one[c] = sum.fraction[c];
+    fsplit(f, one, 1.0);
+    fprintf(f, ",\"mxu_utilization\":%.6f,\"layers\":[", sum.mxu_utilization);
+    for (size_t l = 0; l < sum.num_layers; l++) {
+        fprintf(f, "%s{\"name\":", l ? "," : "");
+        fjstr(f, layer_name(l));
+        fprintf(f, ",\"mxu_utilization\":%.6f,\"padding\":", sum.layers[l].mxu_utilization);
+        fjstr(f, sum.layers[l].padding);
+        fputc('}', f);
+    }
+    fprintf(f, "],\"mxu_advice\":");
+    fjstr(f, sum.mxu_advice);
+    fprintf(f, ",\"last_at_allreduce\":");
+    if (p->n > 1 && sum.last_share > 0) {
+        fprintf(f, "{\"core\":");
+        fcore(f, p, sum.last_core);
+        fprintf(f, ",\"share\":%.6f,\"by_ms\":%.6f}", sum.last_share, sum.last_by_ms);
+    } else {
+        fprintf(f, "null");
+    }
+    fprintf(f, ",\"straggler\":");
+    if (sum.straggler >= 0)
+        fcore(f, p, sum.straggler);
+    else
+        fprintf(f, "null");
+    fprintf(f, ",\"hbm\":{\"peak_fraction\":%.6f,\"core\":", sum.hbm_peak_fraction);
+    fcore(f, p, sum.hbm_core);
+    fprintf(f, "},\"bottleneck\":");
+    fjstr(f, sum.bottleneck);
+    fprintf(f, ",\"advice\":");
+    fjstr(f, sum.advice);
+    fprintf(f, ",\"estimate\":{\"what\":\"roofline estimate on the real generation, not a measurement\","
+               "\"tpu_type\":");
+    fjstr(f, sum.tpu_type);
+    fprintf(f, ",\"step_ms\":%.6f,\"matmul_ms\":%.6f,\"optimizer_ms\":%.6f,\"all_reduce_ms\":%.6f,"
+               "\"matmuls\":%zu,\"hbm_bound_matmuls\":%zu},\"per_core\":[",
+            sum.est_step_ms, sum.est_matmul_ms, sum.est_optimizer_ms, sum.est_allreduce_ms, sum.est_ops,
+            sum.est_hbm_bound_ops);
+    for (size_t i = 0; i < p->n; i++) {
+        const struct pcore *pc = &p->c[i];
+        struct csum cs;
+        size_t nr;
+        free(core_rows(pc, p->n, &cs, &nr));
+        fprintf(f, "%s{\"host\":", i ? "," : "");
+        fjstr(f, pc->peer.host);
+        fprintf(f, ",\"core\":%d,\"replica\":%d,\"steps\":%zu,\"step_ms\":%.6f,\"split\":", pc->peer.core,
+                pc->replica, cs.steps, cs.steps ? cs.period / (double)cs.steps / 1e6 : 0.0);
+        fsplit(f, cs.cat, cs.period);
+        fprintf(f, ",\"mxu_utilization\":%.6f,\"clock_offset_us\":%.3f,\"clock_error_us\":%.3f,"
+                   "\"events\":%zu,\"dropped\":%" PRIu64 ",\"hbm_used\":%" PRIu64 ",\"hbm_peak\":%" PRIu64
+                   ",\"hbm_capacity\":%" PRIu64 "}",
+                cs.padded > 0 ? cs.flops / cs.padded : 0.0, (double)pc->offset / 1e3, (double)pc->err_ns / 1e3,
+                pc->n, pc->dropped, pc->hbm_used, pc->hbm_peak, pc->hbm_cap);
+    }
+    fprintf(f, "]}\n");
+    return ferror(f) ? cli_failf(TPU_UNAVAILABLE, "profile: writing the overview failed") : TPU_OK;
 }
 
 void profile_keep_steps(tpu_profile *p, uint64_t first, uint64_t last, int64_t since_ns)

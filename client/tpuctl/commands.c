@@ -493,7 +493,7 @@ static int cmd_profile(const struct tpuctl *g, int argc, char **argv)
     int rc = cmd_flags(t, sizeof t / sizeof t[0], argc, argv, "tpuctl profile --logdir DIR [--duration-ms N]",
                        "Record what every core of the cluster does for N ms (capture_tpu_profile), write it "
                        "as one trace for chrome://tracing, Perfetto or TensorBoard, and print where each "
-                       "step's time went.");
+                       "step's time went (with --json, the overview as JSON).");
 
     if (rc >= 0)
         return rc;
@@ -509,8 +509,24 @@ static int cmd_profile(const struct tpuctl *g, int argc, char **argv)
         disconnect(r, c);
         return rc;
     }
-    tpu_profile_print_overview(p, stdout);
-    printf("Trace: %s\n", path);
+    if (g->json) {
+        /* {"trace": PATH, "overview": the overview.json beside it} */
+        json j;
+        json_init(&j, stdout);
+        json_obj(&j, NULL);
+        json_str(&j, "trace", path);
+        fputs(",\"overview\":", stdout);
+        if (tpu_profile_write_overview_json(p, stdout) != TPU_OK) {
+            rc = fail();
+            tpu_profile_free(p);
+            disconnect(r, c);
+            return rc;
+        }
+        fputs("}\n", stdout);
+    } else {
+        tpu_profile_print_overview(p, stdout);
+        printf("Trace: %s\n", path);
+    }
     tpu_profile_free(p);
     disconnect(r, c);
     return EXIT_OK;

@@ -87,6 +87,10 @@ static void profile_answer(struct worker *w, dp_conn *c, const Tpuemu__FrameHead
     pi.hbm_capacity = w->hbm.capacity;
     pi.hbm_peak = w->hbm.peak;
     pi.truncated = truncated;
+    pi.peak_bf16_flops = w->preset->bf16_flops_per_core;
+    pi.hbm_bandwidth = w->preset->hbm_bw_per_core;
+    pi.ici_bandwidth = w->preset->ici_bw_per_chip / w->preset->cores_per_chip;
+    pi.mxu_dim = (uint32_t)w->preset->mxu_dim;
     a.kind = TPUEMU__FRAME_KIND__FRAME_PROFILE_RESULT;
     a.epoch = w->epoch;
     a.seq = h->seq;

@@ -88,6 +88,10 @@ struct train {
     int busy;
     uv_work_t work;
     uint64_t idle_since;   /* when the last STEPS finished and nothing was queued */
+    /* the training client's clock: ours minus its, the least seen over its
+     * requests (their latency is at least 0), and whose it is */
+    int64_t client_off;
+    uint32_t client_pid;
 };
 
 static void kick(struct train *t);
@@ -833,6 +837,33 @@ int train_check_payload(struct worker *w, const Tpuemu__FrameHeader *h, err *e)
     return CODE_OK;
 }
 
+/* The client's side of a STEPS request (sent to the first replica): its wait
+ * for the dataset and the request's way here, on our clock. */
+static void record_client(struct train *t, const Tpuemu__StepsSpec *s, size_t len)
+{
+    uint64_t now = uv_hrtime();
+    int64_t off = (int64_t)(now - s->client_post_ns);
+    struct trace_ev ev = {0};
+
+    if (!s->client_post_ns || s->client_input_start_ns > s->client_post_ns)
+        return;
+    if (s->client_pid != t->client_pid || off < t->client_off) {
+        t->client_pid = s->client_pid;
+        t->client_off = off;
+    }
+    ev.kind = TPUEMU__TRACE_KIND__TRACE_CLIENT_INPUT;
+    ev.t0 = s->client_input_start_ns + (uint64_t)t->client_off;
+    ev.dur = s->client_input_wait_ns;
+    ev.step = s->first_step;
+    ev.peer = (int32_t)s->client_pid;
+    trace_add(t->w->trace, &ev);
+    ev.kind = TPUEMU__TRACE_KIND__TRACE_CLIENT_INFEED;
+    ev.t0 = s->client_post_ns + (uint64_t)t->client_off;
+    ev.dur = now > ev.t0 ? now - ev.t0 : 0;
+    ev.bytes = len;
+    trace_add(t->w->trace, &ev);
+}
+
 void train_on_client_frame(struct worker *w, struct dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload,
                            size_t len)
 {
@@ -884,6 +915,7 @@ void train_on_client_frame(struct worker *w, struct dp_conn *c, const Tpuemu__Fr
         }
         r->coll_seq = s->coll_seq;
         r->first_step = s->first_step;
+        record_client(t, s, len);
         if (t->tm && t->n >= (unsigned)t->tm->depth + TRAIN_QUEUE_SLACK) {
             err_set(&e, CODE_RESOURCE_EXHAUSTED,
                     "%u requests are already queued on core %s/%d (infeed depth %d): wait for their answers",

@@ -7,8 +7,15 @@
  *    passes the strict trace-event check (phases, nesting, units, flows);
  *    the clock offsets of workers on this machine are 0 within their bound;
  *    the step's parts add up; MXU utilization is the padded-shape figure;
- *  - one core slowed on purpose (--throttle-pct) is named as the straggler,
- *    and with all cores equal none is. */
+ *    the client's dataset waits and infeeds are a process of their own; the
+ *    overview JSON beside the trace has the roofline estimate of the step on
+ *    the real generation, computed here by hand from the published peaks;
+ *  - a diagnosis per lesson of the walk-through, each on a real run: a slow
+ *    dataset without prefetch is "input", and prefetch() changes that; a
+ *    per-core batch of 8 gives a low MXU utilization and the batch advice; a
+ *    layer of 100 units has its padding to 128 named; HBM nearly full is
+ *    "memory"; one core slowed on purpose (--throttle-pct) is named as the
+ *    straggler. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,11 +29,13 @@
 #include <tpuemu/profile.h>
 
 #include "colltest.h"
+#include "json.h"
 #include "trace_check.h"
 
 #define HB_MS 500
 #define DIM 100
-#define ROWS 1024
+#define ROWS 1024 /* the default */
+#define MAX_ROWS 8192
 
 #define CALL_OK(expr)                                                                                 \
     do {                                                                                              \
@@ -45,41 +54,99 @@ __attribute__((constructor)) static void quiet_warnings(void)
     tpu_set_warning_handler(ignore_warning, NULL);
 }
 
-/* ROWS rows of DIM features, labels i % 4, batches of `batch`; a
- * Dense(hidden, relu) -> Dense(4, softmax) model trained for `epochs`. */
-static tpu_model *train(colltest *t, size_t batch, size_t hidden, int epochs)
+/* How a test trains: see train_with. */
+struct how {
+    size_t batch, hidden;
+    int epochs;
+    size_t rows;            /* 0: ROWS */
+    unsigned infeed_depth;  /* 0: the default */
+    unsigned map_sleep_us;  /* a map() that takes this long per batch; 0: none */
+    int prefetch;           /* prefetch(TPU_AUTOTUNE) after it */
+};
+
+static int slow_map(float *x, void *y, size_t rows, size_t x_dim, void *user)
 {
-    static float x[ROWS * DIM];
-    static int32_t y[ROWS];
+    (void)x, (void)y, (void)rows, (void)x_dim;
+    usleep(*(const unsigned *)user);
+    return 0;
+}
+
+/* h->rows (or ROWS) rows of DIM features, labels i % 4, batches of h->batch; a
+ * Dense(hidden, relu) -> Dense(4, softmax) model trained for h->epochs. */
+static tpu_model *train_with(colltest *t, const struct how *h)
+{
+    static float x[MAX_ROWS * DIM];
+    static int32_t y[MAX_ROWS];
+    size_t rows = h->rows ? h->rows : ROWS;
     tpu_strategy *s;
     tpu_dataset *ds;
     tpu_model *m;
     tpu_compile_options co;
     tpu_fit_options fo;
-    tpu_history *h;
-    for (size_t i = 0; i < ROWS; i++) {
+    tpu_history *hist;
+    cr_assert_leq(rows, MAX_ROWS);
+    for (size_t i = 0; i < rows; i++) {
         y[i] = (int32_t)(i % 4);
         for (size_t j = 0; j < DIM; j++)
             x[i * DIM + j] = (float)((i * 7 + j * 13) % 17) / 17.0f + (float)y[i] * (j == (size_t)y[i]);
     }
     CALL_OK(tpu_strategy_new(t->c, &s));
-    CALL_OK(tpu_dataset_from_tensor_slices(x, ROWS, DIM, y, TPU_LABELS_SPARSE, 1, 0, &ds));
-    CALL_OK(tpu_dataset_batch(ds, batch, 1));
+    CALL_OK(tpu_dataset_from_tensor_slices(x, rows, DIM, y, TPU_LABELS_SPARSE, 1, 0, &ds));
+    CALL_OK(tpu_dataset_batch(ds, h->batch, 1));
+    if (h->map_sleep_us)
+        CALL_OK(tpu_dataset_map(ds, slow_map, (void *)&h->map_sleep_us));
+    if (h->prefetch)
+        CALL_OK(tpu_dataset_prefetch(ds, TPU_AUTOTUNE));
     CALL_OK(tpu_model_new(s, DIM, &m));
-    CALL_OK(tpu_model_add_dense(m, hidden, TPU_ACT_RELU));
+    CALL_OK(tpu_model_add_dense(m, h->hidden, TPU_ACT_RELU));
     CALL_OK(tpu_model_add_dense(m, 4, TPU_ACT_SOFTMAX));
     CALL_OK(tpu_model_set_seed(m, 7));
     tpu_compile_options_init(&co);
     co.optimizer = tpu_optimizer_adam(0.001f);
     co.policy = TPU_POLICY_MIXED_BFLOAT16;
-    co.batch_size = batch;
+    co.batch_size = h->batch;
+    if (h->infeed_depth)
+        co.infeed_depth = h->infeed_depth;
     CALL_OK(tpu_model_compile(m, &co));
     memset(&fo, 0, sizeof fo);
-    fo.epochs = epochs;
-    CALL_OK(tpu_model_fit(m, ds, &fo, &h));
-    tpu_history_free(h);
+    fo.epochs = h->epochs;
+    CALL_OK(tpu_model_fit(m, ds, &fo, &hist));
+    tpu_history_free(hist);
     tpu_dataset_free(ds);
     return m;
+}
+
+static tpu_model *train(colltest *t, size_t batch, size_t hidden, int epochs)
+{
+    return train_with(t, &(struct how){.batch = batch, .hidden = hidden, .epochs = epochs});
+}
+
+/* What the rings hold now, summarized, with the overview as text in ov. */
+static tpu_profile *capture(colltest *t, tpu_profile_summary *sum, char *ov, size_t ovn)
+{
+    tpu_profile *p;
+    FILE *f = fmemopen(ov, ovn, "w");
+    cr_assert_not_null(f);
+    CALL_OK(tpu_profile_capture(t->c, 0, &p));
+    CALL_OK(tpu_profile_summarize(p, sum));
+    tpu_profile_print_overview(p, f);
+    fclose(f);
+    ov[ovn - 1] = '\0';
+    return p;
+}
+
+/* The MXU utilization of one training step of the test's model, per-core
+ * batch b, hidden units h: forward, weight and input gradients, each padded
+ * as the MXU sees it (rows to 8, the rest to 128). */
+static double want_utilization(double b, double h)
+{
+    const double mm[5][3] = {{b, h, DIM}, {b, 4, h}, {DIM, h, b}, {h, 4, b}, {b, h, 4}}; /* m, n, k */
+    double fl = 0, pad = 0;
+    for (int i = 0; i < 5; i++) {
+        fl += mm[i][0] * mm[i][1] * mm[i][2];
+        pad += ceil(mm[i][0] / 8) * 8 * ceil(mm[i][1] / 128) * 128 * ceil(mm[i][2] / 128) * 128;
+    }
+    return fl / pad;
 }
 
 /* The single file under dir/plugins/profile/RUN/ that ends in .trace.json.gz. */
@@ -94,6 +161,67 @@ static void find_trace(const char *logdir, const char *path)
     FILE *f = fopen(path, "rb");
     cr_assert_not_null(f, "trace %s was not written", path);
     fclose(f);
+}
+
+/* The trace has a process named for this client, with its dataset waits and
+ * one infeed per step (8: 2 epochs of 4). */
+static void check_client(const char *path)
+{
+    char err[256], want[64];
+    json *tr = json_parse_file(path, err, sizeof err);
+    cr_assert_not_null(tr, "%s: %s", path, err);
+    const json *ev = json_get(tr, "traceEvents");
+    long long client_pid = -1;
+    size_t infeeds = 0, waits = 0;
+    snprintf(want, sizeof want, "client (pid %d)", (int)getpid());
+    for (size_t i = 0; i < json_len(ev); i++) {
+        const json *e = json_at(ev, i);
+        const char *ph = json_str(json_get(e, "ph")), *name = json_str(json_get(e, "name"));
+        if (ph && name && strcmp(ph, "M") == 0 && strcmp(name, "process_name") == 0) {
+            const char *pn = json_str(json_get(json_get(e, "args"), "name"));
+            if (pn && strcmp(pn, want) == 0)
+                json_int(json_get(e, "pid"), &client_pid);
+        }
+    }
+    cr_assert_geq(client_pid, 0, "no process named \"%s\" in the trace", want);
+    for (size_t i = 0; i < json_len(ev); i++) {
+        const json *e = json_at(ev, i);
+        const char *ph = json_str(json_get(e, "ph")), *name = json_str(json_get(e, "name"));
+        long long pid;
+        if (!ph || strcmp(ph, "X") || json_int(json_get(e, "pid"), &pid) || pid != client_pid || !name)
+            continue;
+        infeeds += strncmp(name, "infeed from step ", 17) == 0;
+        waits += strcmp(name, "dataset wait") == 0;
+    }
+    cr_assert_eq(infeeds, 8u, "%zu infeeds in the client's process", infeeds);
+    cr_assert_eq(waits, 8u, "%zu dataset waits in the client's process", waits);
+    json_free(tr);
+}
+
+/* HOST.overview.json beside the trace says what the summary says. */
+static void check_overview_json(const char *trace, const tpu_profile_summary *sum)
+{
+    char path[4600], err[256];
+    double v;
+    size_t n = strlen(trace) - strlen(".trace.json.gz");
+    snprintf(path, sizeof path, "%.*s.overview.json", (int)n, trace);
+    json *o = json_parse_file(path, err, sizeof err);
+    cr_assert_not_null(o, "%s: %s", path, err);
+    cr_assert_eq(json_len(json_get(o, "per_core")), 4u);
+    cr_assert_eq(json_num(json_get(o, "step_ms"), &v), 0);
+    cr_assert(fabs(v - sum->step_ms) < 1e-5, "step_ms %.6f in the JSON, %.6f in the summary", v, sum->step_ms);
+    cr_assert_eq(json_num(json_get(json_get(o, "estimate"), "step_ms"), &v), 0);
+    cr_assert(fabs(v - sum->est_step_ms) < 1e-5);
+    cr_assert_str_eq(json_str(json_get(o, "bottleneck")), sum->bottleneck);
+    double total = 0;
+    const json *split = json_get(o, "split");
+    cr_assert(json_is(split, JSON_OBJECT) && json_len(split) == 5u, "split is not an object of 5 parts");
+    for (size_t i = 0; i < 5; i++) {
+        cr_assert_eq(json_num(split->items[i], &v), 0, "split.%s is not a number", split->keys[i]);
+        total += v;
+    }
+    cr_assert(fabs(total - 1.0) < 0.02, "the JSON's split adds up to %.3f", total);
+    json_free(o);
 }
 
 Test(profile, trace_of_a_training_run, .timeout = 120)
@@ -131,22 +259,40 @@ Test(profile, trace_of_a_training_run, .timeout = 120)
     cr_assert_gt(sum.fraction[TPU_PROFILE_COMPUTE], 0.0);
     cr_assert_gt(sum.fraction[TPU_PROFILE_ALLREDUCE], 0.0);
     /* 64 x 100 . 100 x 128, 64 x 128 . 128 x 4 and their gradients, padded to 8 rows and 128 */
-    double fl = 0, pad = 0;
-    const double mm[5][3] = {{64, 128, 100}, {64, 4, 128}, {100, 128, 64}, {128, 4, 64}, {64, 128, 4}};
-    for (int i = 0; i < 5; i++) {
-        fl += mm[i][0] * mm[i][1] * mm[i][2];
-        pad += ceil(mm[i][0] / 8) * 8 * ceil(mm[i][1] / 128) * 128 * ceil(mm[i][2] / 128) * 128;
+    cr_assert(fabs(sum.mxu_utilization - want_utilization(64, 128)) < 1e-6, "MXU utilization %.6f, want %.6f",
+              sum.mxu_utilization, want_utilization(64, 128));
+    /* the roofline on a v3 core: 61.5 TFLOP/s bf16, 450 GB/s HBM, a quarter of
+     * 4 x 656 Gbit/s ICI per chip of 2 cores; f32 gradients of 100x128+128 and
+     * 128x4+4 weights all-reduced over 4 cores, the optimizer moving 5x them */
+    {
+        const double mm[5][3] = {{64, 128, DIM}, {64, 4, 128}, {DIM, 128, 64}, {128, 4, 64}, {64, 128, 4}};
+        double est = 0, grad = 4.0 * (DIM * 128 + 128 + 128 * 4 + 4);
+        for (int i = 0; i < 5; i++) {
+            double rows = mm[i][0], n = mm[i][1], k = mm[i][2];
+            double tf = 2 * ceil(rows / 8) * 8 * ceil(n / 128) * 128 * ceil(k / 128) * 128 / 61.5e12;
+            double tb = 2 * (rows * k + k * n + rows * n) / 450e9;
+            est += tf > tb ? tf : tb;
+        }
+        cr_assert_str_eq(sum.tpu_type, "v3");
+        cr_assert(fabs(sum.est_matmul_ms - est * 1e3) < 1e-9, "matmuls %.9f ms, want %.9f", sum.est_matmul_ms,
+                  est * 1e3);
+        cr_assert(fabs(sum.est_optimizer_ms - 5 * grad / 450e9 * 1e3) < 1e-9, "optimizer %.9f ms, want %.9f",
+                  sum.est_optimizer_ms, 5 * grad / 450e9 * 1e3);
+        cr_assert(fabs(sum.est_allreduce_ms - grad * 1.5 / (4 * 656e9 / 8 / 2) * 1e3) < 1e-9,
+                  "all-reduce %.9f ms, want %.9f", sum.est_allreduce_ms, grad * 1.5 / (4 * 656e9 / 8 / 2) * 1e3);
+        cr_assert_lt(sum.est_step_ms, sum.step_ms, "a real v3 (%.4f ms) is not faster than this one (%.4f ms)?",
+                     sum.est_step_ms, sum.step_ms);
     }
-    cr_assert(fabs(sum.mxu_utilization - fl / pad) < 1e-6, "MXU utilization %.6f, want %.6f", sum.mxu_utilization,
-              fl / pad);
 
     snprintf(logdir, sizeof logdir, "%s/logs", cl_tmpdir());
     CALL_OK(tpu_profile_write(p, logdir, path, sizeof path));
     find_trace(logdir, path);
     cr_assert_eq(trace_check_file(path, why, sizeof why, &st), 0, "%s: %s", path, why);
-    cr_assert_eq(st.processes, 2u, "a process per host: %zu", st.processes);
-    cr_assert_geq(st.threads, 4u);
+    cr_assert_eq(st.processes, 3u, "a process per host and the client's: %zu", st.processes);
+    cr_assert_geq(st.threads, 4u + 2u);
     cr_assert_gt(st.flows, 0u, "no flow from a chunk's send to its receive");
+    check_client(path);
+    check_overview_json(path, &sum);
     tpu_profile_free(p);
     tpu_model_free(m);
     ct_free(t);
@@ -184,4 +330,109 @@ Test(profile, slowed_core_is_the_straggler, .timeout = 120)
     tpu_profile_free(p);
     tpu_model_free(m);
     ct_free(t);
+}
+
+/* The summary of a run on a fresh cluster of 2 cores (one host; extra
+ * worker args or NULL), and the overview as text. */
+static void run(const struct how *h, const char *const *worker_args, tpu_profile_summary *sum, char *ov, size_t ovn,
+                uint64_t *hbm_peak)
+{
+    colltest *t = ct_start(1, (int[]){2}, worker_args, HB_MS);
+    tpu_model *m = train_with(t, h);
+    tpu_profile *p = capture(t, sum, ov, ovn);
+    if (hbm_peak) {
+        tpu_profile_core pc;
+        *hbm_peak = 0;
+        for (size_t i = 0; i < tpu_profile_num_cores(p); i++) {
+            CALL_OK(tpu_profile_core_info(p, i, &pc));
+            if (pc.hbm_peak > *hbm_peak)
+                *hbm_peak = pc.hbm_peak;
+        }
+    }
+    tpu_profile_free(p);
+    tpu_model_free(m);
+    ct_free(t);
+}
+
+/* A dataset whose map() takes 3/4 of a step, no prefetch, one step in
+ * flight: the cores wait for input most of the time. prefetch() moves the map
+ * to a background thread that keeps up, and the diagnosis changes. */
+Test(profile, slow_input_is_diagnosed_and_prefetch_fixes_it, .timeout = 300)
+{
+    static char ov[16384];
+    tpu_profile_summary sum;
+    struct how h = {.batch = 256, .hidden = 1024, .epochs = 1, .rows = 8192, .infeed_depth = 1};
+
+    run(&h, NULL, &sum, ov, sizeof ov, NULL);
+    cr_assert_str_neq(sum.bottleneck, "input", "input-bound with a fast dataset:\n%s", ov);
+    double step_ms = sum.step_ms;
+
+    h.map_sleep_us = (unsigned)(step_ms * 750);
+    run(&h, NULL, &sum, ov, sizeof ov, NULL);
+    cr_assert_str_eq(sum.bottleneck, "input", "a map() of %u us a batch (step %.3f ms before):\n%s", h.map_sleep_us,
+                     step_ms, ov);
+    cr_assert(strstr(sum.advice, "prefetch") != NULL, "the fix for input: %s", sum.advice);
+    cr_assert(strstr(ov, "prefetch") != NULL, "the overview does not say to prefetch:\n%s", ov);
+    double slow_input = sum.fraction[TPU_PROFILE_INPUT];
+
+    h.prefetch = 1;
+    run(&h, NULL, &sum, ov, sizeof ov, NULL);
+    cr_assert_str_neq(sum.bottleneck, "input", "still input-bound with prefetch (%.0f%% input before):\n%s",
+                      100 * slow_input, ov);
+    cr_assert_lt(sum.fraction[TPU_PROFILE_INPUT], slow_input / 2, "input %.0f%% of the step with prefetch, %.0f%% "
+                 "without", 100 * sum.fraction[TPU_PROFILE_INPUT], 100 * slow_input);
+}
+
+/* A global batch of 16 on 2 cores: 8 rows per core, the K of the weight
+ * gradients padded to 128. */
+Test(profile, small_per_core_batch_gets_the_batch_advice, .timeout = 120)
+{
+    static char ov[16384];
+    tpu_profile_summary sum;
+
+    run(&(struct how){.batch = 16, .hidden = 128, .epochs = 1}, NULL, &sum, ov, sizeof ov, NULL);
+    cr_assert(fabs(sum.mxu_utilization - want_utilization(8, 128)) < 1e-6, "MXU utilization %.4f, want %.4f",
+              sum.mxu_utilization, want_utilization(8, 128));
+    cr_assert_lt(sum.mxu_utilization, 0.25);
+    cr_assert(strstr(sum.mxu_advice, "per-core batch of 8") != NULL, "MXU advice: %s", sum.mxu_advice);
+    cr_assert(strstr(ov, "per-core batch of 8") != NULL && strstr(ov, "multiple of it") != NULL,
+              "the overview does not give the batch advice:\n%s", ov);
+}
+
+/* Dense(100): its 100 units fill 100 of the MXU's 128 columns. */
+Test(profile, layer_of_100_units_names_its_padding, .timeout = 120)
+{
+    static char ov[16384];
+    tpu_profile_summary sum;
+
+    run(&(struct how){.batch = 256, .hidden = 100, .epochs = 1}, NULL, &sum, ov, sizeof ov, NULL);
+    cr_assert_eq(sum.num_layers, 2u);
+    cr_assert(strstr(sum.layers[0].padding, "100 units padded to 128 (78%)") != NULL, "dense: %s",
+              sum.layers[0].padding);
+    cr_assert(strstr(sum.layers[1].padding, "100 inputs padded to 128 (78%)") != NULL, "dense_1: %s",
+              sum.layers[1].padding);
+    cr_assert_lt(sum.layers[0].mxu_utilization, 0.8);
+    cr_assert(strstr(ov, "100 units padded to 128") != NULL, "the overview does not name the padding:\n%s", ov);
+}
+
+/* The same run on cores whose HBM is just larger than what it needs (its
+ * peak measured on a first run): "memory", with the fix. */
+Test(profile, nearly_full_hbm_is_the_memory_bottleneck, .timeout = 180)
+{
+    static char ov[16384];
+    tpu_profile_summary sum;
+    uint64_t peak;
+    char hbm[32];
+    struct how h = {.batch = 256, .hidden = 256, .epochs = 1};
+
+    run(&h, NULL, &sum, ov, sizeof ov, &peak);
+    cr_assert_gt(peak, 0u);
+    cr_assert_str_neq(sum.bottleneck, "memory", "16 GiB of HBM, %llu bytes used at most:\n%s",
+                      (unsigned long long)peak, ov);
+    snprintf(hbm, sizeof hbm, "%llu", (unsigned long long)((double)peak / 0.94));
+    run(&h, (const char *const[]){"--hbm-bytes", hbm, NULL}, &sum, ov, sizeof ov, NULL);
+    cr_assert_str_eq(sum.bottleneck, "memory", "peak %.0f%% of %s bytes:\n%s", 100 * sum.hbm_peak_fraction, hbm, ov);
+    cr_assert_geq(sum.hbm_peak_fraction, 0.9);
+    cr_assert(strstr(sum.advice, "smaller batch") != NULL, "the fix for memory: %s", sum.advice);
+    cr_assert(strstr(ov, "HBM") != NULL, "the overview does not mention HBM:\n%s", ov);
 }

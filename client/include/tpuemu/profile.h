@@ -52,6 +52,8 @@ typedef struct tpu_profile_core {
     uint64_t clock_error_ns;
     uint64_t events;
     uint64_t dropped;
+    const char *tpu_type;    /* the generation it emulates */
+    uint64_t hbm_used, hbm_peak, hbm_capacity; /* bytes, at the end of the capture */
 } tpu_profile_core;
 TPU_API tpu_status tpu_profile_core_info(const tpu_profile *p, size_t i, tpu_profile_core *out);
 
@@ -68,12 +70,30 @@ TPU_API tpu_status tpu_profile_write(const tpu_profile *p, const char *logdir, c
  * (forward and backward), all-reduce (gradients, including waiting for the
  * other cores), optimizer and idle (the rest of the step's period); the MXU
  * utilization of the matmuls after padding their shapes to the MXU (rows to
- * 8, the other dimensions to 128); the core (index into the profile's cores)
- * that arrives last at the all-reduce most often, how often and by how much
- * after the next latest on average, and whether that makes it a straggler
- * (last in at least half of the steps by at least a tenth of a step); the
- * bottleneck ("input", "compute", "all-reduce" or "idle") with its fix. */
+ * 8, the other dimensions to 128), and per layer, with what its padding
+ * costs; the core (index into the profile's cores) that arrives last at the
+ * all-reduce most often, how often and by how much after the next latest on
+ * average, and whether that makes it a straggler (last in at least half of
+ * the steps and 1.5 times its 1/n share, as 2 cores always have a last one,
+ * by at least a tenth of a step); the highest HBM peak of any core;
+ * the bottleneck ("input", "compute", "memory", "all-reduce" or "idle") with
+ * its fix; and the roofline estimate of the same step on the real generation.
+ *
+ * The estimate, per core and step (the generation's published peaks, sent
+ * by the workers): each matmul takes the longer of its FLOPs padded to the
+ * generation's MXU (rows to 8, the rest to its size) over the peak bf16
+ * FLOP/s and its operands' bytes (bf16) over the HBM bandwidth; the
+ * optimizer reads the weights, gradients and a slot and writes the weights and
+ * the slot (f32) at the HBM bandwidth; the all-reduce moves its bytes times
+ * 2(n-1)/n over the core's share of the chip's ICI bandwidth. Nothing
+ * overlaps. It is an estimate, not a measurement. */
 enum { TPU_PROFILE_INPUT, TPU_PROFILE_COMPUTE, TPU_PROFILE_ALLREDUCE, TPU_PROFILE_OPTIMIZER, TPU_PROFILE_IDLE };
+#define TPU_PROFILE_MAX_LAYERS 16
+typedef struct tpu_profile_layer {
+    unsigned layer;          /* 0-based: 0 is "dense", 1 "dense_1", as the trace names them */
+    double mxu_utilization;  /* of its forward and backward matmuls */
+    char padding[192];       /* what padding costs, e.g. "100 units padded to 128 (78%)"; "" when nothing */
+} tpu_profile_layer;
 typedef struct tpu_profile_summary {
     size_t steps;            /* core-steps with a full period in the capture */
     double step_ms;
@@ -84,6 +104,17 @@ typedef struct tpu_profile_summary {
     int straggler;           /* -1: none */
     const char *bottleneck;  /* static strings */
     const char *advice;
+    /* the MXU per layer, and what to do about a low utilization ("" when it is 90% or more) */
+    size_t num_layers;
+    tpu_profile_layer layers[TPU_PROFILE_MAX_LAYERS];
+    char mxu_advice[320];
+    /* HBM: the highest peak over capacity of any core, and which */
+    double hbm_peak_fraction;
+    int hbm_core;
+    /* the roofline estimate of the step on the real generation, ms */
+    const char *tpu_type;
+    double est_step_ms, est_matmul_ms, est_optimizer_ms, est_allreduce_ms;
+    size_t est_ops, est_hbm_bound_ops; /* matmuls per step, of which bound by HBM bandwidth */
 } tpu_profile_summary;
 TPU_API tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out);
 
@@ -91,6 +122,10 @@ TPU_API tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summa
  * all-reduce, optimizer and idle; MXU utilization; the core that arrives
  * last at the all-reduce. */
 TPU_API void tpu_profile_print_overview(const tpu_profile *p, FILE *f);
+/* The same as one JSON object (the summary, each core's split and clock,
+ * the estimate). tpu_profile_write also writes it beside the trace, as
+ * HOST.overview.json. */
+TPU_API tpu_status tpu_profile_write_overview_json(const tpu_profile *p, FILE *f);
 
 #ifdef __cplusplus
 }
