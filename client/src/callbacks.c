@@ -208,13 +208,23 @@ static tpu_status prof_write(struct prof *p, tpu_model *m)
            (unsigned long long)p->last, (unsigned long long)p->step_first, (unsigned long long)p->step_last);
     tpu_profile_print_overview(pr, stdout);
     printf("Trace: %s\n", file);
-    fflush(stdout);
-    tpu_profile_free(pr);
     if ((slash = strrchr(file, '/')))
         *slash = '\0';
     snprintf(p->dir, sizeof p->dir, "%s", file);
-    if (strlen(file) + 12 > sizeof file)
+    if (strlen(file) + 12 > sizeof file) {
+        tpu_profile_free(pr);
         return cli_failf(TPU_INVALID_ARGUMENT, "profiler: the log directory's path is too long");
+    }
+    /* the picture of those steps beside the trace */
+    memcpy(file + strlen(file), "/steps.svg", 11);
+    if (tpu_profile_plot_svg(pr, file) != TPU_OK) {
+        tpu_profile_free(pr);
+        return tpu_last_status();
+    }
+    printf("Picture: %s\n", file);
+    fflush(stdout);
+    tpu_profile_free(pr);
+    file[strlen(file) - 10] = '\0';
     memcpy(file + strlen(file), "/steps.json", 12);
     if (!(f = fopen(file, "w")))
         return cli_failf(TPU_PERMISSION_DENIED, "profiler: cannot write %s: %s", file, strerror(errno));

@@ -33,6 +33,7 @@
 #define PROF_MAX_PAYLOAD (64u << 20)
 #define PROF_IO_MS 5000u
 #define PROF_HBM_TIGHT 0.9            /* HBM peak over capacity that makes memory the bottleneck */
+#define PROF_STRAGGLER_STEPS 4       /* all-reduces compared before a core is called a straggler */
 #define PROF_MXU_GOOD 0.9             /* utilization below which a layer's padding is named */
 
 struct pev {
@@ -993,7 +994,7 @@ tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out)
         /* last in half of the steps and in 1.5 times its fair share (with 2
          * cores one is always last), by a tenth of a step */
         double share = 1.5 / (double)p->n > 0.5 ? 1.5 / (double)p->n : 0.5;
-        if (out->last_share >= share && out->last_by_ms >= 0.1 * out->step_ms)
+        if (compared >= PROF_STRAGGLER_STEPS && out->last_share >= share && out->last_by_ms >= 0.1 * out->step_ms)
             out->straggler = (int)worst;
     }
     if (out->hbm_peak_fraction >= PROF_HBM_TIGHT) {

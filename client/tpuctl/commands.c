@@ -478,19 +478,21 @@ static int cmd_version(const struct tpuctl *g, int argc, char **argv)
 
 static int cmd_profile(const struct tpuctl *g, int argc, char **argv)
 {
-    const char *logdir = NULL;
+    const char *logdir = NULL, *plot = NULL;
     long long duration = 2000;
     struct opt t[] = {
         {"logdir", NULL, OPT_STRING, NULL, 0, 0, "DIR",
          "where the trace goes: DIR/plugins/profile/RUN/HOST.trace.json.gz (required)", &logdir},
         {"duration-ms", NULL, OPT_INT, "2000", 0, 600000, "MS",
          "how long to record, from now (0: what the cores' rings hold now)", &duration},
+        {"plot", NULL, OPT_STRING, NULL, 0, 0, "FILE.svg",
+         "also draw the step-time breakdown over the steps and per core as an SVG picture", &plot},
     };
     tpu_resolver *r;
     tpu_cluster *c;
     tpu_profile *p;
     char path[4600];
-    int rc = cmd_flags(t, sizeof t / sizeof t[0], argc, argv, "tpuctl profile --logdir DIR [--duration-ms N]",
+    int rc = cmd_flags(t, sizeof t / sizeof t[0], argc, argv, "tpuctl profile --logdir DIR [--duration-ms N] [--plot FILE.svg]",
                        "Record what every core of the cluster does for N ms (capture_tpu_profile), write it "
                        "as one trace for chrome://tracing, Perfetto or TensorBoard, and print where each "
                        "step's time went (with --json, the overview as JSON).");
@@ -503,9 +505,15 @@ static int cmd_profile(const struct tpuctl *g, int argc, char **argv)
     }
     if ((rc = connect_cluster(g, &r, &c)) >= 0)
         return rc;
-    if (tpu_profile_capture(c, (uint32_t)duration, &p) != TPU_OK ||
-        tpu_profile_write(p, logdir, path, sizeof path) != TPU_OK) {
+    if (tpu_profile_capture(c, (uint32_t)duration, &p) != TPU_OK) {
         rc = fail();
+        disconnect(r, c);
+        return rc;
+    }
+    if (tpu_profile_write(p, logdir, path, sizeof path) != TPU_OK ||
+        (plot && tpu_profile_plot_svg(p, plot) != TPU_OK)) {
+        rc = fail();
+        tpu_profile_free(p);
         disconnect(r, c);
         return rc;
     }
@@ -515,6 +523,8 @@ static int cmd_profile(const struct tpuctl *g, int argc, char **argv)
         json_init(&j, stdout);
         json_obj(&j, NULL);
         json_str(&j, "trace", path);
+        if (plot)
+            json_str(&j, "plot", plot);
         fputs(",\"overview\":", stdout);
         if (tpu_profile_write_overview_json(p, stdout) != TPU_OK) {
             rc = fail();
@@ -526,6 +536,8 @@ static int cmd_profile(const struct tpuctl *g, int argc, char **argv)
     } else {
         tpu_profile_print_overview(p, stdout);
         printf("Trace: %s\n", path);
+        if (plot)
+            printf("Plot: %s\n", plot);
     }
     tpu_profile_free(p);
     disconnect(r, c);

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #include <criterion/criterion.h>
@@ -30,6 +31,7 @@
 
 #include "colltest.h"
 #include "json.h"
+#include "xml.h"
 #include "trace_check.h"
 
 #define HB_MS 500
@@ -62,6 +64,8 @@ struct how {
     unsigned infeed_depth;  /* 0: the default */
     unsigned map_sleep_us;  /* a map() that takes this long per batch; 0: none */
     int prefetch;           /* prefetch(TPU_AUTOTUNE) after it */
+    const tpu_callback *callbacks;
+    size_t num_callbacks;
 };
 
 static int slow_map(float *x, void *y, size_t rows, size_t x_dim, void *user)
@@ -110,6 +114,8 @@ static tpu_model *train_with(colltest *t, const struct how *h)
     CALL_OK(tpu_model_compile(m, &co));
     memset(&fo, 0, sizeof fo);
     fo.epochs = h->epochs;
+    fo.callbacks = h->callbacks;
+    fo.num_callbacks = h->num_callbacks;
     CALL_OK(tpu_model_fit(m, ds, &fo, &hist));
     tpu_history_free(hist);
     tpu_dataset_free(ds);
@@ -224,6 +230,106 @@ static void check_overview_json(const char *trace, const tpu_profile_summary *su
     json_free(o);
 }
 
+struct plot_seen {
+    size_t step_bars, core_bars, straggler_marks, core_steps;
+    double weighted_ms; /* sum over step bars of their total times their core-steps */
+    char why[256];
+};
+
+static int num_attr(const xml *e, const char *k, double *v)
+{
+    const char *s = xml_attr(e, k);
+    char *end;
+    if (!s || !*s)
+        return -1;
+    *v = strtod(s, &end);
+    return *end || !isfinite(*v) ? -1 : 0;
+}
+
+/* A bar: 5 rects, the parts in the overview's order, each with its ms. */
+static int bar_total(const xml *g, double *total, char *why, size_t whyn)
+{
+    static const char *const part[5] = {"input", "compute", "all-reduce", "optimizer", "idle"};
+    double ms, h;
+    size_t k = 0;
+    *total = 0;
+    for (size_t i = 0; i < g->n; i++) {
+        const xml *r = g->kids[i];
+        if (strcmp(r->name, "rect"))
+            continue;
+        const char *pp = xml_attr(r, "data-part");
+        if (k >= 5 || !pp || strcmp(pp, part[k]) || num_attr(r, "data-ms", &ms) || ms < 0 ||
+            (num_attr(r, "height", &h) && num_attr(r, "width", &h)) || h < 0) {
+            snprintf(why, whyn, "part %zu of a bar: %s", k, pp ? pp : "(no data-part)");
+            return -1;
+        }
+        *total += ms;
+        k++;
+    }
+    if (k != 5) {
+        snprintf(why, whyn, "a bar of %zu parts", k);
+        return -1;
+    }
+    return 0;
+}
+
+static int plot_visit(const xml *e, void *user)
+{
+    struct plot_seen *ps = user;
+    double total, n;
+    if (strcmp(e->name, "g"))
+        return 0;
+    if (xml_attr(e, "data-step")) {
+        if (bar_total(e, &total, ps->why, sizeof ps->why) || num_attr(e, "data-core-steps", &n) || n < 1)
+            return -1;
+        ps->step_bars++;
+        ps->core_steps += (size_t)n;
+        ps->weighted_ms += total * n;
+    } else if (xml_attr(e, "data-core")) {
+        if (bar_total(e, &total, ps->why, sizeof ps->why))
+            return -1;
+        ps->core_bars++;
+        ps->straggler_marks += strcmp(xml_attr(e, "data-straggler") ? xml_attr(e, "data-straggler") : "", "1") == 0;
+    }
+    return 0;
+}
+
+/* The picture is well-formed SVG with a bar per step that has a period, a
+ * bar per core, and its numbers are the summary's. */
+static void check_plot(const char *path, const tpu_profile_summary *sum, size_t cores, size_t steps)
+{
+    char err[256];
+    struct plot_seen ps = {0};
+    double w, h;
+    xml *x = xml_parse_file(path, err, sizeof err);
+    cr_assert_not_null(x, "%s: %s", path, err);
+    cr_assert_str_eq(x->name, "svg");
+    cr_assert_str_eq(xml_attr(x, "xmlns") ? xml_attr(x, "xmlns") : "", "http://www.w3.org/2000/svg");
+    cr_assert(num_attr(x, "width", &w) == 0 && num_attr(x, "height", &h) == 0 && w > 0 && h > 0);
+    cr_assert_eq(xml_walk(x, plot_visit, &ps), 0, "%s: %s", path, ps.why);
+    cr_assert_eq(ps.step_bars, steps, "%zu step bars, want %zu", ps.step_bars, steps);
+    cr_assert_eq(ps.core_steps, sum->steps, "the bars average %zu core-steps, the summary %zu", ps.core_steps,
+                 sum->steps);
+    cr_assert(fabs(ps.weighted_ms / (double)ps.core_steps - sum->step_ms) < 1e-3 * sum->step_ms + 1e-5,
+              "the bars' average step %.6f ms, the summary's %.6f", ps.weighted_ms / (double)ps.core_steps,
+              sum->step_ms);
+    cr_assert_eq(ps.core_bars, cores);
+    cr_assert_eq(ps.straggler_marks, sum->straggler >= 0 ? 1u : 0u);
+    xml_free(x);
+}
+
+/* What check_plot needs of a summary, from an overview in JSON. */
+static void summary_of_json(const json *ov, tpu_profile_summary *sum)
+{
+    long long steps;
+    memset(sum, 0, sizeof *sum);
+    cr_assert_eq(json_num(json_get(ov, "step_ms"), &sum->step_ms), 0, "the overview has no step_ms");
+    cr_assert_eq(json_int(json_get(ov, "steps"), &steps), 0, "the overview has no steps");
+    sum->steps = (size_t)steps;
+    sum->straggler = json_is(json_get(ov, "straggler"), JSON_NULL) ? -1 : 0;
+    cr_assert_not_null(json_str(json_get(ov, "bottleneck")));
+}
+
 Test(profile, trace_of_a_training_run, .timeout = 120)
 {
     colltest *t = ct_start(2, (int[]){2, 2}, NULL, HB_MS);
@@ -293,6 +399,9 @@ Test(profile, trace_of_a_training_run, .timeout = 120)
     cr_assert_gt(st.flows, 0u, "no flow from a chunk's send to its receive");
     check_client(path);
     check_overview_json(path, &sum);
+    snprintf(path, sizeof path, "%s/steps.svg", cl_tmpdir());
+    CALL_OK(tpu_profile_plot_svg(p, path));
+    check_plot(path, &sum, 4, 7); /* steps 2..8 have a period */
     tpu_profile_free(p);
     tpu_model_free(m);
     ct_free(t);
@@ -435,4 +544,98 @@ Test(profile, nearly_full_hbm_is_the_memory_bottleneck, .timeout = 180)
     cr_assert_geq(sum.hbm_peak_fraction, 0.9);
     cr_assert(strstr(sum.advice, "smaller batch") != NULL, "the fix for memory: %s", sum.advice);
     cr_assert(strstr(ov, "HBM") != NULL, "the overview does not mention HBM:\n%s", ov);
+}
+
+/* tpuctl profile, as a user types it after a training run: the trace, the
+ * overview as JSON and the picture; a picture it cannot write is an error
+ * naming the file. */
+Test(profile, tpuctl_profile_writes_trace_overview_and_plot, .timeout = 120)
+{
+    colltest *t = ct_start(1, (int[]){2}, NULL, HB_MS);
+    tpu_model *m = train(t, 256, 128, 2);
+    char logdir[512], svg[600], err[256], why[512];
+    run_result r;
+    json *j;
+
+    snprintf(logdir, sizeof logdir, "%s/tpuctl-logs", cl_tmpdir());
+    snprintf(svg, sizeof svg, "%s/tpuctl.svg", cl_tmpdir());
+    cluster_tpuctl(t->cl, &r, 30000, "--json", "profile", "--logdir", logdir, "--duration-ms", "0", "--plot", svg,
+                   NULL);
+    cr_assert_eq(r.code, 0, "tpuctl profile: exit %d: %s %s", r.code, r.out, r.err);
+    j = json_parse(r.out, strlen(r.out), err, sizeof err);
+    cr_assert_not_null(j, "tpuctl profile --json: %s: %s", err, r.out);
+    const char *trace = json_str(json_get(j, "trace"));
+    cr_assert_not_null(trace);
+    find_trace(logdir, trace);
+    cr_assert_eq(trace_check_file(trace, why, sizeof why, NULL), 0, "%s: %s", trace, why);
+    cr_assert_str_eq(json_str(json_get(j, "plot")), svg);
+    tpu_profile_summary sum;
+    summary_of_json(json_get(j, "overview"), &sum);
+    cr_assert_gt(sum.step_ms, 0.0);
+    cr_assert_eq(sum.steps, 2u * 7u);
+    check_plot(svg, &sum, 2, 7);
+    json_free(j);
+    run_result_free(&r);
+
+    cluster_tpuctl(t->cl, &r, 30000, "profile", "--logdir", logdir, "--duration-ms", "0", "--plot",
+                   "/nonexistent-dir/x.svg", NULL);
+    cr_assert_neq(r.code, 0, "a picture into a missing directory: exit 0");
+    cr_assert(strstr(r.err, "/nonexistent-dir/x.svg") != NULL, "the error does not name the file: %s", r.err);
+    run_result_free(&r);
+    tpu_model_free(m);
+    ct_free(t);
+}
+
+/* The walk-through's TensorBoard(profile_batch='3,6') on a fit of 2 epochs
+ * of 4 batches: the trace, overview and picture of those batches only, in
+ * the run directory the callback names. */
+Test(profile, profiler_callback_writes_the_batches_asked_for, .timeout = 120)
+{
+    colltest *t = ct_start(1, (int[]){2}, NULL, HB_MS);
+    tpu_callback cb;
+    char logdir[512], file[1400], err[256], why[512], trace[1400] = "", overview[1400] = "";
+    struct dirent *d;
+    DIR *dir;
+
+    snprintf(logdir, sizeof logdir, "%s/cb-logs", cl_tmpdir());
+    CALL_OK(tpu_callback_profiler(logdir, 3, 6, &cb));
+    tpu_model *m = train_with(t, &(struct how){.batch = 256, .hidden = 128, .epochs = 2, .callbacks = &cb,
+                                               .num_callbacks = 1});
+    const char *run_dir = tpu_callback_profiler_dir(&cb);
+    snprintf(file, sizeof file, "%s/plugins/profile/", logdir);
+    cr_assert(strncmp(run_dir, file, strlen(file)) == 0, "run directory %s is not under %s", run_dir, file);
+    cr_assert_not_null(dir = opendir(run_dir), "%s", run_dir);
+    while ((d = readdir(dir))) {
+        size_t n = strlen(d->d_name);
+        if (n > 14 && strcmp(d->d_name + n - 14, ".trace.json.gz") == 0)
+            snprintf(trace, sizeof trace, "%s/%s", run_dir, d->d_name);
+        if (n > 14 && strcmp(d->d_name + n - 14, ".overview.json") == 0)
+            snprintf(overview, sizeof overview, "%s/%s", run_dir, d->d_name);
+    }
+    closedir(dir);
+    cr_assert(*trace && *overview, "no trace or no overview in %s", run_dir);
+    cr_assert_eq(trace_check_file(trace, why, sizeof why, NULL), 0, "%s: %s", trace, why);
+
+    json *tr = json_parse_file(trace, err, sizeof err);
+    cr_assert_not_null(tr, "%s", err);
+    const json *ev = json_get(tr, "traceEvents");
+    for (size_t i = 0; i < json_len(ev); i++) { /* every step slice is one of 3..6 */
+        const char *name = json_str(json_get(json_at(ev, i), "name"));
+        unsigned long long step;
+        if (name && sscanf(name, "step %llu", &step) == 1)
+            cr_assert(step >= 3 && step <= 6, "step %llu in the trace of batches 3-6", step);
+    }
+    json_free(tr);
+
+    json *ov = json_parse_file(overview, err, sizeof err);
+    cr_assert_not_null(ov, "%s: %s", overview, err);
+    tpu_profile_summary sum;
+    summary_of_json(ov, &sum);
+    cr_assert_eq(sum.steps, 2u * 3u, "core-steps with a period in batches 3-6: %zu", sum.steps);
+    snprintf(file, sizeof file, "%s/steps.svg", run_dir);
+    check_plot(file, &sum, 2, 3);
+    json_free(ov);
+    tpu_callback_free(&cb);
+    tpu_model_free(m);
+    ct_free(t);
 }

@@ -189,8 +189,9 @@ TPU_API tpu_status tpu_callback_checkpoint(const char *path, uint64_t save_every
 /* TensorBoard(log_dir, profile_batch='first,last'): when batch last (1-based,
  * counted from the start of training, as Keras counts them) is done, reads
  * every core's events of batches first..last (tpuemu/profile.h), writes the
- * trace to logdir/plugins/profile/RUN/HOST.trace.json.gz and the client's
- * per-step times to steps.json beside it, and prints the overview. */
+ * trace to logdir/plugins/profile/RUN/HOST.trace.json.gz, and beside it the
+ * overview (HOST.overview.json), its picture (steps.svg) and the client's
+ * per-step times (steps.json), and prints the overview. */
 TPU_API tpu_status tpu_callback_profiler(const char *logdir, uint64_t first, uint64_t last, tpu_callback *cb);
 /* The run directory the profiler callback wrote ("" before it wrote one). */
 TPU_API const char *tpu_callback_profiler_dir(const tpu_callback *cb);

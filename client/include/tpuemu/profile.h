@@ -73,9 +73,10 @@ TPU_API tpu_status tpu_profile_write(const tpu_profile *p, const char *logdir, c
  * 8, the other dimensions to 128), and per layer, with what its padding
  * costs; the core (index into the profile's cores) that arrives last at the
  * all-reduce most often, how often and by how much after the next latest on
- * average, and whether that makes it a straggler (last in at least half of
- * the steps and 1.5 times its 1/n share, as 2 cores always have a last one,
- * by at least a tenth of a step); the highest HBM peak of any core;
+ * average, and whether that makes it a straggler (over at least 4 steps,
+ * last in at least half of them and in 1.5 times its 1/n share, as one of 2
+ * cores is always last, by at least a tenth of a step); the highest HBM peak
+ * of any core;
  * the bottleneck ("input", "compute", "memory", "all-reduce" or "idle") with
  * its fix; and the roofline estimate of the same step on the real generation.
  *
@@ -126,6 +127,13 @@ TPU_API void tpu_profile_print_overview(const tpu_profile *p, FILE *f);
  * the estimate). tpu_profile_write also writes it beside the trace, as
  * HOST.overview.json. */
 TPU_API tpu_status tpu_profile_write_overview_json(const tpu_profile *p, FILE *f);
+
+/* Draws where each step's time went as an SVG picture at path: a stacked
+ * bar per step over the capture (the average over the cores; binned to at
+ * most 200 bars) and one per core (its average step), in the overview's
+ * parts. Each bar's numbers are in data- attributes (data-step, data-core,
+ * data-part, data-ms). Written beside path and renamed into place. */
+TPU_API tpu_status tpu_profile_plot_svg(const tpu_profile *p, const char *path);
 
 #ifdef __cplusplus
 }
