@@ -173,7 +173,7 @@ static void write_svg(FILE *f, const tpu_profile *p, const tpu_profile_summary *
     size_t nc = tpu_profile_num_cores(p);
     double plot_w = PLOT_W - PLOT_LEFT - PLOT_RIGHT, top = 0, tick, y0, core_top;
     double core_ms[NPART], cmax = 0;
-    double height = PLOT_TOP + PLOT_STEPS_H + 70 + 30 + PLOT_CORE_H * (double)nc + 50;
+    double height = PLOT_TOP + PLOT_STEPS_H + 70 + PLOT_CORE_H * (double)nc + 30;
 
     for (size_t k = 0; k < nb; k++) {
         double t = 0;

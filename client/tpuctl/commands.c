@@ -537,7 +537,7 @@ static int cmd_profile(const struct tpuctl *g, int argc, char **argv)
         tpu_profile_print_overview(p, stdout);
         printf("Trace: %s\n", path);
         if (plot)
-            printf("Plot: %s\n", plot);
+            printf("Picture: %s\n", plot);
     }
     tpu_profile_free(p);
     disconnect(r, c);
