@@ -1,13 +1,16 @@
 # Shared by scripts/demo.sh and scripts/test.sh: package installation and builds.
 
-# Exactly the Debian 12 packages tpuemu builds, runs and tests with.
+# Exactly the Debian 12 packages tpuemu builds and runs with (and its ctest suite needs).
 TPUEMU_PACKAGES="build-essential cmake pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler
 libnanomsg-dev libcriterion-dev libsodium-dev clang valgrind libdnnl-dev zlib1g-dev
 dataset-fashion-mnist"
+# What only the tests need beyond that: the viewer test's browser, web server,
+# download and checksum, and the network namespace it runs them in.
+TPUEMU_TEST_PACKAGES="chromium python3 curl openssl iproute2 util-linux"
 
-install_packages() {
+install_packages() { # extra packages...
     local missing=()
-    for p in $TPUEMU_PACKAGES; do
+    for p in $TPUEMU_PACKAGES "$@"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
     done
     [ ${#missing[@]} -eq 0 ] && return 0

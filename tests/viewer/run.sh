@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The profiler's files in real viewers: a resolver and 4 workers (2 hosts x 2
+# cores) on loopback, examples/fashion_mnist for 1 epoch with the profiler on
+# batches 10-20, then, in a network namespace of its own that has nothing but
+# loopback (so the browser can reach nothing else):
+#  - the trace is opened in speedscope (a trace viewer that imports Chrome
+#    trace-event JSON; its release from the npm registry, checked against its
+#    published sha512) served on 127.0.0.1 and loaded in headless Chromium:
+#    the viewer must list every thread of the trace (3 per core, 2 of the
+#    client) by name, and show no import error;
+#  - the picture steps.svg is opened in headless Chromium, whose XML parser
+#    must accept it as an SVG document.
+# chrome://tracing cannot be used: headless Chromium refuses chrome:// pages.
+#
+#   tests/viewer/run.sh BUILD_DIR
+set -uo pipefail
+fail() { echo "FAIL: $*"; exit 1; }
+[ $# -eq 1 ] || fail "usage: tests/viewer/run.sh BUILD_DIR"
+bin=$(cd "$1" && pwd)/bin
+cache=$(cd "$1" && pwd)/viewer-cache
+data=${TPUEMU_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+ss_version=1.25.0
+ss_sha512=cpf9HWTZf1ijLXBJrk87Ve/54tnYx6rlf0gUThvn3ook6h63hLXVOQiMf44PT+XoV503cPfvfiT5gP5vojp6Ag==
+ss_url=https://registry.npmjs.org/speedscope/-/speedscope-$ss_version.tgz
+for tool in chromium python3 unshare ip curl openssl; do
+    command -v "$tool" >/dev/null || fail "$tool is not installed (scripts/lib.sh lists the packages)"
+done
+[ -f "$data/train-images-idx3-ubyte.gz" ] || fail "$data has no Fashion-MNIST files (apt-get install dataset-fashion-mnist)"
+
+# speedscope, once per build tree
+mkdir -p "$cache"
+tgz=$cache/speedscope-$ss_version.tgz
+if [ ! -f "$tgz" ]; then
+    curl -fsSL --max-time 120 -o "$tgz.part" "$ss_url" || fail "cannot download $ss_url"
+    mv "$tgz.part" "$tgz"
+fi
+got=$(openssl dgst -sha512 -binary "$tgz" | base64 -w0)
+[ "$got" = "$ss_sha512" ] || { rm -f "$tgz"; fail "$tgz: sha512 $got, not the published $ss_sha512"; }
+
+work=$(mktemp -d /tmp/tpuemu-viewer.XXXXXX)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+port=$((20000 + RANDOM % 20000))
+while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
+tpu=127.0.0.1:$port
+"$bin/tpu-resolver" --listen "$tpu" --heartbeat-ms 200 2>"$work/resolver.log" &
+pids+=($!)
+for h in 0 1; do
+    for c in 0 1; do
+        "$bin/tpu-worker" --resolver "$tpu" --host-id "host$h" --core "$c" --tpu-type v3 \
+            2>"$work/worker-$h-$c.log" &
+        pids+=($!)
+    done
+done
+for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+"$bin/tpuctl" --tpu "$tpu" init --expect 4 --timeout-ms 20000 >/dev/null || {
+    echo "FAIL: the cluster did not come up"; tail -n 5 "$work"/*.log; exit 1; }
+cd "$work"
+timeout 300 "$bin/fashion_mnist" --tpu "$tpu" --epochs 1 >out.txt 2>err.txt ||
+    { cat out.txt err.txt; fail "fashion_mnist failed"; }
+trace=$(ls logs/plugins/profile/*/*.trace.json.gz 2>/dev/null | head -1)
+svg=$(ls logs/plugins/profile/*/steps.svg 2>/dev/null | head -1)
+[ -n "$trace" ] && [ -n "$svg" ] || fail "the profiler callback wrote no trace or no steps.svg under logs/plugins/profile/RUN/"
+
+mkdir -p www
+tar -xzf "$tgz" -C "$work" package/dist/release || fail "cannot unpack $tgz"
+cp -r package/dist/release/. www/
+gunzip -c "$trace" >www/trace.json || fail "cannot gunzip $trace"
+cp "$svg" www/steps.svg
+
+# In a namespace with only loopback: the web server and the browser.
+cat >viewer.sh <<'INNER'
+set -u
+ip link set lo up
+cd www
+python3 -m http.server 8000 --bind 127.0.0.1 >../http.log 2>&1 &
+srv=$!
+for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/8000) 2>/dev/null && break; sleep 0.1; done
+browse() { # url, output
+    timeout 90 chromium --headless --no-sandbox --disable-gpu --no-first-run --disable-sync \
+        --disable-background-networking --disable-component-update --disable-default-apps \
+        --disable-domain-reliability --user-data-dir="$(mktemp -d)" --window-size=1200,800 \
+        --virtual-time-budget=15000 --dump-dom "$1" >"$2" 2>>../chromium.log
+}
+browse "http://127.0.0.1:8000/index.html#profileURL=http://127.0.0.1:8000/trace.json" ../speedscope.html
+browse "http://127.0.0.1:8000/steps.svg" ../svg.html
+kill $srv
+INNER
+unshare --net bash viewer.sh || fail "cannot run the viewer in a network namespace of its own (unshare --net)"
+
+# speedscope's thread list: "(1/N)" and a row per thread, by the trace's names
+text=$(sed 's/<[^>]*>/\n/g' speedscope.html | sed '/^[[:space:]]*$/d')
+threads=$(python3 -c '
+import gzip, json, sys
+ev = json.load(gzip.open(sys.argv[1]))["traceEvents"]
+print(len({(e["pid"], e["tid"]) for e in ev if e.get("ph") == "M" and e.get("name") == "thread_name"}))' "$trace") ||
+    fail "cannot count the threads of $trace"
+[ "$threads" -eq $((4 * 3 + 2)) ] || fail "$trace names $threads threads, not 3 per core and 2 of the client"
+grep -qi "something went wrong\|could not\|error" <<<"$text" &&
+    { echo "$text" | head -40; fail "speedscope reported an error importing the trace"; }
+grep -q "(1/$threads)" <<<"$text" ||
+    { echo "$text" | head -40; tail -5 chromium.log; fail "speedscope does not list $threads threads of the trace"; }
+for want in "host host0 (pid 1), core 0 (replica 0, v3)" "host host1 (pid 2), core 1 (replica 3, v3)" \
+        "core 1 receives" "dataset" "infeed"; do
+    grep -qF "$want" <<<"$text" || { echo "$text" | head -60; fail "speedscope lists no thread \"$want\""; }
+done
+# the picture: Chromium parsed it as SVG (a parse error becomes a <parsererror> page)
+grep -q "<svg" svg.html || fail "Chromium shows no SVG for steps.svg"
+grep -qi "parsererror" svg.html && fail "Chromium could not parse steps.svg: $(sed 's/<[^>]*>/ /g' svg.html | head -c 400)"
+grep -q 'data-part="all-reduce"' svg.html || fail "the picture Chromium shows has no bars"
+echo "2 passed, 0 failed: speedscope $ss_version lists the trace's $threads threads; Chromium shows steps.svg"
