@@ -396,19 +396,30 @@ static int mkdirs(char *path)
     return mkdir(path, 0755) < 0 && errno != EEXIST ? -1 : 0;
 }
 
-static void jstr(gzFile f, const char *s)
+/* s as a quoted JSON string in out (cut short, still quoted, when it does
+ * not fit; the names written are far shorter than the buffers). */
+static const char *json_quote(const char *s, char *out, size_t n)
 {
-    gzputc(f, '"');
-    for (; *s; s++) {
+    size_t k = 0;
+    out[k++] = '"';
+    for (; s && *s && k + 8 < n; s++) {
         unsigned char ch = (unsigned char)*s;
         if (ch == '"' || ch == '\\')
-            gzprintf(f, "\\%c", ch);
+            k += (size_t)snprintf(out + k, n - k, "\\%c", ch);
         else if (ch < 0x20)
-            gzprintf(f, "\\u%04x", ch);
+            k += (size_t)snprintf(out + k, n - k, "\\u%04x", ch);
         else
-            gzputc(f, ch);
+            out[k++] = (char)ch;
     }
-    gzputc(f, '"');
+    out[k++] = '"';
+    out[k] = '\0';
+    return out;
+}
+
+static void jstr(gzFile f, const char *s)
+{
+    char q[1024];
+    gzputs(f, json_quote(s, q, sizeof q));
 }
 
 /* microseconds since the capture's start, with ns precision */
@@ -1096,17 +1107,8 @@ void tpu_profile_print_overview(const tpu_profile *p, FILE *f)
 
 static void fjstr(FILE *f, const char *s)
 {
-    fputc('"', f);
-    for (; s && *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch < 0x20)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
-    }
-    fputc('"', f);
+    char q[1024];
+    fputs(json_quote(s, q, sizeof q), f);
 }
 
 static void fsplit(FILE *f, const double *part, double whole)

@@ -510,15 +510,12 @@ static int cmd_profile(const struct tpuctl *g, int argc, char **argv)
         disconnect(r, c);
         return rc;
     }
+    rc = EXIT_OK;
     if (tpu_profile_write(p, logdir, path, sizeof path) != TPU_OK ||
         (plot && tpu_profile_plot_svg(p, plot) != TPU_OK)) {
         rc = fail();
-        tpu_profile_free(p);
-        disconnect(r, c);
-        return rc;
-    }
-    if (g->json) {
-        /* {"trace": PATH, "overview": the overview.json beside it} */
+    } else if (g->json) {
+        /* {"trace": PATH, "plot": FILE, "overview": the overview.json beside it} */
         json j;
         json_init(&j, stdout);
         json_obj(&j, NULL);
@@ -526,13 +523,10 @@ static int cmd_profile(const struct tpuctl *g, int argc, char **argv)
         if (plot)
             json_str(&j, "plot", plot);
         fputs(",\"overview\":", stdout);
-        if (tpu_profile_write_overview_json(p, stdout) != TPU_OK) {
+        if (tpu_profile_write_overview_json(p, stdout) != TPU_OK)
             rc = fail();
-            tpu_profile_free(p);
-            disconnect(r, c);
-            return rc;
-        }
-        fputs("}\n", stdout);
+        else
+            fputs("}\n", stdout);
     } else {
         tpu_profile_print_overview(p, stdout);
         printf("Trace: %s\n", path);
@@ -541,7 +535,7 @@ static int cmd_profile(const struct tpuctl *g, int argc, char **argv)
     }
     tpu_profile_free(p);
     disconnect(r, c);
-    return EXIT_OK;
+    return rc;
 }
 
 const struct tpuctl_cmd tpuctl_cmds[] = {

@@ -14,28 +14,8 @@ if [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
     exit 1
 fi
 work=$(mktemp -d /tmp/tpuemu-example.XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-port=$((20000 + RANDOM % 20000))
-while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
-tpu=127.0.0.1:$port
-"$bin/tpu-resolver" --listen "$tpu" --heartbeat-ms 200 2>"$work/resolver.log" &
-pids+=($!)
-for h in 0 1; do
-    for c in 0 1; do
-        "$bin/tpu-worker" --resolver "$tpu" --host-id "host$h" --core "$c" --tpu-type v3 \
-            2>"$work/worker-$h-$c.log" &
-        pids+=($!)
-    done
-done
-for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
-"$bin/tpuctl" --tpu "$tpu" init --expect 4 --timeout-ms 20000 >/dev/null || {
-    echo "FAIL: the cluster did not come up"; tail -n 5 "$work"/*.log; exit 1; }
+. "$(dirname "${BASH_SOURCE[0]}")/../support/local_cluster.sh"
+start_local_cluster "$bin" "$work"
 cd "$work"
 timeout 600 "$bin/fashion_mnist" --tpu "$tpu" --epochs 5 >out.txt 2>err.txt
 rc=$?

@@ -38,28 +38,8 @@ got=$(openssl dgst -sha512 -binary "$tgz" | base64 -w0)
 [ "$got" = "$ss_sha512" ] || { rm -f "$tgz"; fail "$tgz: sha512 $got, not the published $ss_sha512"; }
 
 work=$(mktemp -d /tmp/tpuemu-viewer.XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-port=$((20000 + RANDOM % 20000))
-while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
-tpu=127.0.0.1:$port
-"$bin/tpu-resolver" --listen "$tpu" --heartbeat-ms 200 2>"$work/resolver.log" &
-pids+=($!)
-for h in 0 1; do
-    for c in 0 1; do
-        "$bin/tpu-worker" --resolver "$tpu" --host-id "host$h" --core "$c" --tpu-type v3 \
-            2>"$work/worker-$h-$c.log" &
-        pids+=($!)
-    done
-done
-for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
-"$bin/tpuctl" --tpu "$tpu" init --expect 4 --timeout-ms 20000 >/dev/null || {
-    echo "FAIL: the cluster did not come up"; tail -n 5 "$work"/*.log; exit 1; }
+. "$(dirname "${BASH_SOURCE[0]}")/../support/local_cluster.sh"
+start_local_cluster "$bin" "$work"
 cd "$work"
 timeout 300 "$bin/fashion_mnist" --tpu "$tpu" --epochs 1 >out.txt 2>err.txt ||
     { cat out.txt err.txt; fail "fashion_mnist failed"; }
