@@ -22,8 +22,8 @@ tarball=$cache/debian-bookworm-minbase.tar
 die() { echo "make-base-image: $*" >&2; exit 1; }
 
 command -v "$docker" >/dev/null || die "no docker client ($docker); apt-get install docker.io"
-"$docker" info >/dev/null 2>&1 ||
-    die "cannot reach the Docker engine (DOCKER_HOST=${DOCKER_HOST:-unset}): $("$docker" info 2>&1 | tail -1)"
+"$docker" version --format '{{.Server.Version}}' >/dev/null 2>&1 ||
+    die "cannot reach the Docker engine: $("$docker" version --format '{{.Server.Version}}' 2>&1 | grep -v '^$' | tail -1)"
 
 if "$docker" image inspect "$image" >/dev/null 2>&1; then
     echo "make-base-image: $image is already there"
