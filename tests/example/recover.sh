@@ -8,6 +8,7 @@
 #
 #   tests/example/recover.sh BUILD_DIR
 set -uo pipefail
+unset TPUEMU_METRICS_PORT # four workers on one machine cannot share one metrics port
 bin=$(cd "$1" && pwd)/bin
 data=${TPUEMU_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 if [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
