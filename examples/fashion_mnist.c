@@ -125,12 +125,19 @@ static int fresh_cores(tpu_cluster *c, char *others, size_t n, long *hb_ms)
     return live;
 }
 
+static tpu_status failed(const char *what)
+{
+    fail(what);
+    return tpu_last_status();
+}
+
 /* After a core failed: waits (at most wait_s) until the cluster has want
  * live cores again, re-initializes the TPU system (a new epoch: every core
  * reset), compiles the model onto it and loads the checkpoint when there is
- * one (*resume = 1; 0: none yet, training starts again). 0, or 1 having
- * said why not. */
-static int recover(tpu_cluster *c, tpu_topology **topology, tpu_model *m, const tpu_compile_options *co,
+ * one (*resume = 1; 0: none yet, training starts again). TPU_OK, or the
+ * status of what failed, having said why (TPU_UNAVAILABLE: another core
+ * failed meanwhile). */
+static tpu_status recover(tpu_cluster *c, tpu_topology **topology, tpu_model *m, const tpu_compile_options *co,
                    const char *ckpt, int want, int wait_s, int *resume)
 {
     long t0 = now_ms(), deadline = t0 + (long)wait_s * 1000, hb_ms = 1000, said = -1;
@@ -147,7 +154,7 @@ static int recover(tpu_cluster *c, tpu_topology **topology, tpu_model *m, const 
             if (io.timeout_ms >= 1000 && tpu_initialize_system(c, &io, &t) == TPU_OK)
                 break;
             if (io.timeout_ms >= 1000 && tpu_last_status() != TPU_UNAVAILABLE)
-                return fail("re-initializing the TPU system");
+                return failed("re-initializing the TPU system");
             if (io.timeout_ms >= 1000)
                 printf("  initialize: %s: %s; trying again\n", tpu_status_name(tpu_last_status()), tpu_last_error());
         } else if (live != said && live < want) {
@@ -162,7 +169,7 @@ static int recover(tpu_cluster *c, tpu_topology **topology, tpu_model *m, const 
                     "fashion_mnist: the cluster did not have %d live cores again within %d s (%s); restart the "
                     "failed workers, or give more time with --recover-wait\n",
                     want, wait_s, *others ? others : "the initialize kept failing");
-            return 1;
+            return TPU_DEADLINE_EXCEEDED;
         }
         sleep_ms(500);
     }
@@ -170,23 +177,23 @@ static int recover(tpu_cluster *c, tpu_topology **topology, tpu_model *m, const 
     *topology = t;
     if (tpu_topology_num_replicas(t) != want) {
         fprintf(stderr, "fashion_mnist: the new system has %d replicas, not %d\n", tpu_topology_num_replicas(t), want);
-        return 1;
+        return TPU_FAILED_PRECONDITION;
     }
     printf("  TPU system initialized again: epoch %llu, %d replicas, after %.1f s\n",
            (unsigned long long)tpu_topology_epoch(t), want, (double)(now_ms() - t0) / 1000.0);
     if (tpu_model_compile(m, co) != TPU_OK)
-        return fail("compiling the model again");
+        return failed("compiling the model again");
     *resume = 0;
     if (access(ckpt, F_OK) != 0) {
         printf("  no checkpoint yet: training starts again from the first epoch\n");
-        return 0;
+        return TPU_OK;
     }
     if (tpu_model_load_checkpoint(m, ckpt) != TPU_OK)
-        return fail("loading the checkpoint");
+        return failed("loading the checkpoint");
     *resume = 1;
     printf("  restored %s: epoch %d, batch %zu, step %llu\n", ckpt, tpu_model_epoch(m) + 1,
            tpu_model_batch_in_epoch(m), (unsigned long long)tpu_model_step(m));
-    return 0;
+    return TPU_OK;
 }
 
 int main(int argc, char **argv)
@@ -333,12 +340,12 @@ int main(int argc, char **argv)
         if (st == TPU_OK)
             break;
         fail(what); /* UNAVAILABLE names the core: "core host1/3 ..." */
-        if (st != TPU_UNAVAILABLE || recoveries >= recover_max)
-            return 1;
-        recoveries++;
-        printf("recovering (%d of %d) from %s's failure\n", recoveries, recover_max, what);
-        if (recover(cluster, &topology, model, &co, ckpt, replicas, recover_wait, &fo.resume))
-            return 1;
+        do {
+            if (st != TPU_UNAVAILABLE || recoveries >= recover_max)
+                return 1;
+            recoveries++;
+            printf("recovering (%d of %d) from %s's failure\n", recoveries, recover_max, what);
+        } while ((st = recover(cluster, &topology, model, &co, ckpt, replicas, recover_wait, &fo.resume)) != TPU_OK);
         if (!*tpu_callback_profiler_dir(&cbs[1])) { /* its batches start again after the resume */
             tpu_callback_free(&cbs[1]);
             if (tpu_callback_profiler(logdir, 10, 20, &cbs[1]))
