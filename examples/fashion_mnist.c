@@ -6,12 +6,21 @@
  * cross-entropy, and fit for 10 epochs with the profiler on batches 10-20.
  *
  *   fashion_mnist [--tpu ADDR] [--epochs N] [--data DIR] [--logdir DIR]
+ *                 [--checkpoint FILE [--checkpoint-every N]] [--recover N [--recover-wait S]]
+ *
+ * With --checkpoint it saves the model after every epoch (or every N steps);
+ * with --recover it survives a core that dies: on UNAVAILABLE it waits for
+ * the cluster to be whole again, re-initializes the TPU system, compiles the
+ * model onto the new system, loads the last checkpoint and goes on, as the
+ * README's "Checkpoints" describes.
  *
  * It uses only the public API (tpuemu/model.h, tpuemu/data.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <tpuemu/data.h>
 #include <tpuemu/model.h>
@@ -30,12 +39,18 @@ static int usage(const char *why)
     if (why)
         fprintf(stderr, "fashion_mnist: %s\n", why);
     fprintf(stderr, "usage: fashion_mnist [--tpu ADDR] [--epochs N] [--data DIR] [--logdir DIR]\n"
+                    "                     [--checkpoint FILE [--checkpoint-every N]] [--recover N [--recover-wait S]]\n"
                     "  --tpu ADDR    the TPU resolver, HOST:PORT (default $TPU_NAME, else 127.0.0.1:8470)\n"
                     "  --epochs N    epochs to train (default 10)\n"
                     "  --data DIR    the Fashion-MNIST IDX files (default " DEFAULT_DATA ",\n"
                     "                Debian package dataset-fashion-mnist)\n"
                     "  --logdir DIR  where the profiler writes batches 10-20 (default logs)\n"
-                    "  --learning-rate LR  Adam's (default 0.001 x sqrt(global batch / 128))\n");
+                    "  --learning-rate LR  Adam's (default 0.001 x sqrt(global batch / 128))\n"
+                    "  --checkpoint FILE   save the model there after every epoch\n"
+                    "  --checkpoint-every N  ... every N steps instead (1..1000000)\n"
+                    "  --recover N   when a core fails (UNAVAILABLE), up to N times (1..100): wait for\n"
+                    "                the cluster to be whole, re-initialize, load FILE and go on\n"
+                    "  --recover-wait S  the longest to wait for the cluster each time (default 120 s)\n");
     return 2;
 }
 
@@ -65,11 +80,130 @@ static int load(const char *dir, const char *prefix, float **x, int32_t **y, siz
     return rc ? fail("converting the data") : 0;
 }
 
+static long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+/* Cores that are alive with a heartbeat younger than two intervals, and in
+ * others the names of the rest. A core that has just died is still READY
+ * until it misses --dead-after heartbeats, but its heartbeat ages at once.
+ * -1 when the resolver does not answer. *hb_ms gets the interval. */
+static int fresh_cores(tpu_cluster *c, char *others, size_t n, long *hb_ms)
+{
+    tpu_cluster_spec *s;
+    size_t used = 0;
+    int live = 0;
+    others[0] = 0;
+    if (tpu_cluster_spec_get(c, &s) != TPU_OK) {
+        snprintf(others, n, "%s: %s", tpu_status_name(tpu_last_status()), tpu_last_error());
+        return -1;
+    }
+    *hb_ms = (long)tpu_cluster_spec_heartbeat_ms(s);
+    for (size_t i = 0; i < tpu_cluster_spec_num_cores(s); i++) {
+        tpu_core_info ci;
+        if (tpu_cluster_spec_core(s, i, &ci) != TPU_OK)
+            continue;
+        if ((ci.state == TPU_CORE_IDLE || ci.state == TPU_CORE_READY) && ci.heartbeat_age_ms <= 2 * (uint64_t)*hb_ms)
+            live++;
+        else if (used < n) {
+            int k = snprintf(others + used, n - used, "%s%s/%d (%s, last heartbeat %.1f s ago)", used ? ", " : "",
+                             ci.host_id, ci.core, tpu_core_state_name(ci.state), (double)ci.heartbeat_age_ms / 1000.0);
+            used = k < 0 ? n : used + (size_t)k;
+        }
+    }
+    tpu_cluster_spec_free(s);
+    return live;
+}
+
+static tpu_status failed(const char *what)
+{
+    fail(what);
+    return tpu_last_status();
+}
+
+/* After a core failed: waits (at most wait_s) until the cluster has want
+ * live cores again, re-initializes the TPU system (a new epoch: every core
+ * reset), compiles the model onto it and loads the checkpoint when there is
+ * one (*resume = 1; 0: none yet, training starts again). TPU_OK, or the
+ * status of what failed, having said why (TPU_UNAVAILABLE: another core
+ * failed meanwhile). */
+static tpu_status recover(tpu_cluster *c, tpu_topology **topology, tpu_model *m, const tpu_compile_options *co,
+                   const char *ckpt, int want, int wait_s, int *resume)
+{
+    long t0 = now_ms(), deadline = t0 + (long)wait_s * 1000, hb_ms = 1000, said = -1;
+    char others[1024];
+    tpu_topology *t = NULL;
+
+    for (;;) {
+        long now = now_ms();
+        int live = fresh_cores(c, others, sizeof others, &hb_ms);
+        /* wait two heartbeats, so that the failed core's last one is stale */
+        if (live >= want && now - t0 >= 2 * hb_ms) {
+            tpu_init_options io = {.expect = (uint32_t)want,
+                                   .timeout_ms = (uint32_t)(deadline - now < 30000 ? deadline - now : 30000)};
+            if (io.timeout_ms >= 1000 && tpu_initialize_system(c, &io, &t) == TPU_OK)
+                break;
+            if (io.timeout_ms >= 1000 && tpu_last_status() != TPU_UNAVAILABLE)
+                return failed("re-initializing the TPU system");
+            if (io.timeout_ms >= 1000)
+                printf("  initialize: %s: %s; trying again\n", tpu_status_name(tpu_last_status()), tpu_last_error());
+        } else if (live != said && live < want) {
+            if (live < 0)
+                printf("  waiting for the resolver: %s\n", others);
+            else
+                printf("  waiting for %d live cores: %d now%s%s\n", want, live, *others ? "; not: " : "", others);
+            said = live;
+        }
+        if (now_ms() >= deadline) {
+            fprintf(stderr,
+                    "fashion_mnist: the cluster did not have %d live cores again within %d s (%s); restart the "
+                    "failed workers, or give more time with --recover-wait\n",
+                    want, wait_s, *others ? others : "the initialize kept failing");
+            return TPU_DEADLINE_EXCEEDED;
+        }
+        sleep_ms(500);
+    }
+    tpu_topology_free(*topology);
+    *topology = t;
+    if (tpu_topology_num_replicas(t) != want) {
+        fprintf(stderr, "fashion_mnist: the new system has %d replicas, not %d\n", tpu_topology_num_replicas(t), want);
+        return TPU_FAILED_PRECONDITION;
+    }
+    printf("  TPU system initialized again: epoch %llu, %d replicas, after %.1f s\n",
+           (unsigned long long)tpu_topology_epoch(t), want, (double)(now_ms() - t0) / 1000.0);
+    if (tpu_model_compile(m, co) != TPU_OK)
+        return failed("compiling the model again");
+    *resume = 0;
+    if (access(ckpt, F_OK) != 0) {
+        printf("  no checkpoint yet: training starts again from the first epoch\n");
+        return TPU_OK;
+    }
+    if (tpu_model_load_checkpoint(m, ckpt) != TPU_OK)
+        return failed("loading the checkpoint");
+    *resume = 1;
+    printf("  restored %s: epoch %d, batch %zu, step %llu\n", ckpt, tpu_model_epoch(m) + 1,
+           tpu_model_batch_in_epoch(m), (unsigned long long)tpu_model_step(m));
+    return TPU_OK;
+}
+
 int main(int argc, char **argv)
 {
-    const char *tpu = NULL, *data = DEFAULT_DATA, *logdir = "logs";
-    int epochs = 10;
+    const char *tpu = NULL, *data = DEFAULT_DATA, *logdir = "logs", *ckpt = NULL;
+    int epochs = 10, recover_max = 0, recover_wait = 120;
+    long ckpt_every = 0;
     float lr = 0;
+
+    setvbuf(stdout, NULL, _IOLBF, 0); /* progress lines as they happen, also into a pipe */
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -94,9 +228,32 @@ int main(int argc, char **argv)
             if (*end || v < 1 || v > 1000)
                 return usage("--epochs: a number from 1 to 1000");
             epochs = (int)v;
+        } else if (!strcmp(a, "--checkpoint")) {
+            ckpt = argv[++i];
+            if (!*ckpt)
+                return usage("--checkpoint: a file name");
+        } else if (!strcmp(a, "--checkpoint-every") || !strcmp(a, "--recover") || !strcmp(a, "--recover-wait")) {
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            long most = !strcmp(a, "--checkpoint-every") ? 1000000 : !strcmp(a, "--recover") ? 100 : 3600;
+            if (*end || v < 1 || v > most) {
+                char why[96];
+                snprintf(why, sizeof why, "%s: a number from 1 to %ld", a, most);
+                return usage(why);
+            }
+            if (!strcmp(a, "--checkpoint-every"))
+                ckpt_every = v;
+            else if (!strcmp(a, "--recover"))
+                recover_max = (int)v;
+            else
+                recover_wait = (int)v;
         } else
             return usage("unknown flag");
     }
+    if (ckpt_every && !ckpt)
+        return usage("--checkpoint-every needs --checkpoint FILE");
+    if (recover_max && !ckpt)
+        return usage("--recover needs --checkpoint FILE to go on from");
 
     /* data */
     float *x_train, *x_test;
@@ -159,28 +316,49 @@ int main(int argc, char **argv)
     tpu_model_summary(model, summary, sizeof summary);
     fputs(summary, stdout);
 
-    /* 5. train with profiling */
-    tpu_callback cbs[2];
+    /* 5. train with profiling (and checkpoints) */
+    tpu_callback cbs[3];
     tpu_fit_options fo;
+    size_t ncb = 2;
     if (tpu_callback_progress(stdout, &cbs[0]) || tpu_callback_profiler(logdir, 10, 20, &cbs[1]))
         return fail("making the callbacks");
+    if (ckpt && tpu_callback_checkpoint(ckpt, (uint64_t)ckpt_every, &cbs[ncb++]))
+        return fail("making the checkpoint callback");
     memset(&fo, 0, sizeof fo);
     fo.epochs = epochs;
     fo.callbacks = cbs;
-    fo.num_callbacks = 2;
-    if (tpu_model_fit(model, train, &fo, NULL) != TPU_OK)
-        return fail("training");
+    fo.num_callbacks = ncb;
+
+    double loss, accuracy;
+    for (int recoveries = 0;;) {
+        tpu_status st = tpu_model_fit(model, train, &fo, NULL);
+        const char *what = "training";
+        if (st == TPU_OK) {
+            what = "evaluating";
+            st = tpu_model_evaluate(model, test, &loss, &accuracy);
+        }
+        if (st == TPU_OK)
+            break;
+        fail(what); /* UNAVAILABLE names the core: "core host1/3 ..." */
+        do {
+            if (st != TPU_UNAVAILABLE || recoveries >= recover_max)
+                return 1;
+            recoveries++;
+            printf("recovering (%d of %d) from %s's failure\n", recoveries, recover_max, what);
+        } while ((st = recover(cluster, &topology, model, &co, ckpt, replicas, recover_wait, &fo.resume)) != TPU_OK);
+        if (!*tpu_callback_profiler_dir(&cbs[1])) { /* its batches start again after the resume */
+            tpu_callback_free(&cbs[1]);
+            if (tpu_callback_profiler(logdir, 10, 20, &cbs[1]))
+                return fail("making the profiler callback");
+        }
+    }
     if (*tpu_callback_profiler_dir(&cbs[1]))
         printf("profile of batches 10-20 in %s (open the .trace.json.gz in chrome://tracing or Perfetto)\n",
                tpu_callback_profiler_dir(&cbs[1]));
-
-    double loss, accuracy;
-    if (tpu_model_evaluate(model, test, &loss, &accuracy) != TPU_OK)
-        return fail("evaluating");
     printf("test loss: %.4f\ntest accuracy: %.4f\n", loss, accuracy);
 
-    tpu_callback_free(&cbs[0]);
-    tpu_callback_free(&cbs[1]);
+    for (size_t i = 0; i < ncb; i++)
+        tpu_callback_free(&cbs[i]);
     tpu_model_free(model);
     tpu_dataset_free(train);
     tpu_dataset_free(test);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command: installs the build dependencies (Debian/Ubuntu), builds with
 # -Werror, runs every test, again under ASan+UBSan, then fuzzes each decoder
-# for a short while. Exit status non-zero if anything failed.
+# for a short while, then brings the docker-compose test cluster up on a Docker
+# engine of its own and kills one of its workers mid-training. Exit status
+# non-zero if anything failed.
 #
 #   scripts/test.sh            everything
 #   FUZZ_SECONDS=60 scripts/test.sh
@@ -78,6 +80,7 @@ fuzz_build() {
 if step "build fuzzers (clang)" fuzz_build; then
     step "fuzz (${FUZZ_SECONDS} s each)" fuzz_all
 fi
+step docker tests/docker/run.sh
 
 echo
 echo "==== summary"

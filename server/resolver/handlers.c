@@ -104,6 +104,7 @@ static void replace(resolver *r, rentry *en, const winfo *w, uint64_t now)
                  "initialized again", "host=%s core=%d epoch=%llu", log_q(w->host_id), w->core,
                  (unsigned long long)r->sys.epoch);
     rsv_drop_link(en);
+    prom_add(&r->metrics.registrations, 1);
     en->w = *w;
     en->last_hb_ms = en->registered_ms = now;
     reg_set_dead(&r->reg, en, 0);
@@ -243,6 +244,7 @@ static void h_heartbeat(resolver *r, rreq *req, const wire_msg *m)
     char name[300];
     err e;
 
+    prom_add(&r->metrics.heartbeats, 1);
     if (reg_validate(wi, &e) != CODE_OK) {
         log_warn("heartbeat refused", "sender=%s reason=%s", log_q(m->sender), log_q(e.msg));
         rsv_reply_error(r, req, e.code, "heartbeat: %s", e.msg);
@@ -262,6 +264,7 @@ static void h_heartbeat(resolver *r, rreq *req, const wire_msg *m)
             rsv_reply_error(r, req, e.code, "%s", e.msg);
             return;
         }
+        prom_add(&r->metrics.registrations, 1);
         log_registered(&w);
     } else if (en->w.incarnation == w.incarnation) {
         refresh(r, en, &w, now);

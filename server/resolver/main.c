@@ -18,8 +18,8 @@
 
 struct settings {
     const char *listen, *token_file, *log_level;
-    int insecure;
-    long long heartbeat_ms, dead_after, max_cores;
+    int insecure, probe;
+    long long heartbeat_ms, dead_after, max_cores, metrics_port;
 };
 
 static int parse_settings(int argc, char **argv, struct settings *st)
@@ -37,6 +37,12 @@ static int parse_settings(int argc, char **argv, struct settings *st)
          "missed heartbeats after which a core is dead", &st->dead_after},
         {"max-cores", "TPUEMU_MAX_CORES", OPT_INT, "1024", 1, 4096, "N",
          "most cores the resolver tracks", &st->max_cores},
+        {"metrics-port", "TPUEMU_METRICS_PORT", OPT_INT, "0", 0, 65535, "PORT",
+         "serve Prometheus metrics (/metrics) and /healthz over HTTP on this port of the --listen host; "
+         "0: off", &st->metrics_port},
+        {"probe", NULL, OPT_BOOL, NULL, 0, 0, NULL,
+         "health check: GET /healthz on the metrics port of the --listen host and exit 0 if it answers 200, "
+         "1 if not, 2 without a metrics port", &st->probe},
         {"log-level", "TPUEMU_LOG_LEVEL", OPT_STRING, "info", 0, 0, "LEVEL",
          "debug, info, warn or error", &st->log_level},
     };
@@ -83,6 +89,7 @@ static void on_signal(uv_signal_t *h, int signum)
     uv_timer_stop(&r->dead_timer);
     uv_close((uv_handle_t *)&r->dead_timer, NULL);
     sys_stop(r);
+    rm_stop(r);
     rsv_stop_claims(r);
     for (size_t i = 0; i < r->reg.n; i++)
         rsv_drop_link(r->reg.v[i]);
@@ -117,6 +124,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "tpu-resolver: --listen: %s\n", e.msg);
         return 2;
     }
+    if (st.probe)
+        return httpd_probe_main("tpu-resolver", la.host, (int)st.metrics_port);
     if (auth_load(&r.auth, st.token_file, &e) != CODE_OK) {
         fprintf(stderr, "tpu-resolver: %s\n", e.msg);
         return 2;
@@ -159,6 +168,11 @@ int main(int argc, char **argv)
     }
     r.rep.data = &r;
     started = 1;
+    if (rm_start(&r, la.host, (int)st.metrics_port, &e) != CODE_OK) {
+        log_error("cannot serve metrics", "port=%lld reason=%s", st.metrics_port, log_q(e.msg));
+        fprintf(stderr, "tpu-resolver: %s\n", e.msg);
+        goto out;
+    }
     /* stage 3: timers and signals */
     uv_timer_init(&loop, &r.dead_timer);
     r.dead_timer.data = &r;
@@ -171,14 +185,15 @@ int main(int argc, char **argv)
     uv_signal_start(&r.sigterm, on_signal, SIGTERM);
 
     addr_format(la.host, port, shown, sizeof shown);
-    log_info("listening", "listen=%s auth=%s heartbeat_ms=%u dead_after=%u max_cores=%u version=%s",
-             log_q(shown), r.auth.enabled ? "on" : "off", r.heartbeat_ms, r.dead_after,
-             r.max_cores, TPUEMU_VERSION);
+    log_info("listening", "listen=%s auth=%s heartbeat_ms=%u dead_after=%u max_cores=%u metrics_port=%lld "
+             "version=%s", log_q(shown), r.auth.enabled ? "on" : "off", r.heartbeat_ms, r.dead_after,
+             r.max_cores, st.metrics_port, TPUEMU_VERSION);
     uv_run(&loop, UV_RUN_DEFAULT);
     status = 0;
 out:
     if (loop_ok) {
         if (started && !r.stopping) { /* not reached through a signal: close what is open */
+            rm_stop(&r);
             nnuv_close(&r.rep, on_rep_closed);
         }
         uv_run(&loop, UV_RUN_DEFAULT);

@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "auth.h"
+#include "metrics.h"
 #include "nnuv.h"
 #include "registry.h"
 #include "system.h"
@@ -48,6 +49,7 @@ typedef struct resolver {
     struct claim *claims;
     size_t nclaims;
     uint64_t next_tag;   /* tags pending operations so late callbacks find nothing */
+    struct rmetrics metrics;
     int stopping;
 } resolver;
 

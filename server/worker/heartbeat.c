@@ -121,6 +121,8 @@ static void tick(uv_timer_t *t)
     }
     if (nnuv_send(hb->sock, buf, len, &e) != CODE_OK)
         log_debug("heartbeat not sent", "reason=%s", log_q(e.msg));
+    else
+        prom_add(&w->metrics.heartbeats_sent, 1);
     free(buf);
 }
 
@@ -142,6 +144,7 @@ static void on_reply(struct worker *w, const Tpuemu__HeartbeatReply *r)
                  (int)r->core, w->core);
         return;
     }
+    prom_add(&w->metrics.heartbeats_acked, 1);
     w->core = r->core;
     snprintf(w->sender, sizeof w->sender, "worker %s/%d", w->host_id, w->core);
     if (!hb->registered)

@@ -22,6 +22,7 @@
 #include "worker.h"
 
 #define EXIT_USAGE 2
+#define RUN (-1) /* configure(): start the daemon */
 
 void worker_info(struct worker *w, Tpuemu__WorkerInfo *out)
 {
@@ -67,6 +68,7 @@ void worker_stop(struct worker *w, int exit_code)
     w->exit_code = exit_code;
     log_info("stopping", "host=%s core=%d", log_q(w->host_id), w->core);
     hb_stop(w);
+    wm_stop(w);
     ctl_stop(w);
     dp_stop(w);
     peers_stop(w);
@@ -133,13 +135,14 @@ static int route_source(const char *host, int port, char *out, size_t n, err *e)
     return CODE_OK;
 }
 
-/* Flags and environment into w; returns 0, or an exit status. */
+/* Flags and environment into w; returns RUN, or an exit status (--help and
+ * --probe end here too). */
 static int configure(struct worker *w, int argc, char **argv)
 {
     const char *resolver = NULL, *listen = NULL, *advertise = NULL, *host_id = NULL;
     const char *tpu_type = NULL, *token_file = NULL, *log_level = NULL, *transport = NULL;
-    long long core = -1, hbm_bytes = 0, trace_events = TRACE_DEFAULT_EVENTS, throttle = 100;
-    int insecure = 0, first, rc, lvl;
+    long long core = -1, hbm_bytes = 0, trace_events = TRACE_DEFAULT_EVENTS, throttle = 100, metrics_port = 0;
+    int insecure = 0, probe = 0, first, rc, lvl;
     char hostname[256];
     err e;
     const struct opt opts[] = {
@@ -172,6 +175,12 @@ static int configure(struct worker *w, int argc, char **argv)
          "file holding the cluster token (else $TPUEMU_TOKEN)", &token_file},
         {"insecure", "TPUEMU_INSECURE", OPT_BOOL, NULL, 0, 0, NULL,
          "allow listening on a non-loopback address without a cluster token", &insecure},
+        {"metrics-port", "TPUEMU_METRICS_PORT", OPT_INT, "0", 0, 65535, "PORT",
+         "serve Prometheus metrics (/metrics) and /healthz over HTTP on this port of the --listen address; "
+         "0: off", &metrics_port},
+        {"probe", NULL, OPT_BOOL, NULL, 0, 0, NULL,
+         "health check: GET /healthz on the metrics port of the --listen address and exit 0 if it answers "
+         "200 (registered with the resolver), 1 if not, 2 without a metrics port", &probe},
         {"log-level", "TPUEMU_LOG_LEVEL", OPT_STRING, "info", 0, 0, "LEVEL",
          "debug, info, warn or error", &log_level},
     };
@@ -182,7 +191,7 @@ static int configure(struct worker *w, int argc, char **argv)
         opt_usage(opts, nopts, "tpu-worker --resolver HOST:PORT [options]",
                   "One emulated TPU core: registers with tpu-resolver, heartbeats, and serves its "
                   "control and data-plane ports.");
-        return -1;
+        return 0;
     }
     if (rc != CODE_OK) {
         fprintf(stderr, "tpu-worker: %s\n", e.msg);
@@ -197,6 +206,8 @@ static int configure(struct worker *w, int argc, char **argv)
         return EXIT_USAGE;
     }
     log_init("worker", (enum log_level)lvl);
+    if (probe) /* needs nothing but where the daemon would listen */
+        return httpd_probe_main("tpu-worker", listen, (int)metrics_port);
     if (!resolver || !*resolver) {
         fprintf(stderr, "tpu-worker: --resolver is required: give the tpu-resolver's HOST:PORT "
                         "(or set $TPUEMU_RESOLVER)\n");
@@ -255,7 +266,8 @@ static int configure(struct worker *w, int argc, char **argv)
     w->trace_cap = (size_t)trace_events;
     w->throttle_pct = (int)throttle;
     hbm_init(&w->hbm, hbm_bytes > 0 ? (uint64_t)hbm_bytes : w->preset->hbm_per_core);
-    return 0;
+    wm_init(w, (int)metrics_port);
+    return RUN;
 }
 
 /* Binds everything and starts heartbeating; on failure the caller stops and drains. */
@@ -270,7 +282,7 @@ static int start(struct worker *w, err *e)
     w->sigint.data = w->sigterm.data = w;
     uv_signal_start(&w->sigint, on_signal, SIGINT);
     uv_signal_start(&w->sigterm, on_signal, SIGTERM);
-    if ((rc = ctl_start(w, e)) != CODE_OK || (rc = dp_start(w, e)) != CODE_OK)
+    if ((rc = ctl_start(w, e)) != CODE_OK || (rc = dp_start(w, e)) != CODE_OK || (rc = wm_start(w, e)) != CODE_OK)
         return rc;
     addr_nn_url(w->advertise, w->ctl.port, w->control_addr, sizeof w->control_addr);
     addr_format(w->advertise, w->dp.port, w->data_addr, sizeof w->data_addr);
@@ -284,10 +296,10 @@ static int start(struct worker *w, err *e)
     if ((rc = train_init(w)) != CODE_OK)
         return err_set(e, rc, "cannot start the training service (no matrix unit)");
     log_info("started", "host=%s core=%d tpu_type=%s hbm_bytes=%llu control=%s data=%s listen=%s "
-             "resolver=%s auth=%s pid=%d version=%s", log_q(w->host_id), w->core, w->preset->name,
-             (unsigned long long)w->hbm.capacity, log_q(w->control_addr), log_q(w->data_addr),
-             log_q(w->listen), log_q(w->resolver_url), w->auth.enabled ? "on" : "off", (int)getpid(),
-             TPUEMU_VERSION);
+             "metrics_port=%d resolver=%s auth=%s pid=%d version=%s", log_q(w->host_id), w->core,
+             w->preset->name, (unsigned long long)w->hbm.capacity, log_q(w->control_addr),
+             log_q(w->data_addr), log_q(w->listen), w->metrics.port, log_q(w->resolver_url),
+             w->auth.enabled ? "on" : "off", (int)getpid(), TPUEMU_VERSION);
     return hb_start(w, e);
 }
 
@@ -303,8 +315,8 @@ int main(int argc, char **argv)
     w.heartbeat_ms = 1000;
     log_init("worker", LOG_INFO);
     auth_global_init();
-    if ((rc = configure(&w, argc, argv)) != 0)
-        return rc < 0 ? 0 : rc;
+    if ((rc = configure(&w, argc, argv)) != RUN)
+        return rc;
     signal(SIGPIPE, SIG_IGN);
     if ((rc = uv_loop_init(&loop)) < 0) {
         fprintf(stderr, "tpu-worker: uv_loop_init: %s\n", uv_strerror(rc));

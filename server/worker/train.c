@@ -614,6 +614,8 @@ static void on_allreduce(void *arg, const err *e, const uint8_t *out, size_t out
     }
     if (out && (const float *)out != model_grads(tm->m) && out_len == model_num_params(tm->m) * sizeof(float))
         memcpy(model_grads(tm->m), out, out_len);
+    prom_add(&t->w->metrics.steps, 1);
+    prom_hist_observe_ns(&t->w->metrics.step_seconds, now - r->t_step0);
     tm->pending = 1;
     tm->pending_scale = 1.0f / (float)r->global_rows[r->i];
     if (++r->i < r->steps) {

@@ -14,6 +14,7 @@
 #include "dataplane.h"
 #include "hbm.h"
 #include "heartbeat.h"
+#include "metrics.h"
 #include "preset.h"
 #include "tpuemu.pb-c.h"
 
@@ -58,6 +59,7 @@ struct worker {
 
     struct heartbeat hb;
     struct control ctl;
+    struct wmetrics metrics;  /* Prometheus counters and the HTTP server (metrics.h) */
     struct dataplane dp;
     uv_signal_t sigint, sigterm;
     int stopping;

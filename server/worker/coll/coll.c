@@ -337,6 +337,10 @@ static void finish(struct cop *op, const err *e)
         err ignored;
         hbm_release(&c->w->hbm, op->hbm_id, &ignored);
     }
+    wm_coll_done(&c->w->metrics, op->kind, e->code == CODE_OK,
+                 e->code == CODE_OK && op->kind == TPUEMU__COLL_KIND__COLL_ALL_REDUCE
+                     ? op->count * (op->bf16 ? 2u : 4u) * op->iters_done
+                     : 0);
     if (e->code != CODE_OK) {
         log_warn("collective failed", "seq=%" PRIu64 " kind=%s code=%s reason=%s", op->seq, op->what,
                  code_name(e->code), log_q(e->msg));

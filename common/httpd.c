@@ -1,0 +1,630 @@
+/* The metrics and health server (httpd.h): accept with a connection bound,
+ * read one request head into a fixed buffer under a deadline, parse it
+ * strictly, answer, shut the write side down and read what is left until the
+ * client closes (so a client still sending does not get a reset that eats the
+ * answer), then close. It must not allocate from what a client sends, nor
+ * keep a connection past its deadline. */
+#include "httpd.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <arpa/inet.h>
+
+#include "addr.h"
+#include "log.h"
+
+#define MAX_HEADERS 64
+#define MAX_TARGET 2048
+
+void hbuf_printf(hbuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    if (b->oom)
+        return;
+    for (;;) {
+        size_t room = b->cap - b->len;
+        va_start(ap, fmt);
+        n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? room : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = 1;
+            return;
+        }
+        if (b->p && (size_t)n < room) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t want = b->cap ? b->cap * 2 : 4096;
+        while (want < b->len + (size_t)n + 1)
+            want *= 2;
+        char *p = realloc(b->p, want);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->p = p;
+        b->cap = want;
+    }
+}
+
+void hbuf_free(hbuf *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+enum cstate { C_READING, C_WRITING, C_LINGER };
+
+struct hconn {
+    uv_tcp_t tcp;
+    uv_timer_t timer;
+    uv_write_t wr;
+    uv_shutdown_t sd;
+    struct httpd *h;
+    struct hconn *prev, *next;
+    enum cstate state;
+    int closing, open_handles;
+    size_t len;
+    char *out;
+    char peer[64];
+    char buf[HTTPD_MAX_REQUEST + 1];
+};
+
+struct httpd {
+    uv_loop_t *loop;
+    uv_tcp_t listener;
+    const char *name;
+    char shown[300];
+    const struct httpd_route *routes;
+    size_t nroutes;
+    void *user;
+    struct hconn *conns;
+    unsigned nconns;
+    int closing, listener_open;
+    /* refusal log rate limit */
+    uint64_t log_window;
+    unsigned logged, suppressed;
+};
+
+/* ---- lifetime ---- */
+
+static void maybe_free(struct httpd *h)
+{
+    if (h->closing && !h->listener_open && h->nconns == 0)
+        free(h);
+}
+
+static void on_listener_closed(uv_handle_t *hd)
+{
+    struct httpd *h = hd->data;
+    h->listener_open = 0;
+    maybe_free(h);
+}
+
+static void on_conn_handle_closed(uv_handle_t *hd)
+{
+    struct hconn *c = hd->data;
+    struct httpd *h = c->h;
+
+    if (--c->open_handles > 0)
+        return;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        h->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    h->nconns--;
+    free(c->out);
+    free(c);
+    maybe_free(h);
+}
+
+static void conn_close(struct hconn *c)
+{
+    if (c->closing)
+        return;
+    c->closing = 1;
+    uv_timer_stop(&c->timer);
+    uv_close((uv_handle_t *)&c->timer, on_conn_handle_closed);
+    uv_close((uv_handle_t *)&c->tcp, on_conn_handle_closed);
+}
+
+void httpd_close(httpd *h)
+{
+    if (!h || h->closing)
+        return;
+    h->closing = 1;
+    if (h->listener_open && !uv_is_closing((uv_handle_t *)&h->listener))
+        uv_close((uv_handle_t *)&h->listener, on_listener_closed);
+    for (struct hconn *c = h->conns; c; c = c->next)
+        conn_close(c);
+    maybe_free(h);
+}
+
+/* ---- logging ---- */
+
+static void log_refusal(struct httpd *h, const char *peer, int status, const char *reason, const char *method,
+                        const char *path)
+{
+    uint64_t window = uv_now(h->loop) / 1000;
+
+    if (window != h->log_window) {
+        h->log_window = window;
+        h->logged = 0;
+    }
+    if (h->logged >= HTTPD_LOG_PER_S) {
+        h->suppressed++;
+        return;
+    }
+    h->logged++;
+    log_warn("http request refused", "server=%s listen=%s peer=%s status=%d method=%s path=%s reason=%s "
+             "suppressed=%u", h->name, log_q(h->shown), log_q(peer), status, log_q(method), log_q(path),
+             log_q(reason), h->suppressed);
+    h->suppressed = 0;
+}
+
+/* ---- answering ---- */
+
+static void on_deadline(uv_timer_t *t);
+
+static const char *reason_phrase(int status)
+{
+    switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 413: return "Content Too Large";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    case 505: return "HTTP Version Not Supported";
+    default: return "Unknown";
+    }
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+    struct hconn *c = req->data;
+    if (c->closing)
+        return;
+    if (status < 0) {
+        conn_close(c);
+        return;
+    }
+    c->state = C_LINGER;
+    uv_timer_start(&c->timer, on_deadline, HTTPD_LINGER_MS, 0);
+}
+
+static void on_written(uv_write_t *req, int status)
+{
+    struct hconn *c = req->data;
+    if (c->closing)
+        return;
+    if (status < 0 || uv_shutdown(&c->sd, (uv_stream_t *)&c->tcp, on_shutdown) < 0)
+        conn_close(c);
+}
+
+/* Queues the whole answer; head_only leaves the body out (HEAD). */
+static void respond(struct hconn *c, int status, const char *content_type, const char *extra, const char *body,
+                    size_t blen, int head_only)
+{
+    char head[512];
+    int n = snprintf(head, sizeof head,
+                     "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sCache-Control: no-store\r\n"
+                     "Connection: close\r\n\r\n",
+                     status, reason_phrase(status), content_type, blen, extra ? extra : "");
+    size_t hl = n > 0 && (size_t)n < sizeof head ? (size_t)n : 0, total = hl + (head_only ? 0 : blen);
+    uv_buf_t b;
+
+    c->state = C_WRITING;
+    uv_timer_start(&c->timer, on_deadline, HTTPD_READ_TIMEOUT_MS, 0);
+    if (!hl || !(c->out = malloc(total ? total : 1))) {
+        conn_close(c);
+        return;
+    }
+    memcpy(c->out, head, hl);
+    if (!head_only && blen)
+        memcpy(c->out + hl, body, blen);
+    b = uv_buf_init(c->out, (unsigned)total);
+    if (uv_write(&c->wr, (uv_stream_t *)&c->tcp, &b, 1, on_written) < 0)
+        conn_close(c);
+}
+
+static void refuse(struct hconn *c, int status, const char *reason, const char *method, const char *path)
+{
+    char body[256];
+    int n = snprintf(body, sizeof body, "%d %s: %s\n", status, reason_phrase(status), reason);
+    log_refusal(c->h, c->peer, status, reason, method, path);
+    respond(c, status, "text/plain; charset=utf-8", status == 405 ? "Allow: GET, HEAD\r\n" : NULL, body,
+            n > 0 && (size_t)n < sizeof body ? (size_t)n : 0, 0);
+}
+
+/* ---- parsing ---- */
+
+static int is_tchar(unsigned char ch)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           (ch && strchr("!#$%&'*+-.^_`|~", ch));
+}
+
+/* Splits off the next line of [*p, end): returns its start with the line end
+ * (LF or CRLF) replaced by NUL, or NULL if there is no line end. */
+static char *next_line(char **p, char *end)
+{
+    char *s = *p, *lf = memchr(s, '\n', (size_t)(end - s));
+    if (!lf)
+        return NULL;
+    *lf = '\0';
+    if (lf > s && lf[-1] == '\r')
+        lf[-1] = '\0';
+    *p = lf + 1;
+    return s;
+}
+
+struct request {
+    char *method, *target, *version;
+    int hosts, has_body, bad_length;
+};
+
+/* Checks the request head in c->buf[0..hlen). 0, or an HTTP status with *why. */
+static int parse(struct hconn *c, size_t hlen, struct request *q, const char **why)
+{
+    char *p = c->buf, *end = c->buf + hlen, *line, *sp1, *sp2;
+    int nheaders = 0;
+
+    memset(q, 0, sizeof q[0]);
+    if (memchr(c->buf, '\0', hlen)) {
+        *why = "NUL byte in the request";
+        return 400;
+    }
+    if (!(line = next_line(&p, end))) {
+        *why = "no request line";
+        return 400;
+    }
+    if (!(sp1 = strchr(line, ' ')) || !(sp2 = strchr(sp1 + 1, ' ')) || strchr(sp2 + 1, ' ')) {
+        *why = "the request line is not METHOD TARGET VERSION";
+        return 400;
+    }
+    *sp1 = *sp2 = '\0';
+    q->method = line;
+    q->target = sp1 + 1;
+    q->version = sp2 + 1;
+    if (!*q->method || strlen(q->method) > 16) {
+        *why = "bad method";
+        return 400;
+    }
+    for (const char *s = q->method; *s; s++)
+        if (!is_tchar((unsigned char)*s)) {
+            *why = "bad method";
+            return 400;
+        }
+    if (q->target[0] != '/' || strlen(q->target) > MAX_TARGET) {
+        *why = "the target is not a path";
+        return 400;
+    }
+    for (const unsigned char *s = (const unsigned char *)q->target; *s; s++)
+        if (*s <= 0x20 || *s >= 0x7f) {
+            *why = "bad character in the target";
+            return 400;
+        }
+    if (strcmp(q->version, "HTTP/1.1") != 0 && strcmp(q->version, "HTTP/1.0") != 0) {
+        const char *v = q->version;
+        if (strncmp(v, "HTTP/", 5) == 0 && v[5] >= '0' && v[5] <= '9' && v[6] == '.' && v[7] >= '0' &&
+            v[7] <= '9' && !v[8]) {
+            *why = "only HTTP/1.0 and HTTP/1.1 are served";
+            return 505;
+        }
+        *why = "bad protocol version";
+        return 400;
+    }
+    while ((line = next_line(&p, end)) && *line) {
+        char *colon = strchr(line, ':'), *v;
+        if (++nheaders > MAX_HEADERS) {
+            *why = "too many header fields";
+            return 431;
+        }
+        if (line[0] == ' ' || line[0] == '\t') {
+            *why = "folded header line";
+            return 400;
+        }
+        if (!colon || colon == line) {
+            *why = "header line without a name";
+            return 400;
+        }
+        for (const char *s = line; s < colon; s++)
+            if (!is_tchar((unsigned char)*s)) {
+                *why = "bad header name";
+                return 400;
+            }
+        *colon = '\0';
+        for (v = colon + 1; *v == ' ' || *v == '\t'; v++)
+            ;
+        for (const unsigned char *s = (const unsigned char *)v; *s; s++)
+            if ((*s < 0x20 && *s != '\t') || *s == 0x7f) {
+                *why = "control character in a header value";
+                return 400;
+            }
+        if (!strcasecmp(line, "Host")) {
+            q->hosts++;
+        } else if (!strcasecmp(line, "Content-Length")) {
+            char *e;
+            unsigned long long n = strtoull(v, &e, 10);
+            while (*e == ' ' || *e == '\t')
+                e++;
+            if (!*v || *v < '0' || *v > '9' || *e)
+                q->bad_length = 1;
+            else if (n > 0)
+                q->has_body = 1;
+        } else if (!strcasecmp(line, "Transfer-Encoding")) {
+            q->has_body = 1;
+        }
+    }
+    if (q->bad_length) {
+        *why = "bad Content-Length";
+        return 400;
+    }
+    if (!strcmp(q->version, "HTTP/1.1") && q->hosts != 1) {
+        *why = q->hosts ? "more than one Host header" : "an HTTP/1.1 request needs a Host header";
+        return 400;
+    }
+    return 0;
+}
+
+static void handle(struct hconn *c, size_t hlen)
+{
+    struct httpd *h = c->h;
+    struct request q;
+    const char *why = "";
+    const struct httpd_route *rt = NULL;
+    int status, head;
+    size_t plen;
+    hbuf body = {0};
+
+    uv_timer_stop(&c->timer);
+    if ((status = parse(c, hlen, &q, &why)) != 0) {
+        refuse(c, status, why, q.method ? q.method : "", q.target ? q.target : "");
+        return;
+    }
+    plen = strcspn(q.target, "?#");
+    for (size_t i = 0; i < h->nroutes; i++)
+        if (strlen(h->routes[i].path) == plen && !strncmp(h->routes[i].path, q.target, plen))
+            rt = &h->routes[i];
+    if (!rt) {
+        refuse(c, 404, "no such path (there are /metrics and /healthz)", q.method, q.target);
+        return;
+    }
+    head = !strcmp(q.method, "HEAD");
+    if (!head && strcmp(q.method, "GET") != 0) {
+        refuse(c, 405, "only GET and HEAD are served", q.method, q.target);
+        return;
+    }
+    if (q.has_body) {
+        refuse(c, 413, "a GET or HEAD request takes no body", q.method, q.target);
+        return;
+    }
+    status = rt->fn(h->user, &body);
+    if (body.oom) {
+        hbuf_free(&body);
+        refuse(c, 500, "out of memory for the answer", q.method, q.target);
+        return;
+    }
+    log_debug("http request", "server=%s peer=%s method=%s path=%s status=%d bytes=%zu", h->name, log_q(c->peer),
+              q.method, log_q(q.target), status, body.len);
+    respond(c, status, rt->content_type, NULL, body.p ? body.p : "", body.len, head);
+    hbuf_free(&body);
+}
+
+/* ---- reading ---- */
+
+static void on_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *b)
+{
+    struct hconn *c = hd->data;
+    (void)suggested;
+    if (c->state == C_READING)
+        *b = uv_buf_init(c->buf + c->len, (unsigned)(HTTPD_MAX_REQUEST - c->len));
+    else /* what comes after the request is read and dropped */
+        *b = uv_buf_init(c->buf, HTTPD_MAX_REQUEST);
+}
+
+/* Length of the head (through its empty line) in buf[0..len), or 0. */
+static size_t head_end(const char *buf, size_t len, size_t from)
+{
+    for (size_t i = from; i < len; i++) {
+        if (buf[i] != '\n')
+            continue;
+        if (i >= 1 && buf[i - 1] == '\n')
+            return i + 1;
+        if (i >= 2 && buf[i - 1] == '\r' && buf[i - 2] == '\n')
+            return i + 1;
+    }
+    return 0;
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *b)
+{
+    struct hconn *c = s->data;
+    size_t from, hlen;
+    (void)b;
+
+    if (c->closing)
+        return;
+    if (nread < 0) {
+        if (c->state == C_READING && c->len)
+            log_debug("http client went away mid-request", "server=%s peer=%s bytes=%zu", c->h->name,
+                      log_q(c->peer), c->len);
+        if (c->state != C_WRITING) /* a write in flight finishes or fails on its own */
+            conn_close(c);
+        else
+            uv_read_stop(s);
+        return;
+    }
+    if (nread == 0 || c->state != C_READING)
+        return;
+    from = c->len;
+    c->len += (size_t)nread;
+    if ((hlen = head_end(c->buf, c->len, from)) != 0) {
+        c->buf[hlen] = '\0';
+        handle(c, hlen);
+    } else if (c->len >= HTTPD_MAX_REQUEST) {
+        refuse(c, 431, "the request head is larger than 8 KiB", "", "");
+    }
+}
+
+static void on_deadline(uv_timer_t *t)
+{
+    struct hconn *c = t->data;
+    if (c->state != C_READING) {
+        conn_close(c);
+    } else if (c->len == 0) {
+        log_debug("http client sent nothing; closed", "server=%s peer=%s", c->h->name, log_q(c->peer));
+        conn_close(c);
+    } else {
+        refuse(c, 408, "the request head did not arrive within 5 s", "", "");
+    }
+}
+
+/* Past the connection bound: a fixed 503 and a close, with no buffer, timer
+ * or parsing (the answer fits any socket buffer, so the write does not wait). */
+struct overflow {
+    uv_tcp_t tcp;
+    uv_write_t wr;
+};
+
+static void on_overflow_closed(uv_handle_t *hd)
+{
+    free(hd->data);
+}
+
+static void on_overflow_written(uv_write_t *req, int status)
+{
+    struct overflow *o = req->data;
+    (void)status;
+    uv_close((uv_handle_t *)&o->tcp, on_overflow_closed);
+}
+
+static void overflow(struct httpd *h, uv_stream_t *server)
+{
+    static const char answer[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                                 "Content-Length: 21\r\nConnection: close\r\n\r\ntoo many connections\n";
+    struct overflow *o = calloc(1, sizeof *o);
+    uv_buf_t b = uv_buf_init((char *)answer, sizeof answer - 1);
+
+    if (!o)
+        return; /* it waits in the backlog until memory comes back */
+    uv_tcp_init(h->loop, &o->tcp);
+    o->tcp.data = o->wr.data = o;
+    if (uv_accept(server, (uv_stream_t *)&o->tcp) != 0) {
+        uv_close((uv_handle_t *)&o->tcp, on_overflow_closed);
+        return;
+    }
+    log_refusal(h, "", 503, "too many connections", "", "");
+    if (uv_write(&o->wr, (uv_stream_t *)&o->tcp, &b, 1, on_overflow_written) != 0)
+        uv_close((uv_handle_t *)&o->tcp, on_overflow_closed);
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    struct httpd *h = server->data;
+    struct hconn *c;
+    struct sockaddr_storage ss;
+    int sl = sizeof ss;
+
+    if (status < 0) {
+        log_warn("http accept failed", "server=%s reason=%s", h->name, uv_err_name(status));
+        return;
+    }
+    if (h->closing)
+        return;
+    if (h->nconns >= HTTPD_MAX_CONNS || !(c = calloc(1, sizeof *c))) {
+        overflow(h, server);
+        return;
+    }
+    c->h = h;
+    uv_tcp_init(h->loop, &c->tcp);
+    uv_timer_init(h->loop, &c->timer);
+    c->tcp.data = c->timer.data = c->wr.data = c->sd.data = c;
+    c->open_handles = 2;
+    c->next = h->conns;
+    if (h->conns)
+        h->conns->prev = c;
+    h->conns = c;
+    h->nconns++;
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
+        conn_close(c);
+        return;
+    }
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) == 0) {
+        char ip[48] = "";
+        int port;
+        if (ss.ss_family == AF_INET6) {
+            uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
+            port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+        } else {
+            uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
+            port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        }
+        addr_format(ip, port, c->peer, sizeof c->peer);
+    }
+    uv_timer_start(&c->timer, on_deadline, HTTPD_READ_TIMEOUT_MS, 0);
+    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0)
+        conn_close(c);
+}
+
+/* ---- listening ---- */
+
+static const char *local_ip(const char *host)
+{
+    if (!strcmp(host, "*") || !*host)
+        return "0.0.0.0";
+    if (!strcmp(host, "localhost"))
+        return "127.0.0.1";
+    return host;
+}
+
+int httpd_start(uv_loop_t *loop, const char *name, const char *host, int port, const struct httpd_route *routes,
+                size_t n, void *user, httpd **out, err *e)
+{
+    struct httpd *h;
+    struct sockaddr_storage ss;
+    const char *ip = local_ip(host);
+    int rc;
+
+    *out = NULL;
+    if (port < 1 || port > 65535)
+        return err_set(e, CODE_INVALID_ARGUMENT, "%s port %d is outside 1..65535", name, port);
+    memset(&ss, 0, sizeof ss);
+    if ((strchr(ip, ':') ? uv_ip6_addr(ip, port, (struct sockaddr_in6 *)&ss)
+                         : uv_ip4_addr(ip, port, (struct sockaddr_in *)&ss)) != 0)
+        return err_set(e, CODE_INVALID_ARGUMENT, "cannot serve %s on '%s': not a local IP address", name, host);
+    if (!(h = calloc(1, sizeof *h)))
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the %s server", name);
+    h->loop = loop;
+    h->name = name;
+    h->routes = routes;
+    h->nroutes = n;
+    h->user = user;
+    addr_format(ip, port, h->shown, sizeof h->shown);
+    uv_tcp_init(loop, &h->listener);
+    h->listener.data = h;
+    h->listener_open = 1;
+    if ((rc = uv_tcp_bind(&h->listener, (const struct sockaddr *)&ss, 0)) != 0 ||
+        (rc = uv_listen((uv_stream_t *)&h->listener, 128, on_connection)) != 0) {
+        int code = err_set(e, rc == UV_EADDRINUSE ? CODE_ALREADY_EXISTS : CODE_UNAVAILABLE,
+                           "cannot serve %s on %s: %s%s", name, h->shown, uv_strerror(rc),
+                           rc == UV_EADDRINUSE ? " (choose another --metrics-port)" : "");
+        httpd_close(h);
+        return code;
+    }
+    *out = h;
+    return CODE_OK;
+}

@@ -1,0 +1,84 @@
+/* What the resolver tells a Prometheus scrape (metrics.h): the registry's
+ * cores by state, the system's epoch and whether it is initialized, and the
+ * heartbeat and registration counters. */
+#include "metrics.h"
+
+#include <stdio.h>
+
+#include "resolver.h"
+
+static int render(void *user, hbuf *b)
+{
+    resolver *r = user;
+    uint64_t by_state[4] = {0, 0, 0, 0};
+    static const struct {
+        Tpuemu__CoreState st;
+        const char *name;
+    } states[] = {
+        {TPUEMU__CORE_STATE__CORE_READY, "READY"},
+        {TPUEMU__CORE_STATE__CORE_IDLE, "IDLE"},
+        {TPUEMU__CORE_STATE__CORE_DEAD, "DEAD"},
+    };
+
+    for (size_t i = 0; i < r->reg.n; i++) {
+        Tpuemu__CoreState st = sys_core_state(r, r->reg.v[i]);
+        if ((int)st >= 0 && (int)st < 4)
+            by_state[st]++;
+    }
+    prom_family(b, "tpuemu_build_info", "gauge", "Version of the daemon serving these metrics.");
+    prom_u64(b, "tpuemu_build_info", "daemon=\"resolver\",version=\"" TPUEMU_VERSION "\"", 1);
+    prom_family(b, "tpuemu_resolver_cores", "gauge",
+                "Cores the resolver tracks, by state (READY: in the initialized system; IDLE: alive, not in it; "
+                "DEAD: missed its heartbeats).");
+    for (size_t i = 0; i < sizeof states / sizeof states[0]; i++) {
+        char labels[32];
+        snprintf(labels, sizeof labels, "state=\"%s\"", states[i].name);
+        prom_u64(b, "tpuemu_resolver_cores", labels, by_state[states[i].st]);
+    }
+    prom_family(b, "tpuemu_resolver_max_cores", "gauge", "Most cores the resolver tracks (--max-cores).");
+    prom_u64(b, "tpuemu_resolver_max_cores", NULL, r->max_cores);
+    prom_family(b, "tpuemu_resolver_system_epoch", "gauge",
+                "Epoch of the TPU system: each initialize and shutdown starts a new one.");
+    prom_u64(b, "tpuemu_resolver_system_epoch", NULL, r->sys.epoch);
+    prom_family(b, "tpuemu_resolver_system_initialized", "gauge", "1 while the TPU system is initialized, else 0.");
+    prom_u64(b, "tpuemu_resolver_system_initialized", NULL, r->sys.initialized ? 1 : 0);
+    prom_family(b, "tpuemu_resolver_heartbeats_received_total", "counter", "Heartbeats received from workers.");
+    prom_u64(b, "tpuemu_resolver_heartbeats_received_total", NULL, prom_get(&r->metrics.heartbeats));
+    prom_family(b, "tpuemu_resolver_registrations_total", "counter",
+                "Cores registered: new ones and new incarnations of known ones.");
+    prom_u64(b, "tpuemu_resolver_registrations_total", NULL, prom_get(&r->metrics.registrations));
+    prom_family(b, "tpuemu_resolver_heartbeat_interval_seconds", "gauge",
+                "Heartbeat interval the workers are told to use (--heartbeat-ms).");
+    hbuf_printf(b, "tpuemu_resolver_heartbeat_interval_seconds %.3f\n", r->heartbeat_ms / 1000.0);
+    return 200;
+}
+
+static int health(void *user, hbuf *b)
+{
+    resolver *r = user;
+    if (r->stopping) {
+        hbuf_printf(b, "stopping\n");
+        return 503;
+    }
+    hbuf_printf(b, "ok\n");
+    return 200;
+}
+
+static const struct httpd_route routes[] = {
+    {"/metrics", PROM_CONTENT_TYPE, render},
+    {"/healthz", "text/plain; charset=utf-8", health},
+};
+
+int rm_start(resolver *r, const char *host, int port, err *e)
+{
+    if (port == 0)
+        return CODE_OK;
+    return httpd_start(r->loop, "metrics", host, port, routes, sizeof routes / sizeof routes[0], r,
+                       &r->metrics.httpd, e);
+}
+
+void rm_stop(resolver *r)
+{
+    httpd_close(r->metrics.httpd);
+    r->metrics.httpd = NULL;
+}

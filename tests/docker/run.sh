@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# The compose test cluster end to end, on a Docker engine of its own:
+#  - starts dockerd (vfs storage, no iptables, no default bridge) with its data
+#    and sockets in a temp dir, and fails, saying why, when it cannot;
+#  - makes the base image when it cannot be pulled (deploy/make-base-image.sh),
+#    builds the image and brings up deploy/docker-compose.yml under a project
+#    name of its own: a resolver and 8 workers (2 hosts x 4 cores);
+#  - waits until every container is healthy, runs the trainer (Fashion-MNIST,
+#    a checkpoint every 20 steps, --recover), kills worker host1-core2's
+#    process from outside in its third epoch (docker kill would count as a
+#    manual stop, which the restart policy leaves stopped), and checks: the
+#    trainer reports UNAVAILABLE naming host1/2 in time, the container is
+#    restarted and registers again (resolver log, tpuctl cluster), and the
+#    trainer re-initializes, restores the checkpoint and finishes (exit 0,
+#    test accuracy);
+#  - takes everything down (compose down -v, the engine, the temp dir) on
+#    every exit, also on failure.
+#
+#   tests/docker/run.sh          from the repository root, as root
+#   TPUEMU_DOCKER_KEEP=1 tests/docker/run.sh   keep the temp dir (logs)
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root"
+t_start=$(date +%s)
+DOCKER=${DOCKER:-$([ -x /usr/bin/docker ] && echo /usr/bin/docker || echo docker)}
+export DOCKER
+project=tpuemu-test-$$
+victim=host1-core2
+victim_core=host1/2
+epochs=8
+work=
+dockerd_pid=
+trainer_pid=
+
+say() { echo "[$(($(date +%s) - t_start))s] $*"; }
+fail() {
+    echo "FAIL: $*"
+    if [ -n "$work" ] && [ -f "$work/trainer.log" ]; then
+        echo "--- trainer"; tail -n 40 "$work/trainer.log"
+    fi
+    exit 1
+}
+dk() { "$DOCKER" "$@"; }
+compose() { docker-compose -p "$project" -f deploy/docker-compose.yml "$@"; }
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    [ -n "$trainer_pid" ] && kill "$trainer_pid" 2>/dev/null
+    if [ -n "$dockerd_pid" ] && kill -0 "$dockerd_pid" 2>/dev/null; then
+        if [ $rc -ne 0 ]; then
+            echo "--- resolver log (last lines)"
+            dk logs --tail 15 "${project}_resolver_1" 2>&1
+        fi
+        timeout 120 docker-compose -p "$project" -f deploy/docker-compose.yml down -v --remove-orphans -t 5 \
+            >"$work/down.log" 2>&1 || { echo "compose down failed:"; tail -5 "$work/down.log"; }
+        kill -TERM "$dockerd_pid" 2>/dev/null
+        for _ in $(seq 300); do kill -0 "$dockerd_pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$dockerd_pid" 2>/dev/null
+        wait "$dockerd_pid" 2>/dev/null
+    fi
+    if [ -n "$work" ]; then
+        # the engine unmounts what it mounted; anything left must not be deleted through
+        grep -o " $work[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null; done
+        if [ "${TPUEMU_DOCKER_KEEP:-0}" = 1 ]; then echo "kept $work"; else rm -rf "$work"; fi
+    fi
+    exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ---- the engine ----
+[ "$(id -u)" -eq 0 ] || fail "this test starts its own Docker engine, which needs root"
+for c in dockerd docker-compose "$DOCKER"; do
+    command -v "$c" >/dev/null || fail "no $c: apt-get install docker.io docker-compose debootstrap"
+done
+work=$(mktemp -d /tmp/tpuemu-docker.XXXXXX) || fail "cannot make a temp dir"
+chmod 755 "$work"
+export DOCKER_HOST=unix://$work/docker.sock
+avail=$(df -Pk "$work" | awk 'NR == 2 { print int($4 / 1048576) }')
+[ "${avail:-0}" -ge 8 ] || fail "$work has ${avail} GiB free; the vfs storage of this test takes up to 6, so it asks for 8"
+say "starting dockerd (data in $work)"
+dockerd --storage-driver vfs --iptables=false --bridge=none \
+    --data-root "$work/data" --exec-root "$work/exec" --pidfile "$work/dockerd.pid" \
+    -H "$DOCKER_HOST" >"$work/dockerd.log" 2>&1 &
+dockerd_pid=$!
+up=0
+for _ in $(seq 600); do # 60 s
+    if ! kill -0 "$dockerd_pid" 2>/dev/null; then
+        wait "$dockerd_pid"
+        fail "the Docker engine could not start (dockerd exited $?): $(grep -E 'level=(error|fatal)|failed' "$work/dockerd.log" | tail -3)"
+    fi
+    dk info >/dev/null 2>&1 && { up=1; break; }
+    sleep 0.1
+done
+[ $up -eq 1 ] || fail "the Docker engine did not answer within 60 s: $(tail -3 "$work/dockerd.log")"
+
+# ---- image and cluster ----
+say "base image"
+deploy/make-base-image.sh || fail "cannot make the base image"
+(umask 022; head -c 32 /dev/urandom | base64 >"$work/token")
+export TPUEMU_TOKEN_HOST_FILE=$work/token TPUEMU_IMAGE=tpuemu:test
+say "building the image"
+compose build >"$work/build.log" 2>&1 || { tail -30 "$work/build.log"; fail "docker-compose build failed"; }
+dk image prune -f >/dev/null # the build stage: vfs keeps a full copy of every layer
+say "starting the resolver and 8 workers"
+workers=()
+for h in 0 1; do for c in 0 1 2 3; do workers+=("host$h-core$c"); done; done
+timeout 300 docker-compose -p "$project" -f deploy/docker-compose.yml up -d "${workers[@]}" >"$work/up.log" 2>&1 ||
+    { tail -20 "$work/up.log"; fail "docker-compose up failed"; }
+cname() { echo "${project}_$1_1"; }
+health() { dk inspect -f '{{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}' "$(cname "$1")" 2>/dev/null; }
+healthy=0
+for _ in $(seq 120); do # 60 s
+    n=0
+    for s in resolver "${workers[@]}"; do [ "$(health "$s")" = healthy ] && n=$((n + 1)); done
+    [ $n -eq 9 ] && { healthy=1; break; }
+    sleep 0.5
+done
+[ $healthy -eq 1 ] || {
+    for s in resolver "${workers[@]}"; do echo "$s: $(health "$s")"; done
+    dk logs --tail 5 "$(cname host0-core0)" 2>&1
+    fail "the cluster was not healthy within 60 s ($n of 9 containers)"
+}
+say "all 9 containers healthy"
+tpuctl_in() { dk exec "$(cname resolver)" tpuctl --tpu 127.0.0.1:8470 "$@"; }
+tpuctl_in cluster >"$work/cluster0.txt" 2>&1 || fail "tpuctl cluster in the resolver's container: $(cat "$work/cluster0.txt")"
+[ "$(grep -cE '^host[01] +[0-3] +IDLE ' "$work/cluster0.txt")" -eq 8 ] ||
+    fail "the resolver does not list 8 idle cores: $(cat "$work/cluster0.txt")"
+
+# ---- training, a worker killed, recovery ----
+export FASHION_MNIST_ARGS="--epochs $epochs --checkpoint /var/lib/tpuemu/data/fm.ckpt --checkpoint-every 20 --recover 2 --recover-wait 120"
+say "trainer: fashion_mnist $FASHION_MNIST_ARGS"
+timeout 600 docker-compose -p "$project" -f deploy/docker-compose.yml run --rm -T trainer >"$work/trainer.log" 2>&1 &
+trainer_pid=$!
+for _ in $(seq 1800); do # 180 s
+    grep -q "^Epoch 3/$epochs" "$work/trainer.log" && break
+    kill -0 "$trainer_pid" 2>/dev/null || break
+    sleep 0.1
+done
+grep -q "^Epoch 3/$epochs" "$work/trainer.log" || fail "the trainer never began epoch 3"
+restarts=$(dk inspect -f '{{.RestartCount}}' "$(cname $victim)")
+pid=$(dk inspect -f '{{.State.Pid}}' "$(cname $victim)")
+[ "${pid:-0}" -gt 1 ] || fail "no process for $(cname $victim)"
+kill -KILL "$pid" || fail "cannot kill $victim's worker (pid $pid)"
+t_kill=$(date +%s%N)
+say "killed $victim's worker (host pid $pid) in epoch 3"
+
+reported=0
+for _ in $(seq 300); do # 30 s
+    grep -qE "^fashion_mnist: training: UNAVAILABLE: .*$victim_core" "$work/trainer.log" && { reported=1; break; }
+    kill -0 "$trainer_pid" 2>/dev/null || break
+    sleep 0.1
+done
+t_report=$(date +%s%N)
+[ $reported -eq 1 ] || fail "the trainer did not report UNAVAILABLE naming $victim_core within 30 s of the kill"
+report_ms=$(((t_report - t_kill) / 1000000))
+say "the trainer reported it after ${report_ms} ms: $(grep -m1 '^fashion_mnist: training: UNAVAILABLE' "$work/trainer.log")"
+[ $report_ms -le 10000 ] || fail "UNAVAILABLE came ${report_ms} ms after the kill (at most 10 s: heartbeat 1 s x 3 and slack)"
+
+back=0
+for _ in $(seq 120); do # 60 s
+    [ "$(dk inspect -f '{{.RestartCount}}' "$(cname $victim)")" -gt "$restarts" ] &&
+        [ "$(health $victim)" = healthy ] && { back=1; break; }
+    sleep 0.5
+done
+[ $back -eq 1 ] || fail "$victim was not restarted and healthy within 60 s ($(health $victim))"
+say "$victim restarted by its restart policy and healthy again"
+dk logs "$(cname resolver)" 2>&1 | grep -E 'msg="core (re-)?registered" host="?host1"? core=2' >"$work/registered.txt"
+[ "$(wc -l <"$work/registered.txt")" -ge 2 ] ||
+    fail "the resolver's log does not show $victim_core registering again: $(cat "$work/registered.txt")"
+
+wait "$trainer_pid"
+trc=$?
+trainer_pid=
+say "trainer exited $trc"
+grep -vE '^[0-9]+/[0-9]+ \[' "$work/trainer.log" | grep -vE '^(host|all cores|core )' | sed 's/^/    /' | tail -n 25
+[ $trc -eq 0 ] || fail "the trainer exited $trc"
+grep -q "^recovering (1 of 2)" "$work/trainer.log" || fail "no 'recovering (1 of 2)' line"
+grep -q "^recovering (2 of 2)" "$work/trainer.log" && fail "the trainer had to recover twice from one kill"
+grep -q "TPU system initialized again: .* 8 replicas" "$work/trainer.log" || fail "the TPU system was not initialized again on 8 cores"
+grep -qE "^  restored /var/lib/tpuemu/data/fm.ckpt: epoch [0-9]+, batch [0-9]+, step [0-9]+" "$work/trainer.log" ||
+    fail "the trainer restored no checkpoint"
+grep -q "^Epoch $epochs/$epochs" "$work/trainer.log" || fail "the last epoch never began"
+acc=$(sed -n 's/^test accuracy: //p' "$work/trainer.log")
+[ -n "$acc" ] || fail "no 'test accuracy:' line"
+awk -v a="$acc" 'BEGIN { exit !(a >= 0.8) }' || fail "test accuracy $acc is below 0.8 after $epochs epochs"
+tpuctl_in cluster >"$work/cluster1.txt" 2>&1 || fail "tpuctl cluster after training: $(cat "$work/cluster1.txt")"
+[ "$(grep -cE '^host[01] +[0-3] +READY ' "$work/cluster1.txt")" -eq 8 ] ||
+    fail "after training the resolver does not list 8 ready cores: $(cat "$work/cluster1.txt")"
+
+say "done"
+echo "1 passed, 0 failed: the compose cluster trained Fashion-MNIST to $acc through the kill of $victim_core" \
+    "(UNAVAILABLE after ${report_ms} ms, recovered from the checkpoint) in $(($(date +%s) - t_start)) s"
