@@ -346,6 +346,27 @@ static void on_deadline(uv_timer_t *t)
     }
 }
 
+/* "ip:port" of the client, or "" */
+static void peer_name(uv_tcp_t *t, char *out, size_t n)
+{
+    struct sockaddr_storage ss;
+    int sl = sizeof ss;
+    char ip[48] = "";
+    int port;
+
+    out[0] = '\0';
+    if (uv_tcp_getpeername(t, (struct sockaddr *)&ss, &sl) != 0)
+        return;
+    if (ss.ss_family == AF_INET6) {
+        uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
+        port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    } else {
+        uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
+        port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    }
+    addr_format(ip, port, out, n);
+}
+
 /* Past the connection bound: a fixed 503 and a close, with no buffer, timer
  * or parsing (the answer fits any socket buffer, so the write does not wait). */
 struct overflow {
@@ -380,7 +401,9 @@ static void overflow(struct httpd *h, uv_stream_t *server)
         uv_close((uv_handle_t *)&o->tcp, on_overflow_closed);
         return;
     }
-    log_refusal(h, "", 503, "too many connections", "", "");
+    char peer[64];
+    peer_name(&o->tcp, peer, sizeof peer);
+    log_refusal(h, peer, 503, "too many connections", "", "");
     if (uv_write(&o->wr, (uv_stream_t *)&o->tcp, &b, 1, on_overflow_written) != 0)
         uv_close((uv_handle_t *)&o->tcp, on_overflow_closed);
 }
@@ -389,8 +412,6 @@ static void on_connection(uv_stream_t *server, int status)
 {
     struct httpd *h = server->data;
     struct hconn *c;
-    struct sockaddr_storage ss;
-    int sl = sizeof ss;
 
     if (status < 0) {
         log_warn("http accept failed", "server=%s reason=%s", h->name, uv_err_name(status));
@@ -416,18 +437,7 @@ static void on_connection(uv_stream_t *server, int status)
         conn_close(c);
         return;
     }
-    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) == 0) {
-        char ip[48] = "";
-        int port;
-        if (ss.ss_family == AF_INET6) {
-            uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
-            port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-        } else {
-            uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
-            port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
-        }
-        addr_format(ip, port, c->peer, sizeof c->peer);
-    }
+    peer_name(&c->tcp, c->peer, sizeof c->peer);
     uv_timer_start(&c->timer, on_deadline, HTTPD_READ_TIMEOUT_MS, 0);
     if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0)
         conn_close(c);
