@@ -16,10 +16,8 @@
 #include <arpa/inet.h>
 
 #include "addr.h"
+#include "httphead.h"
 #include "log.h"
-
-#define MAX_HEADERS 64
-#define MAX_TARGET 2048
 
 void hbuf_printf(hbuf *b, const char *fmt, ...)
 {
@@ -249,141 +247,10 @@ static void refuse(struct hconn *c, int status, const char *reason, const char *
             n > 0 && (size_t)n < sizeof body ? (size_t)n : 0, 0);
 }
 
-/* ---- parsing ---- */
-
-static int is_tchar(unsigned char ch)
-{
-    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-           (ch && strchr("!#$%&'*+-.^_`|~", ch));
-}
-
-/* Splits off the next line of [*p, end): returns its start with the line end
- * (LF or CRLF) replaced by NUL, or NULL if there is no line end. */
-static char *next_line(char **p, char *end)
-{
-    char *s = *p, *lf = memchr(s, '\n', (size_t)(end - s));
-    if (!lf)
-        return NULL;
-    *lf = '\0';
-    if (lf > s && lf[-1] == '\r')
-        lf[-1] = '\0';
-    *p = lf + 1;
-    return s;
-}
-
-struct request {
-    char *method, *target, *version;
-    int hosts, has_body, bad_length;
-};
-
-/* Checks the request head in c->buf[0..hlen). 0, or an HTTP status with *why. */
-static int parse(struct hconn *c, size_t hlen, struct request *q, const char **why)
-{
-    char *p = c->buf, *end = c->buf + hlen, *line, *sp1, *sp2;
-    int nheaders = 0;
-
-    memset(q, 0, sizeof q[0]);
-    if (memchr(c->buf, '\0', hlen)) {
-        *why = "NUL byte in the request";
-        return 400;
-    }
-    if (!(line = next_line(&p, end))) {
-        *why = "no request line";
-        return 400;
-    }
-    if (!(sp1 = strchr(line, ' ')) || !(sp2 = strchr(sp1 + 1, ' ')) || strchr(sp2 + 1, ' ')) {
-        *why = "the request line is not METHOD TARGET VERSION";
-        return 400;
-    }
-    *sp1 = *sp2 = '\0';
-    q->method = line;
-    q->target = sp1 + 1;
-    q->version = sp2 + 1;
-    if (!*q->method || strlen(q->method) > 16) {
-        *why = "bad method";
-        return 400;
-    }
-    for (const char *s = q->method; *s; s++)
-        if (!is_tchar((unsigned char)*s)) {
-            *why = "bad method";
-            return 400;
-        }
-    if (q->target[0] != '/' || strlen(q->target) > MAX_TARGET) {
-        *why = "the target is not a path";
-        return 400;
-    }
-    for (const unsigned char *s = (const unsigned char *)q->target; *s; s++)
-        if (*s <= 0x20 || *s >= 0x7f) {
-            *why = "bad character in the target";
-            return 400;
-        }
-    if (strcmp(q->version, "HTTP/1.1") != 0 && strcmp(q->version, "HTTP/1.0") != 0) {
-        const char *v = q->version;
-        if (strncmp(v, "HTTP/", 5) == 0 && v[5] >= '0' && v[5] <= '9' && v[6] == '.' && v[7] >= '0' &&
-            v[7] <= '9' && !v[8]) {
-            *why = "only HTTP/1.0 and HTTP/1.1 are served";
-            return 505;
-        }
-        *why = "bad protocol version";
-        return 400;
-    }
-    while ((line = next_line(&p, end)) && *line) {
-        char *colon = strchr(line, ':'), *v;
-        if (++nheaders > MAX_HEADERS) {
-            *why = "too many header fields";
-            return 431;
-        }
-        if (line[0] == ' ' || line[0] == '\t') {
-            *why = "folded header line";
-            return 400;
-        }
-        if (!colon || colon == line) {
-            *why = "header line without a name";
-            return 400;
-        }
-        for (const char *s = line; s < colon; s++)
-            if (!is_tchar((unsigned char)*s)) {
-                *why = "bad header name";
-                return 400;
-            }
-        *colon = '\0';
-        for (v = colon + 1; *v == ' ' || *v == '\t'; v++)
-            ;
-        for (const unsigned char *s = (const unsigned char *)v; *s; s++)
-            if ((*s < 0x20 && *s != '\t') || *s == 0x7f) {
-                *why = "control character in a header value";
-                return 400;
-            }
-        if (!strcasecmp(line, "Host")) {
-            q->hosts++;
-        } else if (!strcasecmp(line, "Content-Length")) {
-            char *e;
-            unsigned long long n = strtoull(v, &e, 10);
-            while (*e == ' ' || *e == '\t')
-                e++;
-            if (!*v || *v < '0' || *v > '9' || *e)
-                q->bad_length = 1;
-            else if (n > 0)
-                q->has_body = 1;
-        } else if (!strcasecmp(line, "Transfer-Encoding")) {
-            q->has_body = 1;
-        }
-    }
-    if (q->bad_length) {
-        *why = "bad Content-Length";
-        return 400;
-    }
-    if (!strcmp(q->version, "HTTP/1.1") && q->hosts != 1) {
-        *why = q->hosts ? "more than one Host header" : "an HTTP/1.1 request needs a Host header";
-        return 400;
-    }
-    return 0;
-}
-
 static void handle(struct hconn *c, size_t hlen)
 {
     struct httpd *h = c->h;
-    struct request q;
+    struct http_head q;
     const char *why = "";
     const struct httpd_route *rt = NULL;
     int status, head;
@@ -391,7 +258,7 @@ static void handle(struct hconn *c, size_t hlen)
     hbuf body = {0};
 
     uv_timer_stop(&c->timer);
-    if ((status = parse(c, hlen, &q, &why)) != 0) {
+    if ((status = http_head_parse(c->buf, hlen, &q, &why)) != 0) {
         refuse(c, status, why, q.method ? q.method : "", q.target ? q.target : "");
         return;
     }
@@ -436,20 +303,6 @@ static void on_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *b)
         *b = uv_buf_init(c->buf, HTTPD_MAX_REQUEST);
 }
 
-/* Length of the head (through its empty line) in buf[0..len), or 0. */
-static size_t head_end(const char *buf, size_t len, size_t from)
-{
-    for (size_t i = from; i < len; i++) {
-        if (buf[i] != '\n')
-            continue;
-        if (i >= 1 && buf[i - 1] == '\n')
-            return i + 1;
-        if (i >= 2 && buf[i - 1] == '\r' && buf[i - 2] == '\n')
-            return i + 1;
-    }
-    return 0;
-}
-
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *b)
 {
     struct hconn *c = s->data;
@@ -472,7 +325,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *b)
         return;
     from = c->len;
     c->len += (size_t)nread;
-    if ((hlen = head_end(c->buf, c->len, from)) != 0) {
+    if ((hlen = http_head_end(c->buf, c->len, from)) != 0) {
         c->buf[hlen] = '\0';
         handle(c, hlen);
     } else if (c->len >= HTTPD_MAX_REQUEST) {
@@ -491,6 +344,27 @@ static void on_deadline(uv_timer_t *t)
     } else {
         refuse(c, 408, "the request head did not arrive within 5 s", "", "");
     }
+}
+
+/* "ip:port" of the client, or "" */
+static void peer_name(uv_tcp_t *t, char *out, size_t n)
+{
+    struct sockaddr_storage ss;
+    int sl = sizeof ss;
+    char ip[48] = "";
+    int port;
+
+    out[0] = '\0';
+    if (uv_tcp_getpeername(t, (struct sockaddr *)&ss, &sl) != 0)
+        return;
+    if (ss.ss_family == AF_INET6) {
+        uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
+        port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    } else {
+        uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
+        port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    }
+    addr_format(ip, port, out, n);
 }
 
 /* Past the connection bound: a fixed 503 and a close, with no buffer, timer
@@ -527,7 +401,9 @@ static void overflow(struct httpd *h, uv_stream_t *server)
         uv_close((uv_handle_t *)&o->tcp, on_overflow_closed);
         return;
     }
-    log_refusal(h, "", 503, "too many connections", "", "");
+    char peer[64];
+    peer_name(&o->tcp, peer, sizeof peer);
+    log_refusal(h, peer, 503, "too many connections", "", "");
     if (uv_write(&o->wr, (uv_stream_t *)&o->tcp, &b, 1, on_overflow_written) != 0)
         uv_close((uv_handle_t *)&o->tcp, on_overflow_closed);
 }
@@ -536,8 +412,6 @@ static void on_connection(uv_stream_t *server, int status)
 {
     struct httpd *h = server->data;
     struct hconn *c;
-    struct sockaddr_storage ss;
-    int sl = sizeof ss;
 
     if (status < 0) {
         log_warn("http accept failed", "server=%s reason=%s", h->name, uv_err_name(status));
@@ -563,18 +437,7 @@ static void on_connection(uv_stream_t *server, int status)
         conn_close(c);
         return;
     }
-    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &sl) == 0) {
-        char ip[48] = "";
-        int port;
-        if (ss.ss_family == AF_INET6) {
-            uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
-            port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-        } else {
-            uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
-            port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
-        }
-        addr_format(ip, port, c->peer, sizeof c->peer);
-    }
+    peer_name(&c->tcp, c->peer, sizeof c->peer);
     uv_timer_start(&c->timer, on_deadline, HTTPD_READ_TIMEOUT_MS, 0);
     if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0)
         conn_close(c);
