@@ -485,6 +485,7 @@ static void on_dial(uv_poll_t *h, int status, int events)
         if (l->p->w->auth.enabled)
             auth_challenge_mac(&l->p->w->auth, chal, hm.mac);
         memset(&mh, 0, sizeof mh);
+        memset(&u, 0, sizeof u); /* the control message's padding goes to the kernel too */
         iov.iov_base = &hm;
         iov.iov_len = sizeof hm;
         mh.msg_iov = &iov;
