@@ -64,6 +64,7 @@ fuzz_all() {
 step "install packages" install_packages || { echo "cannot install the build dependencies"; exit 1; }
 if step "build (-Werror)" build build -DTPUEMU_WERROR=ON; then
     step "ctest" run_ctest build
+    step "multihost" tests/multihost/run.sh
 fi
 if step "build ASan+UBSan" build build-asan -DTPUEMU_SANITIZE=ON -DTPUEMU_WERROR=ON; then
     ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0} \
