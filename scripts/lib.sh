@@ -3,7 +3,8 @@
 # Exactly the Debian 12 packages tpuemu builds, runs and tests with.
 TPUEMU_PACKAGES="build-essential cmake pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler
 libnanomsg-dev libcriterion-dev libsodium-dev clang valgrind libdnnl-dev zlib1g-dev
-dataset-fashion-mnist iproute2 util-linux"
+dataset-fashion-mnist iproute2 util-linux
+systemd python3-yaml strace"
 
 install_packages() {
     local missing=()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs the build dependencies (Debian/Ubuntu), builds with
-# -Werror, runs every test, again under ASan+UBSan, then fuzzes each decoder
-# for a short while. Exit status non-zero if anything failed.
+# -Werror, runs every test, the cluster over network namespaces and the checks
+# of deploy/, again every test under ASan+UBSan, then fuzzes each decoder for a
+# short while. Exit status non-zero if anything failed.
 #
 #   scripts/test.sh            everything
 #   FUZZ_SECONDS=60 scripts/test.sh
@@ -66,6 +67,7 @@ if step "build (-Werror)" build build -DTPUEMU_WERROR=ON; then
     step "ctest" run_ctest build
     step "multihost" tests/multihost/run.sh
 fi
+step "deploy" tests/deploy/check.sh
 if step "build ASan+UBSan" build build-asan -DTPUEMU_SANITIZE=ON -DTPUEMU_WERROR=ON; then
     ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0} \
     UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
