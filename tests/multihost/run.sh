@@ -29,6 +29,7 @@
 #
 #   tests/multihost/run.sh              binaries from build/bin
 #   TPUEMU_BIN=build-asan/bin tests/multihost/run.sh
+#   TPUEMU_KEEP_LOGS=DIR tests/multihost/run.sh   keep every log and output in DIR
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -83,6 +84,9 @@ cleanup() {
     done
     wait 2>/dev/null
     for ns in "${NSES[@]}"; do ip netns del "$ns" 2>/dev/null; done
+    if [ -n "${TPUEMU_KEEP_LOGS:-}" ]; then
+        mkdir -p "$TPUEMU_KEEP_LOGS" && cp -r "$work"/. "$TPUEMU_KEEP_LOGS"/ && echo "logs kept in $TPUEMU_KEEP_LOGS"
+    fi
     rm -rf "$work"
 }
 trap cleanup EXIT
