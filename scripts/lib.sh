@@ -5,9 +5,11 @@ TPUEMU_PACKAGES="build-essential cmake pkg-config libuv1-dev libprotobuf-c-dev p
 libnanomsg-dev libcriterion-dev libsodium-dev clang valgrind libdnnl-dev zlib1g-dev
 dataset-fashion-mnist"
 # What only the tests need beyond that: the viewer test's browser, web server,
-# download and checksum, and the network namespace it runs them in; the
-# docker test's engine, compose and base-image maker.
-TPUEMU_TEST_PACKAGES="chromium python3 curl openssl iproute2 util-linux docker.io docker-compose debootstrap"
+# download and checksum; network namespaces (viewer, multihost); the docker
+# test's engine, compose and base-image maker; the deploy checks' systemd,
+# YAML parser and strace.
+TPUEMU_TEST_PACKAGES="chromium python3 curl openssl iproute2 util-linux docker.io docker-compose debootstrap
+systemd python3-yaml strace"
 
 install_packages() { # extra packages...
     local missing=()

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The test command: installs the build dependencies (Debian/Ubuntu), builds with
-# -Werror, runs every test, again under ASan+UBSan, then fuzzes each decoder
-# for a short while, then brings the docker-compose test cluster up on a Docker
-# engine of its own and kills one of its workers mid-training. Exit status
-# non-zero if anything failed.
+# -Werror, runs every test, the profiler's files in real viewers, the cluster
+# over network namespaces and the checks of deploy/, again every test under
+# ASan+UBSan, then fuzzes each decoder for a short while, then brings the
+# docker-compose test cluster up on a Docker engine of its own and kills one
+# of its workers mid-training. Exit status non-zero if anything failed.
 #
 #   scripts/test.sh            everything
 #   FUZZ_SECONDS=60 scripts/test.sh
@@ -67,7 +68,9 @@ step "install packages" install_packages $TPUEMU_TEST_PACKAGES || { echo "cannot
 if step "build (-Werror)" build build -DTPUEMU_WERROR=ON; then
     step "ctest" run_ctest build
     step "profile in real viewers" tests/viewer/run.sh build
+    step "multihost" tests/multihost/run.sh
 fi
+step "deploy" tests/deploy/check.sh
 if step "build ASan+UBSan" build build-asan -DTPUEMU_SANITIZE=ON -DTPUEMU_WERROR=ON; then
     ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0} \
     UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \

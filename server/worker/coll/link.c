@@ -57,7 +57,7 @@ void link_unref(struct link *l)
 {
     if (--l->refs > 0)
         return;
-    free(l->abort_err);
+    free(l->aborts);
     free(l->linger_err);
     free(l);
 }
@@ -208,6 +208,21 @@ void link_fail_seq(struct link *l, uint64_t seq, const err *e)
     link_arm(l);
 }
 
+int link_queue_abort(struct link *l, uint64_t seq, const err *e)
+{
+    unsigned i;
+    if (!l->aborts && !(l->aborts = calloc(LINK_ABORTS_MAX, sizeof *l->aborts)))
+        return -1;
+    for (i = 0; i < l->naborts; i++)
+        if (l->aborts[i].seq == seq)
+            return 0;
+    i = l->naborts < LINK_ABORTS_MAX ? l->naborts++ : LINK_ABORTS_MAX - 1;
+    l->aborts[i].seq = seq;
+    l->aborts[i].issued = 0;
+    l->aborts[i].e = *e;
+    return 0;
+}
+
 /* The peer itself is gone or hung: cut both halves at once. */
 void link_fail(struct link *l, uint64_t seq, const err *e)
 {
@@ -319,10 +334,12 @@ static void on_link_timer(uv_timer_t *t)
             l->out_ready = 0;
             log_info("cutting a stuck data-plane connection after a failure", "peer=%s", log_q(l->name));
             dp_conn_close(c, NULL);
-            if (l->abort_pending) {
+            if (l->naborts) {
                 err de;
+                for (unsigned i = 0; i < l->naborts; i++)
+                    l->aborts[i].issued = 0;
                 if (tcp_dial(l, &de) != CODE_OK)
-                    l->abort_pending = 0;
+                    l->naborts = 0;
             }
         }
     }

@@ -15,6 +15,18 @@
 #include "peers.h"
 
 #define PEERS_FAILED_MAX 8
+/* ABORTs one link holds for its peer at once: a failure fails the collective
+ * running and the ones already posted after it (pipelined steps), and the
+ * peer needs each of them. */
+#define LINK_ABORTS_MAX 4
+
+/* An ABORT for the peer: kept until its write completes, so that one written
+ * into a connection that is cut goes again on the next. */
+struct link_abort {
+    uint64_t seq;
+    int issued; /* written to the current out connection, not yet complete */
+    err e;
+};
 
 enum lop_kind { LOP_SEND, LOP_RECV };
 
@@ -60,9 +72,8 @@ struct link {
     dp_conn *out;
     int out_ready;
     struct lopq sq;         /* sends not yet complete, in order */
-    int abort_pending;      /* an ABORT to write once out is ready */
-    uint64_t abort_seq;
-    err *abort_err;
+    struct link_abort *aborts; /* LINK_ABORTS_MAX, allocated at the first */
+    unsigned naborts;          /* ABORTs to write once out is ready, oldest first */
 
     /* incoming half: the peer's dial to us, or the segment it writes */
     dp_conn *in;
@@ -153,14 +164,16 @@ void link_progress(struct link *l);
 void link_fail(struct link *l, uint64_t seq, const err *e);
 /* Fails the operations of seq on l (deferred). */
 void link_fail_seq(struct link *l, uint64_t seq, const err *e);
-/* Writes a pending ABORT once the out half can. */
-void link_flush_abort(struct link *l);
+/* Queues an ABORT of collective seq for the peer (once per seq; when the queue
+ * is full the newest entry gives way). 0, or -1 out of memory. */
+int link_queue_abort(struct link *l, uint64_t seq, const err *e);
 void link_arm(struct link *l);
 
 /* ---- link_tcp.c ---- */
 int tcp_dial(struct link *l, err *e);
 void tcp_issue_sends(struct link *l);
 void tcp_attach_in(struct link *l, dp_conn *c);
+/* Writes every queued ABORT not yet written, if the out half is ready. */
 void tcp_send_abort(struct link *l);
 /* The posted receive at the head of rq changed: resume a paused reader. */
 void tcp_recv_posted(struct link *l);

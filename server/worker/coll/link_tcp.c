@@ -93,30 +93,65 @@ void tcp_issue_sends(struct link *l)
     }
 }
 
+struct abort_sent {
+    struct link *l;
+    uint64_t seq;
+};
+
+/* An ABORT's write completed: drop it from the queue, or (the connection was
+ * cut) leave it for the next one. */
 static void on_abort_sent(void *arg, int status)
 {
-    struct link *l = arg;
-    if (status == 0)
-        l->abort_pending = 0;
+    struct abort_sent *a = arg;
+    struct link *l = a->l;
+    for (unsigned i = 0; i < l->naborts; i++) {
+        if (l->aborts[i].seq != a->seq)
+            continue;
+        if (status == 0) {
+            memmove(&l->aborts[i], &l->aborts[i + 1], (l->naborts - i - 1) * sizeof *l->aborts);
+            l->naborts--;
+        } else {
+            l->aborts[i].issued = 0;
+        }
+        break;
+    }
+    free(a);
+    if (status != 0 && !l->closing)
+        tcp_send_abort(l);
+    link_unref(l);
 }
 
 void tcp_send_abort(struct link *l)
 {
-    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
-    Tpuemu__Status st = TPUEMU__STATUS__INIT;
-    char msg[ABORT_MSG_MAX];
+    for (unsigned i = 0; i < l->naborts && l->out && l->out_ready; i++) {
+        Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
+        Tpuemu__Status st = TPUEMU__STATUS__INIT;
+        char msg[ABORT_MSG_MAX];
+        struct link_abort *q = &l->aborts[i];
+        struct abort_sent *a;
 
-    if (!l->abort_pending || !l->out || !l->out_ready || !l->abort_err)
-        return;
-    snprintf(msg, sizeof msg, "%.*s", (int)sizeof msg - 1, l->abort_err->msg);
-    st.code = (Tpuemu__Code)l->abort_err->code;
-    st.message = msg;
-    h.kind = TPUEMU__FRAME_KIND__FRAME_ABORT;
-    h.epoch = l->p->epoch;
-    h.seq = l->abort_seq;
-    h.status = &st;
-    if (dp_conn_send(l->out, &h, NULL, 0, on_abort_sent, l) != CODE_OK)
-        l->abort_pending = 0;
+        if (q->issued || !(a = malloc(sizeof *a)))
+            continue;
+        snprintf(msg, sizeof msg, "%.*s", (int)sizeof msg - 1, q->e.msg);
+        st.code = (Tpuemu__Code)q->e.code;
+        st.message = msg;
+        h.kind = TPUEMU__FRAME_KIND__FRAME_ABORT;
+        h.epoch = l->p->epoch;
+        h.seq = q->seq;
+        h.status = &st;
+        a->l = l;
+        a->seq = q->seq;
+        l->refs++;
+        q->issued = 1;
+        if (dp_conn_send(l->out, &h, NULL, 0, on_abort_sent, a) != CODE_OK) {
+            /* closing: its on_close runs; nothing more to write here */
+            q->issued = 0;
+            l->refs--;
+            free(a);
+            l->naborts = 0;
+            return;
+        }
+    }
 }
 
 static void out_ready(dp_conn *c)

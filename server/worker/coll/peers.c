@@ -280,15 +280,12 @@ void peers_fail_seq(struct peers *p, uint64_t seq, const err *e, int broadcast, 
         err de;
         if ((int)i == p->self || (int)i == culprit || !(l = peers_link_get(p, (int)i)))
             continue;
-        if (!l->abort_err && !(l->abort_err = malloc(sizeof *l->abort_err)))
+        if (link_queue_abort(l, seq, &f->e) != 0)
             continue;
-        *l->abort_err = f->e;
-        l->abort_seq = seq;
-        l->abort_pending = 1;
         if (l->out && l->out_ready)
             tcp_send_abort(l);
         else if (!l->out && tcp_dial(l, &de) != CODE_OK)
-            l->abort_pending = 0;
+            l->naborts = 0;
     }
 }
 
