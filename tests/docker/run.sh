@@ -124,6 +124,10 @@ done
     fail "the cluster was not healthy within 60 s ($n of 9 containers)"
 }
 say "all 9 containers healthy"
+for s in resolver host0-core0; do # the image's unprivileged user, the uid deploy/k8s asks for
+    uid=$(dk exec "$(cname $s)" id -u 2>&1)
+    [ "$uid" = 10001 ] || fail "$s runs as uid $uid, not the image's user tpuemu (10001)"
+done
 tpuctl_in() { dk exec "$(cname resolver)" tpuctl --tpu 127.0.0.1:8470 "$@"; }
 tpuctl_in cluster >"$work/cluster0.txt" 2>&1 || fail "tpuctl cluster in the resolver's container: $(cat "$work/cluster0.txt")"
 [ "$(grep -cE '^host[01] +[0-3] +IDLE ' "$work/cluster0.txt")" -eq 8 ] ||
