@@ -353,7 +353,8 @@ int main(int argc, char **argv)
         }
     }
     if (*tpu_callback_profiler_dir(&cbs[1]))
-        printf("profile of batches 10-20 in %s (open the .trace.json.gz in chrome://tracing or Perfetto)\n",
+        printf("profile of batches 10-20 in %s (the .trace.json.gz opens in Perfetto, chrome://tracing or "
+               "speedscope; steps.svg in a browser)\n",
                tpu_callback_profiler_dir(&cbs[1]));
     printf("test loss: %.4f\ntest accuracy: %.4f\n", loss, accuracy);
 
