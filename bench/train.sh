@@ -17,7 +17,8 @@
 # Environment: SECONDS_PER_RUN (measured seconds per configuration, default 2),
 # WARMUP (warm-up steps, default 20), DATA (a Fashion-MNIST IDX directory to
 # train on instead of synthetic rows), KEEP_LOGS=1 (keep the daemon logs),
-# TPU_TYPE (default v3).
+# TPU_TYPE (default v3), SCRAPE_MS=N (give every worker a --metrics-port and
+# fetch each one's /metrics every N ms while the rows run; 0, the default: off).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:?usage: bench/train.sh BUILD_DIR [CORES_LIST] [BATCHES_LIST]}
@@ -84,12 +85,28 @@ t_begin=$(date +%s)
 failed=0
 for n in $cores_list; do
     start_resolver "$logdir/resolver.n$n.log"
+    mports=()
     for ((i = 0; i < n; i++)); do
         h=$((i / 4)) c=$((i % 4))
+        margs=()
+        if [ "${SCRAPE_MS:-0}" -gt 0 ]; then
+            mports+=("$(free_port)")
+            margs=(--metrics-port "${mports[-1]}")
+        fi
         "$bin/tpu-worker" --resolver "$tpu" --host-id "host$h" --core "$c" --tpu-type "$tpu_type" \
-            2>"$logdir/worker.n$n.host$h.$c.log" &
+            "${margs[@]}" 2>"$logdir/worker.n$n.host$h.$c.log" &
         pids+=($!)
     done
+    if [ ${#mports[@]} -gt 0 ]; then # scrape every worker every SCRAPE_MS while the rows run
+        (
+            end=$(( $(date +%s) + 600 ))
+            while [ "$(date +%s)" -lt $end ]; do
+                for mp in "${mports[@]}"; do curl -s -m 2 -o /dev/null "http://127.0.0.1:$mp/metrics" || true; done
+                sleep "$(awk -v ms="$SCRAPE_MS" 'BEGIN {print ms / 1000}')"
+            done
+        ) &
+        pids+=($!)
+    fi
     for b in $batches_list; do
         echo "bench_train: $n cores, per-core batch $b (warm-up $warmup steps, then ${secs} s)" >&2
         if ! "$bin/bench_train" --tpu "$tpu" --cores "$n" --batch "$b" --seconds "$secs" --warmup "$warmup" \

@@ -34,6 +34,7 @@ struct tio_stream {
     size_t ph, pn; /* FIFO head and count */
     struct frame_rd rd;
     struct tio_ans *cur; /* whose payload is being read */
+    unsigned failures;   /* answers that said a request failed, of any step in flight */
 };
 
 static struct tio_stream *streams(tpu_cluster *c)
@@ -68,6 +69,7 @@ static void stream_clear(struct tio_stream *s)
     s->ph = s->pn = 0;
     memset(&s->rd, 0, sizeof s->rd);
     s->cur = NULL;
+    s->failures = 0;
 }
 
 /* The connection of replica r is done for: every answer still expected fails. */
@@ -192,6 +194,7 @@ static int on_header(void *arg, const uint8_t *hdr, uint32_t hlen, uint8_t **dst
     *left = h->payload_bytes;
     s->cur = NULL;
     if (h->kind == KIND(ERROR)) {
+        s->failures++;
         snprintf(why, whyn, "refused the request: %.900s",
                  h->status && h->status->message ? h->status->message : "(no reason given)");
         if (a) {
@@ -209,6 +212,7 @@ static int on_header(void *arg, const uint8_t *hdr, uint32_t hlen, uint8_t **dst
         return -1;
     }
     if (h->status && h->status->code != TPUEMU__CODE__OK) {
+        s->failures++;
         a->code = (int)h->status->code;
         snprintf(a->msg, sizeof a->msg, "%s", h->status->message && *h->status->message ? h->status->message
                                                                                       : "the request failed");
@@ -307,6 +311,11 @@ size_t tio_wait(tpu_cluster *c, struct tio_ans *const *ans, uint64_t deadline_ms
         }
         if (!open_n)
             break;
+        /* a core that failed a later step in flight (pipelined steps) failed
+         * too: the cores that cannot answer this one get the grace, not the
+         * whole deadline */
+        for (size_t r = 0; r < n && !any_failed; r++)
+            any_failed = ss[r].failures > 0;
         if (any_failed && grace_ms && now + grace_ms < end)
             end = now + grace_ms, grace_used = grace_ms, grace_ms = 0;
         if (now >= end)

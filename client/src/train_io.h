@@ -50,8 +50,9 @@ int tio_post(tpu_cluster *c, size_t r, Tpuemu__FrameHeader *h, const struct tio_
 
 /* Drives every connection until ans[r] is done for every replica r (ans is an
  * array of num_replicas slots, e.g. those of one request), or deadline_ms
- * (CLOCK_MONOTONIC ms). Once one replica failed, the others get at most
- * grace_ms more. Returns the number of failed replicas (unanswered ones get
+ * (CLOCK_MONOTONIC ms). Once one replica failed (this request, or any
+ * later one in flight on its connection: pipelined steps), the others get at
+ * most grace_ms more. Returns the number of failed replicas (unanswered ones get
  * DEADLINE_EXCEEDED or UNAVAILABLE). */
 size_t tio_wait(tpu_cluster *c, struct tio_ans *const *ans, uint64_t deadline_ms, uint64_t grace_ms);
 
