@@ -13,6 +13,7 @@
 
 #include <criterion/criterion.h>
 
+#include "calls.h"
 #include "colltest.h"
 
 /* These tests check results, not fault detection (it_faults does): beat every
@@ -24,12 +25,6 @@ static const tpu_algo ALGOS[] = {TPU_ALGO_AUTO, TPU_ALGO_RING, TPU_ALGO_HD, TPU_
 static const tpu_reduce_op OPS[] = {TPU_SUM, TPU_MEAN, TPU_MAX, TPU_MIN};
 static const tpu_dtype DTYPES[] = {TPU_F32, TPU_BF16};
 
-#define CALL_OK(expr)                                                                                 \
-    do {                                                                                              \
-        tpu_status st_ = (expr);                                                                      \
-        if (st_ != TPU_OK)                                                                            \
-            cr_assert_fail("%s: %s: %s", #expr, tpu_status_name(st_), tpu_last_error());             \
-    } while (0)
 
 /* One all-reduce of (count, dtype, op, algo) on every replica, checked. */
 static void allreduce_checked(colltest *t, size_t count, tpu_dtype dt, tpu_reduce_op op, tpu_algo algo, int seed)

@@ -33,6 +33,7 @@
 #include <tpuemu/data.h>
 #include <tpuemu/model.h>
 
+#include "calls.h"
 #include "cluster.h"
 #include "raw.h"
 
@@ -42,22 +43,8 @@
 #define ROWS 256
 #define BATCH 64 /* 4 steps per epoch */
 
-#define CALL_OK(expr)                                                                                 \
-    do {                                                                                              \
-        tpu_status st_ = (expr);                                                                      \
-        if (st_ != TPU_OK)                                                                            \
-            cr_assert_fail("%s: %s: %s", #expr, tpu_status_name(st_), tpu_last_error());             \
-    } while (0)
 
-static void ignore_warning(const char *message, void *user)
-{
-    (void)message, (void)user;
-}
-
-__attribute__((constructor)) static void quiet_warnings(void)
-{
-    tpu_set_warning_handler(ignore_warning, NULL);
-}
+QUIET_WARNINGS()
 
 static void nap_ms(int ms)
 {

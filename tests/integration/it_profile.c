@@ -29,6 +29,7 @@
 #include <tpuemu/model.h>
 #include <tpuemu/profile.h>
 
+#include "calls.h"
 #include "colltest.h"
 #include "json.h"
 #include "xml.h"
@@ -39,22 +40,8 @@
 #define ROWS 1024 /* the default */
 #define MAX_ROWS 8192
 
-#define CALL_OK(expr)                                                                                 \
-    do {                                                                                              \
-        tpu_status st_ = (expr);                                                                      \
-        if (st_ != TPU_OK)                                                                            \
-            cr_assert_fail("%s: %s: %s", #expr, tpu_status_name(st_), tpu_last_error());             \
-    } while (0)
 
-static void ignore_warning(const char *message, void *user)
-{
-    (void)message, (void)user;
-}
-
-__attribute__((constructor)) static void quiet_warnings(void)
-{
-    tpu_set_warning_handler(ignore_warning, NULL);
-}
+QUIET_WARNINGS()
 
 /* How a test trains: see train_with. */
 struct how {

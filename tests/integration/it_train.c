@@ -33,6 +33,7 @@
 #include <tpuemu/data.h>
 #include <tpuemu/model.h>
 
+#include "calls.h"
 #include "colltest.h"
 
 /* Tests that do not test fault detection beat every 500 ms, so that a core
@@ -41,24 +42,10 @@
 #define DIM 32
 #define CLASSES 4
 
-#define CALL_OK(expr)                                                                                 \
-    do {                                                                                              \
-        tpu_status st_ = (expr);                                                                      \
-        if (st_ != TPU_OK)                                                                            \
-            cr_assert_fail("%s: %s: %s", #expr, tpu_status_name(st_), tpu_last_error());             \
-    } while (0)
 
 /* Batches of 48 earn the performance warning; only
  * uneven_global_batch_refused_and_warning listens to it. */
-static void ignore_warning(const char *message, void *user)
-{
-    (void)message, (void)user;
-}
-
-__attribute__((constructor)) static void quiet_warnings(void)
-{
-    tpu_set_warning_handler(ignore_warning, NULL);
-}
+QUIET_WARNINGS()
 
 /* ---- data ---- */
 
