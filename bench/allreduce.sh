@@ -49,7 +49,7 @@ stop_all() {
 trap stop_all EXIT
 
 free_port() {
-    local p=$((20000 + RANDOM % 20000))
+    local p=$((20000 + RANDOM % 12000)) # below the ephemeral ports
     while (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; do p=$((p + 1)); done
     echo "$p"
 }

@@ -194,7 +194,7 @@ syscalls_check() {
     mkdir -p "$s"
     tok=$s/token
     head -c 32 /dev/urandom | base64 >"$tok"
-    port=$((20000 + RANDOM % 20000))
+    port=$((20000 + RANDOM % 12000)) # below the ephemeral ports
     while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
     strace -f -qq -o "$s/resolver.st" "$bin/tpu-resolver" --listen "127.0.0.1:$port" --token-file "$tok" 2>"$s/resolver.log" &
     pids+=($!)

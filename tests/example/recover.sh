@@ -19,18 +19,16 @@ work=$(mktemp -d /tmp/tpuemu-recover.XXXXXX)
 pids=()
 victim=
 trainer=
+. "$(dirname "${BASH_SOURCE[0]}")/../support/local_cluster.sh"
 cleanup() {
     for p in "${pids[@]}" $victim $trainer; do kill -TERM "$p" 2>/dev/null; done
     for p in "${pids[@]}" $victim $trainer; do wait "$p" 2>/dev/null; done
+    lc_cleanup
     rm -rf "$work"
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; [ -f "$work/out.txt" ] && cat "$work/out.txt"; exit 1; }
-port=$((20000 + RANDOM % 20000))
-while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
-tpu=127.0.0.1:$port
-"$bin/tpu-resolver" --listen "$tpu" --heartbeat-ms 200 2>"$work/resolver.log" &
-pids+=($!)
+lc_start_resolver "$bin" "$work/resolver.log" --heartbeat-ms 200
 worker() { # host core
     "$bin/tpu-worker" --resolver "$tpu" --host-id "host$1" --core "$2" --tpu-type v3 \
         2>>"$work/worker-$1-$2.log" &
@@ -41,7 +39,6 @@ for h in 0 1; do
         if [ "$h$c" = 11 ]; then victim=$!; else pids+=($!); fi
     done
 done
-for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
 "$bin/tpuctl" --tpu "$tpu" init --expect 4 --timeout-ms 20000 >/dev/null ||
     fail "the cluster did not come up: $(tail -n 3 "$work"/*.log)"
 

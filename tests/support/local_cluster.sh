@@ -1,27 +1,58 @@
-# Sourced by the shell tests: a resolver and 4 workers (hosts host0, host1 x
-# cores 0, 1; v3) on a free loopback port, initialized, and stopped on exit.
+# Sourced by the shell tests: daemons on free loopback ports, stopped on exit.
 #
 #   . tests/support/local_cluster.sh
-#   start_local_cluster BIN WORKDIR     # sets tpu=127.0.0.1:PORT; logs in WORKDIR
-# WORKDIR is removed on exit.
+#   start_local_cluster BIN WORKDIR  # a resolver and 4 workers (hosts host0, host1 x
+#                                    # cores 0, 1; v3), initialized; tpu=127.0.0.1:PORT;
+#                                    # logs in WORKDIR, which is removed on exit
+#   lc_start_resolver BIN LOG ARGS.. # just a resolver; tpu=127.0.0.1:PORT; its pid
+#                                    # joins those lc_cleanup stops
+# A test with a trap of its own calls lc_cleanup from it.
 
 _lc_pids=()
 _lc_work=
-_lc_cleanup() {
+lc_cleanup() {
     for p in "${_lc_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
     for p in "${_lc_pids[@]}"; do wait "$p" 2>/dev/null; done
+    _lc_pids=()
     [ -n "$_lc_work" ] && rm -rf "$_lc_work"
 }
 
+# A port below the ephemeral range (32768-60999), so that no outgoing
+# connection of a test running beside this one takes it between the check and
+# the bind.
+lc_free_port() {
+    local p=$((20000 + RANDOM % 12000))
+    while (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; do p=$((p + 1)); done
+    echo "$p"
+}
+
+lc_start_resolver() { # bin, log, extra args...
+    local bin=$1 log=$2 try t pid
+    shift 2
+    for try in 1 2 3 4 5; do # another test may still take the port first
+        tpu=127.0.0.1:$(lc_free_port)
+        "$bin/tpu-resolver" --listen "$tpu" "$@" 2>>"$log" &
+        pid=$!
+        for ((t = 0; t < 100; t++)); do
+            kill -0 "$pid" 2>/dev/null || break
+            if (exec 3<>"/dev/tcp/127.0.0.1/${tpu#*:}") 2>/dev/null; then
+                _lc_pids+=("$pid")
+                return 0
+            fi
+            sleep 0.05
+        done
+        kill -TERM "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+    done
+    echo "FAIL: tpu-resolver did not start: $(tail -n 2 "$log")"
+    exit 1
+}
+
 start_local_cluster() { # bin, workdir
-    local bin=$1 port
+    local bin=$1
     _lc_work=$2
-    trap _lc_cleanup EXIT
-    port=$((20000 + RANDOM % 20000))
-    while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
-    tpu=127.0.0.1:$port
-    "$bin/tpu-resolver" --listen "$tpu" --heartbeat-ms 200 2>"$_lc_work/resolver.log" &
-    _lc_pids+=($!)
+    trap lc_cleanup EXIT
+    lc_start_resolver "$bin" "$_lc_work/resolver.log" --heartbeat-ms 200
     for h in 0 1; do
         for c in 0 1; do
             "$bin/tpu-worker" --resolver "$tpu" --host-id "host$h" --core "$c" --tpu-type v3 \
@@ -29,7 +60,6 @@ start_local_cluster() { # bin, workdir
             _lc_pids+=($!)
         done
     done
-    for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
     "$bin/tpuctl" --tpu "$tpu" init --expect 4 --timeout-ms 20000 >/dev/null || {
         echo "FAIL: the cluster did not come up"
         tail -n 5 "$_lc_work"/*.log
