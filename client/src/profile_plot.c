@@ -129,8 +129,9 @@ done:
     return b;
 }
 
-/* Core i's average step (ms per part); 0 when it has no step with a period. */
-static size_t core_average(const tpu_profile *p, size_t i, double ms[NPART])
+/* Core i's average step (ms per part); all 0 when it has no step with a
+ * period. */
+static void core_average(const tpu_profile *p, size_t i, double ms[NPART])
 {
     struct profile_step *s;
     size_t n = profile_core_steps(p, i, &s), used = 0;
@@ -144,7 +145,6 @@ static size_t core_average(const tpu_profile *p, size_t i, double ms[NPART])
     for (int c = 0; c < NPART && used; c++)
         ms[c] /= (double)used;
     free(s);
-    return used;
 }
 
 static void legend(FILE *f, double x, double y)
@@ -168,11 +168,13 @@ static void y_axis(FILE *f, double y0, double h, double top, double tick)
     }
 }
 
-static void write_svg(FILE *f, const tpu_profile *p, const tpu_profile_summary *sum, const struct bar *b, size_t nb)
+/* core_ms: each core's average step, NPART parts a core. */
+static void write_svg(FILE *f, const tpu_profile *p, const tpu_profile_summary *sum, const struct bar *b, size_t nb,
+                      const double *core_ms)
 {
     size_t nc = tpu_profile_num_cores(p);
     double plot_w = PLOT_W - PLOT_LEFT - PLOT_RIGHT, top = 0, tick, y0, core_top;
-    double core_ms[NPART], cmax = 0;
+    double cmax = 0;
     double height = PLOT_TOP + PLOT_STEPS_H + 70 + PLOT_CORE_H * (double)nc + 30;
 
     for (size_t k = 0; k < nb; k++) {
@@ -183,9 +185,8 @@ static void write_svg(FILE *f, const tpu_profile *p, const tpu_profile_summary *
     }
     for (size_t i = 0; i < nc; i++) {
         double t = 0;
-        core_average(p, i, core_ms);
         for (int c = 0; c < NPART; c++)
-            t += core_ms[c];
+            t += core_ms[i * NPART + c];
         cmax = t > cmax ? t : cmax;
     }
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
@@ -246,7 +247,6 @@ static void write_svg(FILE *f, const tpu_profile *p, const tpu_profile_summary *
         if (tpu_profile_core_info(p, i, &pc) != TPU_OK)
             continue;
         snprintf(label, sizeof label, "%s/%d", pc.host_id, pc.core);
-        core_average(p, i, core_ms);
         fprintf(f, "<g data-core=\"");
         xml_text(f, label);
         fprintf(f, "\" data-straggler=\"%d\">", sum->straggler == (int)i);
@@ -254,10 +254,10 @@ static void write_svg(FILE *f, const tpu_profile *p, const tpu_profile_summary *
         xml_text(f, label);
         fputs("</text>", f);
         for (int c = 0; c < NPART; c++) {
-            double w = cmax > 0 ? core_ms[c] / cmax * plot_w : 0;
+            double ms = core_ms[i * NPART + c], w = cmax > 0 ? ms / cmax * plot_w : 0;
             fprintf(f, "<rect class=\"part\" data-part=\"%s\" data-ms=\"%.6f\" x=\"%.2f\" y=\"%.1f\" "
                        "width=\"%.2f\" height=\"%.1f\" fill=\"%s\"/>",
-                    part_name[c], core_ms[c], x, y, w, PLOT_CORE_H - 4, part_colour[c]);
+                    part_name[c], ms, x, y, w, PLOT_CORE_H - 4, part_colour[c]);
             x += w;
         }
         if (sum->straggler == (int)i)
@@ -291,17 +291,28 @@ tpu_status tpu_profile_plot_svg(const tpu_profile *p, const char *path)
     b = step_bars(p, &nb, &st);
     if (st != TPU_OK)
         return st;
+    size_t nc = tpu_profile_num_cores(p);
+    double *core_ms = calloc(nc ? nc : 1, NPART * sizeof *core_ms);
+    if (!core_ms) {
+        free(b);
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "profile: out of memory for the plot");
+    }
+    for (size_t i = 0; i < nc; i++)
+        core_average(p, i, core_ms + i * NPART);
     /* written beside it and renamed: a reader never sees half a picture */
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) {
         free(b);
+        free(core_ms);
         return cli_failf(TPU_INVALID_ARGUMENT, "profile plot: file name too long: %.64s...", path);
     }
     if (!(f = fopen(tmp, "w"))) {
         free(b);
+        free(core_ms);
         return cli_failf(TPU_INVALID_ARGUMENT, "profile plot: cannot write %s: %s", path, strerror(errno));
     }
-    write_svg(f, p, &sum, b, nb);
+    write_svg(f, p, &sum, b, nb, core_ms);
     free(b);
+    free(core_ms);
     int bad = ferror(f);
     bad |= fclose(f) != 0;
     if (bad) {
