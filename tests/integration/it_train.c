@@ -894,8 +894,8 @@ Test(train, core_killed_mid_fit_is_unavailable_naming_it, .timeout = 90)
 
 /* ---- 9 ---- */
 
-#define SLOW_MAP_MS 5
-#define SLOW_STEP_MS 10
+#define SLOW_MAP_MS 20
+#define SLOW_STEP_MS 40
 static void sleep_ms(int ms)
 {
     struct timespec ts = {0, ms * 1000000L};
@@ -910,7 +910,7 @@ static int slow_map(float *x, void *y, size_t rows, size_t x_dim, void *user)
     return 0;
 }
 
-/* the recorder, then 10 ms more per batch: a slow step that costs no CPU */
+/* the recorder, then SLOW_STEP_MS more per batch: a slow step that costs no CPU */
 static tpu_status slow_batch_end(tpu_model *m, int epoch, size_t batch, const tpu_logs *l, void *user)
 {
     tpu_status st = rec_batch_end(m, epoch, batch, l, user);
@@ -948,20 +948,23 @@ static uint64_t median_wait(const rec *r)
     return n ? v[n / 2] : 0;
 }
 
-/* A map that sleeps 5 ms per batch, and a loop that spends 10 ms per batch
+/* A map that sleeps 20 ms per batch, and a loop that spends 40 ms per batch
  * elsewhere (an on_batch_end that sleeps: a slow step that takes no CPU from
  * the shared machine). Without prefetch fit waits for the map every batch
- * (input wait ~5 ms: the time it takes to produce) and each batch costs
- * 5 + 10 ms; with prefetch(4) the background thread has the next batch ready
- * (median input wait under 1 ms) and a batch costs ~10 ms: the whole fit
- * takes clearly less (bound 0.85x; expected ~0.67x). */
-Test(train, prefetch_overlaps, .timeout = 60)
+ * (input wait >= 20 ms: the sleep is a floor the scheduler can only raise) and
+ * each batch costs 20 + 40 ms + the step; with prefetch(4) the background
+ * thread, twice as fast as the loop, has the next batch ready (median input
+ * wait under 1 ms) and a batch costs 40 ms + the step: the whole fit takes
+ * clearly less. Expected 0.67x of the time without prefetch when the steps
+ * are fast, and under 0.85x (the bound) as long as a step takes under 90 ms,
+ * which it does on the most loaded machine (a few ms here). */
+Test(train, prefetch_overlaps, .timeout = 120)
 {
     colltest *t = ct_start(1, (int[]){2}, NULL, HB_MS);
     tpu_strategy *s;
     CALL_OK(tpu_strategy_new(t->c, &s));
-    blobs b = blobs_make(1920, DIM, 1.0, 16);
-    tpu_dataset *plain = make_ds(&b, 48, 1, 0), *pre = make_ds(&b, 48, 1, 0); /* 40 batches */
+    blobs b = blobs_make(1440, DIM, 1.0, 16);
+    tpu_dataset *plain = make_ds(&b, 48, 1, 0), *pre = make_ds(&b, 48, 1, 0); /* 30 batches */
     CALL_OK(tpu_dataset_map(plain, slow_map, NULL));
     CALL_OK(tpu_dataset_map(pre, slow_map, NULL));
     CALL_OK(tpu_dataset_prefetch(pre, 4));
@@ -973,7 +976,7 @@ Test(train, prefetch_overlaps, .timeout = 60)
     uint64_t w_plain = median_wait(&r);
     double t_pre = time_fit(m, pre, &r);
     uint64_t w_pre = median_wait(&r);
-    fprintf(stderr, "prefetch: 40 batches, %d ms map + %d ms loop: %.0f ms (median input wait %.2f ms) without, "
+    fprintf(stderr, "prefetch: 30 batches, %d ms map + %d ms loop: %.0f ms (median input wait %.2f ms) without, "
             "%.0f ms (%.2f ms) with prefetch(4)\n", SLOW_MAP_MS, SLOW_STEP_MS, t_plain, (double)w_plain / 1e6, t_pre,
             (double)w_pre / 1e6);
     cr_assert_geq(w_plain, (uint64_t)SLOW_MAP_MS * 1000000u * 9 / 10,

@@ -36,7 +36,7 @@ typedef struct cluster_opts {
     int cores_per_host;              /* --core 0..n-1 each; 0 hosts/cores: no workers */
     int auto_core;                   /* give --core -1 instead of explicit indices */
     const char *tpu_type;            /* NULL: the worker's default */
-    int heartbeat_ms;                /* 0: 100 */
+    int heartbeat_ms;                /* 0: 100 (500 under valgrind) */
     int dead_after;                  /* 0: 3 */
     int token;                       /* write CL_TOKEN to DIR/token; daemons get --token-file */
     const char *const *resolver_args; /* extra resolver args, NULL-terminated */
@@ -125,6 +125,10 @@ char *cl_read_file(const char *path);
 int cl_log_contains(const cl_proc *p, const char *s);
 /* Waits until the log contains s. */
 int cl_wait_log(const cl_proc *p, const char *s, int timeout_ms);
+/* The factor by which the fixture's waits (cl_wait_log, cluster_wait_*, the
+ * start of the daemons) stretch: 6 with $TPUEMU_TEST_VALGRIND (the daemons
+ * under memcheck), else 1; $TPUEMU_TEST_TIME_SCALE sets it. */
+int cl_time_scale(void);
 int64_t cl_now_ms(void);
 /* A temp dir for tests that start daemons themselves (removed at exit). */
 const char *cl_tmpdir(void);
