@@ -5,9 +5,7 @@
  *   loop: all-reduce gradients (coll_submit) -> next step, or answer.
  *
  * Compile, state reads and writes run on the loop thread: they are short. */
-#define TPUEMU_LINK_NO_TYPEDEF 1 /* unistd.h has link() */
 #include "train.h"
-#include "trace.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -21,13 +19,8 @@
 #include <xmmintrin.h>
 #endif
 
-#include "coll.h"
-#include "coll_int.h"
-#include "dpconn.h"
 #include "log.h"
 #include "model.h"
-#include "link.h"
-#include "worker.h"
 
 #define KIND(k) TPUEMU__FRAME_KIND__FRAME_##k
 #define TRAIN_MAX_DEPTH 16
@@ -78,7 +71,7 @@ struct treq {
 };
 
 struct train {
-    struct worker *w;
+    struct train_env env;
     mxu *u;
     struct tmodel *tm;
     struct tmodel *orphan; /* dropped by a reset while the pool had it */
@@ -95,6 +88,11 @@ struct train {
 };
 
 static void kick(struct train *t);
+
+/* Steps of a small model take well under a millisecond, a large batch's tens
+ * of milliseconds; a straggler or a loaded machine seconds. */
+static const double step_bounds[] = {0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                     0.05,    0.1,    0.25,  0.5,    1,     2.5,   5};
 
 /* ---- models ---- */
 
@@ -124,14 +122,14 @@ static void release_blocks(struct train *t, struct tmodel *tm)
 {
     err ignored;
     for (size_t i = 0; i < tm->nids; i++)
-        hbm_release(&t->w->hbm, tm->ids[i], &ignored);
+        hbm_release(t->env.hbm, tm->ids[i], &ignored);
     tm->nids = 0;
 }
 
 static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cfg, const Tpuemu__ModelSpec *sp,
                   err *e)
 {
-    hbm *h = &t->w->hbm;
+    hbm *h = t->env.hbm;
     int64_t b = cfg->max_rows, prev = cfg->in_dim, maxu = 0;
     int nslots = sp->optimizer && sp->optimizer->kind == 1 ? 2 : sp->optimizer && sp->optimizer->momentum > 0 ? 1 : 0;
     const char *optname = sp->optimizer && sp->optimizer->kind == 1 ? "Adam" : "SGD";
@@ -184,12 +182,12 @@ static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cf
     else
         ALLOC(HBM_INFEED, "f32", 3, (int64_t)tm->depth * tm->spe, b, tm->label_dim);
     /* the gradient all-reduce's buffers must fit next to all of it */
-    if (t->w->num_replicas > 1) {
+    if (t->env.id->num_replicas > 1) {
         Tpuemu__CollSpec cs = TPUEMU__COLL_SPEC__INIT;
         uint32_t id;
         cs.kind = TPUEMU__COLL_KIND__COLL_ALL_REDUCE;
         cs.count = model_num_params(tm->m);
-        int64_t d[1] = {(int64_t)coll_plan_bytes(&cs, (int)t->w->num_replicas)};
+        int64_t d[1] = {(int64_t)coll_plan_bytes(&cs, (int)t->env.id->num_replicas)};
         if ((rc = hbm_alloc(h, HBM_OTHER, "all-reduce of gradients (buffers)", "u8", d, 1, &id, e)) != CODE_OK)
             goto fail;
         hbm_release(h, id, e);
@@ -275,7 +273,6 @@ static void flush_update(struct tmodel *tm)
 
 static int do_compile(struct train *t, struct treq *r, err *e)
 {
-    struct worker *w = t->w;
     const Tpuemu__ModelSpec *sp = r->spec;
     struct model_cfg cfg;
     struct tmodel *tm, *old = t->tm;
@@ -304,7 +301,7 @@ static int do_compile(struct train *t, struct treq *r, err *e)
         release_blocks(t, old);
     if ((rc = charge(t, tm, &cfg, sp, e)) != CODE_OK) {
         err ignored;
-        err_prefix(e, "core %s/%d (per-core batch %d)", w->host_id, w->core, tm->batch);
+        err_prefix(e, "core %s/%d (per-core batch %d)", t->env.id->host_id, t->env.id->core, tm->batch);
         if (old && charge(t, old, model_config(old->m), old->spec, &ignored) != CODE_OK)
             log_warn("previous model lost its HBM charge", "reason=%s", log_q(ignored.msg));
         tmodel_free(tm);
@@ -322,7 +319,7 @@ static int do_compile(struct train *t, struct treq *r, err *e)
     tmodel_free(old);
     t->tm = tm;
     log_info("model compiled", "model=%" PRIu64 " layers=%d params=%zu batch_per_core=%d mixed_bf16=%d hbm_used=%" PRIu64,
-             tm->id, tm->nlayers, model_num_params(tm->m), tm->batch, (int)sp->mixed_bfloat16, w->hbm.used);
+             tm->id, tm->nlayers, model_num_params(tm->m), tm->batch, (int)sp->mixed_bfloat16, t->env.hbm->used);
     return CODE_OK;
 }
 
@@ -362,8 +359,8 @@ static void answer(struct train *t, struct treq *r, const err *e)
     st.code = (Tpuemu__Code)e->code;
     st.message = (char *)e->msg;
     h.status = &st;
-    h.hbm_used = t->w->hbm.used;
-    h.hbm_capacity = t->w->hbm.capacity;
+    h.hbm_used = t->env.hbm->used;
+    h.hbm_capacity = t->env.hbm->capacity;
     if (ok && r->kind == KIND(STEPS)) {
         for (uint32_t i = 0; i < r->steps; i++)
             sp[i] = &r->stats[i];
@@ -391,11 +388,11 @@ static void answerf(struct train *t, struct treq *r, int code, const char *fmt, 
 /* The collectives r's remaining steps would have run: fail them on every peer. */
 static void abort_rest(struct train *t, struct treq *r, uint32_t from, const err *e)
 {
-    if (r->kind != KIND(STEPS) || r->mode != TPUEMU__STEP_MODE__STEP_TRAIN || !t->w->peers ||
-        t->w->num_replicas < 2 || r->epoch != t->w->epoch)
+    if (r->kind != KIND(STEPS) || r->mode != TPUEMU__STEP_MODE__STEP_TRAIN || !t->env.coll ||
+        t->env.id->num_replicas < 2 || r->epoch != t->env.id->epoch)
         return;
     for (uint32_t i = from; i < r->steps; i++)
-        peers_abort(t->w->peers, r->coll_seq + i, e);
+        coll_abort(t->env.coll, r->coll_seq + i, e);
 }
 
 /* cur is done (answered or dropped): on to the next request. */
@@ -428,7 +425,7 @@ static void pool_step(uv_work_t *req)
     err_clear(e);
     r->t_step0 = t0;
     r->t_opt0 = r->t_opt1 = 0;
-    model_set_recorder(tm->m, r->mode == TPUEMU__STEP_MODE__STEP_TRAIN && trace_capacity(t->w->trace) ? r->rec : NULL,
+    model_set_recorder(tm->m, r->mode == TPUEMU__STEP_MODE__STEP_TRAIN && trace_capacity(t->env.trace) ? r->rec : NULL,
                        sizeof r->rec / sizeof r->rec[0]);
 #if defined(__SSE__)
     /* Flush denormals to zero, as the TPU (and TensorFlow's CPU threads) do:
@@ -468,9 +465,9 @@ static void pool_step(uv_work_t *req)
         s->correct = mt.correct;
         s->rows = rows;
         s->step = r->first_step + i;
-        if (t->w->throttle_pct < 100) { /* a slower chip: the step takes 100/pct as long */
-            uint64_t spent = uv_hrtime() - c0, extra = spent * (uint64_t)(100 - t->w->throttle_pct) /
-                                                        (uint64_t)t->w->throttle_pct;
+        if (t->env.throttle_pct < 100) { /* a slower chip: the step takes 100/pct as long */
+            uint64_t spent = uv_hrtime() - c0, extra = spent * (uint64_t)(100 - t->env.throttle_pct) /
+                                                        (uint64_t)t->env.throttle_pct;
             struct timespec ts = {(time_t)(extra / 1000000000u), (long)(extra % 1000000000u)};
             nanosleep(&ts, NULL);
         }
@@ -490,7 +487,7 @@ static void on_allreduce(void *arg, const err *e, const uint8_t *out, size_t out
 /* What the pool recorded of the step(s) it ran, into the ring. */
 static void trace_pool(struct train *t, struct treq *r)
 {
-    trace *tr = t->w->trace;
+    trace *tr = t->env.trace;
     struct trace_ev ev;
     uint64_t step = r->first_step + r->i;
     size_t n = t->tm ? model_recorded(t->tm->m) : 0;
@@ -526,7 +523,6 @@ static void after_step(uv_work_t *req, int status)
 {
     struct train *t = req->data;
     struct treq *r = t->cur;
-    struct worker *w = t->w;
     (void)status;
 
     t->busy = 0;
@@ -534,7 +530,7 @@ static void after_step(uv_work_t *req, int status)
         tmodel_free(t->orphan);
         t->orphan = NULL;
         answerf(t, r, CODE_ABORTED, "the TPU system was re-initialized (epoch %" PRIu64 ") during step %" PRIu64,
-                w->epoch, r->first_step + r->i);
+                t->env.id->epoch, r->first_step + r->i);
         next(t);
         return;
     }
@@ -542,7 +538,7 @@ static void after_step(uv_work_t *req, int status)
         trace_pool(t, r);
     if (r->e.code != CODE_OK) {
         err e = r->e;
-        err_prefix(&e, "step %" PRIu64 " on core %s/%d", r->first_step + r->i, w->host_id, w->core);
+        err_prefix(&e, "step %" PRIu64 " on core %s/%d", r->first_step + r->i, t->env.id->host_id, t->env.id->core);
         log_warn("step failed", "step=%" PRIu64 " code=%s reason=%s", r->first_step + r->i, code_name(e.code),
                  log_q(e.msg));
         abort_rest(t, r, r->i, &e);
@@ -556,7 +552,7 @@ static void after_step(uv_work_t *req, int status)
         return;
     }
     r->t_ar = uv_hrtime();
-    if (w->num_replicas < 2) {
+    if (t->env.id->num_replicas < 2) {
         err ok;
         err_clear(&ok);
         on_allreduce(r, &ok, NULL, 0);
@@ -574,7 +570,7 @@ static void after_step(uv_work_t *req, int status)
     h.coll = &cs;
     /* reduced in place: nothing writes the gradients until the answer (or, after
      * a failure, until the reset: tm->failed keeps training off them) */
-    coll_submit(w, &h, (uint8_t *)model_grads(t->tm->m), cs.count * sizeof(float), on_allreduce, r);
+    coll_submit(t->env.coll, &h, (uint8_t *)model_grads(t->tm->m), cs.count * sizeof(float), on_allreduce, r);
 }
 
 static void on_allreduce(void *arg, const err *e, const uint8_t *out, size_t out_len)
@@ -585,7 +581,7 @@ static void on_allreduce(void *arg, const err *e, const uint8_t *out, size_t out
 
     uint64_t now = uv_hrtime();
     r->stats[r->i].allreduce_ns = now - r->t_ar;
-    if (e->code == CODE_OK && tm && trace_capacity(t->w->trace)) {
+    if (e->code == CODE_OK && tm && trace_capacity(t->env.trace)) {
         struct trace_ev ev;
         memset(&ev, 0, sizeof ev);
         ev.kind = TPUEMU__TRACE_KIND__TRACE_ALLREDUCE;
@@ -594,9 +590,9 @@ static void on_allreduce(void *arg, const err *e, const uint8_t *out, size_t out
         ev.step = r->first_step + r->i;
         ev.seq = r->coll_seq + r->i;
         ev.bytes = model_num_params(tm->m) * sizeof(float);
-        ev.peer = (int32_t)t->w->num_replicas;
-        trace_add(t->w->trace, &ev);
-        trace_span(t->w->trace, TPUEMU__TRACE_KIND__TRACE_STEP, r->t_step0, now, r->first_step + r->i);
+        ev.peer = (int32_t)t->env.id->num_replicas;
+        trace_add(t->env.trace, &ev);
+        trace_span(t->env.trace, TPUEMU__TRACE_KIND__TRACE_STEP, r->t_step0, now, r->first_step + r->i);
     }
     if (e->code != CODE_OK || !tm) {
         err f = *e;
@@ -614,13 +610,13 @@ static void on_allreduce(void *arg, const err *e, const uint8_t *out, size_t out
     }
     if (out && (const float *)out != model_grads(tm->m) && out_len == model_num_params(tm->m) * sizeof(float))
         memcpy(model_grads(tm->m), out, out_len);
-    prom_add(&t->w->metrics.steps, 1);
-    prom_hist_observe_ns(&t->w->metrics.step_seconds, now - r->t_step0);
+    prom_add(&t->env.stats->steps, 1);
+    prom_hist_observe_ns(&t->env.stats->step_seconds, now - r->t_step0);
     tm->pending = 1;
     tm->pending_scale = 1.0f / (float)r->global_rows[r->i];
     if (++r->i < r->steps) {
         t->busy = 1;
-        uv_queue_work(t->w->loop, &t->work, pool_step, after_step);
+        uv_queue_work(t->env.loop, &t->work, pool_step, after_step);
         return;
     }
     answer(t, r, e);
@@ -644,7 +640,7 @@ static void start_steps(struct train *t, struct treq *r)
     r->i = 0;
     r->off = 0;
     t->busy = 1;
-    uv_queue_work(t->w->loop, &t->work, pool_step, after_step);
+    uv_queue_work(t->env.loop, &t->work, pool_step, after_step);
 }
 
 /* ---- state ---- */
@@ -693,7 +689,6 @@ static void do_state_set(struct train *t, struct treq *r)
 
 static void kick(struct train *t)
 {
-    struct worker *w = t->w;
     while (!t->cur && !t->busy && t->head) {
         struct treq *r = t->head;
         err e;
@@ -707,10 +702,10 @@ static void kick(struct train *t)
             t->cur = NULL;
             continue;
         }
-        if (r->epoch != w->epoch || w->replica_id < 0) {
+        if (r->epoch != t->env.id->epoch || t->env.id->replica_id < 0) {
             err_set(&e, CODE_FAILED_PRECONDITION,
                     "this request belongs to epoch %" PRIu64 "; the TPU system was re-initialized (now %" PRIu64
-                    "): compile the model again", r->epoch, w->epoch);
+                    "): compile the model again", r->epoch, t->env.id->epoch);
             answer(t, r, &e);
             t->cur = NULL;
             continue;
@@ -718,7 +713,7 @@ static void kick(struct train *t)
         if (t->tm && t->tm->failed &&
             (r->kind == KIND(COMPILE) || (r->kind == KIND(STEPS) && r->mode == TPUEMU__STEP_MODE__STEP_TRAIN))) {
             err_set(&e, CODE_FAILED_PRECONDITION, "a gradient all-reduce failed on core %s/%d (%s); re-initialize the "
-                    "TPU system", w->host_id, w->core, t->tm->fail_err.msg);
+                    "TPU system", t->env.id->host_id, t->env.id->core, t->tm->fail_err.msg);
             abort_rest(t, r, 0, &e);
             answer(t, r, &e);
             t->cur = NULL;
@@ -735,7 +730,7 @@ static void kick(struct train *t)
         }
         if (!t->tm || t->tm->id != r->model_id) {
             err_set(&e, CODE_FAILED_PRECONDITION, "model %" PRIu64 " is not compiled on core %s/%d%s", r->model_id,
-                    w->host_id, w->core, t->tm ? " (another model is)" : "; compile it first");
+                    t->env.id->host_id, t->env.id->core, t->tm ? " (another model is)" : "; compile it first");
             abort_rest(t, r, 0, &e);
             answer(t, r, &e);
             t->cur = NULL;
@@ -755,7 +750,7 @@ static void kick(struct train *t)
             uint64_t now = uv_hrtime();
             r->stats[0].infeed_wait_ns = now - t->idle_since;
             if (r->kind == KIND(STEPS) && r->mode == TPUEMU__STEP_MODE__STEP_TRAIN)
-                trace_span(w->trace, TPUEMU__TRACE_KIND__TRACE_INFEED_WAIT, t->idle_since, now, r->first_step);
+                trace_span(t->env.trace, TPUEMU__TRACE_KIND__TRACE_INFEED_WAIT, t->idle_since, now, r->first_step);
             t->idle_since = 0;
         }
         start_steps(t, r);
@@ -805,9 +800,8 @@ static int check_steps(struct train *t, const Tpuemu__StepsSpec *s, uint64_t *by
     return CODE_OK;
 }
 
-int train_check_payload(struct worker *w, const Tpuemu__FrameHeader *h, err *e)
+int train_check_payload(struct train *t, const Tpuemu__FrameHeader *h, err *e)
 {
-    struct train *t = w->train;
     uint64_t want = 0;
     int rc;
     if (!t)
@@ -822,7 +816,7 @@ int train_check_payload(struct worker *w, const Tpuemu__FrameHeader *h, err *e)
             return err_set(e, CODE_INVALID_ARGUMENT, "STATE_SET without a state description");
         if (!t->tm || t->tm->id != h->state->model_id)
             return err_set(e, CODE_FAILED_PRECONDITION, "model %" PRIu64 " is not compiled on core %s/%d",
-                           h->state->model_id, w->host_id, w->core);
+                           h->state->model_id, t->env.id->host_id, t->env.id->core);
         size_t np = model_num_params(t->tm->m);
         int ns = model_opt_num_slots(t->tm->m);
         if (h->state->num_params != np || h->state->num_slots != (uint32_t)ns)
@@ -858,18 +852,17 @@ static void record_client(struct train *t, const Tpuemu__StepsSpec *s, size_t le
     ev.dur = s->client_input_wait_ns;
     ev.step = s->first_step;
     ev.peer = (int32_t)s->client_pid;
-    trace_add(t->w->trace, &ev);
+    trace_add(t->env.trace, &ev);
     ev.kind = TPUEMU__TRACE_KIND__TRACE_CLIENT_INFEED;
     ev.t0 = s->client_post_ns + (uint64_t)t->client_off;
     ev.dur = now > ev.t0 ? now - ev.t0 : 0;
     ev.bytes = len;
-    trace_add(t->w->trace, &ev);
+    trace_add(t->env.trace, &ev);
 }
 
-void train_on_client_frame(struct worker *w, struct dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload,
+void train_on_client_frame(struct train *t, dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload,
                            size_t len)
 {
-    struct train *t = w->train;
     struct treq *r = calloc(1, sizeof *r);
     err e;
 
@@ -921,7 +914,7 @@ void train_on_client_frame(struct worker *w, struct dp_conn *c, const Tpuemu__Fr
         if (t->tm && t->n >= (unsigned)t->tm->depth + TRAIN_QUEUE_SLACK) {
             err_set(&e, CODE_RESOURCE_EXHAUSTED,
                     "%u requests are already queued on core %s/%d (infeed depth %d): wait for their answers",
-                    t->n, w->host_id, w->core, t->tm->depth);
+                    t->n, t->env.id->host_id, t->env.id->core, t->tm->depth);
             abort_rest(t, r, 0, &e);
             answer(t, r, &e);
             return;
@@ -944,14 +937,13 @@ void train_on_client_frame(struct worker *w, struct dp_conn *c, const Tpuemu__Fr
     kick(t);
 }
 
-void train_on_client_close(struct worker *w, struct dp_conn *c)
+void train_on_client_close(struct train *t, dp_conn *c)
 {
-    struct train *t = w->train;
     struct treq **pp;
     err e;
     if (!t)
         return;
-    err_set(&e, CODE_ABORTED, "the client's data connection to core %s/%d closed", w->host_id, w->core);
+    err_set(&e, CODE_ABORTED, "the client's data connection to core %s/%d closed", t->env.id->host_id, t->env.id->core);
     if (t->cur && t->cur->conn == c)
         t->cur->conn = NULL; /* the step in flight still joins its all-reduce */
     for (pp = &t->head; *pp;) {
@@ -970,9 +962,8 @@ void train_on_client_close(struct worker *w, struct dp_conn *c)
         t->tail = r;
 }
 
-void train_reset(struct worker *w)
+void train_reset(struct train *t)
 {
-    struct train *t = w->train;
     if (!t)
         return;
     /* queued requests are answered by kick (their epoch is gone) */
@@ -987,26 +978,26 @@ void train_reset(struct worker *w)
     kick(t);
 }
 
-int train_init(struct worker *w)
+int train_new(const struct train_env *env, struct train **out)
 {
     struct train *t = calloc(1, sizeof *t);
     err e;
+    *out = NULL;
     if (!t)
         return CODE_RESOURCE_EXHAUSTED;
-    if (mxu_new(&t->u, (unsigned)w->preset->mxu_dim, &e) != CODE_OK) {
+    if (mxu_new(&t->u, (unsigned)env->preset->mxu_dim, &e) != CODE_OK) {
         log_error("no matrix unit", "reason=%s", log_q(e.msg));
         free(t);
         return e.code;
     }
-    t->w = w;
+    t->env = *env;
     t->work.data = t;
-    w->train = t;
+    *out = t;
     return CODE_OK;
 }
 
-void train_free(struct worker *w)
+void train_free(struct train *t)
 {
-    struct train *t = w->train;
     if (!t)
         return;
     while (t->head) {
@@ -1019,5 +1010,10 @@ void train_free(struct worker *w)
     tmodel_free(t->orphan);
     mxu_free(t->u);
     free(t);
-    w->train = NULL;
+}
+
+void train_stats_init(struct train_stats *s)
+{
+    atomic_init(&s->steps, 0);
+    prom_hist_init(&s->step_seconds, step_bounds, sizeof step_bounds / sizeof step_bounds[0]);
 }
