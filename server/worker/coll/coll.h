@@ -1,8 +1,8 @@
 /* coll: the collectives engine of one worker. A client sends every replica a
  * FRAME_COLL with the same CollSpec and sequence number, and this replica's
- * input as payload; each worker runs its part of the algorithm over its links
- * (link.h) on the loop thread, as a state machine driven by link callbacks, and
- * answers FRAME_COLL_RESULT with the status, the time per iteration and this
+ * input as payload; each worker runs its part of the algorithm over the
+ * transport (net/xport.h) on the loop thread, as a state machine driven by its
+ * callbacks, and answers FRAME_COLL_RESULT with the status, the time per iteration and this
  * replica's output.
  *
  * Algorithms: ring (pipelined reduce-scatter + all-gather), hd (recursive
