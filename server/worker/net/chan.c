@@ -476,7 +476,7 @@ void chan_trace_done(struct chan *l, const struct lop *op)
     ev.coll_step = op->step;
     ev.chunk = op->chunk;
     ev.peer = l->replica;
-    memcpy(ev.algo, chan_is_shm(l) ? "shm" : "tcp", 4);
+    memcpy(ev.algo, (chan_is_shm(l) ? l->p->shmt : l->p->tcp)->name, 4); /* "shm", "tcp" */
     trace_add(t, &ev);
 }
 
