@@ -8,7 +8,7 @@
  *
  * One run: connect, initialize the system (waiting for N cores), then
  *   1. in-process, with the cluster idle: the same model on this thread
- *      (server/worker/model.h on the matrix unit of mxu.h, exactly the code a
+ *      (server/worker/core/model.h on the matrix unit of mxu.h, exactly the code a
  *      worker runs), forward + backward over one per-core shard, repeated:
  *      the matmul time of one step, and the in-process fwd+bwd time;
  *   2. on the pod: fit (the public API, tpuemu/model.h) over a 60000-row

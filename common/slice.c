@@ -1,5 +1,5 @@
 /* The TPU type table and slice names. Chip and core counts follow the Cloud
- * TPU system-architecture pages (see server/worker/preset.c for the sources);
+ * TPU system-architecture pages (see server/worker/core/preset.c for the sources);
  * the mesh ordering follows what TensorFlow reports in Topology.mesh_shape. */
 #include "slice.h"
 

@@ -43,6 +43,9 @@ struct tpu_cluster {
     uint64_t epoch;    /* epoch this handle initialized, 0: never */
     uint64_t seen_epoch;
     struct cli_coll *coll; /* collectives: the system's cores and data connections (coll.h) */
+    /* Frees coll (set with it by coll.c, which is built on this handle: the
+     * handle frees what is attached to it without calling up into coll.c). */
+    void (*coll_free)(tpu_cluster *c);
 };
 
 struct tpu_cluster_spec {

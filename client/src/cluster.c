@@ -80,7 +80,8 @@ void tpu_cluster_free(tpu_cluster *c)
     if (!c)
         return;
     CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
-    cli_coll_free(c);
+    if (c->coll_free)
+        c->coll_free(c);
     call_close(c);
     c->magic = MAGIC_DEAD;
     free(c);

@@ -101,6 +101,7 @@ int cli_coll_set_system(tpu_cluster *c, uint64_t epoch, size_t n, const struct c
         k->peers[r].fd = -1;
     }
     c->coll = k;
+    c->coll_free = cli_coll_free;
     return CODE_OK;
 }
 

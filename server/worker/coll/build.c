@@ -22,7 +22,6 @@
  * override them for measuring.
  * Chunks: COLL_CHUNK bytes (at least 1/COLL_MAX_CHUNKS of the buffer), with
  * COLL_DEPTH receive slots in flight per collective. */
-#define TPUEMU_LINK_NO_TYPEDEF /* <unistd.h> has a link() */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,37 +29,16 @@
 #include "bf16.h"
 #include "coll_int.h"
 #include "reduce.h"
-#include "worker.h"
 
 #define COLL_HD_MAX (512u * 1024u)
 #define COLL_RD_MAX (32u * 1024u)
 #define COLL_HIER_MIN (1u * 1024u * 1024u)
-#define COLL_CHUNK (512u * 1024u)
 #define COLL_MAX_CHUNKS 16384u
-#define COLL_DEPTH 8
 
 static unsigned env_uint(const char *name, unsigned def)
 {
     const char *v = getenv(name);
     return v && *v ? (unsigned)strtoul(v, NULL, 0) : def;
-}
-
-uint64_t coll_plan_bytes(const Tpuemu__CollSpec *sp, int g)
-{
-    uint64_t esz = sp->dtype == TPUEMU__DTYPE__DTYPE_BF16 ? 2 : 4, in = sp->count * esz;
-    uint64_t chunk = sp->chunk_bytes ? sp->chunk_bytes : COLL_CHUNK, b = in;
-    switch (sp->kind) {
-    case TPUEMU__COLL_KIND__COLL_ALL_GATHER:
-        return in + in * (uint64_t)g;
-    case TPUEMU__COLL_KIND__COLL_BROADCAST:
-        return in;
-    default:
-        if (esz == 2)
-            b += sp->count * 4;
-        if (sp->reproducible)
-            b += sp->count * 8 + repro_nblocks(sp->count) * 4;
-        return b + COLL_DEPTH * (chunk * 2 < in * 2 ? chunk * 2 : in * 2);
-    }
 }
 
 static void run_local(struct sched *s, const struct sop *o)
@@ -143,15 +121,25 @@ void coll_algo_name(struct cop *op)
     int shm = 0;
     if (op->s)
         for (int i = 0; i < op->s->g; i++)
-            if (op->s->pp[i].l && link_is_shm(op->s->pp[i].l))
+            if (op->s->pp[i].ch && op->s->x.ops->is_shm(op->s->pp[i].ch))
                 shm = 1;
     snprintf(op->algo_buf, sizeof op->algo_buf, "%s%s", op->algo_used, shm ? "+shm" : "");
     op->algo_used = op->algo_buf;
 }
 
-int coll_build(struct coll *c, struct cop *op, err *e)
+int coll_needs_hosts(const struct cop *op)
 {
-    struct worker *w = coll_worker(c);
+    uint64_t bytes = op->count * (op->bf16 ? 2u : 4u);
+    if (op->kind != TPUEMU__COLL_KIND__COLL_ALL_REDUCE)
+        return 0;
+    if (op->algo == TPUEMU__ALGO__ALGO_HIER)
+        return 1;
+    return op->algo == TPUEMU__ALGO__ALGO_AUTO && op->g >= 4 &&
+           bytes >= env_uint("TPUEMU_COLL_HIER_MIN", COLL_HIER_MIN);
+}
+
+int coll_build(struct cop *op, struct xport x, const int *host, err *e)
+{
     unsigned esz = op->bf16 ? 2 : 4;
     uint64_t bytes = op->count * esz, n = op->count;
     int g = op->g, me = op->me, algo = op->algo;
@@ -164,7 +152,7 @@ int coll_build(struct coll *c, struct cop *op, err *e)
     unsigned hd_max = env_uint("TPUEMU_COLL_HD_MAX", COLL_HD_MAX);
     unsigned hier_min = env_uint("TPUEMU_COLL_HIER_MIN", COLL_HIER_MIN);
     int depth = (int)env_uint("TPUEMU_COLL_DEPTH", COLL_DEPTH);
-    int *host = NULL, *mem;
+    int *mem;
     struct sched *s;
 
     op->repro = repro;
@@ -188,7 +176,7 @@ int coll_build(struct coll *c, struct cop *op, err *e)
         (op->kind == TPUEMU__COLL_KIND__COLL_ALL_GATHER || op->kind == TPUEMU__COLL_KIND__COLL_REDUCE_SCATTER))
         algo = TPUEMU__ALGO__ALGO_RING;
 
-    s = sched_new(op->seq, op->what, g, me, op->members, w->peers, celems * wesz, depth);
+    s = sched_new(op->seq, op->what, g, me, op->members, x, celems * wesz, depth);
     if (!s || !(mem = own_alloc(s, sizeof(int) * (size_t)g)) || (!op->borrowed && sched_own(s, op->payload) != 0)) {
         sched_free(s);
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for %s #%llu", op->what,
@@ -261,8 +249,8 @@ int coll_build(struct coll *c, struct cop *op, err *e)
         } else {
             int done = 0;
             if (algo == TPUEMU__ALGO__ALGO_HIER) {
-                if (!(host = malloc(sizeof(int) * (size_t)g)) || coll_hosts(c, op, host) != 0)
-                    goto oom;
+                if (!host)
+                    goto oom; /* coll_needs_hosts said yes: its caller could not find them */
                 int L = 0; /* cores of my host: the cross-host share is bytes / L */
                 for (int i = 0; i < g; i++)
                     L += host[i] == host[me];
@@ -309,11 +297,9 @@ int coll_build(struct coll *c, struct cop *op, err *e)
         op->input = NULL;
         op->input_len = 0;
     }
-    free(host);
     op->algo_used = algo == TPUEMU__ALGO__ALGO_HD ? "hd" : algo == TPUEMU__ALGO__ALGO_HIER ? "hier" : "ring";
     return sched_finish(s, e);
 oom:
-    free(host);
     return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory building %s #%llu", op->what,
                    (unsigned long long)op->seq);
 }

@@ -2,8 +2,7 @@
  * FRAME_COLL, queues it (one collective at a time, in sequence order), builds
  * this core's schedule with the chosen algorithm (build.c), runs it over the
  * links, and answers FRAME_COLL_RESULT. A failure poisons the core until the
- * system is re-initialized, and is passed on to every peer (peers_abort). */
-#define TPUEMU_LINK_NO_TYPEDEF /* <unistd.h> has a link() */
+ * system is re-initialized, and is passed on to every peer (the transport's abort). */
 #include "coll.h"
 
 #include <inttypes.h>
@@ -16,14 +15,12 @@
 #include "dpconn.h"
 #include "frame.h"
 #include "log.h"
-#include "peers.h"
-#include "worker.h"
 
 #define COLL_QUEUE_MAX 64
 #define COLL_MAX_ITERS 100000u
 
 struct coll {
-    struct worker *w;
+    struct coll_env env;
     struct cop *queue; /* by seq */
     unsigned nqueue;
     struct cop *cur;
@@ -39,19 +36,38 @@ struct coll {
     struct sched *zombies;
 };
 
-int coll_init(struct worker *w)
+void coll_stats_init(struct coll_stats *s)
 {
-    struct coll *c = calloc(1, sizeof *c);
-    if (!c)
-        return CODE_RESOURCE_EXHAUSTED;
-    c->w = w;
-    w->coll = c;
-    return CODE_OK;
+    for (int i = 0; i < COLL_STAT_KINDS; i++)
+        atomic_init(&s->done[i], 0);
+    atomic_init(&s->failed, 0);
+    atomic_init(&s->allreduce_bytes, 0);
 }
 
-struct worker *coll_worker(struct coll *c)
+struct coll *coll_new(const struct coll_env *env)
 {
-    return c->w;
+    struct coll *c = calloc(1, sizeof *c);
+    if (c)
+        c->env = *env;
+    return c;
+}
+
+/* A collective finished on this core: kind (CollKind), ok, and for an
+ * all-reduce the bytes of this replica's input times the iterations. */
+static void count_done(struct coll_stats *m, int kind, int ok, uint64_t allreduce_bytes)
+{
+    if (!ok) {
+        prom_add(&m->failed, 1);
+        return;
+    }
+    prom_add(&m->done[kind > 0 && kind < COLL_STAT_KINDS ? kind : 0], 1);
+    if (allreduce_bytes)
+        prom_add(&m->allreduce_bytes, allreduce_bytes);
+}
+
+static void abort_seq(struct coll *c, uint64_t seq, const err *e)
+{
+    c->env.x.ops->abort(c->env.x.self, seq, e);
 }
 
 static void cop_free(struct cop *op)
@@ -99,7 +115,7 @@ static void reply(struct cop *op, const err *e, const void *payload, size_t len,
 
 /* Refuses a client's COLL frame. With `abort` set (the frame belongs to this
  * epoch, so the other replicas may be running the same collective), the
- * refusal also fails the collective on every peer (peers_abort: ABORT frames),
+ * refusal also fails the collective on every peer (the transport's abort: ABORT frames),
  * so they fail at once with this reason instead of waiting for the progress
  * timeout. A collective every replica refuses (the same bad spec sent to all)
  * poisons nobody: no core ever started it. */
@@ -116,9 +132,9 @@ static void drop_payload(const struct answer_to *to, uint8_t *payload)
         free(payload);
 }
 
-static void reply_err(struct worker *w, const struct answer_to *to, const Tpuemu__FrameHeader *h, int abort,
+static void reply_err(struct coll *c, const struct answer_to *to, const Tpuemu__FrameHeader *h, int abort,
                       int code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-static void reply_err(struct worker *w, const struct answer_to *to, const Tpuemu__FrameHeader *h, int abort,
+static void reply_err(struct coll *c, const struct answer_to *to, const Tpuemu__FrameHeader *h, int abort,
                       int code, const char *fmt, ...)
 {
     struct cop op;
@@ -138,37 +154,57 @@ static void reply_err(struct worker *w, const struct answer_to *to, const Tpuemu
     log_info("collective refused", "seq=%" PRIu64 " code=%s reason=%s", h->seq, code_name(code),
              log_q(e.msg));
     reply(&op, &e, NULL, 0, NULL, NULL);
-    if (abort && w->peers)
-        peers_abort(w->peers, h->seq, &e);
+    if (abort && c)
+        abort_seq(c, h->seq, &e);
+}
+
+/* HBM a collective needs on one core: buffers and pipeline slots. */
+uint64_t coll_plan_bytes(const Tpuemu__CollSpec *sp, int g)
+{
+    uint64_t esz = sp->dtype == TPUEMU__DTYPE__DTYPE_BF16 ? 2 : 4, in = sp->count * esz;
+    uint64_t chunk = sp->chunk_bytes ? sp->chunk_bytes : COLL_CHUNK, b = in;
+    switch (sp->kind) {
+    case TPUEMU__COLL_KIND__COLL_ALL_GATHER:
+        return in + in * (uint64_t)g;
+    case TPUEMU__COLL_KIND__COLL_BROADCAST:
+        return in;
+    default:
+        if (esz == 2)
+            b += sp->count * 4;
+        if (sp->reproducible)
+            b += sp->count * 8 + repro_nblocks(sp->count) * 4;
+        return b + COLL_DEPTH * (chunk * 2 < in * 2 ? chunk * 2 : in * 2);
+    }
 }
 
 /* ---- topology: the host of every replica, from the links' names ---- */
 
-int coll_hosts(struct coll *c, const struct cop *op, int *host)
+/* host[i] = host index (0.. by first appearance) of group rank i. */
+static int coll_hosts(struct coll *c, const struct cop *op, int *host)
 {
-    struct worker *w = c->w;
-    if (c->topo_epoch != w->epoch || !c->host) {
-        char (*names)[96] = calloc(w->num_replicas, sizeof *names);
-        int *h = malloc(sizeof(int) * w->num_replicas);
+    const struct core_ident *id = c->env.id;
+    if (c->topo_epoch != id->epoch || !c->host) {
+        char (*names)[96] = calloc(id->num_replicas, sizeof *names);
+        int *h = malloc(sizeof(int) * id->num_replicas);
         if (!names || !h) {
             free(names), free(h);
             return -1;
         }
-        for (uint32_t r = 0; r < w->num_replicas; r++) {
+        for (uint32_t r = 0; r < id->num_replicas; r++) {
             err e;
-            if ((int)r == w->replica_id) {
-                snprintf(names[r], sizeof names[r], "%s", w->host_id);
+            if ((int)r == id->replica_id) {
+                snprintf(names[r], sizeof names[r], "%s", id->host_id);
                 continue;
             }
-            struct link *l = peers_link(w->peers, (int)r, &e);
-            const char *n = l ? link_peer_name(l) : "";
+            struct xport_chan *ch = c->env.x.ops->chan(c->env.x.self, (int)r, &e);
+            const char *n = ch ? c->env.x.ops->peer_name(ch) : "";
             const char *slash = strrchr(n, '/');
             size_t len = slash ? (size_t)(slash - n) : strlen(n);
             if (len >= sizeof names[r])
                 len = sizeof names[r] - 1;
             memcpy(names[r], n, len);
         }
-        for (uint32_t r = 0; r < w->num_replicas; r++) {
+        for (uint32_t r = 0; r < id->num_replicas; r++) {
             h[r] = (int)r;
             for (uint32_t q = 0; q < r; q++)
                 if (strcmp(names[q], names[r]) == 0) {
@@ -179,8 +215,8 @@ int coll_hosts(struct coll *c, const struct cop *op, int *host)
         free(names);
         free(c->host);
         c->host = h;
-        c->nhost = w->num_replicas;
-        c->topo_epoch = w->epoch;
+        c->nhost = id->num_replicas;
+        c->topo_epoch = id->epoch;
     }
     /* renumber the group's hosts 0.. by first appearance */
     for (int i = 0; i < op->g; i++) {
@@ -210,9 +246,10 @@ static const char *kind_name(int k)
 
 static int validate(struct coll *c, const Tpuemu__FrameHeader *h, size_t len, struct cop *op, err *e)
 {
-    struct worker *w = c->w;
+    const struct core_ident *id = c->env.id;
+    const hbm *mem = c->env.hbm;
     const Tpuemu__CollSpec *sp = h->coll;
-    uint32_t n = w->num_replicas;
+    uint32_t n = id->num_replicas;
 
     if (!sp)
         return err_set(e, CODE_INVALID_ARGUMENT, "FRAME_COLL without a coll spec");
@@ -245,7 +282,7 @@ static int validate(struct coll *c, const Tpuemu__FrameHeader *h, size_t len, st
             return err_set(e, CODE_INVALID_ARGUMENT,
                            "coll.group_of_replica has %zu entries; the system has %u replicas",
                            sp->n_group_of_replica, n);
-        uint32_t mine = sp->group_of_replica[w->replica_id], gsize = 0;
+        uint32_t mine = sp->group_of_replica[id->replica_id], gsize = 0;
         for (uint32_t r = 0; r < n; r++) {
             if (sp->group_of_replica[r] >= n)
                 return err_set(e, CODE_INVALID_ARGUMENT,
@@ -269,7 +306,7 @@ static int validate(struct coll *c, const Tpuemu__FrameHeader *h, size_t len, st
         }
     }
     for (int i = 0; i < op->g; i++)
-        if (op->members[i] == w->replica_id)
+        if (op->members[i] == id->replica_id)
             op->me = i;
     if (sp->kind == TPUEMU__COLL_KIND__COLL_BROADCAST && (sp->root < 0 || sp->root >= op->g))
         return err_set(e, CODE_INVALID_ARGUMENT,
@@ -295,10 +332,10 @@ static int validate(struct coll *c, const Tpuemu__FrameHeader *h, size_t len, st
                        "frame limit", kind_name(sp->kind), sp->count, out > in ? out : in,
                        (unsigned long long)(FRAME_MAX_PAYLOAD >> 20));
     op->hbm_bytes = coll_plan_bytes(sp, op->g);
-    if (op->hbm_bytes > w->hbm.capacity)
+    if (op->hbm_bytes > mem->capacity)
         return err_set(e, CODE_RESOURCE_EXHAUSTED,
                        "%s needs %" PRIu64 " bytes of HBM on each core; a core has %" PRIu64,
-                       kind_name(sp->kind), op->hbm_bytes, w->hbm.capacity);
+                       kind_name(sp->kind), op->hbm_bytes, mem->capacity);
     int root_sends = sp->kind != TPUEMU__COLL_KIND__COLL_BROADCAST || sp->root == op->me;
     if (len != in && !(len == 0 && !root_sends))
         return err_set(e, CODE_INVALID_ARGUMENT,
@@ -335,9 +372,9 @@ static void finish(struct cop *op, const err *e)
         c->cur = NULL;
     if (op->reserved) {
         err ignored;
-        hbm_release(&c->w->hbm, op->hbm_id, &ignored);
+        hbm_release(c->env.hbm, op->hbm_id, &ignored);
     }
-    wm_coll_done(&c->w->metrics, op->kind, e->code == CODE_OK,
+    count_done(c->env.stats, op->kind, e->code == CODE_OK,
                  e->code == CODE_OK && op->kind == TPUEMU__COLL_KIND__COLL_ALL_REDUCE
                      ? op->count * (op->bf16 ? 2u : 4u) * op->iters_done
                      : 0);
@@ -345,7 +382,7 @@ static void finish(struct cop *op, const err *e)
         log_warn("collective failed", "seq=%" PRIu64 " kind=%s code=%s reason=%s", op->seq, op->what,
                  code_name(e->code), log_q(e->msg));
         fail_core(c, op->seq, e);
-        peers_abort(c->w->peers, op->seq, e);
+        abort_seq(c, op->seq, e);
         reply(op, e, NULL, 0, NULL, NULL);
         if (op->s)
             sched_release(op->s, &c->zombies);
@@ -379,23 +416,38 @@ static void on_sched_done(struct sched *s, const err *e)
     finish(op, e);
 }
 
+/* Builds op's schedule (build.c), with the hosts of its group if the
+ * hierarchical algorithm may be chosen. */
+static int build(struct coll *c, struct cop *op, err *e)
+{
+    int *host = NULL, rc;
+    if (coll_needs_hosts(op) && (!(host = malloc(sizeof(int) * (size_t)op->g)) || coll_hosts(c, op, host) != 0)) {
+        free(host);
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory building %s #%llu", op->what,
+                       (unsigned long long)op->seq);
+    }
+    rc = coll_build(op, c->env.x, host, e);
+    free(host);
+    return rc;
+}
+
 static void start(struct coll *c, struct cop *op)
 {
-    struct worker *w = c->w;
+    const struct core_ident *id = c->env.id;
     err e;
 
     c->cur = op;
-    if (peers_failed(w->peers, op->seq, &e) != CODE_OK)
+    if (c->env.x.ops->failed(c->env.x.self, op->seq, &e) != CODE_OK)
         goto fail;
     int64_t dims[1] = {(int64_t)op->hbm_bytes};
     char label[48];
     snprintf(label, sizeof label, "%s #%" PRIu64 " buffers", op->what, op->seq);
-    if (hbm_alloc(&w->hbm, HBM_OTHER, label, "u8", dims, 1, &op->hbm_id, &e) != CODE_OK) {
-        err_prefix(&e, "%s #%" PRIu64 " on core %s/%d", op->what, op->seq, w->host_id, w->core);
+    if (hbm_alloc(c->env.hbm, HBM_OTHER, label, "u8", dims, 1, &op->hbm_id, &e) != CODE_OK) {
+        err_prefix(&e, "%s #%" PRIu64 " on core %s/%d", op->what, op->seq, id->host_id, id->core);
         goto fail;
     }
     op->reserved = 1;
-    if (coll_build(c, op, &e) != CODE_OK)
+    if (build(c, op, &e) != CODE_OK)
         goto fail;
     if (op->iters > 1 && op->input_len) {
         if (!(op->input_copy = malloc(op->input_len))) {
@@ -426,7 +478,7 @@ static void start_next(struct coll *c)
                     "collective #%" PRIu64 " failed on this core (%s); re-initialize the TPU system",
                     c->fail_seq, c->fail_err.msg);
             reply(op, &e, NULL, 0, NULL, NULL);
-            peers_abort(c->w->peers, op->seq, &e); /* peers running it fail now, not at the timeout */
+            abort_seq(c, op->seq, &e); /* peers running it fail now, not at the timeout */
             cop_free(op);
             continue;
         }
@@ -434,47 +486,48 @@ static void start_next(struct coll *c)
     }
 }
 
-static void accept_frame(struct worker *w, const struct answer_to *to, const Tpuemu__FrameHeader *h,
+static void accept_frame(struct coll *c, const struct answer_to *to, const Tpuemu__FrameHeader *h,
                          uint8_t *payload, size_t len)
 {
-    struct coll *c = w->coll;
+    const struct core_ident *id;
     struct cop *op, **pp;
     err e;
 
     if (!c) {
         drop_payload(to, payload);
-        reply_err(w, to, h, 0, CODE_UNAVAILABLE, "the collectives engine of this core is not running");
+        reply_err(c, to, h, 0, CODE_UNAVAILABLE, "the collectives engine of this core is not running");
         return;
     }
+    id = c->env.id;
     if (h->kind != TPUEMU__FRAME_KIND__FRAME_COLL) {
         drop_payload(to, payload);
-        reply_err(w, to, h, 0, CODE_INVALID_ARGUMENT, "frame kind %d is not a collective", (int)h->kind);
+        reply_err(c, to, h, 0, CODE_INVALID_ARGUMENT, "frame kind %d is not a collective", (int)h->kind);
         return;
     }
-    if (w->replica_id < 0 || w->epoch == 0) {
+    if (id->replica_id < 0 || id->epoch == 0) {
         drop_payload(to, payload);
-        reply_err(w, to, h, 0, CODE_FAILED_PRECONDITION,
-                  "core %s/%d is not part of an initialized TPU system; initialize it first", w->host_id,
-                  w->core);
+        reply_err(c, to, h, 0, CODE_FAILED_PRECONDITION,
+                  "core %s/%d is not part of an initialized TPU system; initialize it first", id->host_id,
+                  id->core);
         return;
     }
-    if (h->epoch != w->epoch) {
+    if (h->epoch != id->epoch) {
         drop_payload(to, payload);
-        reply_err(w, to, h, 0, CODE_FAILED_PRECONDITION,
+        reply_err(c, to, h, 0, CODE_FAILED_PRECONDITION,
                   "this collective belongs to epoch %" PRIu64 "; the system was re-initialized (now %" PRIu64 ")",
-                  h->epoch, w->epoch);
+                  h->epoch, id->epoch);
         return;
     }
     if (c->failed) {
         drop_payload(to, payload);
-        reply_err(w, to, h, 1, CODE_FAILED_PRECONDITION,
+        reply_err(c, to, h, 1, CODE_FAILED_PRECONDITION,
                   "collective #%" PRIu64 " failed on this core (%s); re-initialize the TPU system",
                   c->fail_seq, c->fail_err.msg);
         return;
     }
     if (!(op = calloc(1, sizeof *op))) {
         drop_payload(to, payload);
-        reply_err(w, to, h, 1, CODE_RESOURCE_EXHAUSTED, "out of memory");
+        reply_err(c, to, h, 1, CODE_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
     op->c = c;
@@ -488,15 +541,15 @@ static void accept_frame(struct worker *w, const struct answer_to *to, const Tpu
     op->what = kind_name(h->coll ? h->coll->kind : 0);
     if (validate(c, h, len, op, &e) != CODE_OK) {
         drop_payload(to, payload);
-        reply_err(w, to, h, 1, e.code, "%s", e.msg);
+        reply_err(c, to, h, 1, e.code, "%s", e.msg);
         cop_free(op);
         return;
     }
     if (c->nqueue >= COLL_QUEUE_MAX) {
         drop_payload(to, payload);
-        reply_err(w, to, h, 1, CODE_RESOURCE_EXHAUSTED,
+        reply_err(c, to, h, 1, CODE_RESOURCE_EXHAUSTED,
                   "%u collectives are already queued on core %s/%d; wait for their results",
-                  c->nqueue, w->host_id, w->core);
+                  c->nqueue, id->host_id, id->core);
         cop_free(op);
         return;
     }
@@ -520,23 +573,28 @@ static void accept_frame(struct worker *w, const struct answer_to *to, const Tpu
     start_next(c);
 }
 
-void coll_on_client_frame(struct worker *w, struct dp_conn *conn, const Tpuemu__FrameHeader *h,
-                          uint8_t *payload, size_t len)
+void coll_on_client_frame(struct coll *c, dp_conn *conn, const Tpuemu__FrameHeader *h, uint8_t *payload,
+                          size_t len)
 {
     struct answer_to to = {conn, NULL, NULL, 0};
-    accept_frame(w, &to, h, payload, len);
+    accept_frame(c, &to, h, payload, len);
 }
 
-void coll_submit(struct worker *w, const Tpuemu__FrameHeader *h, uint8_t *payload, size_t len, coll_done_fn done,
+void coll_submit(struct coll *c, const Tpuemu__FrameHeader *h, uint8_t *payload, size_t len, coll_done_fn done,
                  void *arg)
 {
     struct answer_to to = {NULL, done, arg, 1};
-    accept_frame(w, &to, h, payload, len);
+    accept_frame(c, &to, h, payload, len);
 }
 
-void coll_on_client_close(struct worker *w, struct dp_conn *conn)
+void coll_abort(struct coll *c, uint64_t seq, const err *e)
 {
-    struct coll *c = w->coll;
+    if (c)
+        abort_seq(c, seq, e);
+}
+
+void coll_on_client_close(struct coll *c, dp_conn *conn)
+{
     if (!c)
         return;
     if (c->cur && c->cur->conn == conn)
@@ -546,19 +604,18 @@ void coll_on_client_close(struct worker *w, struct dp_conn *conn)
             op->conn = NULL;
 }
 
-void coll_reset(struct worker *w)
+void coll_reset(struct coll *c)
 {
-    struct coll *c = w->coll;
     err e;
     if (!c)
         return;
     err_set(&e, CODE_ABORTED, "the TPU system was re-initialized (epoch %" PRIu64 ") while this collective was pending",
-            w->epoch);
+            c->env.id->epoch);
     if (c->cur) {
         struct cop *op = c->cur;
         c->cur = NULL;
         if (op->reserved)
-            hbm_release(&w->hbm, op->hbm_id, &e);
+            hbm_release(c->env.hbm, op->hbm_id, &e);
         reply(op, &e, NULL, 0, NULL, NULL);
         sched_free(op->s); /* peers_reset dropped its link operations */
         cop_free(op);
@@ -577,12 +634,10 @@ void coll_reset(struct worker *w)
     c->topo_epoch = 0;
 }
 
-void coll_free(struct worker *w)
+void coll_free(struct coll *c)
 {
-    struct coll *c = w->coll;
     if (!c)
         return;
-    coll_reset(w);
+    coll_reset(c);
     free(c);
-    w->coll = NULL;
 }

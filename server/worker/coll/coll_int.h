@@ -1,5 +1,6 @@
-/* coll_int: what coll.c (requests, queue, replies) and build.c (algorithm
- * choice, schedules, kernels) share. Internal to the engine. */
+/* coll_int: what coll.c (requests, queue, replies) hands build.c (algorithm
+ * choice, schedules, kernels): a validated request and the transport. build.c
+ * never calls back into coll.c. Internal to the engine. */
 #ifndef TPUEMU_WORKER_COLL_COLL_INT_H
 #define TPUEMU_WORKER_COLL_COLL_INT_H
 
@@ -7,24 +8,27 @@
 #include <stdint.h>
 
 #include "algo.h"
-#include "coll.h"
+#include "dpconn.h"
 #include "repro.h"
 #include "schedule.h"
 #include "status.h"
 #include "tpuemu.pb-c.h"
+#include "xport.h"
 
 #define COLL_MAX_BYTES (1ull << 30)         /* all buffers of one collective on one core */
-#define COLL_MAX_CHUNK (16u * 1024u * 1024u) /* <= LINK_MAX_FRAME */
+#define COLL_MAX_CHUNK (16u * 1024u * 1024u) /* <= XPORT_MAX_CHUNK */
+#define COLL_CHUNK (512u * 1024u)           /* default chunk (build.c says why) */
+#define COLL_DEPTH 8                        /* default receive slots in flight */
 
 struct coll;
-struct dp_conn;
 
 /* One client request, queued then running. */
 struct cop {
     struct cop *next;
     struct coll *c;
-    struct dp_conn *conn; /* NULL once the client went away */
-    coll_done_fn done;    /* a collective of this worker's own (coll_submit): where the answer goes */
+    dp_conn *conn;        /* NULL once the client went away */
+    /* a collective of this worker's own (coll_submit): where the answer goes (coll_done_fn) */
+    void (*done)(void *arg, const err *e, const uint8_t *out, size_t out_len);
     void *done_arg;
     int borrowed;         /* payload is the submitter's: never freed here */
     uint64_t seq, epoch;
@@ -49,14 +53,14 @@ struct cop {
     char algo_buf[24];
 };
 
-struct worker *coll_worker(struct coll *c);
-/* HBM a collective needs on one core (buffers + pipeline slots). */
-uint64_t coll_plan_bytes(const Tpuemu__CollSpec *sp, int g);
-/* Chooses the algorithm and builds op->s (owning op->payload from then on). */
-int coll_build(struct coll *c, struct cop *op, err *e);
+/* 1 when coll_build may choose the hierarchical algorithm for op, and so
+ * needs the host of every group rank. */
+int coll_needs_hosts(const struct cop *op);
+/* Chooses the algorithm and builds op->s over transport x (owning
+ * op->payload from then on). host[i] = host index (0.. by first appearance)
+ * of group rank i, when coll_needs_hosts(op), else NULL. */
+int coll_build(struct cop *op, struct xport x, const int *host, err *e);
 /* op->algo_used: "ring", "hd", "hier", "+shm" when a link was shared memory. */
 void coll_algo_name(struct cop *op);
-/* host[i] = host index (0.. by first appearance) of group rank i. */
-int coll_hosts(struct coll *c, const struct cop *op, int *host);
 
 #endif

@@ -10,7 +10,7 @@
 enum { ST_WAIT, ST_READY, ST_ISSUED, ST_DONE };
 
 struct sched *sched_new(uint64_t seq, const char *what, int g, int me, const int *replica,
-                        peers *p, size_t slot_bytes, int nslots)
+                        struct xport x, size_t slot_bytes, int nslots)
 {
     struct sched *s = calloc(1, sizeof *s);
     if (!s)
@@ -19,7 +19,7 @@ struct sched *sched_new(uint64_t seq, const char *what, int g, int me, const int
     s->what = what;
     s->g = g;
     s->me = me;
-    s->peers = p;
+    s->x = x;
     s->slot_bytes = slot_bytes;
     s->nslots = nslots;
     s->replica = malloc(sizeof *s->replica * (size_t)g);
@@ -322,18 +322,18 @@ static void issue(struct sched *s, int peer, int d)
         struct sop *o = &s->ops[pp->q[d][pp->cur[d]]];
         if (o->state != ST_READY)
             return;
-        if (!pp->l && !(pp->l = peers_link(s->peers, s->replica[peer], &e))) {
+        if (!pp->ch && !(pp->ch = s->x.ops->chan(s->x.self, s->replica[peer], &e))) {
             fail(s, &e);
             return;
         }
-        struct link_chunk c = {s->seq, (s->iter << 16) | o->step, o->chunk, o->woff, s->what};
+        struct xport_chunk c = {s->seq, (s->iter << 16) | o->step, o->chunk, o->woff, s->what};
         uint8_t *b = s->buf[o->dbuf] + o->doff;
-        int rc = d ? link_recv(pp->l, &c, b, o->len, on_link, o)
-                   : link_send(pp->l, &c, b, o->len, on_link, o);
+        int rc = d ? s->x.ops->recv(pp->ch, &c, b, o->len, on_link, o)
+                   : s->x.ops->send(pp->ch, &c, b, o->len, on_link, o);
         if (rc != CODE_OK) {
             err_set(&e, rc, "%s #%llu: cannot %s chunk %u %s core %s (%s)", s->what,
                     (unsigned long long)s->seq, d ? "receive" : "send", o->chunk,
-                    d ? "from" : "to", link_peer_name(pp->l), code_name(rc));
+                    d ? "from" : "to", s->x.ops->peer_name(pp->ch), code_name(rc));
             fail(s, &e);
             return;
         }

@@ -26,8 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "link.h"
 #include "status.h"
+#include "xport.h"
 
 enum sop_type { SOP_SEND, SOP_RECV, SOP_LOCAL, SOP_NOP };
 
@@ -50,7 +50,7 @@ typedef void (*sched_local_fn)(struct sched *s, const struct sop *op);
 typedef void (*sched_done_fn)(struct sched *s, const err *e);
 
 struct sched_peer {
-    struct link *l;
+    struct xport_chan *ch; /* made at the first send or receive */
     uint32_t *q[2]; /* send, recv op ids in build order */
     uint32_t n[2], cur[2];
 };
@@ -61,7 +61,7 @@ struct sched {
     const char *what;             /* "all-reduce", ... */
     int g, me;                    /* group size, my rank in it */
     int *replica;                 /* group rank -> replica id */
-    peers *peers;
+    struct xport x;               /* the transport */
     uint8_t *buf[SB_N];
     size_t slot_bytes;
     int nslots;
@@ -94,7 +94,7 @@ struct sched {
 /* A schedule for rank me of g (replica[] maps ranks to replicas; copied).
  * NULL when out of memory. */
 struct sched *sched_new(uint64_t seq, const char *what, int g, int me, const int *replica,
-                        peers *p, size_t slot_bytes, int nslots);
+                        struct xport x, size_t slot_bytes, int nslots);
 /* Frees now (never while it runs; see sched_release). */
 void sched_free(struct sched *s);
 /* Frees once no link callback is pending (possibly now). Until then it stays on

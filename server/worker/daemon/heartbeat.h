@@ -14,24 +14,44 @@
 
 #include <uv.h>
 
+#include "auth.h"
+#include "ident.h"
 #include "nnuv.h"
+#include "prom.h"
 #include "status.h"
+#include "tpuemu.pb-c.h"
 
-struct worker;
+/* What the heartbeat needs from its owner; every pointer must outlive it. */
+struct hb_env {
+    uv_loop_t *loop;
+    const auth *auth;
+    const char *resolver_url;  /* tcp://host:port */
+    struct core_ident *id;     /* the core index the resolver assigns is set here */
+    /* Fills out (an initialized WorkerInfo) for the next heartbeat. */
+    void (*info)(void *arg, Tpuemu__WorkerInfo *out);
+    /* The resolver refused this worker for good (logged): stop the daemon. */
+    void (*refused)(void *arg, int exit_code);
+    void *arg;
+};
 
 struct heartbeat {
+    struct hb_env env;
     nnuv *sock;           /* current REQ socket; a replaced one frees itself on close */
     uv_timer_t timer;
     int started;
+    unsigned interval_ms; /* 1000 until the resolver says otherwise */
     uint64_t last_nonce;  /* of the request in flight; 0: none */
     unsigned unanswered;  /* ticks in a row without a reply */
     int registered;       /* got a HeartbeatReply since start */
     int unreachable;      /* "resolver unreachable" was logged */
     int last_error;       /* code of the last error reply, to log changes once */
+    prom_counter sent, acked; /* heartbeats sent, and accepted by the resolver */
 };
 
-/* Connects to w->resolver_url and sends the first heartbeat at once. */
-int hb_start(struct worker *w, err *e);
-void hb_stop(struct worker *w);
+/* Before anything reads it (the metrics may, before hb_start). */
+void hb_init(struct heartbeat *hb, const struct hb_env *env);
+/* Connects to env->resolver_url and sends the first heartbeat at once. */
+int hb_start(struct heartbeat *hb, err *e);
+void hb_stop(struct heartbeat *hb);
 
 #endif

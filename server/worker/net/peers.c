@@ -1,50 +1,28 @@
-/* peers: the links of one worker for the current system epoch (made lazily,
- * one per peer replica), the failures of collectives (recorded per seq,
- * broadcast as ABORT frames so every survivor fails fast, not only the
- * neighbours), and completions delivered from the loop rather than from
- * inside link_send/link_recv. */
-#include "link_impl.h"
+/* peers: the channels of one worker for the current system epoch (made
+ * lazily, one per peer replica, by chan.c), the failures of collectives
+ * (recorded per seq, broadcast as ABORT frames so every survivor fails fast,
+ * not only the neighbours), the shared-memory listener's lifetime, and the
+ * transport ops table (xport.h) the collectives engine runs on. */
+#include "peers.h"
+
+#include "chan_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
-#include "worker.h"
 
 #define DEFAULT_HEARTBEAT_MS 1000u
 #define DEFAULT_DEAD_AFTER 3u
 #define TIMEOUT_MAX_MS 600000u
 
-static const err ok_err = {CODE_OK, ""};
+static void peers_fail_seq(struct peers *p, uint64_t seq, const err *e, int broadcast, int culprit);
 
 static void on_handle_closed(uv_handle_t *h)
 {
     struct peers *p = h->data;
-    if (--p->open_handles == 0) {
-        free(p->info);
-        free(p->links);
-        free(p);
-    }
-}
-
-static void on_defer(uv_timer_t *t)
-{
-    struct peers *p = t->data;
-    struct lop *op;
-    /* callbacks may queue more; they run in this pass too */
-    while ((op = lopq_pop(&p->dq)) != NULL) {
-        op->cb(op->arg, op->fail ? op->fail : &ok_err);
-        free(op->fail);
-        free(op);
-    }
-}
-
-void peers_defer(struct peers *p, struct lop *op)
-{
-    lopq_push(&p->dq, op);
-    if (!uv_is_active((uv_handle_t *)&p->defer))
-        uv_timer_start(&p->defer, on_defer, 0, 0);
+    p->open_handles--;
 }
 
 /* The failure bound is the resolver's own: heartbeat interval x dead-after
@@ -62,20 +40,26 @@ static void set_timeouts(struct peers *p, uint64_t bound_ms)
     p->stall_ms = (unsigned)(bound_ms * 10);
 }
 
-int peers_init(struct worker *w, err *e)
+int peers_new(const struct peers_env *env, struct peers **out, err *e)
 {
     struct peers *p = calloc(1, sizeof *p);
+    *out = NULL;
     if (!p)
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the peer links");
-    p->w = w;
-    p->loop = w->loop;
+    p->auth = env->auth;
+    p->id = env->id;
+    p->trace = env->trace;
+    p->loop = env->loop;
     p->self = -1;
-    p->tcp_only = w->tcp_only;
+    p->tcp_only = env->tcp_only;
     set_timeouts(p, DEFAULT_HEARTBEAT_MS * DEFAULT_DEAD_AFTER);
-    uv_timer_init(w->loop, &p->defer);
+    uv_timer_init(env->loop, &p->defer);
     p->defer.data = p;
     p->open_handles = 1;
-    w->peers = p;
+    p->tcp = &chan_tcp_transport;
+    p->shmt = &chan_shm_transport;
+    p->fail_seq = peers_fail_seq;
+    *out = p;
     if (!p->tcp_only && shm_listen(p, e) != CODE_OK) {
         log_warn("no shared-memory transport; collectives use TCP", "reason=%s", log_q(e->msg));
         p->shm_name[0] = '\0';
@@ -89,7 +73,7 @@ static void drop_all(struct peers *p)
     struct lop *op;
     for (uint32_t i = 0; i < p->n; i++)
         if (p->links && p->links[i]) {
-            link_destroy(p->links[i]);
+            chan_destroy(p->links[i]);
             p->links[i] = NULL;
         }
     while ((op = lopq_pop(&p->dq)) != NULL) {
@@ -98,9 +82,8 @@ static void drop_all(struct peers *p)
     }
 }
 
-void peers_stop(struct worker *w)
+void peers_stop(struct peers *p)
 {
-    struct peers *p = w->peers;
     if (!p || p->stopping)
         return;
     p->stopping = 1;
@@ -108,25 +91,28 @@ void peers_stop(struct worker *w)
     shm_listener_close(p);
     uv_timer_stop(&p->defer);
     uv_close((uv_handle_t *)&p->defer, on_handle_closed);
-    w->peers = NULL;
 }
 
-const char *peers_shm_name(const peers *p)
+void peers_free(struct peers *p)
 {
-    return p ? p->shm_name : "";
+    if (!p)
+        return;
+    /* every handle closed with the loop (peers_stop before it ran dry) */
+    free(p->info);
+    free(p->links);
+    free(p);
 }
 
-unsigned peers_timeout_ms(const peers *p)
+const char *peers_shm_name(const struct peers *p)
 {
-    return p->timeout_ms;
+    return p && !p->stopping ? p->shm_name : "";
 }
 
-void peers_reset(struct worker *w, const Tpuemu__ResetCore *r)
+void peers_reset(struct peers *p, const Tpuemu__ResetCore *r)
 {
-    struct peers *p = w->peers;
     size_t n;
 
-    if (!p)
+    if (!p || p->stopping)
         return;
     drop_all(p);
     free(p->info);
@@ -178,19 +164,10 @@ void peers_reset(struct worker *w, const Tpuemu__ResetCore *r)
     p->self = r->replica_id;
 }
 
-struct link *peers_link_get(struct peers *p, int r)
+static struct chan *peers_chan(struct peers *p, int replica, err *e)
 {
-    if (p->stopping || r < 0 || (uint32_t)r >= p->n || r == p->self || !p->links)
-        return NULL;
-    if (!p->links[r])
-        p->links[r] = link_new(p, r);
-    return p->links[r];
-}
-
-struct link *peers_link(peers *p, int replica, err *e)
-{
-    struct link *l;
-    if (!p || p->self < 0)
+    struct chan *l;
+    if (!p || p->stopping || p->self < 0)
         return err_set(e, CODE_FAILED_PRECONDITION, "this core is not part of an initialized system"),
                NULL;
     if (replica < 0 || (uint32_t)replica >= p->n || replica == p->self) {
@@ -198,27 +175,28 @@ struct link *peers_link(peers *p, int replica, err *e)
                 p->self, p->n);
         return NULL;
     }
-    if (!(l = peers_link_get(p, replica)))
+    if (!(l = chan_get(p, replica)))
         err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for a link");
     return l;
 }
 
-void peers_accept(struct worker *w, dp_conn *c)
+void peers_accept(struct peers *p, dp_conn *c)
 {
-    struct peers *p = w->peers;
+    const struct core_ident *id = p->id;
     uint64_t ep = dp_conn_auth_epoch(c);
     int32_t r = dp_conn_auth_replica(c);
-    struct link *l;
+    int gone = p->stopping; /* as a worker without peers: in no system */
+    struct chan *l;
 
-    if (!p || p->self < 0 || ep != p->epoch) {
+    if (gone || p->self < 0 || ep != p->epoch) {
         dp_conn_fail(c, CODE_FAILED_PRECONDITION,
                      "core %s/%d is in system epoch %llu%s, the connecting core (replica %d) in epoch "
-                     "%llu: one of them missed a re-initialize", w->host_id, w->core,
-                     (unsigned long long)(p ? p->epoch : 0), p && p->self >= 0 ? "" : " (not in the system)",
+                     "%llu: one of them missed a re-initialize", id->host_id, id->core,
+                     (unsigned long long)(gone ? 0 : p->epoch), !gone && p->self >= 0 ? "" : " (not in the system)",
                      (int)r, (unsigned long long)ep);
         return;
     }
-    if (!(l = peers_link_get(p, r))) {
+    if (!(l = chan_get(p, r))) {
         dp_conn_fail(c, CODE_INVALID_ARGUMENT, "replica %d is not a peer of replica %d (%u replicas)",
                      (int)r, p->self, p->n);
         return;
@@ -226,42 +204,11 @@ void peers_accept(struct worker *w, dp_conn *c)
     tcp_attach_in(l, c);
 }
 
-int peers_failed(const peers *p, uint64_t seq, err *e)
-{
-    if (!p)
-        return CODE_OK;
-    for (unsigned i = 0; i < PEERS_FAILED_MAX; i++)
-        if (p->failed[i].used && p->failed[i].seq == seq) {
-            if (e)
-                *e = p->failed[i].e;
-            return p->failed[i].e.code != CODE_OK ? p->failed[i].e.code : CODE_UNKNOWN;
-        }
-    return CODE_OK;
-}
-
-const char *peers_what_of(const struct peers *p, uint64_t seq)
-{
-    for (uint32_t i = 0; i < p->n; i++) {
-        const struct link *l = p->links ? p->links[i] : NULL;
-        if (!l)
-            continue;
-        for (const struct lop *op = l->rq.head; op; op = op->next)
-            if (op->seq == seq)
-                return op->what;
-        for (const struct lop *op = l->sq.head; op; op = op->next)
-            if (op->seq == seq)
-                return op->what;
-    }
-    if (p->cur_seq == seq && p->cur_what)
-        return p->cur_what;
-    return "collective";
-}
-
-void peers_fail_seq(struct peers *p, uint64_t seq, const err *e, int broadcast, int culprit)
+static void peers_fail_seq(struct peers *p, uint64_t seq, const err *e, int broadcast, int culprit)
 {
     struct failed_seq *f;
 
-    if (p->stopping || peers_failed(p, seq, NULL) != CODE_OK)
+    if (p->stopping || chan_seq_failed(p, seq, NULL) != CODE_OK)
         return;
     f = &p->failed[p->nfailed++ % PEERS_FAILED_MAX];
     f->used = 1;
@@ -272,15 +219,15 @@ void peers_fail_seq(struct peers *p, uint64_t seq, const err *e, int broadcast, 
     log_info("collective failed", "seq=%llu reason=%s", (unsigned long long)seq, log_q(e->msg));
     for (uint32_t i = 0; i < p->n; i++)
         if (p->links && p->links[i])
-            link_fail_seq(p->links[i], seq, &f->e);
+            chan_fail_seq(p->links[i], seq, &f->e);
     if (!broadcast)
         return;
     for (uint32_t i = 0; i < p->n; i++) {
-        struct link *l;
+        struct chan *l;
         err de;
-        if ((int)i == p->self || (int)i == culprit || !(l = peers_link_get(p, (int)i)))
+        if ((int)i == p->self || (int)i == culprit || !(l = chan_get(p, (int)i)))
             continue;
-        if (link_queue_abort(l, seq, &f->e) != 0)
+        if (chan_queue_abort(l, seq, &f->e) != 0)
             continue;
         if (l->out && l->out_ready)
             tcp_send_abort(l);
@@ -289,9 +236,56 @@ void peers_fail_seq(struct peers *p, uint64_t seq, const err *e, int broadcast, 
     }
 }
 
-void peers_abort(peers *p, uint64_t seq, const err *e)
+static void peers_abort(struct peers *p, uint64_t seq, const err *e)
 {
     if (p)
         peers_fail_seq(p, seq, e, 1, -1);
+}
+
+/* ---- the transport ops table (xport.h) ---- */
+
+static struct xport_chan *x_chan(void *self, int replica, err *e)
+{
+    return (struct xport_chan *)peers_chan(self, replica, e);
+}
+
+static int x_send(struct xport_chan *ch, const struct xport_chunk *c, const void *buf, size_t len, xport_cb cb,
+                  void *arg)
+{
+    return chan_send((struct chan *)ch, c, buf, len, cb, arg);
+}
+
+static int x_recv(struct xport_chan *ch, const struct xport_chunk *c, void *buf, size_t len, xport_cb cb,
+                  void *arg)
+{
+    return chan_recv((struct chan *)ch, c, buf, len, cb, arg);
+}
+
+static const char *x_peer_name(const struct xport_chan *ch)
+{
+    return chan_peer_name((const struct chan *)ch);
+}
+
+static int x_is_shm(const struct xport_chan *ch)
+{
+    return chan_is_shm((const struct chan *)ch);
+}
+
+static void x_abort(void *self, uint64_t seq, const err *e)
+{
+    peers_abort(self, seq, e);
+}
+
+static int x_failed(const void *self, uint64_t seq, err *e)
+{
+    return chan_seq_failed(self, seq, e);
+}
+
+static const struct xport_ops peers_ops = {x_chan, x_send, x_recv, x_peer_name, x_is_shm, x_abort, x_failed};
+
+struct xport peers_xport(struct peers *p)
+{
+    struct xport x = {&peers_ops, p};
+    return x;
 }
 

@@ -4,8 +4,8 @@
  * answers is alive and merely has not got this far (its client has not sent it
  * the collective yet, or it waits on someone else), so only a core that is
  * dead, stopped or cut off is ever named as the cause. */
-#ifndef TPUEMU_WORKER_COLL_PROBE_H
-#define TPUEMU_WORKER_COLL_PROBE_H
+#ifndef TPUEMU_WORKER_NET_PROBE_H
+#define TPUEMU_WORKER_NET_PROBE_H
 
 #include <stdint.h>
 

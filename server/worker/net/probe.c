@@ -1,6 +1,6 @@
 /* Liveness probes of peer cores: one short-lived REQ socket per probe, so a
- * late answer can never reach a socket that has moved on (see corelink.h on
- * nanomsg 1.1.5). */
+ * late answer can never reach a socket that has moved on (nanomsg 1.1.5's REQ
+ * frees a late reply to a cancelled request twice). */
 #include "probe.h"
 
 #include <stdlib.h>

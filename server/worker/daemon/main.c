@@ -11,24 +11,23 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "coll.h"
 #include "config.h"
 #include "log.h"
-#define TPUEMU_LINK_NO_TYPEDEF 1 /* unistd.h has link() */
-#include "peers.h"
-#include "trace.h"
-#include "train.h"
 #include "wire.h"
 #include "worker.h"
 
 #define EXIT_USAGE 2
 #define RUN (-1) /* configure(): start the daemon */
+#define MAX_REPLICAS 4096
 
-void worker_info(struct worker *w, Tpuemu__WorkerInfo *out)
+/* Fills out (an initialized WorkerInfo) from w; strings point into w. The
+ * heartbeat and the control socket's replies carry it. */
+static void worker_info(void *arg, Tpuemu__WorkerInfo *out)
 {
-    out->host_id = w->host_id;
-    out->core = w->core;
-    out->incarnation = w->incarnation;
+    struct worker *w = arg;
+    out->host_id = w->id.host_id;
+    out->core = w->id.core;
+    out->incarnation = w->id.incarnation;
     out->control_addr = w->control_addr;
     out->data_addr = w->data_addr;
     out->tpu_type = (char *)w->preset->name;
@@ -37,18 +36,38 @@ void worker_info(struct worker *w, Tpuemu__WorkerInfo *out)
     out->hbm_peak = w->hbm.peak;
     out->pid = (uint32_t)getpid();
     out->version = (char *)TPUEMU_VERSION;
-    out->epoch = w->epoch;
-    out->replica_id = w->replica_id;
+    out->epoch = w->id.epoch;
+    out->replica_id = w->id.replica_id;
     out->shm_name = (char *)peers_shm_name(w->peers);
 }
 
-const char *worker_sender(struct worker *w)
+/* ResetCore from the resolver (control.h): the core joins system epoch
+ * r->epoch as replica r->replica_id (-1: it leaves the system). Every layer
+ * forgets the old epoch, bottom up. */
+static int worker_reset(void *arg, const Tpuemu__ResetCore *r, err *e)
 {
-    if (w->core < 0)
-        snprintf(w->sender, sizeof w->sender, "worker %s/?", w->host_id);
-    else
-        snprintf(w->sender, sizeof w->sender, "worker %s/%d", w->host_id, w->core);
-    return w->sender;
+    struct worker *w = arg;
+
+    if (r->epoch < w->id.epoch)
+        return err_set(e, CODE_FAILED_PRECONDITION, "stale reset for epoch %llu, core is in epoch %llu",
+                       (unsigned long long)r->epoch, (unsigned long long)w->id.epoch);
+    if (r->num_replicas > MAX_REPLICAS || r->replica_id < -1 ||
+        (r->replica_id >= 0 && (uint32_t)r->replica_id >= r->num_replicas))
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       "reset: replica %d of %u is not a valid replica (0..num_replicas-1, or -1; at "
+                       "most %d replicas)", (int)r->replica_id, r->num_replicas, MAX_REPLICAS);
+    w->id.epoch = r->epoch;
+    w->id.replica_id = r->replica_id;
+    w->id.num_replicas = r->replica_id >= 0 ? r->num_replicas : 0;
+    hbm_reset(&w->hbm);
+    /* every link of the old epoch closes; then the engine forgets its collectives */
+    peers_reset(w->peers, r);
+    coll_reset(w->coll);
+    train_reset(w->train); /* after coll_reset: a step waiting on its all-reduce has been answered */
+    log_info("core reset", "epoch=%llu replica=%d replicas=%u heartbeat_ms=%u dead_after=%u",
+             (unsigned long long)w->id.epoch, w->id.replica_id, w->id.num_replicas, r->heartbeat_ms,
+             r->dead_after);
+    return CODE_OK;
 }
 
 static void close_signal(uv_signal_t *s)
@@ -60,20 +79,28 @@ static void close_signal(uv_signal_t *s)
     }
 }
 
-void worker_stop(struct worker *w, int exit_code)
+/* Starts the graceful stop (idempotent); the process exits with exit_code
+ * once the loop has run dry. */
+static void worker_stop(struct worker *w, int exit_code)
 {
     if (w->stopping)
         return;
     w->stopping = 1;
     w->exit_code = exit_code;
-    log_info("stopping", "host=%s core=%d", log_q(w->host_id), w->core);
-    hb_stop(w);
-    wm_stop(w);
-    ctl_stop(w);
-    dp_stop(w);
-    peers_stop(w);
+    log_info("stopping", "host=%s core=%d", log_q(w->id.host_id), w->id.core);
+    hb_stop(&w->hb);
+    wm_stop(&w->metrics);
+    ctl_stop(&w->ctl);
+    dp_stop(&w->dp);
+    peers_stop(w->peers);
     close_signal(&w->sigint);
     close_signal(&w->sigterm);
+}
+
+/* The resolver refused this worker for good (heartbeat.h). */
+static void on_refused(void *arg, int exit_code)
+{
+    worker_stop(arg, exit_code);
 }
 
 static void on_signal(uv_signal_t *s, int signum)
@@ -86,7 +113,7 @@ static void on_signal(uv_signal_t *s, int signum)
 static int valid_host_id(const char *s)
 {
     size_t n = strlen(s);
-    if (n < 1 || n > WORKER_HOST_ID_MAX)
+    if (n < 1 || n > IDENT_HOST_ID_MAX)
         return 0;
     for (; *s; s++)
         if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
@@ -230,10 +257,10 @@ static int configure(struct worker *w, int argc, char **argv)
     }
     if (!valid_host_id(host_id)) {
         fprintf(stderr, "tpu-worker: --host-id: '%s' is not a host id (1..%d characters of "
-                        "A-Z a-z 0-9 . _ -)\n", host_id, WORKER_HOST_ID_MAX);
+                        "A-Z a-z 0-9 . _ -)\n", host_id, IDENT_HOST_ID_MAX);
         return EXIT_USAGE;
     }
-    snprintf(w->host_id, sizeof w->host_id, "%s", host_id);
+    ident_init(&w->id, host_id, (int)core);
     snprintf(w->listen, sizeof w->listen, "%s", strcmp(listen, "localhost") ? listen : "127.0.0.1");
     if (auth_load(&w->auth, token_file, &e) != CODE_OK) {
         fprintf(stderr, "tpu-worker: %s\n", e.msg);
@@ -262,45 +289,68 @@ static int configure(struct worker *w, int argc, char **argv)
         fprintf(stderr, "tpu-worker: --transport: '%s' is not one of auto, tcp\n", transport);
         return EXIT_USAGE;
     }
-    w->core = (int)core;
     w->trace_cap = (size_t)trace_events;
     w->throttle_pct = (int)throttle;
+    w->metrics_port = (int)metrics_port;
     hbm_init(&w->hbm, hbm_bytes > 0 ? (uint64_t)hbm_bytes : w->preset->hbm_per_core);
-    wm_init(w, (int)metrics_port);
+    coll_stats_init(&w->coll_stats);
+    train_stats_init(&w->train_stats);
     return RUN;
 }
 
 /* Binds everything and starts heartbeating; on failure the caller stops and drains. */
 static int start(struct worker *w, err *e)
 {
+    const struct hb_env hb = {w->loop, &w->auth, w->resolver_url, &w->id, worker_info, on_refused, w};
+    struct ctl_env ctl = {w->loop, &w->auth, NULL, w->listen, &w->id, worker_reset, worker_info, w};
+    const struct dp_env dp = {w->loop, &w->auth, w->listen, &w->id, &w->stopping, NULL, NULL, NULL, NULL,
+                              &w->hbm, w->preset};
+    const struct wm_env wm = {w->loop, w->listen, w->resolver_url, &w->id, &w->hbm, &w->coll_stats,
+                              &w->train_stats, &w->hb, &w->ctl, &w->dp, &w->stopping};
+    struct peers_env pe = {w->loop, &w->auth, &w->id, NULL, w->tcp_only};
+    struct coll_env ce;
+    struct train_env te;
     int rc;
 
+    hb_init(&w->hb, &hb);
     if (!(w->replay = replay_new(16384)))
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the replay cache");
+    ctl.replay = w->replay;
     uv_signal_init(w->loop, &w->sigint);
     uv_signal_init(w->loop, &w->sigterm);
     w->sigint.data = w->sigterm.data = w;
     uv_signal_start(&w->sigint, on_signal, SIGINT);
     uv_signal_start(&w->sigterm, on_signal, SIGTERM);
-    if ((rc = ctl_start(w, e)) != CODE_OK || (rc = dp_start(w, e)) != CODE_OK || (rc = wm_start(w, e)) != CODE_OK)
+    if ((rc = ctl_start(&w->ctl, &ctl, e)) != CODE_OK || (rc = dp_start(&w->dp, &dp, e)) != CODE_OK ||
+        (rc = wm_start(&w->metrics, &wm, w->metrics_port, e)) != CODE_OK)
         return rc;
     addr_nn_url(w->advertise, w->ctl.port, w->control_addr, sizeof w->control_addr);
     addr_format(w->advertise, w->dp.port, w->data_addr, sizeof w->data_addr);
-    w->incarnation = auth_random64();
-    if ((rc = peers_init(w, e)) != CODE_OK) /* its shm socket is named after the incarnation */
-        return rc;
-    if (coll_init(w) != CODE_OK)
-        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the collectives engine");
+    w->id.incarnation = auth_random64();
+    /* the profiler's ring before the transport: it records every chunk */
     if (!(w->trace = trace_new(w->trace_cap)))
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for %zu profiler events", w->trace_cap);
-    if ((rc = train_init(w)) != CODE_OK)
+    pe.trace = w->trace;
+    if ((rc = peers_new(&pe, &w->peers, e)) != CODE_OK) /* its shm socket is named after the incarnation */
+        return rc;
+    ce = (struct coll_env){&w->id, &w->hbm, peers_xport(w->peers), &w->coll_stats};
+    if (!(w->coll = coll_new(&ce)))
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the collectives engine");
+    te = (struct train_env){w->loop, &w->id, &w->hbm, w->trace, w->preset, w->throttle_pct, w->coll,
+                            &w->train_stats};
+    if ((rc = train_new(&te, &w->train)) != CODE_OK)
         return err_set(e, rc, "cannot start the training service (no matrix unit)");
+    /* the data plane routes to them from the first frame on (the loop has not run yet) */
+    w->dp.env.peers = w->peers;
+    w->dp.env.coll = w->coll;
+    w->dp.env.train = w->train;
+    w->dp.env.trace = w->trace;
     log_info("started", "host=%s core=%d tpu_type=%s hbm_bytes=%llu control=%s data=%s listen=%s "
-             "metrics_port=%d resolver=%s auth=%s pid=%d version=%s", log_q(w->host_id), w->core,
+             "metrics_port=%d resolver=%s auth=%s pid=%d version=%s", log_q(w->id.host_id), w->id.core,
              w->preset->name, (unsigned long long)w->hbm.capacity, log_q(w->control_addr),
              log_q(w->data_addr), log_q(w->listen), w->metrics.port, log_q(w->resolver_url),
              w->auth.enabled ? "on" : "off", (int)getpid(), TPUEMU_VERSION);
-    return hb_start(w, e);
+    return hb_start(&w->hb, e);
 }
 
 int main(int argc, char **argv)
@@ -311,8 +361,7 @@ int main(int argc, char **argv)
     int rc;
 
     memset(&w, 0, sizeof w);
-    w.replica_id = -1;
-    w.heartbeat_ms = 1000;
+    w.id.replica_id = -1;
     log_init("worker", LOG_INFO);
     auth_global_init();
     if ((rc = configure(&w, argc, argv)) != RUN)
@@ -335,8 +384,9 @@ int main(int argc, char **argv)
         if (w.exit_code == 0)
             w.exit_code = 1;
     }
-    coll_free(&w);
-    train_free(&w);
+    coll_free(w.coll);
+    train_free(w.train);
+    peers_free(w.peers);
     trace_free(w.trace);
     hbm_destroy(&w.hbm);
     replay_free(w.replay);

@@ -36,6 +36,10 @@
 
 typedef struct dp_conn dp_conn;
 
+/* Bytes a connection may queue for writing (copied payloads and headers)
+ * before its peer, which does not read, is dropped. */
+#define DP_MAX_PENDING (4u * 1024u * 1024u)
+
 /* Called once per dp_conn_send: status 0 when written, a libuv error (<0) when
  * the connection closed first. The payload may be reused from here. */
 typedef void (*dp_write_cb)(void *arg, int status);

@@ -1,18 +1,20 @@
-/* link: the transport-independent half of a link to one peer replica: the
+/* chan: the transport-independent half of a channel to one peer replica: the
  * ordered queues of pending sends and receives, the one progress timer per
- * link, and failures with the messages users see ("core host1/3 never sent
- * chunk 5 of all-reduce #812"). The bytes move in link_tcp.c or shm.c. */
-#include "link_impl.h"
-#include "trace.h"
-#include "worker.h"
-#include "probe.h"
+ * channel, failures with the messages users see ("core host1/3 never sent
+ * chunk 5 of all-reduce #812"), and the choice of transport (shared memory
+ * with a same-host peer, else TCP, also when the shared-memory set-up
+ * fails). The bytes move in chan_tcp.c or shm.c, reached through their
+ * chan_transport ops tables; what all channels of one worker share (deferred
+ * completions, the collectives that failed) is kept here too. */
+#include "chan_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
-#include "worker.h"
+#include "probe.h"
+#include "trace.h"
 
 void lopq_push(struct lopq *q, struct lop *op)
 {
@@ -36,11 +38,76 @@ struct lop *lopq_pop(struct lopq *q)
     return op;
 }
 
+static const err ok_err = {CODE_OK, ""};
+
 static void on_link_timer(uv_timer_t *t);
 
-struct link *link_new(struct peers *p, int r)
+/* ---- what every channel of the set shares ---- */
+
+static void on_defer(uv_timer_t *t)
 {
-    struct link *l = calloc(1, sizeof *l);
+    struct peers *p = t->data;
+    struct lop *op;
+    /* callbacks may queue more; they run in this pass too */
+    while ((op = lopq_pop(&p->dq)) != NULL) {
+        op->cb(op->arg, op->fail ? op->fail : &ok_err);
+        free(op->fail);
+        free(op);
+    }
+}
+
+void chan_defer(struct peers *p, struct lop *op)
+{
+    lopq_push(&p->dq, op);
+    if (!uv_is_active((uv_handle_t *)&p->defer))
+        uv_timer_start(&p->defer, on_defer, 0, 0);
+}
+
+int chan_seq_failed(const struct peers *p, uint64_t seq, err *e)
+{
+    if (!p || p->stopping)
+        return CODE_OK;
+    for (unsigned i = 0; i < PEERS_FAILED_MAX; i++)
+        if (p->failed[i].used && p->failed[i].seq == seq) {
+            if (e)
+                *e = p->failed[i].e;
+            return p->failed[i].e.code != CODE_OK ? p->failed[i].e.code : CODE_UNKNOWN;
+        }
+    return CODE_OK;
+}
+
+const char *chan_what_of(const struct peers *p, uint64_t seq)
+{
+    for (uint32_t i = 0; i < p->n; i++) {
+        const struct chan *l = p->links ? p->links[i] : NULL;
+        if (!l)
+            continue;
+        for (const struct lop *op = l->rq.head; op; op = op->next)
+            if (op->seq == seq)
+                return op->what;
+        for (const struct lop *op = l->sq.head; op; op = op->next)
+            if (op->seq == seq)
+                return op->what;
+    }
+    if (p->cur_seq == seq && p->cur_what)
+        return p->cur_what;
+    return "collective";
+}
+
+struct chan *chan_get(struct peers *p, int r)
+{
+    if (p->stopping || r < 0 || (uint32_t)r >= p->n || r == p->self || !p->links)
+        return NULL;
+    if (!p->links[r])
+        p->links[r] = chan_new(p, r);
+    return p->links[r];
+}
+
+/* ---- one channel ---- */
+
+struct chan *chan_new(struct peers *p, int r)
+{
+    struct chan *l = calloc(1, sizeof *l);
     if (!l)
         return NULL;
     l->p = p;
@@ -53,7 +120,7 @@ struct link *link_new(struct peers *p, int r)
     return l;
 }
 
-void link_unref(struct link *l)
+void chan_unref(struct chan *l)
 {
     if (--l->refs > 0)
         return;
@@ -64,7 +131,7 @@ void link_unref(struct link *l)
 
 static void on_timer_closed(uv_handle_t *h)
 {
-    link_unref(h->data);
+    chan_unref(h->data);
 }
 
 static void drop_queue(struct lopq *q, int keep_issued)
@@ -82,48 +149,46 @@ static void drop_queue(struct lopq *q, int keep_issued)
     q->head = q->tail = NULL;
 }
 
-void link_destroy(struct link *l)
+void chan_destroy(struct chan *l)
 {
     if (l->closing)
         return;
     l->closing = 1;
     drop_queue(&l->rq, 0);
-    if (l->out)
-        dp_conn_close(l->out, NULL); /* writes stop now; their callbacks free issued ops */
     drop_queue(&l->sq, 1);
-    if (l->in)
-        dp_conn_close(l->in, NULL);
-    shm_close(l);
+    /* writes stop now; their callbacks (from the loop) free issued ops */
+    l->p->tcp->close(l);
+    l->p->shmt->close(l);
     if (l->probe) {
         probe_cancel(l->probe);
         l->probe = NULL;
-        link_unref(l);
+        chan_unref(l);
     }
     uv_timer_stop(&l->timer);
     uv_close((uv_handle_t *)&l->timer, on_timer_closed);
 }
 
-const char *link_peer_name(const struct link *l)
+const char *chan_peer_name(const struct chan *l)
 {
     return l->name;
 }
 
-int link_peer_replica(const struct link *l)
+int chan_peer_replica(const struct chan *l)
 {
     return l->replica;
 }
 
-int link_is_shm(const struct link *l)
+int chan_is_shm(const struct chan *l)
 {
-    return l->tx != NULL || l->rx != NULL;
+    return l->shm_tx != NULL || l->shm_rx != NULL;
 }
 
-static uint64_t bytes_in(const struct link *l)
+static uint64_t bytes_in(const struct chan *l)
 {
-    return (l->in ? dp_conn_bytes_read(l->in) : 0) + shm_bytes_in(l);
+    return l->p->tcp->bytes_in(l) + l->p->shmt->bytes_in(l);
 }
 
-void link_progress(struct link *l)
+void chan_progress(struct chan *l)
 {
     l->last_progress = uv_now(l->p->loop);
     l->silent_since = 0;
@@ -132,13 +197,13 @@ void link_progress(struct link *l)
 /* The progress check runs every timeout/8 (5..250 ms) while anything is
  * pending (or a grace/linger deadline is set): a failure is seen at most
  * timeout + one period after the last byte moved. */
-static unsigned tick_ms(const struct link *l)
+static unsigned tick_ms(const struct chan *l)
 {
     unsigned t = l->p->timeout_ms / 8;
     return t < 5 ? 5 : t > 250 ? 250 : t;
 }
 
-void link_arm(struct link *l)
+void chan_arm(struct chan *l)
 {
     if (l->closing)
         return;
@@ -155,7 +220,7 @@ void link_arm(struct link *l)
     uv_timer_start(&l->timer, on_link_timer, tick_ms(l), tick_ms(l));
 }
 
-static void fail_queue(struct link *l, struct lopq *q, int all, uint64_t seq, const err *e)
+static void fail_queue(struct chan *l, struct lopq *q, int all, uint64_t seq, const err *e)
 {
     struct lop *op, *prev = NULL, *next;
     for (op = q->head; op; op = next) {
@@ -180,11 +245,11 @@ static void fail_queue(struct link *l, struct lopq *q, int all, uint64_t seq, co
             q->tail = prev;
         if (!op->fail && (op->fail = malloc(sizeof *op->fail)) != NULL)
             *op->fail = *e;
-        peers_defer(l->p, op);
+        chan_defer(l->p, op);
     }
 }
 
-static int has_issued(const struct link *l)
+static int has_issued(const struct chan *l)
 {
     for (const struct lop *op = l->sq.head; op; op = op->next)
         if (op->issued)
@@ -192,7 +257,7 @@ static int has_issued(const struct link *l)
     return 0;
 }
 
-void link_fail_seq(struct link *l, uint64_t seq, const err *e)
+void chan_fail_seq(struct chan *l, uint64_t seq, const err *e)
 {
     if (l->closing)
         return;
@@ -205,18 +270,18 @@ void link_fail_seq(struct link *l, uint64_t seq, const err *e)
          * while to take them (it discards them), then cut the connection */
         l->grace_until = uv_now(l->p->loop) + l->p->timeout_ms / 4 + 1;
     }
-    link_arm(l);
+    chan_arm(l);
 }
 
-int link_queue_abort(struct link *l, uint64_t seq, const err *e)
+int chan_queue_abort(struct chan *l, uint64_t seq, const err *e)
 {
     unsigned i;
-    if (!l->aborts && !(l->aborts = calloc(LINK_ABORTS_MAX, sizeof *l->aborts)))
+    if (!l->aborts && !(l->aborts = calloc(CHAN_ABORTS_MAX, sizeof *l->aborts)))
         return -1;
     for (i = 0; i < l->naborts; i++)
         if (l->aborts[i].seq == seq)
             return 0;
-    i = l->naborts < LINK_ABORTS_MAX ? l->naborts++ : LINK_ABORTS_MAX - 1;
+    i = l->naborts < CHAN_ABORTS_MAX ? l->naborts++ : CHAN_ABORTS_MAX - 1;
     l->aborts[i].seq = seq;
     l->aborts[i].issued = 0;
     l->aborts[i].e = *e;
@@ -224,7 +289,7 @@ int link_queue_abort(struct link *l, uint64_t seq, const err *e)
 }
 
 /* The peer itself is gone or hung: cut both halves at once. */
-void link_fail(struct link *l, uint64_t seq, const err *e)
+void chan_fail(struct chan *l, uint64_t seq, const err *e)
 {
     if (l->closing)
         return;
@@ -243,13 +308,13 @@ void link_fail(struct link *l, uint64_t seq, const err *e)
         l->in = NULL;
         dp_conn_close(c, NULL);
     }
-    shm_close(l);
+    l->p->shmt->close(l);
     l->linger_until = 0;
-    link_arm(l);
-    peers_fail_seq(l->p, seq, e, 1, l->replica);
+    chan_arm(l);
+    l->p->fail_seq(l->p, seq, e, 1, l->replica);
 }
 
-static void chunk_err(struct link *l, const struct lop *op, err *e, const char *shape)
+static void chunk_err(struct chan *l, const struct lop *op, err *e, const char *shape)
 {
     if (strcmp(shape, "never") == 0)
         err_set(e, CODE_UNAVAILABLE, "core %s never sent chunk %u of %s #%llu", l->name, op->chunk,
@@ -263,7 +328,7 @@ static void chunk_err(struct link *l, const struct lop *op, err *e, const char *
 /* The verdict of a probe started by on_link_timer. */
 static void on_probe(void *arg, int alive)
 {
-    struct link *l = arg;
+    struct chan *l = arg;
     struct lop *head;
     err e;
 
@@ -279,20 +344,19 @@ static void on_probe(void *arg, int alive)
         } else {
             chunk_err(l, head, &e, l->rq.head ? "never" : "take");
             log_warn("collective peer is gone", "peer=%s reason=%s", log_q(l->name), log_q(e.msg));
-            link_fail(l, head->seq, &e);
+            chan_fail(l, head->seq, &e);
         }
     }
-    link_unref(l);
+    chan_unref(l);
 }
 
 /* Starts a probe of l's peer; 0 if it cannot start (the caller blames at once). */
-static int start_probe(struct link *l)
+static int start_probe(struct chan *l)
 {
     const struct peer_info *pi = &l->p->info[l->replica];
-    struct worker *w = l->p->w;
     err e;
 
-    l->probe = probe_start(l->p->loop, &w->auth, worker_sender(w), pi->control_addr, pi->incarnation,
+    l->probe = probe_start(l->p->loop, l->p->auth, l->p->id->sender, pi->control_addr, pi->incarnation,
                            l->p->probe_ms, on_probe, l, &e);
     if (!l->probe) {
         log_warn("cannot probe a silent collective peer", "peer=%s reason=%s", log_q(l->name),
@@ -305,7 +369,7 @@ static int start_probe(struct link *l)
 
 static void on_link_timer(uv_timer_t *t)
 {
-    struct link *l = t->data;
+    struct chan *l = t->data;
     uint64_t now = uv_now(l->p->loop), in = bytes_in(l);
     err e;
 
@@ -322,7 +386,7 @@ static void on_link_timer(uv_timer_t *t)
         struct lop *head = l->rq.head ? l->rq.head : l->sq.head;
         l->linger_until = 0;
         if (head) {
-            link_fail(l, head->seq, &le);
+            chan_fail(l, head->seq, &le);
             return;
         }
     }
@@ -338,7 +402,7 @@ static void on_link_timer(uv_timer_t *t)
                 err de;
                 for (unsigned i = 0; i < l->naborts; i++)
                     l->aborts[i].issued = 0;
-                if (tcp_dial(l, &de) != CODE_OK)
+                if (l->p->tcp->connect(l, &de) != CODE_OK)
                     l->naborts = 0;
             }
         }
@@ -357,25 +421,25 @@ static void on_link_timer(uv_timer_t *t)
                     "core get the collective from its client?", l->name, head->chunk, head->what,
                     (unsigned long long)head->seq, (double)(now - l->silent_since) / 1000.0);
             log_warn("collective peer stalled", "peer=%s reason=%s", log_q(l->name), log_q(e.msg));
-            link_fail(l, head->seq, &e);
+            chan_fail(l, head->seq, &e);
             return;
         }
         if ((l->rq.head || !failed_only) && start_probe(l)) {
-            link_arm(l);
+            chan_arm(l);
             return;
         }
         if (l->rq.head || !failed_only) {
             chunk_err(l, head, &e, l->rq.head ? "never" : "take");
             log_warn("collective peer made no progress", "peer=%s reason=%s", log_q(l->name), log_q(e.msg));
-            link_fail(l, head->seq, &e);
+            chan_fail(l, head->seq, &e);
             return;
         }
     }
-    link_arm(l); /* stops the timer when nothing is left */
+    chan_arm(l); /* stops the timer when nothing is left */
 }
 
-static struct lop *new_op(struct link *l, enum lop_kind kind, const struct link_chunk *c, const void *buf,
-                          size_t len, link_cb cb, void *arg)
+static struct lop *new_op(struct chan *l, enum lop_kind kind, const struct xport_chunk *c, const void *buf,
+                          size_t len, xport_cb cb, void *arg)
 {
     struct lop *op = calloc(1, sizeof *op);
     if (!op)
@@ -397,9 +461,9 @@ static struct lop *new_op(struct link *l, enum lop_kind kind, const struct link_
     return op;
 }
 
-void link_trace_done(struct link *l, const struct lop *op)
+void chan_trace_done(struct chan *l, const struct lop *op)
 {
-    struct trace *t = l->p->w->trace;
+    struct trace *t = l->p->trace;
     struct trace_ev ev;
     if (!trace_capacity(t))
         return;
@@ -412,32 +476,75 @@ void link_trace_done(struct link *l, const struct lop *op)
     ev.coll_step = op->step;
     ev.chunk = op->chunk;
     ev.peer = l->replica;
-    memcpy(ev.algo, l->tx || l->rx ? "shm" : "tcp", 4);
+    memcpy(ev.algo, (chan_is_shm(l) ? l->p->shmt : l->p->tcp)->name, 4); /* "shm", "tcp" */
     trace_add(t, &ev);
 }
 
 /* Fails op at once (deferred) if its collective already failed. */
-static int already_failed(struct link *l, struct lop *op)
+static int already_failed(struct chan *l, struct lop *op)
 {
     err e;
-    if (peers_failed(l->p, op->seq, &e) == CODE_OK)
+    if (chan_seq_failed(l->p, op->seq, &e) == CODE_OK)
         return 0;
     if ((op->fail = malloc(sizeof *op->fail)) != NULL)
         *op->fail = e;
-    peers_defer(l->p, op);
+    chan_defer(l->p, op);
     return 1;
 }
 
-static int check_args(const struct link *l, const struct link_chunk *c, const void *buf, size_t len)
+static int check_args(const struct chan *l, const struct xport_chunk *c, const void *buf, size_t len)
 {
     if (!l || !c || l->closing || (len > 0 && !buf))
         return CODE_INVALID_ARGUMENT;
-    if (len > LINK_MAX_FRAME)
+    if (len > XPORT_MAX_CHUNK)
         return CODE_INVALID_ARGUMENT;
     return CODE_OK;
 }
 
-int link_send(struct link *l, const struct link_chunk *c, const void *buf, size_t len, link_cb cb, void *arg)
+static void shm_fallback_log(struct chan *l, const char *why)
+{
+    if (!l->p->shm_fallback_logged) {
+        l->p->shm_fallback_logged = 1;
+        log_warn("shared memory unavailable; using TCP", "peer=%s reason=%s", log_q(l->name), log_q(why));
+    }
+}
+
+/* The outgoing half goes over TCP: dial it; a peer that cannot be reached
+ * fails op's collective (op may be NULL: nothing to fail). */
+static void tcp_take_sends(struct chan *l, const struct lop *op)
+{
+    err e, fe;
+    if (l->p->tcp->connect(l, &e) != CODE_OK && op) {
+        err_set(&fe, CODE_UNAVAILABLE, "cannot reach core %s for chunk %u of %s #%llu: %s", l->name,
+                op->chunk, op->what, (unsigned long long)op->seq, e.msg);
+        chan_fail(l, op->seq, &fe);
+    }
+}
+
+void chan_shm_ready(struct chan *l)
+{
+    l->shm_dialing = 0;
+    chan_progress(l);
+    l->p->shmt->kick_send(l);
+}
+
+void chan_shm_failed(struct chan *l, const char *why)
+{
+    l->shm_dialing = 0;
+    if (l->closing)
+        return;
+    if (why)
+        shm_fallback_log(l, why);
+    if (!l->out)
+        tcp_take_sends(l, l->sq.head);
+}
+
+void chan_aborted(struct chan *l, uint64_t seq, const err *e)
+{
+    l->p->fail_seq(l->p, seq, e, 0, -1);
+}
+
+int chan_send(struct chan *l, const struct xport_chunk *c, const void *buf, size_t len, xport_cb cb, void *arg)
 {
     struct lop *op;
     err e;
@@ -450,42 +557,32 @@ int link_send(struct link *l, const struct link_chunk *c, const void *buf, size_
     if (already_failed(l, op))
         return CODE_OK;
     if (!l->sq.head && !l->rq.head)
-        link_progress(l); /* the clock starts when the link gets busy */
+        chan_progress(l); /* the clock starts when the link gets busy */
     lopq_push(&l->sq, op);
-    link_arm(l);
-    if (l->tx) {
-        shm_kick_tx(l);
+    chan_arm(l);
+    if (l->shm_tx) {
+        l->p->shmt->kick_send(l);
         return CODE_OK;
     }
     if (l->shm_dialing)
-        return CODE_OK; /* shm_connect's end kicks the queue, or TCP takes it */
+        return CODE_OK; /* the set-up's end (chan_shm_ready or _failed) kicks the queue */
     if (l->out) {
-        if (l->out_ready)
-            tcp_issue_sends(l);
+        l->p->tcp->kick_send(l); /* now, or once the connection is ready */
         return CODE_OK;
     }
     /* first send (or the connection went away between collectives) */
     if (!l->shm_tried && !l->p->tcp_only && l->p->shm && l->p->info[l->replica].shm_name[0] &&
         strcmp(l->p->info[l->replica].host, l->p->info[l->p->self].host) == 0) {
         l->shm_tried = 1;
-        if (shm_connect(l, &e) == CODE_OK)
+        if (l->p->shmt->connect(l, &e) == CODE_OK)
             return CODE_OK;
-        if (!l->p->shm_fallback_logged) {
-            l->p->shm_fallback_logged = 1;
-            log_warn("shared memory unavailable; using TCP", "peer=%s reason=%s", log_q(l->name),
-                     log_q(e.msg));
-        }
+        shm_fallback_log(l, e.msg);
     }
-    if (tcp_dial(l, &e) != CODE_OK) {
-        err fe;
-        err_set(&fe, CODE_UNAVAILABLE, "cannot reach core %s for chunk %u of %s #%llu: %s", l->name,
-                op->chunk, op->what, (unsigned long long)op->seq, e.msg);
-        link_fail(l, op->seq, &fe);
-    }
+    tcp_take_sends(l, op);
     return CODE_OK;
 }
 
-int link_recv(struct link *l, const struct link_chunk *c, void *buf, size_t len, link_cb cb, void *arg)
+int chan_recv(struct chan *l, const struct xport_chunk *c, void *buf, size_t len, xport_cb cb, void *arg)
 {
     struct lop *op;
     int rc = check_args(l, c, buf, len);
@@ -497,14 +594,12 @@ int link_recv(struct link *l, const struct link_chunk *c, void *buf, size_t len,
     if (already_failed(l, op))
         return CODE_OK;
     if (!l->sq.head && !l->rq.head)
-        link_progress(l);
+        chan_progress(l);
     lopq_push(&l->rq, op);
-    link_arm(l);
+    chan_arm(l);
     if (l->rq.head == op) {
-        if (l->rx)
-            shm_kick_rx(l);
-        if (l->in)
-            tcp_recv_posted(l);
+        l->p->shmt->kick_recv(l);
+        l->p->tcp->kick_recv(l);
     }
     return CODE_OK;
 }

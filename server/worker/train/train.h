@@ -17,40 +17,72 @@
  * infeed_depth; more is refused with RESOURCE_EXHAUSTED.
  *
  * Initializing the system drops the compiled model (train_reset). Loop thread
- * only. */
+ * only. The service knows its core and the engine through its env, never the
+ * daemon. */
 #ifndef TPUEMU_WORKER_TRAIN_H
 #define TPUEMU_WORKER_TRAIN_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include <uv.h>
+
+#include "coll.h"
+#include "dpconn.h"
+#include "hbm.h"
+#include "ident.h"
+#include "preset.h"
+#include "prom.h"
 #include "status.h"
 #include "tpuemu.pb-c.h"
+#include "trace.h"
 
-struct worker;
-struct dp_conn;
+struct train;
 
 /* Most steps one STEPS frame may carry (Keras' steps_per_execution). */
 #define TRAIN_MAX_STEPS 128
 
-int train_init(struct worker *w);
-void train_free(struct worker *w);
+/* Counters the service bumps (relaxed atomic adds) and its owner reads. */
+struct train_stats {
+    prom_counter steps;     /* training steps done (gradients all-reduced) */
+    prom_hist step_seconds; /* each one's time: compute, all-reduce, the update before it */
+};
+
+/* What the service needs from its owner; every pointer must outlive it. */
+struct train_env {
+    uv_loop_t *loop;                 /* steps compute on its thread pool */
+    const struct core_ident *id;     /* epoch, replica and replicas; names in messages */
+    hbm *hbm;                        /* models are charged to it */
+    struct trace *trace;             /* the profiler's ring */
+    const struct tpu_preset *preset; /* the matrix unit's tile */
+    int throttle_pct;                /* compute runs at this % of its speed (100: full) */
+    struct coll *coll;               /* all-reduces the gradients */
+    struct train_stats *stats;       /* initialized by train_stats_init */
+};
+
+void train_stats_init(struct train_stats *s);
+
+/* CODE_OK, or an error code when out of memory or without a matrix unit
+ * (logged); *out is NULL then. */
+int train_new(const struct train_env *env, struct train **out);
+void train_free(struct train *t);
 
 /* Is h a training frame (COMPILE, STEPS, STATE_GET, STATE_SET)? */
 int train_is_frame(const Tpuemu__FrameHeader *h);
 /* Before its payload is read: CODE_OK if h's payload size is what the
  * compiled model expects (so nothing is allocated from an unchecked size),
  * else an error saying what is wrong. */
-int train_check_payload(struct worker *w, const Tpuemu__FrameHeader *h, err *e);
+int train_check_payload(struct train *t, const Tpuemu__FrameHeader *h, err *e);
 /* A training frame from a client connection; payload (malloc'd, NULL when
  * len is 0) belongs to the callee. */
-void train_on_client_frame(struct worker *w, struct dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload,
+void train_on_client_frame(struct train *t, dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload,
                            size_t len);
 /* c is closing: its requests are not answered; those not started are dropped,
  * and the collectives they would have joined are aborted on every peer. */
-void train_on_client_close(struct worker *w, struct dp_conn *c);
-/* The system was reset: the model is dropped (once the step running on the
- * thread pool, if any, has come back). */
-void train_reset(struct worker *w);
+void train_on_client_close(struct train *t, dp_conn *c);
+/* The system was reset (after coll_reset; the env's ident names the new
+ * epoch): the model is dropped (once the step running on the thread pool, if
+ * any, has come back). */
+void train_reset(struct train *t);
 
 #endif

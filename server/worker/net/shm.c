@@ -8,14 +8,15 @@
  * sender answers with auth_challenge_mac under the cluster key, its replica
  * and the epoch, and the fds; the receiver checks all of it (and the memfd's
  * seals and size: a peer cannot shrink it under us) and answers one byte.
- * Anything failing makes the caller fall back to TCP.
+ * Anything failing is reported to the channel (chan_shm_failed), which
+ * falls back to TCP; this file never dials TCP.
  *
  * Data: a chunk goes as pieces of at most SHM_SLOT_BYTES, each with a small
  * header the receiver copies out and checks before trusting it. The receiver
  * consumes only while a receive is posted: a full ring is the back-pressure.
  * The unix socket stays open: its EOF is the peer's death. Completions are
- * delivered through peers_defer (never from inside link_send/link_recv). */
-#include "link_impl.h"
+ * delivered through chan_defer (never from inside chan_send/chan_recv). */
+#include "chan_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -32,7 +33,6 @@
 
 #include "auth.h"
 #include "log.h"
-#include "worker.h"
 
 #define SHM_SLOTS 16u
 #define SHM_SLOT_BYTES (256u * 1024u)
@@ -70,7 +70,7 @@ struct hello {
 
 /* one side's mapping and handles; tx and rx share the shape */
 struct shm_end {
-    struct link *l;
+    struct chan *l;
     int tx;
     int sock, efd_mine, efd_theirs; /* tx: mine = space, theirs = data; rx: the reverse */
     uint8_t *map;
@@ -150,7 +150,7 @@ static void end_free_if_done(struct shm_end *e)
         close(e->efd_mine);
     if (e->efd_theirs >= 0)
         close(e->efd_theirs);
-    link_unref(e->l);
+    chan_unref(e->l);
     free(e);
 }
 
@@ -167,22 +167,22 @@ static void end_close(struct shm_end *e)
         return;
     e->dead = 1;
     if (e->tx)
-        e->l->tx = NULL;
+        e->l->shm_tx = NULL;
     else
-        e->l->rx = NULL;
+        e->l->shm_rx = NULL;
     uv_close((uv_handle_t *)&e->pe, on_poll_closed);
     uv_close((uv_handle_t *)&e->ps, on_poll_closed);
 }
 
-void shm_close(struct link *l)
+static void shm_close(struct chan *l)
 {
-    end_close((struct shm_end *)l->tx);
-    end_close((struct shm_end *)l->rx);
+    end_close((struct shm_end *)l->shm_tx);
+    end_close((struct shm_end *)l->shm_rx);
 }
 
 static void end_lost(struct shm_end *e)
 {
-    struct link *l = e->l;
+    struct chan *l = e->l;
     struct lop *op = e->tx ? l->sq.head : l->rq.head;
     err er;
     end_close(e);
@@ -191,7 +191,7 @@ static void end_lost(struct shm_end *e)
     err_set(&er, CODE_UNAVAILABLE,
             "core %s closed its connection during chunk %u of %s #%llu (the process died or was cut off)",
             l->name, op->chunk, op->what, (unsigned long long)op->seq);
-    link_fail(l, op->seq, &er);
+    chan_fail(l, op->seq, &er);
 }
 
 static void on_sock(uv_poll_t *h, int status, int events)
@@ -206,9 +206,9 @@ static void on_sock(uv_poll_t *h, int status, int events)
 
 /* ---- sending ---- */
 
-void shm_kick_tx(struct link *l)
+static void shm_kick_tx(struct chan *l)
 {
-    struct shm_end *e = (struct shm_end *)l->tx;
+    struct shm_end *e = (struct shm_end *)l->shm_tx;
     struct shm_ctl *c;
     uint64_t head, tail, published = 0;
     struct lop *op;
@@ -240,8 +240,8 @@ void shm_kick_tx(struct link *l)
         published++;
         if (op->done == op->len) {
             lopq_pop(&l->sq);
-            link_trace_done(l, op);
-            peers_defer(l->p, op); /* complete: the bytes are in the segment */
+            chan_trace_done(l, op);
+            chan_defer(l->p, op); /* complete: the bytes are in the segment */
         }
         if (head - tail >= SHM_SLOTS) /* full: look again before waiting */
             tail = atomic_load_explicit(&c->tail, memory_order_acquire);
@@ -250,7 +250,7 @@ void shm_kick_tx(struct link *l)
         atomic_store_explicit(&c->head, head, memory_order_release);
         signal_fd(e->efd_theirs);
     }
-    link_arm(l);
+    chan_arm(l);
 }
 
 static void on_space(uv_poll_t *h, int status, int events)
@@ -264,21 +264,21 @@ static void on_space(uv_poll_t *h, int status, int events)
         return;
     }
     drain_fd(e->efd_mine);
-    link_progress(e->l);
+    chan_progress(e->l);
     shm_kick_tx(e->l);
 }
 
 /* ---- receiving ---- */
 
-uint64_t shm_bytes_in(const struct link *l)
+static uint64_t shm_bytes_in(const struct chan *l)
 {
-    const struct shm_end *e = (const struct shm_end *)l->rx;
+    const struct shm_end *e = (const struct shm_end *)l->shm_rx;
     if (!e || e->dead)
         return 0;
     return atomic_load_explicit(&ctl_of(e->map)->head, memory_order_relaxed);
 }
 
-static void rx_protocol_error(struct link *l, const struct lop *op, const struct piece *pc)
+static void rx_protocol_error(struct chan *l, const struct lop *op, const struct piece *pc)
 {
     err er;
     err_set(&er, CODE_INTERNAL,
@@ -288,12 +288,12 @@ static void rx_protocol_error(struct link *l, const struct lop *op, const struct
             (unsigned long long)pc->seq, op->chunk, op->step, (unsigned long long)op->offset, op->len,
             op->what, (unsigned long long)op->seq);
     log_warn("collective protocol error", "reason=%s", log_q(er.msg));
-    link_fail(l, op->seq, &er);
+    chan_fail(l, op->seq, &er);
 }
 
-void shm_kick_rx(struct link *l)
+static void shm_kick_rx(struct chan *l)
 {
-    struct shm_end *e = (struct shm_end *)l->rx;
+    struct shm_end *e = (struct shm_end *)l->shm_rx;
     struct shm_ctl *c;
     uint64_t head, tail, consumed = 0;
     err fe;
@@ -309,7 +309,7 @@ void shm_kick_rx(struct link *l)
                 l->name, (unsigned long long)head, (unsigned long long)tail);
         end_close(e);
         if (op)
-            link_fail(l, op->seq, &fe);
+            chan_fail(l, op->seq, &fe);
         return;
     }
     while (tail != head) {
@@ -317,7 +317,7 @@ void shm_kick_rx(struct link *l)
         const uint8_t *s = slot_of(e->map, tail);
         struct lop *op = l->rq.head;
         memcpy(&pc, s, sizeof pc); /* copy out before checking: the peer can still write */
-        if (peers_failed(l->p, pc.seq, NULL) != CODE_OK || (op && pc.seq < op->seq)) {
+        if (chan_seq_failed(l->p, pc.seq, NULL) != CODE_OK || (op && pc.seq < op->seq)) {
             tail++, consumed++; /* the rest of a failed or finished collective */
             continue;
         }
@@ -336,16 +336,16 @@ void shm_kick_rx(struct link *l)
         tail++, consumed++;
         if (op->done == op->len) {
             lopq_pop(&l->rq);
-            link_trace_done(l, op);
-            peers_defer(l->p, op);
+            chan_trace_done(l, op);
+            chan_defer(l->p, op);
         }
     }
     if (consumed) {
         atomic_store_explicit(&c->tail, tail, memory_order_release);
         signal_fd(e->efd_theirs);
-        link_progress(l);
+        chan_progress(l);
     }
-    link_arm(l);
+    chan_arm(l);
 }
 
 static void on_data(uv_poll_t *h, int status, int events)
@@ -362,7 +362,7 @@ static void on_data(uv_poll_t *h, int status, int events)
     shm_kick_rx(e->l);
 }
 
-static struct shm_end *end_new(struct link *l, int tx, int sock, int efd_mine, int efd_theirs, uint8_t *map)
+static struct shm_end *end_new(struct chan *l, int tx, int sock, int efd_mine, int efd_theirs, uint8_t *map)
 {
     struct shm_end *e = calloc(1, sizeof *e);
     if (!e)
@@ -402,7 +402,7 @@ static struct shm_end *end_new(struct link *l, int tx, int sock, int efd_mine, i
 /* ---- sender set-up ---- */
 
 struct dial {
-    struct link *l;
+    struct chan *l;
     int sock, memfd, efd_data, efd_space;
     uv_poll_t poll;
     int step; /* 0: waiting for the challenge, 1: for the verdict */
@@ -419,36 +419,22 @@ static void dial_closed(uv_handle_t *h)
         close(d->efd_data);
     if (d->efd_space >= 0)
         close(d->efd_space);
-    link_unref(d->l);
+    chan_unref(d->l);
     free(d);
 }
 
-/* Set-up failed after it started: TCP takes the link's sends. */
+/* Set-up failed after it started: the channel's TCP takes its sends. */
 static void dial_fallback(struct dial *d, const char *why)
 {
-    struct link *l = d->l;
-    err e;
+    struct chan *l = d->l;
     uv_close((uv_handle_t *)&d->poll, dial_closed);
-    l->shm_dialing = 0;
-    if (l->closing)
-        return;
-    if (!l->p->shm_fallback_logged) {
-        l->p->shm_fallback_logged = 1;
-        log_warn("shared memory unavailable; using TCP", "peer=%s reason=%s", log_q(l->name), log_q(why));
-    }
-    if (!l->out && tcp_dial(l, &e) != CODE_OK && l->sq.head) {
-        err fe;
-        struct lop *op = l->sq.head;
-        err_set(&fe, CODE_UNAVAILABLE, "cannot reach core %s for chunk %u of %s #%llu: %s", l->name,
-                op->chunk, op->what, (unsigned long long)op->seq, e.msg);
-        link_fail(l, op->seq, &fe);
-    }
+    chan_shm_failed(l, why);
 }
 
 static void on_dial(uv_poll_t *h, int status, int events)
 {
     struct dial *d = h->data;
-    struct link *l = d->l;
+    struct chan *l = d->l;
     (void)events;
 
     if (l->closing) {
@@ -482,8 +468,8 @@ static void on_dial(uv_poll_t *h, int status, int events)
         hm.magic = SHM_MAGIC;
         hm.replica = l->p->self;
         hm.epoch = l->p->epoch;
-        if (l->p->w->auth.enabled)
-            auth_challenge_mac(&l->p->w->auth, chal, hm.mac);
+        if (l->p->auth->enabled)
+            auth_challenge_mac(l->p->auth, chal, hm.mac);
         memset(&mh, 0, sizeof mh);
         memset(&u, 0, sizeof u); /* the control message's padding goes to the kernel too */
         iov.iov_base = &hm;
@@ -527,31 +513,21 @@ static void on_dial(uv_poll_t *h, int status, int events)
             uv_close((uv_handle_t *)&d->poll, dial_closed);
             e = end_new(l, 1, sock, efd_space, efd_data, map);
             if (!e) {
-                err te;
                 munmap(map, SHM_BYTES);
                 close(sock);
                 close(efd_space);
                 close(efd_data);
-                l->shm_dialing = 0; /* TCP takes the sends (as dial_fallback) */
-                if (!l->closing && !l->out && tcp_dial(l, &te) != CODE_OK && l->sq.head) {
-                    err fe;
-                    struct lop *op = l->sq.head;
-                    err_set(&fe, CODE_UNAVAILABLE, "cannot reach core %s for chunk %u of %s #%llu: %s",
-                            l->name, op->chunk, op->what, (unsigned long long)op->seq, te.msg);
-                    link_fail(l, op->seq, &fe);
-                }
+                chan_shm_failed(l, NULL); /* TCP takes the sends (as dial_fallback, not logged) */
                 return;
             }
         }
         e->ready = 1;
-        l->tx = (struct shm_tx *)e;
-        l->shm_dialing = 0;
-        link_progress(l);
-        shm_kick_tx(l);
+        l->shm_tx = (struct shm_tx *)e;
+        chan_shm_ready(l);
     }
 }
 
-int shm_connect(struct link *l, err *er)
+static int shm_connect(struct chan *l, err *er)
 {
     struct sockaddr_un sa;
     socklen_t sl;
@@ -648,7 +624,7 @@ static void on_pend(uv_poll_t *h, int status, int events)
     struct cmsghdr *cm;
     int fds[3] = {-1, -1, -1}, seals;
     struct stat st;
-    struct link *l;
+    struct chan *l;
     struct shm_end *e;
     uint8_t *map;
     ssize_t n;
@@ -694,15 +670,15 @@ static void on_pend(uv_poll_t *h, int status, int events)
     if (n != (ssize_t)sizeof hm || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || hm.magic != SHM_MAGIC ||
         fds[0] < 0 || fds[1] < 0 || fds[2] < 0)
         REFUSE("malformed shared-memory hello");
-    if (p->w->auth.enabled) {
+    if (p->auth->enabled) {
         unsigned char want[AUTH_MAC_BYTES];
-        auth_challenge_mac(&p->w->auth, pd->chal, want);
+        auth_challenge_mac(p->auth, pd->chal, want);
         if (memcmp(want, hm.mac, sizeof want) != 0)
             REFUSE("wrong MAC on a shared-memory hello (a different cluster token)");
     }
     if (p->self < 0 || hm.epoch != p->epoch)
         REFUSE("shared-memory hello from another system epoch");
-    if (!(l = peers_link_get(p, hm.replica)))
+    if (!(l = chan_get(p, hm.replica)))
         REFUSE("shared-memory hello from a replica that is not a peer");
     seals = fcntl(fds[0], F_GET_SEALS);
     if (seals < 0 || !(seals & F_SEAL_SHRINK) || fstat(fds[0], &st) < 0 || (size_t)st.st_size < SHM_BYTES)
@@ -717,7 +693,7 @@ static void on_pend(uv_poll_t *h, int status, int events)
         REFUSE("cannot answer the shared-memory hello");
     }
 #undef REFUSE
-    end_close((struct shm_end *)l->rx);
+    end_close((struct shm_end *)l->shm_rx);
     {
         int sock = pd->sock;
         pd->sock = -1; /* the end owns it; one poll handle per fd: the pending one goes first */
@@ -731,7 +707,7 @@ static void on_pend(uv_poll_t *h, int status, int events)
             return;
         }
     }
-    l->rx = (struct shm_rx *)e;
+    l->shm_rx = (struct shm_rx *)e;
     log_debug("shared-memory link up", "peer=%s", log_q(l->name));
     shm_kick_rx(l);
 }
@@ -785,7 +761,7 @@ int shm_listen(struct peers *p, err *er)
 
     if (!s)
         return err_set(er, CODE_RESOURCE_EXHAUSTED, "out of memory");
-    snprintf(name, sizeof name, "@tpuemu-%016llx", (unsigned long long)p->w->incarnation);
+    snprintf(name, sizeof name, "@tpuemu-%016llx", (unsigned long long)p->id->incarnation);
     abstract_addr(name, &sa, &sl);
     s->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (s->fd < 0 || bind(s->fd, (struct sockaddr *)&sa, sl) < 0 || listen(s->fd, 64) < 0) {
@@ -811,12 +787,7 @@ static void listener_closed(uv_handle_t *h)
     p->shm = NULL;
     close(s->fd);
     free(s);
-    /* peers frees itself when its last handle is closed */
-    if (--p->open_handles == 0) {
-        free(p->info);
-        free(p->links);
-        free(p);
-    }
+    p->open_handles--; /* peers_free frees p once the loop ran dry */
 }
 
 void shm_listener_close(struct peers *p)
@@ -828,3 +799,6 @@ void shm_listener_close(struct peers *p)
         pend_drop(s->pending);
     uv_close((uv_handle_t *)&s->poll, listener_closed);
 }
+
+const struct chan_transport chan_shm_transport = {"shm", shm_connect, shm_kick_tx, shm_kick_rx, shm_bytes_in,
+                                                  shm_close};

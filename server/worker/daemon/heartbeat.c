@@ -3,13 +3,13 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 
 #include "log.h"
 #include "wire.h"
-#include "worker.h"
 
 #define UNREACHABLE_TICKS 3
 #define HB_MIN_MS 50
@@ -22,12 +22,12 @@ static int is_fatal(int code)
            code == CODE_FAILED_PRECONDITION || code == CODE_INVALID_ARGUMENT;
 }
 
-static void fatal(struct worker *w, int code, const char *msg)
+static void fatal(struct heartbeat *hb, int code, const char *msg)
 {
     log_error("resolver refused this worker", "code=%s resolver=%s reason=%s", code_name(code),
-              log_q(w->resolver_url), log_q(msg));
+              log_q(hb->env.resolver_url), log_q(msg));
     fprintf(stderr, "tpu-worker: %s: %s\n", code_name(code), msg);
-    worker_stop(w, 3);
+    hb->env.refused(hb->env.arg, 3);
 }
 
 static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *ctl);
@@ -46,7 +46,7 @@ static void close_sock(struct heartbeat *hb)
 }
 
 /* A new REQ socket dialing the resolver (nanomsg connects in the background). */
-static int open_sock(struct worker *w, err *e)
+static int open_sock(struct heartbeat *hb, err *e)
 {
     nnuv *s;
     int sock, rc;
@@ -56,7 +56,7 @@ static int open_sock(struct worker *w, err *e)
         return err_set(e, CODE_INTERNAL, "nanomsg REQ socket: %s", nn_strerror(nn_errno()));
     if ((rc = nnuv_sockopts(sock, WIRE_MAX_REPLY, e)) != CODE_OK)
         goto fail;
-    if ((rc = nnuv_connect(sock, w->resolver_url, e)) != CODE_OK) {
+    if ((rc = nnuv_connect(sock, hb->env.resolver_url, e)) != CODE_OK) {
         err_prefix(e, "--resolver");
         goto fail;
     }
@@ -64,12 +64,12 @@ static int open_sock(struct worker *w, err *e)
         rc = err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the heartbeat socket");
         goto fail;
     }
-    s->data = w;
-    if ((rc = nnuv_start(w->loop, s, sock, 0, on_msg, e)) != CODE_OK) {
+    s->data = hb;
+    if ((rc = nnuv_start(hb->env.loop, s, sock, 0, on_msg, e)) != CODE_OK) {
         free(s);
         goto fail;
     }
-    w->hb.sock = s;
+    hb->sock = s;
     return CODE_OK;
 fail:
     nn_close(sock);
@@ -88,8 +88,7 @@ static uint64_t to_next_beat(uint32_t ms)
 
 static void tick(uv_timer_t *t)
 {
-    struct worker *w = t->data;
-    struct heartbeat *hb = &w->hb;
+    struct heartbeat *hb = t->data;
     wire_msg m = TPUEMU__MESSAGE__INIT;
     Tpuemu__Heartbeat body = TPUEMU__HEARTBEAT__INIT;
     Tpuemu__WorkerInfo info = TPUEMU__WORKER_INFO__INIT;
@@ -97,84 +96,82 @@ static void tick(uv_timer_t *t)
     size_t len;
     err e;
 
-    uv_timer_start(&hb->timer, tick, to_next_beat(w->heartbeat_ms), 0);
+    uv_timer_start(&hb->timer, tick, to_next_beat(hb->interval_ms), 0);
     if (hb->last_nonce) {
         if (++hb->unanswered >= UNREACHABLE_TICKS && !hb->unreachable) {
             hb->unreachable = 1;
             log_warn("resolver unreachable", "resolver=%s missed=%u heartbeat_ms=%u",
-                     log_q(w->resolver_url), hb->unanswered, w->heartbeat_ms);
+                     log_q(hb->env.resolver_url), hb->unanswered, hb->interval_ms);
         }
         close_sock(hb); /* drop the unanswered request with its connection */
         hb->last_nonce = 0;
     }
-    if (!hb->sock && open_sock(w, &e) != CODE_OK) {
+    if (!hb->sock && open_sock(hb, &e) != CODE_OK) {
         log_error("cannot open the heartbeat socket", "reason=%s", log_q(e.msg));
         return;
     }
-    worker_info(w, &info);
+    hb->env.info(hb->env.arg, &info);
     body.worker = &info;
     m.body_case = TPUEMU__MESSAGE__BODY_HEARTBEAT;
     m.heartbeat = &body;
-    if (wire_seal(&w->auth, worker_sender(w), &m, &buf, &len, &hb->last_nonce, &e) != CODE_OK) {
+    if (wire_seal(hb->env.auth, hb->env.id->sender, &m, &buf, &len, &hb->last_nonce, &e) != CODE_OK) {
         log_error("cannot build a heartbeat", "reason=%s", log_q(e.msg));
         return;
     }
     if (nnuv_send(hb->sock, buf, len, &e) != CODE_OK)
         log_debug("heartbeat not sent", "reason=%s", log_q(e.msg));
     else
-        prom_add(&w->metrics.heartbeats_sent, 1);
+        prom_add(&hb->sent, 1);
     free(buf);
 }
 
-static void adopt_interval(struct worker *w, uint32_t ms)
+static void adopt_interval(struct heartbeat *hb, uint32_t ms)
 {
-    if (ms < HB_MIN_MS || ms > HB_MAX_MS || ms == w->heartbeat_ms)
+    if (ms < HB_MIN_MS || ms > HB_MAX_MS || ms == hb->interval_ms)
         return;
-    log_info("heartbeat interval", "from_ms=%u to_ms=%u", w->heartbeat_ms, ms);
-    w->heartbeat_ms = ms;
-    uv_timer_start(&w->hb.timer, tick, to_next_beat(ms), 0);
+    log_info("heartbeat interval", "from_ms=%u to_ms=%u", hb->interval_ms, ms);
+    hb->interval_ms = ms;
+    uv_timer_start(&hb->timer, tick, to_next_beat(ms), 0);
 }
 
-static void on_reply(struct worker *w, const Tpuemu__HeartbeatReply *r)
+static void on_reply(struct heartbeat *hb, const Tpuemu__HeartbeatReply *r)
 {
-    struct heartbeat *hb = &w->hb;
+    struct core_ident *id = hb->env.id;
 
-    if (r->core < 0 || r->core > 1023 || (w->core >= 0 && r->core != w->core)) {
+    if (r->core < 0 || r->core > 1023 || (id->core >= 0 && r->core != id->core)) {
         log_warn("resolver assigned an unexpected core; ignoring the reply", "core=%d asked=%d",
-                 (int)r->core, w->core);
+                 (int)r->core, id->core);
         return;
     }
-    prom_add(&w->metrics.heartbeats_acked, 1);
-    w->core = r->core;
-    snprintf(w->sender, sizeof w->sender, "worker %s/%d", w->host_id, w->core);
+    prom_add(&hb->acked, 1);
+    ident_set_core(id, r->core);
     if (!hb->registered)
-        log_info("registered", "host=%s core=%d resolver=%s system_epoch=%llu", log_q(w->host_id),
-                 w->core, log_q(w->resolver_url), (unsigned long long)r->system_epoch);
+        log_info("registered", "host=%s core=%d resolver=%s system_epoch=%llu", log_q(id->host_id),
+                 id->core, log_q(hb->env.resolver_url), (unsigned long long)r->system_epoch);
     else if (hb->unreachable || hb->last_error)
-        log_info("resolver reachable again", "host=%s core=%d resolver=%s", log_q(w->host_id),
-                 w->core, log_q(w->resolver_url));
+        log_info("resolver reachable again", "host=%s core=%d resolver=%s", log_q(id->host_id),
+                 id->core, log_q(hb->env.resolver_url));
     hb->registered = 1;
     hb->unreachable = 0;
     hb->last_error = 0;
-    adopt_interval(w, r->heartbeat_ms);
+    adopt_interval(hb, r->heartbeat_ms);
 }
 
 static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *ctl)
 {
-    struct worker *w = s->data;
-    struct heartbeat *hb = &w->hb;
+    struct heartbeat *hb = s->data;
     wire_msg *m;
     err e;
 
     (void)ctl;
-    if (wire_open(&w->auth, NULL, buf, len, WIRE_MAX_REPLY, &m, &e) != CODE_OK) {
+    if (wire_open(hb->env.auth, NULL, buf, len, WIRE_MAX_REPLY, &m, &e) != CODE_OK) {
         if (e.code == CODE_UNAUTHENTICATED || e.code == CODE_FAILED_PRECONDITION) {
             char msg[ERR_MSG_MAX + 400];
-            snprintf(msg, sizeof msg, "reply from the resolver at %s: %s", w->resolver_url, e.msg);
-            fatal(w, e.code, msg);
+            snprintf(msg, sizeof msg, "reply from the resolver at %s: %s", hb->env.resolver_url, e.msg);
+            fatal(hb, e.code, msg);
         } else {
             log_warn("unreadable reply from the resolver", "resolver=%s reason=%s",
-                     log_q(w->resolver_url), log_q(e.msg));
+                     log_q(hb->env.resolver_url), log_q(e.msg));
         }
         return;
     }
@@ -188,13 +185,13 @@ static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *ctl)
     hb->unanswered = 0;
     switch (m->body_case) {
     case TPUEMU__MESSAGE__BODY_HEARTBEAT_REPLY:
-        on_reply(w, m->heartbeat_reply);
+        on_reply(hb, m->heartbeat_reply);
         break;
     case TPUEMU__MESSAGE__BODY_ERROR: {
         int code = (int)m->error->code;
         const char *msg = m->error->message ? m->error->message : "";
         if (is_fatal(code)) {
-            fatal(w, code, msg);
+            fatal(hb, code, msg);
         } else if (code != hb->last_error) {
             hb->last_error = code;
             log_at(code == CODE_UNAVAILABLE ? LOG_INFO : LOG_WARN, "heartbeat refused; retrying",
@@ -209,26 +206,34 @@ out:
     wire_msg_free(m);
 }
 
-int hb_start(struct worker *w, err *e)
+void hb_init(struct heartbeat *hb, const struct hb_env *env)
 {
-    struct heartbeat *hb = &w->hb;
+    memset(hb, 0, sizeof *hb);
+    hb->env = *env;
+    hb->interval_ms = 1000;
+    atomic_init(&hb->sent, 0);
+    atomic_init(&hb->acked, 0);
+}
+
+int hb_start(struct heartbeat *hb, err *e)
+{
     int rc;
 
-    if ((rc = open_sock(w, e)) != CODE_OK)
+    if ((rc = open_sock(hb, e)) != CODE_OK)
         return rc;
-    uv_timer_init(w->loop, &hb->timer);
-    hb->timer.data = w;
+    uv_timer_init(hb->env.loop, &hb->timer);
+    hb->timer.data = hb;
     hb->started = 1;
     uv_timer_start(&hb->timer, tick, 0, 0); /* register at once, then on the beat */
     return CODE_OK;
 }
 
-void hb_stop(struct worker *w)
+void hb_stop(struct heartbeat *hb)
 {
-    if (!w->hb.started)
+    if (!hb->started)
         return;
-    w->hb.started = 0;
-    uv_timer_stop(&w->hb.timer);
-    uv_close((uv_handle_t *)&w->hb.timer, NULL);
-    close_sock(&w->hb);
+    hb->started = 0;
+    uv_timer_stop(&hb->timer);
+    uv_close((uv_handle_t *)&hb->timer, NULL);
+    close_sock(hb);
 }

@@ -5,97 +5,74 @@
 
 #include <stdio.h>
 
-#include "worker.h"
-
-/* Steps of a small model take well under a millisecond, a large batch's tens
- * of milliseconds; a straggler or a loaded machine seconds. */
-static const double step_bounds[] = {0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-                                     0.05,    0.1,    0.25,  0.5,    1,     2.5,   5};
-
-void wm_init(struct worker *w, int port)
+static int registered(const struct heartbeat *hb)
 {
-    struct wmetrics *m = &w->metrics;
-    atomic_init(&m->steps, 0);
-    atomic_init(&m->allreduce_bytes, 0);
-    atomic_init(&m->coll_failed, 0);
-    atomic_init(&m->heartbeats_sent, 0);
-    atomic_init(&m->heartbeats_acked, 0);
-    for (int i = 0; i < WM_COLL_KINDS; i++)
-        atomic_init(&m->coll[i], 0);
-    prom_hist_init(&m->step_seconds, step_bounds, sizeof step_bounds / sizeof step_bounds[0]);
-    m->httpd = NULL;
-    m->port = port;
-}
-
-static int registered(const struct worker *w)
-{
-    return w->hb.registered && !w->hb.unreachable && !w->hb.last_error;
+    return hb->registered && !hb->unreachable && !hb->last_error;
 }
 
 static int render(void *user, hbuf *b)
 {
-    struct worker *w = user;
-    struct wmetrics *m = &w->metrics;
-    static const char *const kinds[WM_COLL_KINDS] = {NULL, "all-reduce", "broadcast", "all-gather",
-                                                     "reduce-scatter"};
-    char host[2 * WORKER_HOST_ID_MAX + 2], id[160], l[200];
+    const struct wm_env *w = user;
+    static const char *const kinds[COLL_STAT_KINDS] = {NULL, "all-reduce", "broadcast", "all-gather",
+                                                       "reduce-scatter"};
+    char host[2 * IDENT_HOST_ID_MAX + 2], id[160], l[200];
 
-    prom_escape(w->host_id, host, sizeof host);
-    if (w->core >= 0)
-        snprintf(id, sizeof id, "host=\"%s\",core=\"%d\"", host, w->core);
+    prom_escape(w->id->host_id, host, sizeof host);
+    if (w->id->core >= 0)
+        snprintf(id, sizeof id, "host=\"%s\",core=\"%d\"", host, w->id->core);
     else
         snprintf(id, sizeof id, "host=\"%s\",core=\"\"", host);
     prom_family(b, "tpuemu_build_info", "gauge", "Version of the daemon serving these metrics.");
     prom_u64(b, "tpuemu_build_info", "daemon=\"worker\",version=\"" TPUEMU_VERSION "\"", 1);
     prom_family(b, "tpuemu_worker_train_steps_total", "counter",
                 "Training steps this core ran to the end (gradients all-reduced).");
-    prom_u64(b, "tpuemu_worker_train_steps_total", id, prom_get(&m->steps));
+    prom_u64(b, "tpuemu_worker_train_steps_total", id, prom_get(&w->train->steps));
     prom_family(b, "tpuemu_worker_step_seconds", "histogram",
                 "Time of each training step on this core: the optimizer update before it, forward, backward "
                 "and the gradient all-reduce.");
-    prom_hist_write(b, "tpuemu_worker_step_seconds", id, &m->step_seconds);
+    prom_hist_write(b, "tpuemu_worker_step_seconds", id, &w->train->step_seconds);
     prom_family(b, "tpuemu_worker_allreduce_bytes_total", "counter",
                 "Bytes of this core's input to every all-reduce it completed (once per iteration).");
-    prom_u64(b, "tpuemu_worker_allreduce_bytes_total", id, prom_get(&m->allreduce_bytes));
+    prom_u64(b, "tpuemu_worker_allreduce_bytes_total", id, prom_get(&w->coll->allreduce_bytes));
     prom_family(b, "tpuemu_worker_collectives_total", "counter",
                 "Collectives this core completed, by kind (training's gradient all-reduces included).");
-    for (int k = 1; k < WM_COLL_KINDS; k++) {
+    for (int k = 1; k < COLL_STAT_KINDS; k++) {
         snprintf(l, sizeof l, "%s,kind=\"%s\"", id, kinds[k]);
-        prom_u64(b, "tpuemu_worker_collectives_total", l, prom_get(&m->coll[k]));
+        prom_u64(b, "tpuemu_worker_collectives_total", l, prom_get(&w->coll->done[k]));
     }
     prom_family(b, "tpuemu_worker_collectives_failed_total", "counter", "Collectives that failed on this core.");
-    prom_u64(b, "tpuemu_worker_collectives_failed_total", id, prom_get(&m->coll_failed));
+    prom_u64(b, "tpuemu_worker_collectives_failed_total", id, prom_get(&w->coll->failed));
     prom_family(b, "tpuemu_worker_hbm_used_bytes", "gauge", "HBM this core has allocated now.");
-    prom_u64(b, "tpuemu_worker_hbm_used_bytes", id, w->hbm.used);
+    prom_u64(b, "tpuemu_worker_hbm_used_bytes", id, w->hbm->used);
     prom_family(b, "tpuemu_worker_hbm_capacity_bytes", "gauge", "HBM capacity of this core.");
-    prom_u64(b, "tpuemu_worker_hbm_capacity_bytes", id, w->hbm.capacity);
+    prom_u64(b, "tpuemu_worker_hbm_capacity_bytes", id, w->hbm->capacity);
     prom_family(b, "tpuemu_worker_hbm_peak_bytes", "gauge", "Most HBM allocated at once since the last initialize.");
-    prom_u64(b, "tpuemu_worker_hbm_peak_bytes", id, w->hbm.peak);
+    prom_u64(b, "tpuemu_worker_hbm_peak_bytes", id, w->hbm->peak);
     prom_family(b, "tpuemu_worker_heartbeats_sent_total", "counter", "Heartbeats sent to the resolver.");
-    prom_u64(b, "tpuemu_worker_heartbeats_sent_total", id, prom_get(&m->heartbeats_sent));
+    prom_u64(b, "tpuemu_worker_heartbeats_sent_total", id, prom_get(&w->hb->sent));
     prom_family(b, "tpuemu_worker_heartbeats_acked_total", "counter", "Heartbeats the resolver accepted.");
-    prom_u64(b, "tpuemu_worker_heartbeats_acked_total", id, prom_get(&m->heartbeats_acked));
+    prom_u64(b, "tpuemu_worker_heartbeats_acked_total", id, prom_get(&w->hb->acked));
     prom_family(b, "tpuemu_worker_registered", "gauge",
                 "1 while the resolver accepts this core's heartbeats (the /healthz condition), else 0.");
-    prom_u64(b, "tpuemu_worker_registered", id, registered(w) ? 1 : 0);
+    prom_u64(b, "tpuemu_worker_registered", id, registered(w->hb) ? 1 : 0);
     prom_family(b, "tpuemu_worker_system_epoch", "gauge", "System epoch of this core's last reset; 0: never reset.");
-    prom_u64(b, "tpuemu_worker_system_epoch", id, w->epoch);
+    prom_u64(b, "tpuemu_worker_system_epoch", id, w->id->epoch);
     prom_family(b, "tpuemu_worker_replica_id", "gauge",
                 "This core's replica in the initialized system; -1 when it is not part of one.");
-    prom_i64(b, "tpuemu_worker_replica_id", id, w->replica_id);
+    prom_i64(b, "tpuemu_worker_replica_id", id, w->id->replica_id);
     return 200;
 }
 
 static int health(void *user, hbuf *b)
 {
-    struct worker *w = user;
-    const struct heartbeat *hb = &w->hb;
+    const struct wm_env *w = user;
+    const struct heartbeat *hb = w->hb;
 
-    if (w->stopping) {
+    if (*w->stopping) {
         hbuf_printf(b, "stopping\n");
         return 503;
     }
-    if (!w->ctl.started || !w->dp.started) {
+    if (!w->ctl->started || !w->dp->started) {
         hbuf_printf(b, "the control or data-plane port is not listening\n");
         return 503;
     }
@@ -122,16 +99,19 @@ static const struct httpd_route routes[] = {
     {"/healthz", "text/plain; charset=utf-8", health},
 };
 
-int wm_start(struct worker *w, err *e)
+int wm_start(struct wmetrics *m, const struct wm_env *env, int port, err *e)
 {
-    if (!w->metrics.port)
+    m->env = *env;
+    m->port = port;
+    m->httpd = NULL;
+    if (!port)
         return CODE_OK;
-    return httpd_start(w->loop, "metrics", w->listen, w->metrics.port, routes, sizeof routes / sizeof routes[0], w,
-                       &w->metrics.httpd, e);
+    return httpd_start(env->loop, "metrics", env->listen, port, routes, sizeof routes / sizeof routes[0], &m->env,
+                       &m->httpd, e);
 }
 
-void wm_stop(struct worker *w)
+void wm_stop(struct wmetrics *m)
 {
-    httpd_close(w->metrics.httpd);
-    w->metrics.httpd = NULL;
+    httpd_close(m->httpd);
+    m->httpd = NULL;
 }

@@ -1,32 +1,27 @@
 /* The data-plane listener: accepts, bounds the number of connections, and
  * routes what arrives: a connection whose AUTH names a replica and an epoch is
- * another worker's link (handed to peers, coll/peers.h); from clients, COLL
- * frames go to the collectives engine (coll/coll.h) and PING is echoed. The
- * framing, handshake and write bounds live in dpconn.c. */
+ * another worker's link (handed to peers, net/peers.h); from clients, COLL
+ * frames go to the collectives engine (coll/coll.h), training frames to the
+ * training service (train/train.h), and PING is echoed. The framing,
+ * handshake and write bounds live in net/dpconn.c. */
 #include "dataplane.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "coll.h"
-#include "trace.h"
-#include "train.h"
 #include "dpconn.h"
 #include "frame.h"
-#define TPUEMU_LINK_NO_TYPEDEF 1 /* unistd.h has link() */
-#include "peers.h"
 #include "log.h"
-#include "worker.h"
 
 struct dp_peer {
     struct dp_peer *prev, *next;
-    struct worker *w;
+    struct dataplane *dp;
     dp_conn *c;
 };
 
 static void forget(struct dp_peer *p)
 {
-    struct dataplane *dp = &p->w->dp;
+    struct dataplane *dp = p->dp;
     if (p->prev)
         p->prev->next = p->next;
     else
@@ -46,7 +41,7 @@ static void on_ready(dp_conn *c)
     if (dp_conn_auth_epoch(c) == 0 || dp_conn_auth_replica(c) < 0)
         return; /* a client */
     /* another worker's link: peers takes the connection over, or refuses it */
-    peers_accept(p->w, c);
+    peers_accept(p->dp->env.peers, c);
     if (dp_conn_data(c) != p)
         forget(p);
 }
@@ -59,7 +54,7 @@ static void free_payload(void *arg, int status)
 
 /* PROFILE: answered at once, ahead of any queued training work, so the
  * client can also use it to estimate this worker's clock offset. */
-static void profile_answer(struct worker *w, dp_conn *c, const Tpuemu__FrameHeader *h)
+static void profile_answer(const struct dp_env *env, dp_conn *c, const Tpuemu__FrameHeader *h)
 {
     Tpuemu__FrameHeader a = TPUEMU__FRAME_HEADER__INIT;
     Tpuemu__ProfileInfo pi = TPUEMU__PROFILE_INFO__INIT;
@@ -68,31 +63,31 @@ static void profile_answer(struct worker *w, dp_conn *c, const Tpuemu__FrameHead
     size_t out_len = 0;
     int truncated = 0;
 
-    if (trace_fetch(w->trace, rq ? rq->since_ns : 0, rq ? rq->until_ns : 0, rq ? rq->max_events : 0, &out,
+    if (trace_fetch(env->trace, rq ? rq->since_ns : 0, rq ? rq->until_ns : 0, rq ? rq->max_events : 0, &out,
                     &out_len, &truncated) != CODE_OK) {
-        dp_conn_fail(c, CODE_RESOURCE_EXHAUSTED, "out of memory for the profile of core %s/%d", w->host_id,
-                     w->core);
+        dp_conn_fail(c, CODE_RESOURCE_EXHAUSTED, "out of memory for the profile of core %s/%d", env->id->host_id,
+                     env->id->core);
         return;
     }
     pi.now_ns = uv_hrtime();
-    pi.recorded = trace_recorded(w->trace);
-    pi.dropped = trace_dropped(w->trace);
-    pi.oldest_ns = trace_oldest(w->trace);
-    pi.capacity = trace_capacity(w->trace);
-    pi.host_id = w->host_id;
-    pi.core = w->core;
-    pi.replica = w->replica_id;
-    pi.tpu_type = (char *)w->preset->name;
-    pi.hbm_used = w->hbm.used;
-    pi.hbm_capacity = w->hbm.capacity;
-    pi.hbm_peak = w->hbm.peak;
+    pi.recorded = trace_recorded(env->trace);
+    pi.dropped = trace_dropped(env->trace);
+    pi.oldest_ns = trace_oldest(env->trace);
+    pi.capacity = trace_capacity(env->trace);
+    pi.host_id = (char *)env->id->host_id;
+    pi.core = env->id->core;
+    pi.replica = env->id->replica_id;
+    pi.tpu_type = (char *)env->preset->name;
+    pi.hbm_used = env->hbm->used;
+    pi.hbm_capacity = env->hbm->capacity;
+    pi.hbm_peak = env->hbm->peak;
     pi.truncated = truncated;
-    pi.peak_bf16_flops = w->preset->bf16_flops_per_core;
-    pi.hbm_bandwidth = w->preset->hbm_bw_per_core;
-    pi.ici_bandwidth = w->preset->ici_bw_per_chip / w->preset->cores_per_chip;
-    pi.mxu_dim = (uint32_t)w->preset->mxu_dim;
+    pi.peak_bf16_flops = env->preset->bf16_flops_per_core;
+    pi.hbm_bandwidth = env->preset->hbm_bw_per_core;
+    pi.ici_bandwidth = env->preset->ici_bw_per_chip / env->preset->cores_per_chip;
+    pi.mxu_dim = (uint32_t)env->preset->mxu_dim;
     a.kind = TPUEMU__FRAME_KIND__FRAME_PROFILE_RESULT;
-    a.epoch = w->epoch;
+    a.epoch = env->id->epoch;
     a.seq = h->seq;
     a.profile_info = &pi;
     if (dp_conn_send(c, &a, out, out_len, free_payload, out) != CODE_OK)
@@ -104,11 +99,11 @@ static void on_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload,
     struct dp_peer *p = dp_conn_data(c);
 
     if (h->kind == TPUEMU__FRAME_KIND__FRAME_COLL) {
-        coll_on_client_frame(p->w, c, h, payload, len);
+        coll_on_client_frame(p->dp->env.coll, c, h, payload, len);
         return;
     }
     if (train_is_frame(h)) {
-        train_on_client_frame(p->w, c, h, payload, len);
+        train_on_client_frame(p->dp->env.train, c, h, payload, len);
         return;
     }
     if (h->kind == TPUEMU__FRAME_KIND__FRAME_PING) {
@@ -123,7 +118,7 @@ static void on_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload,
     }
     if (h->kind == TPUEMU__FRAME_KIND__FRAME_PROFILE) {
         free(payload);
-        profile_answer(p->w, c, h);
+        profile_answer(&p->dp->env, c, h);
         return;
     }
     free(payload);
@@ -144,7 +139,7 @@ static enum dp_buf client_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, 
     if (train_is_frame(h)) {
         struct dp_peer *p = dp_conn_data(c);
         err e;
-        if (train_check_payload(p->w, h, &e) != CODE_OK) {
+        if (train_check_payload(p->dp->env.train, h, &e) != CODE_OK) {
             dp_conn_fail(c, e.code, "%s", e.msg);
             return DP_BUF_FAILED;
         }
@@ -164,8 +159,8 @@ static void on_conn_close(dp_conn *c, const err *why)
 {
     struct dp_peer *p = dp_conn_data(c);
 
-    coll_on_client_close(p->w, c);
-    train_on_client_close(p->w, c);
+    coll_on_client_close(p->dp->env.coll, c);
+    train_on_client_close(p->dp->env.train, c);
     /* refusals are warnings; a peer that simply went away is not */
     if (why->code != CODE_OK)
         log_at(why->code == CODE_UNAVAILABLE ? LOG_INFO : LOG_WARN,
@@ -183,12 +178,12 @@ static void free_handle(uv_handle_t *h)
 }
 
 /* Over the connection limit: accept and close at once, so the backlog drains. */
-static void refuse_one(struct worker *w, uv_stream_t *server)
+static void refuse_one(struct dataplane *dp, uv_stream_t *server)
 {
     uv_tcp_t *t = malloc(sizeof *t);
     if (!t)
         return;
-    uv_tcp_init(w->loop, t);
+    uv_tcp_init(dp->env.loop, t);
     if (uv_accept(server, (uv_stream_t *)t) == 0)
         log_warn("data-plane connection refused", "reason=%s limit=%d",
                  log_q("too many data-plane connections"), DP_MAX_CONNS);
@@ -197,7 +192,7 @@ static void refuse_one(struct worker *w, uv_stream_t *server)
 
 static void on_connection(uv_stream_t *server, int status)
 {
-    struct worker *w = server->data;
+    struct dataplane *dp = server->data;
     struct dp_conn_cfg cfg;
     struct dp_peer *p;
     dp_conn *c;
@@ -207,13 +202,13 @@ static void on_connection(uv_stream_t *server, int status)
         log_warn("data-plane accept failed", "reason=%s", log_q(uv_strerror(status)));
         return;
     }
-    if (w->stopping || w->dp.nconns >= DP_MAX_CONNS || !(p = calloc(1, sizeof *p))) {
-        refuse_one(w, server);
+    if (*dp->env.stopping || dp->nconns >= DP_MAX_CONNS || !(p = calloc(1, sizeof *p))) {
+        refuse_one(dp, server);
         return;
     }
     memset(&cfg, 0, sizeof cfg);
-    cfg.auth = &w->auth;
-    cfg.self_name = worker_sender(w);
+    cfg.auth = dp->env.auth;
+    cfg.self_name = dp->env.id->sender;
     cfg.max_payload = FRAME_MAX_PAYLOAD; /* COLL inputs; PING is checked on arrival */
     cfg.max_pending_write = DP_MAX_PENDING;
     cfg.handshake_ms = DP_HANDSHAKE_MS;
@@ -222,54 +217,55 @@ static void on_connection(uv_stream_t *server, int status)
     cfg.on_close = on_conn_close;
     cfg.payload_buf = client_payload_buf;
     cfg.data = p;
-    p->w = w;
+    p->dp = dp;
     if (dp_conn_accept(server, &cfg, &c, &e) != CODE_OK) {
         log_warn("data-plane accept failed", "reason=%s", log_q(e.msg));
         free(p);
         return;
     }
     p->c = c;
-    p->next = w->dp.conns;
+    p->next = dp->conns;
     if (p->next)
         p->next->prev = p;
-    w->dp.conns = p;
-    w->dp.nconns++;
-    log_debug("data-plane connection", "peer=%s conns=%u", dp_conn_peer_addr(c), w->dp.nconns);
+    dp->conns = p;
+    dp->nconns++;
+    log_debug("data-plane connection", "peer=%s conns=%u", dp_conn_peer_addr(c), dp->nconns);
 }
 
-int dp_start(struct worker *w, err *e)
+int dp_start(struct dataplane *dp, const struct dp_env *env, err *e)
 {
     struct sockaddr_storage ss;
     int sl = sizeof ss, rc;
-    const char *host = w->listen;
+    const char *host = env->listen;
 
+    dp->env = *env;
     memset(&ss, 0, sizeof ss);
     if (strcmp(host, "*") == 0)
         host = "0.0.0.0";
     if (uv_ip4_addr(host, 0, (struct sockaddr_in *)&ss) != 0 &&
         uv_ip6_addr(host, 0, (struct sockaddr_in6 *)&ss) != 0)
-        return err_set(e, CODE_INVALID_ARGUMENT, "--listen: '%s' is not a local IP address", w->listen);
-    uv_tcp_init(w->loop, &w->dp.listener);
-    w->dp.listener.data = w;
-    w->dp.started = 1;
-    if ((rc = uv_tcp_bind(&w->dp.listener, (struct sockaddr *)&ss, 0)) < 0 ||
-        (rc = uv_listen((uv_stream_t *)&w->dp.listener, 128, on_connection)) < 0)
-        return err_set(e, CODE_UNAVAILABLE, "cannot listen for the data plane on %s: %s", w->listen,
+        return err_set(e, CODE_INVALID_ARGUMENT, "--listen: '%s' is not a local IP address", env->listen);
+    uv_tcp_init(env->loop, &dp->listener);
+    dp->listener.data = dp;
+    dp->started = 1;
+    if ((rc = uv_tcp_bind(&dp->listener, (struct sockaddr *)&ss, 0)) < 0 ||
+        (rc = uv_listen((uv_stream_t *)&dp->listener, 128, on_connection)) < 0)
+        return err_set(e, CODE_UNAVAILABLE, "cannot listen for the data plane on %s: %s", env->listen,
                        uv_strerror(rc));
-    if ((rc = uv_tcp_getsockname(&w->dp.listener, (struct sockaddr *)&ss, &sl)) < 0)
+    if ((rc = uv_tcp_getsockname(&dp->listener, (struct sockaddr *)&ss, &sl)) < 0)
         return err_set(e, CODE_INTERNAL, "data-plane getsockname: %s", uv_strerror(rc));
-    w->dp.port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+    dp->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                                 : ((struct sockaddr_in *)&ss)->sin_port);
     return CODE_OK;
 }
 
-void dp_stop(struct worker *w)
+void dp_stop(struct dataplane *dp)
 {
     struct dp_peer *p, *next;
 
-    if (w->dp.started && !uv_is_closing((uv_handle_t *)&w->dp.listener))
-        uv_close((uv_handle_t *)&w->dp.listener, NULL);
-    for (p = w->dp.conns; p; p = next) {
+    if (dp->started && !uv_is_closing((uv_handle_t *)&dp->listener))
+        uv_close((uv_handle_t *)&dp->listener, NULL);
+    for (p = dp->conns; p; p = next) {
         next = p->next; /* p is freed later, in the close callback */
         dp_conn_close(p->c, NULL);
     }

@@ -1,20 +1,19 @@
-/* link_tcp: links over data-plane TCP connections (dpconn.h). The outgoing
+/* chan_tcp: the TCP transport of a channel, over data-plane connections
+ * (dpconn.h). The outgoing
  * half is our dial to the peer; the incoming half is the peer's dial to us.
  * Sends are written straight from the caller's buffer (dp_conn_send_ref: not
  * counted against the copy cap, the collective bounds them); a CHUNK's payload
  * is read straight into the posted receive's buffer, and while no receive is
  * posted reading pauses, so the kernel's socket buffers push back on the
  * sender. ABORT frames travel on the outgoing half too. */
-#include "link_impl.h"
+#include "chan_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "addr.h"
-#include "dataplane.h"
 #include "log.h"
-#include "worker.h"
 
 #define ABORT_MSG_MAX 600
 #define DIAL_MS_MAX 5000u
@@ -22,7 +21,7 @@
 
 static const err ok_err = {CODE_OK, ""};
 
-static void lost_err(struct link *l, const struct lop *op, err *e)
+static void lost_err(struct chan *l, const struct lop *op, err *e)
 {
     err_set(e, CODE_UNAVAILABLE,
             "core %s closed its connection during chunk %u of %s #%llu (the process died or was cut off)",
@@ -34,7 +33,7 @@ static void lost_err(struct link *l, const struct lop *op, err *e)
 static void on_sent(void *arg, int status)
 {
     struct lop *op = arg, *x, *prev = NULL;
-    struct link *l = op->l;
+    struct chan *l = op->l;
     err e;
 
     if (!l) { /* the link was reset */
@@ -53,16 +52,16 @@ static void on_sent(void *arg, int status)
             l->sq.tail = prev;
     }
     if (status == 0 && !op->failed) {
-        link_progress(l);
-        link_trace_done(l, op);
+        chan_progress(l);
+        chan_trace_done(l, op);
         op->cb(op->arg, &ok_err);
         free(op);
-        link_arm(l);
+        chan_arm(l);
         return;
     }
     if (!op->failed) {
         lost_err(l, op, &e);
-        link_fail(l, op->seq, &e);
+        chan_fail(l, op->seq, &e);
         op->cb(op->arg, &e);
     } else {
         op->cb(op->arg, op->fail ? op->fail : &e);
@@ -70,12 +69,12 @@ static void on_sent(void *arg, int status)
     free(op->fail);
     free(op);
     if (!l->closing)
-        link_arm(l);
+        chan_arm(l);
 }
 
-void tcp_issue_sends(struct link *l)
+static void tcp_issue_sends(struct chan *l)
 {
-    if (l->tx)
+    if (l->shm_tx)
         return; /* chunks go through shared memory; TCP carries ABORTs only */
     for (struct lop *op = l->sq.head; op && l->out && l->out_ready; op = op->next) {
         Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
@@ -94,7 +93,7 @@ void tcp_issue_sends(struct link *l)
 }
 
 struct abort_sent {
-    struct link *l;
+    struct chan *l;
     uint64_t seq;
 };
 
@@ -103,7 +102,7 @@ struct abort_sent {
 static void on_abort_sent(void *arg, int status)
 {
     struct abort_sent *a = arg;
-    struct link *l = a->l;
+    struct chan *l = a->l;
     for (unsigned i = 0; i < l->naborts; i++) {
         if (l->aborts[i].seq != a->seq)
             continue;
@@ -118,16 +117,16 @@ static void on_abort_sent(void *arg, int status)
     free(a);
     if (status != 0 && !l->closing)
         tcp_send_abort(l);
-    link_unref(l);
+    chan_unref(l);
 }
 
-void tcp_send_abort(struct link *l)
+void tcp_send_abort(struct chan *l)
 {
     for (unsigned i = 0; i < l->naborts && l->out && l->out_ready; i++) {
         Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
         Tpuemu__Status st = TPUEMU__STATUS__INIT;
         char msg[ABORT_MSG_MAX];
-        struct link_abort *q = &l->aborts[i];
+        struct chan_abort *q = &l->aborts[i];
         struct abort_sent *a;
 
         if (q->issued || !(a = malloc(sizeof *a)))
@@ -156,11 +155,11 @@ void tcp_send_abort(struct link *l)
 
 static void out_ready(dp_conn *c)
 {
-    struct link *l = dp_conn_data(c);
+    struct chan *l = dp_conn_data(c);
     if (l->closing || l->out != c)
         return;
     l->out_ready = 1;
-    link_progress(l);
+    chan_progress(l);
     tcp_send_abort(l);
     tcp_issue_sends(l);
 }
@@ -175,7 +174,7 @@ static void out_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload
 
 static void out_close(dp_conn *c, const err *why)
 {
-    struct link *l = dp_conn_data(c);
+    struct chan *l = dp_conn_data(c);
     int was_ready = 0;
     err e;
 
@@ -183,7 +182,7 @@ static void out_close(dp_conn *c, const err *why)
         was_ready = l->out_ready;
         l->out = NULL;
         l->out_ready = 0;
-        if (!l->closing && l->sq.head && !l->tx) {
+        if (!l->closing && l->sq.head && !l->shm_tx) {
             struct lop *op = l->sq.head;
             if (was_ready)
                 lost_err(l, op, &e);
@@ -191,15 +190,14 @@ static void out_close(dp_conn *c, const err *why)
                 err_set(&e, CODE_UNAVAILABLE, "cannot reach core %s at %s for chunk %u of %s #%llu: %s",
                         l->name, l->data_addr, op->chunk, op->what, (unsigned long long)op->seq,
                         why->code != CODE_OK ? why->msg : "the connection closed");
-            link_fail(l, op->seq, &e);
+            chan_fail(l, op->seq, &e);
         }
     }
-    link_unref(l);
+    chan_unref(l);
 }
 
-int tcp_dial(struct link *l, err *e)
+int tcp_dial(struct chan *l, err *e)
 {
-    struct worker *w = l->p->w;
     struct dp_conn_cfg cfg;
     struct sockaddr_storage ss;
     addr a;
@@ -213,8 +211,8 @@ int tcp_dial(struct link *l, err *e)
         return err_set(e, CODE_INVALID_ARGUMENT, "data address '%s' is not an IP address and port",
                        l->data_addr);
     memset(&cfg, 0, sizeof cfg);
-    cfg.auth = &w->auth;
-    cfg.self_name = worker_sender(w);
+    cfg.auth = l->p->auth;
+    cfg.self_name = l->p->id->sender;
     cfg.max_payload = 0;
     cfg.max_pending_write = DP_MAX_PENDING;
     /* A connection handshake is not progress of a collective: give it room on a
@@ -240,7 +238,7 @@ int tcp_dial(struct link *l, err *e)
 
 static enum dp_buf in_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, void **buf)
 {
-    struct link *l = dp_conn_data(c);
+    struct chan *l = dp_conn_data(c);
     struct lop *op = l->rq.head;
     err e;
 
@@ -255,7 +253,7 @@ static enum dp_buf in_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, void
                      (unsigned long long)h->epoch);
         return DP_BUF_FAILED;
     }
-    if (peers_failed(l->p, h->seq, &e) != CODE_OK)
+    if (chan_seq_failed(l->p, h->seq, &e) != CODE_OK)
         return DP_BUF_DISCARD; /* the rest of a failed collective */
     if (!op)
         return DP_BUF_WAIT;
@@ -273,13 +271,13 @@ static enum dp_buf in_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, void
             (unsigned long long)h->payload_bytes, (unsigned long long)h->seq, op->chunk, op->step,
             (unsigned long long)op->offset, op->len, op->what, (unsigned long long)op->seq);
     log_warn("collective protocol error", "reason=%s", log_q(e.msg));
-    link_fail(l, op->seq, &e);
+    chan_fail(l, op->seq, &e);
     return DP_BUF_FAILED;
 }
 
 static void in_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload, size_t len)
 {
-    struct link *l = dp_conn_data(c);
+    struct chan *l = dp_conn_data(c);
     err e;
 
     (void)len;
@@ -289,27 +287,27 @@ static void in_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload,
     if (h->kind == TPUEMU__FRAME_KIND__FRAME_ABORT) {
         const char *why = h->status && h->status->message ? h->status->message : "no reason given";
         int code = h->status && h->status->code ? (int)h->status->code : CODE_UNAVAILABLE;
-        err_set(&e, code, "%s #%llu aborted by core %s: %s", peers_what_of(l->p, h->seq),
+        err_set(&e, code, "%s #%llu aborted by core %s: %s", chan_what_of(l->p, h->seq),
                 (unsigned long long)h->seq, l->name, why);
         log_info("collective aborted by a peer", "peer=%s reason=%s", log_q(l->name), log_q(e.msg));
-        peers_fail_seq(l->p, h->seq, &e, 0, -1);
+        chan_aborted(l, h->seq, &e);
         return;
     }
     /* a CHUNK read into the head receive's buffer (in_payload_buf matched it) */
     struct lop *op = lopq_pop(&l->rq);
     if (!op)
         return;
-    link_progress(l);
-    link_trace_done(l, op);
+    chan_progress(l);
+    chan_trace_done(l, op);
     op->cb(op->arg, &ok_err);
     free(op);
     if (!l->closing)
-        link_arm(l);
+        chan_arm(l);
 }
 
 static void in_close(dp_conn *c, const err *why)
 {
-    struct link *l = dp_conn_data(c);
+    struct chan *l = dp_conn_data(c);
     (void)why;
     if (l->in == c) {
         l->in = NULL;
@@ -321,13 +319,13 @@ static void in_close(dp_conn *c, const err *why)
             if (l->linger_err)
                 lost_err(l, l->rq.head, l->linger_err);
             l->linger_until = uv_now(l->p->loop) + linger;
-            link_arm(l);
+            chan_arm(l);
         }
     }
-    link_unref(l);
+    chan_unref(l);
 }
 
-void tcp_attach_in(struct link *l, dp_conn *c)
+void tcp_attach_in(struct chan *l, dp_conn *c)
 {
     struct dp_conn_cfg cfg;
 
@@ -336,7 +334,7 @@ void tcp_attach_in(struct link *l, dp_conn *c)
     cfg.on_close = in_close;
     cfg.payload_buf = in_payload_buf;
     cfg.data = l;
-    cfg.max_payload = LINK_MAX_FRAME;
+    cfg.max_payload = XPORT_MAX_CHUNK;
     dp_conn_set_handlers(c, &cfg);
     l->refs++;
     if (l->in) {
@@ -348,8 +346,29 @@ void tcp_attach_in(struct link *l, dp_conn *c)
     l->linger_until = 0;
 }
 
-void tcp_recv_posted(struct link *l)
+static void tcp_recv_posted(struct chan *l)
 {
     if (l->in)
         dp_conn_resume(l->in);
 }
+
+static int tcp_connect(struct chan *l, err *e)
+{
+    return tcp_dial(l, e);
+}
+
+static uint64_t tcp_bytes_in(const struct chan *l)
+{
+    return l->in ? dp_conn_bytes_read(l->in) : 0;
+}
+
+static void tcp_close(struct chan *l)
+{
+    if (l->out)
+        dp_conn_close(l->out, NULL);
+    if (l->in)
+        dp_conn_close(l->in, NULL);
+}
+
+const struct chan_transport chan_tcp_transport = {"tcp", tcp_connect, tcp_issue_sends, tcp_recv_posted,
+                                                  tcp_bytes_in, tcp_close};

@@ -1,0 +1,128 @@
+/* Control REP socket: a dispatch table of the requests the resolver sends a core. */
+#include "control.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <nanomsg/nn.h>
+#include <nanomsg/reqrep.h>
+
+#include "log.h"
+#include "wire.h"
+
+/* A handler fills *reply (a CoreReport) or returns an error code with e set. */
+typedef int (*ctl_handler)(struct control *ctl, const wire_msg *req, Tpuemu__CoreReport *reply, err *e);
+
+static int on_reset(struct control *ctl, const wire_msg *req, Tpuemu__CoreReport *reply, err *e)
+{
+    (void)reply;
+    return ctl->env.reset(ctl->env.arg, req->reset_core, e);
+}
+
+static int on_probe(struct control *ctl, const wire_msg *req, Tpuemu__CoreReport *reply, err *e)
+{
+    (void)ctl, (void)req, (void)reply, (void)e;
+    log_debug("probed", "sender=%s", log_q(req->sender));
+    return CODE_OK;
+}
+
+static const struct {
+    Tpuemu__Message__BodyCase body;
+    ctl_handler fn;
+    const char *name;
+} handlers[] = {
+    {TPUEMU__MESSAGE__BODY_RESET_CORE, on_reset, "reset_core"},
+    {TPUEMU__MESSAGE__BODY_PROBE_CORE, on_probe, "probe_core"},
+};
+
+static void send_error(struct control *ctl, uint64_t request_id, int code, const char *msg)
+{
+    uint8_t *buf;
+    size_t len;
+    err e;
+    if (wire_seal_error(ctl->env.auth, ctl->env.id->sender, request_id, code, msg, &buf, &len) != CODE_OK)
+        return;
+    if (nnuv_reply(&ctl->sock, NULL, buf, len, &e) != CODE_OK)
+        log_warn("control reply not sent", "reason=%s", log_q(e.msg));
+    free(buf);
+}
+
+static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *nnctl)
+{
+    struct control *ctl = s->data;
+    wire_msg *req, rep = TPUEMU__MESSAGE__INIT;
+    Tpuemu__CoreReport report = TPUEMU__CORE_REPORT__INIT;
+    Tpuemu__WorkerInfo info = TPUEMU__WORKER_INFO__INIT;
+    uint8_t *out;
+    size_t outlen;
+    err e;
+    size_t i;
+
+    (void)nnctl;
+    if (wire_open(ctl->env.auth, ctl->env.replay, buf, len, WIRE_MAX_REQUEST, &req, &e) != CODE_OK) {
+        log_warn("control request refused", "code=%s reason=%s", code_name(e.code), log_q(e.msg));
+        send_error(ctl, 0, e.code, e.msg);
+        return;
+    }
+    for (i = 0; i < sizeof handlers / sizeof handlers[0]; i++)
+        if (handlers[i].body == req->body_case)
+            break;
+    if (i == sizeof handlers / sizeof handlers[0]) {
+        err_set(&e, CODE_INVALID_ARGUMENT, "tpu-worker does not handle '%s' messages",
+                wire_body_name(req));
+        log_warn("control request refused", "sender=%s code=%s reason=%s", log_q(req->sender),
+                 code_name(e.code), log_q(e.msg));
+        send_error(ctl, req->nonce, e.code, e.msg);
+        goto out;
+    }
+    if (handlers[i].fn(ctl, req, &report, &e) != CODE_OK) {
+        log_warn("control request failed", "sender=%s request=%s code=%s reason=%s",
+                 log_q(req->sender), handlers[i].name, code_name(e.code), log_q(e.msg));
+        send_error(ctl, req->nonce, e.code, e.msg);
+        goto out;
+    }
+    ctl->env.info(ctl->env.arg, &info);
+    report.worker = &info;
+    rep.request_id = req->nonce;
+    rep.body_case = TPUEMU__MESSAGE__BODY_CORE_REPORT;
+    rep.core_report = &report;
+    if (wire_seal(ctl->env.auth, ctl->env.id->sender, &rep, &out, &outlen, NULL, &e) != CODE_OK) {
+        send_error(ctl, req->nonce, e.code, e.msg);
+        goto out;
+    }
+    if (nnuv_reply(&ctl->sock, NULL, out, outlen, &e) != CODE_OK)
+        log_warn("control reply not sent", "reason=%s", log_q(e.msg));
+    free(out);
+out:
+    wire_msg_free(req);
+}
+
+int ctl_start(struct control *ctl, const struct ctl_env *env, err *e)
+{
+    int sock, rc;
+
+    ctl->env = *env;
+    sock = nn_socket(AF_SP, NN_REP);
+    if (sock < 0)
+        return err_set(e, CODE_INTERNAL, "nanomsg REP socket: %s", nn_strerror(nn_errno()));
+    if ((rc = nnuv_sockopts(sock, WIRE_MAX_REQUEST, e)) != CODE_OK ||
+        (rc = nnuv_bind_tcp(sock, env->listen, 0, &ctl->port, e)) != CODE_OK) {
+        nn_close(sock);
+        return rc;
+    }
+    ctl->sock.data = ctl;
+    if ((rc = nnuv_start(env->loop, &ctl->sock, sock, 0, on_msg, e)) != CODE_OK) {
+        nn_close(sock);
+        return rc;
+    }
+    ctl->started = 1;
+    return CODE_OK;
+}
+
+void ctl_stop(struct control *ctl)
+{
+    if (!ctl->started)
+        return;
+    ctl->started = 0;
+    nnuv_close(&ctl->sock, NULL);
+}

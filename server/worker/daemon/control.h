@@ -1,0 +1,42 @@
+/* Control: the worker's REP socket, where the resolver resets the core into a
+ * system epoch (ResetCore) and asks whether it is still alive (ProbeCore).
+ * Every request is opened with the cluster key and the replay cache; anything
+ * else gets an error reply and one warn line, never a crash. */
+#ifndef TPUEMU_WORKER_CONTROL_H
+#define TPUEMU_WORKER_CONTROL_H
+
+#include <uv.h>
+
+#include "auth.h"
+#include "ident.h"
+#include "nnuv.h"
+#include "status.h"
+#include "tpuemu.pb-c.h"
+
+/* What the control socket needs from its owner; every pointer must outlive it. */
+struct ctl_env {
+    uv_loop_t *loop;
+    const auth *auth;
+    replay *replay;                  /* requests seen, refused when replayed */
+    const char *listen;              /* local address to bind */
+    const struct core_ident *id;     /* sender of the replies */
+    /* ResetCore, already authenticated: CODE_OK, or an error code with e set
+     * (the reply says so and nothing changed). */
+    int (*reset)(void *arg, const Tpuemu__ResetCore *r, err *e);
+    /* Fills out (an initialized WorkerInfo) for a CoreReport. */
+    void (*info)(void *arg, Tpuemu__WorkerInfo *out);
+    void *arg;
+};
+
+struct control {
+    struct ctl_env env;
+    nnuv sock;
+    int started;
+    int port;
+};
+
+/* Binds a REP socket on env->listen, port chosen by the kernel (ctl->port). */
+int ctl_start(struct control *ctl, const struct ctl_env *env, err *e);
+void ctl_stop(struct control *ctl);
+
+#endif

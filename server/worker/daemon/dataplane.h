@@ -1,0 +1,61 @@
+/* Data plane: the worker's TCP listener. Each accepted connection is a
+ * dp_conn (dpconn.h) that must pass the challenge handshake within 5 s. A
+ * connection whose AUTH carries a replica and an epoch is another worker's
+ * link and goes to peers (net/peers.h); a client's COLL frames go to the
+ * collectives engine, PING is echoed as PONG, anything else is refused with an
+ * ERROR frame and a close. Bounds: DP_MAX_CONNS connections (links taken over
+ * by peers leave the count: at most one per peer replica), FRAME_MAX_PAYLOAD
+ * per COLL, DP_MAX_PING per PING, DP_MAX_PENDING queued copied bytes each. */
+#ifndef TPUEMU_WORKER_DATAPLANE_H
+#define TPUEMU_WORKER_DATAPLANE_H
+
+#include <uv.h>
+
+#include "auth.h"
+#include "coll.h"
+#include "hbm.h"
+#include "ident.h"
+#include "peers.h"
+#include "preset.h"
+#include "status.h"
+#include "trace.h"
+#include "train.h"
+
+#define DP_MAX_CONNS 256
+#define DP_MAX_PING (1024u * 1024u)
+#define DP_HANDSHAKE_MS 5000u
+
+struct dp_peer;
+
+/* What the listener needs from its owner; every pointer must outlive it. The
+ * parts frames go to (peers, coll, train) and the PROFILE answer's sources
+ * may be set after dp_start, but before the loop runs. */
+struct dp_env {
+    uv_loop_t *loop;
+    const auth *auth;
+    const char *listen;              /* local address to bind */
+    const struct core_ident *id;     /* sender in handshakes; PROFILE answers */
+    const int *stopping;             /* nonzero: refuse new connections */
+    struct peers *peers;             /* other workers' dials */
+    struct coll *coll;               /* COLL frames */
+    struct train *train;             /* COMPILE, STEPS, STATE_GET, STATE_SET */
+    struct trace *trace;             /* PROFILE: the events */
+    const hbm *hbm;                  /* PROFILE: the core's HBM */
+    const struct tpu_preset *preset; /* PROFILE: the generation's peaks */
+};
+
+struct dataplane {
+    struct dp_env env;
+    uv_tcp_t listener;
+    int started;
+    int port;
+    unsigned nconns;
+    struct dp_peer *conns; /* every open connection, for shutdown */
+};
+
+/* Binds env->listen on a kernel-chosen port (dp->port) and starts accepting. */
+int dp_start(struct dataplane *dp, const struct dp_env *env, err *e);
+/* Stops accepting and closes every connection. */
+void dp_stop(struct dataplane *dp);
+
+#endif

@@ -1,0 +1,237 @@
+/* chan_impl: the insides of channels (the link to one peer replica) and
+ * peers, shared by the layers of the transport, from the top:
+ *   peers.c     the set of channels of one epoch, failures broadcast as
+ *               ABORTs, the xport ops table; it gives chan.c the transports
+ *   chan_tcp.c  the TCP transport of a channel (dp_conn glue)
+ *   shm.c       the shared-memory transport (rings, set-up, listener)
+ *   chan.c      the channel itself: queues, progress timer, failures and
+ *               their messages, deferred completions, the failed
+ *               collectives, and the choice of transport, made through the
+ *               chan_transport ops tables
+ * Each calls only the ones below it; chan.c reaches a transport through its
+ * ops table and the set through peers.fail_seq. Not for the engine: it uses
+ * xport.h only. */
+#ifndef TPUEMU_WORKER_NET_CHAN_IMPL_H
+#define TPUEMU_WORKER_NET_CHAN_IMPL_H
+
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "auth.h"
+#include "dpconn.h"
+#include "ident.h"
+#include "trace.h"
+#include "xport.h"
+
+#define PEERS_FAILED_MAX 8
+/* ABORTs one link holds for its peer at once: a failure fails the collective
+ * running and the ones already posted after it (pipelined steps), and the
+ * peer needs each of them. */
+#define CHAN_ABORTS_MAX 4
+
+/* An ABORT for the peer: kept until its write completes, so that one written
+ * into a connection that is cut goes again on the next. */
+struct chan_abort {
+    uint64_t seq;
+    int issued; /* written to the current out connection, not yet complete */
+    err e;
+};
+
+enum lop_kind { LOP_SEND, LOP_RECV };
+
+/* One pending chan_send or chan_recv. */
+struct lop {
+    struct lop *next;
+    struct chan *l;
+    enum lop_kind kind;
+    uint64_t seq;
+    uint32_t step, chunk;
+    uint64_t offset;
+    const char *what;
+    uint8_t *buf;
+    size_t len;
+    size_t done;     /* shm: bytes moved so far */
+    int issued;      /* TCP send: handed to dp_conn (its write callback frees it) */
+    int failed;      /* an issued send whose collective failed: report failure when written */
+    xport_cb cb;
+    void *arg;
+    err *fail;       /* deferred failure to report */
+    uint64_t t_post; /* uv_hrtime() when it was posted, for the profiler */
+};
+
+
+struct lopq {
+    struct lop *head, *tail;
+};
+
+struct shm_tx;
+struct shm_rx;
+struct chan;
+
+/* One way of moving a channel's bytes (chan_tcp.c: chan_tcp_transport;
+ * shm.c: chan_shm_transport). chan.c calls them; they call chan.c back
+ * through its functions below, never the set. */
+struct chan_transport {
+    const char *name;  /* "tcp", "shm": the profiler's SEND/RECV events */
+    /* Sets up the outgoing half; CODE_OK when under way. TCP: dials (on_ready
+     * issues the sends). shm: starts the set-up, which ends in
+     * chan_shm_ready or chan_shm_failed; sends wait for it. */
+    int (*connect)(struct chan *l, err *e);
+    /* Sends were queued: issue what the outgoing half can take now. */
+    void (*kick_send)(struct chan *l);
+    /* The receive at the head of rq changed: take what has arrived for it. */
+    void (*kick_recv)(struct chan *l);
+    /* Bytes received so far (progress, for timeouts). */
+    uint64_t (*bytes_in)(const struct chan *l);
+    /* Closes this transport's halves of l; no callback about them follows. */
+    void (*close)(struct chan *l);
+};
+
+struct chan {
+    struct peers *p;
+    int replica;
+    char name[96];          /* "host1/3" */
+    char data_addr[256];
+    int closing;            /* reset: no more callbacks; freed when refs reach 0 */
+    int refs;               /* timer + conns + shm handles still open */
+
+    /* outgoing half: TCP dial (lazy) or the shm segment we write */
+    dp_conn *out;
+    int out_ready;
+    struct lopq sq;         /* sends not yet complete, in order */
+    struct chan_abort *aborts; /* CHAN_ABORTS_MAX, allocated at the first */
+    unsigned naborts;          /* ABORTs to write once out is ready, oldest first */
+
+    /* incoming half: the peer's dial to us, or the segment it writes */
+    dp_conn *in;
+    struct lopq rq;         /* posted receives, in order */
+
+    /* shared memory (shm.c); shm_tx/shm_rx NULL when TCP */
+    int shm_tried;          /* shm set-up attempted (outgoing) */
+    int shm_dialing;        /* set-up under way: sends wait for it */
+    struct shm_tx *shm_tx;
+    struct shm_rx *shm_rx;
+
+    /* progress: one timer per link */
+    uv_timer_t timer;
+    int timer_on;
+    uint64_t last_progress; /* uv_now ms */
+    uint64_t last_in;       /* bytes-read counter seen last */
+    uint64_t grace_until;   /* after a failure: close a stuck out conn then */
+    uint64_t linger_until;  /* in conn lost: wait this long for an ABORT first */
+    struct probe *probe;    /* liveness probe under way after a silence */
+    uint64_t silent_since;  /* uv_now ms of the last progress before probes said "alive" */
+    err *linger_err;
+};
+
+struct peer_info {
+    char host[64];
+    int core;
+    char data_addr[256];
+    char shm_name[64];
+    char control_addr[256];
+    uint64_t incarnation;
+};
+
+struct failed_seq {
+    uint64_t seq;
+    int used;
+    err e;
+};
+
+struct peers {
+    /* from the owner (peers.h: struct peers_env) */
+    const auth *auth;
+    const struct core_ident *id;
+    struct trace *trace;
+    uv_loop_t *loop;
+    int stopping;
+    uint64_t epoch;
+    int self;                  /* own replica, -1: not in the system */
+    uint32_t n;
+    struct peer_info *info;    /* n entries */
+    struct chan **links;       /* n entries, lazily made */
+    unsigned timeout_ms;       /* silence after which a peer is probed */
+    unsigned probe_ms;         /* how long a probe waits for the answer */
+    unsigned stall_ms;         /* silence after which even a live peer is given up on */
+    int tcp_only;
+
+    struct lopq dq;            /* completions to deliver from the loop */
+    uv_timer_t defer;
+    int open_handles;
+
+    struct failed_seq failed[PEERS_FAILED_MAX];
+    unsigned nfailed;
+
+    uint64_t cur_seq;          /* latest collective seen in chan_send/recv */
+    const char *cur_what;
+
+    struct shm_listener *shm;  /* NULL: none (tcp only, or it failed) */
+    char shm_name[64];         /* "" or "@tpuemu-..." as advertised */
+    int shm_fallback_logged;
+
+    /* set by peers.c: the transports chan.c chooses from, and the set-level
+     * failure of a collective (records it, fails its operations on every
+     * channel and, when broadcast, sends ABORT to every other replica except
+     * culprit, -1: none) */
+    const struct chan_transport *tcp, *shmt;
+    void (*fail_seq)(struct peers *p, uint64_t seq, const err *e, int broadcast, int culprit);
+};
+
+/* ---- chan.c: what every channel of the set shares ---- */
+/* CODE_OK, or the error collective seq already failed with here. e may be NULL. */
+int chan_seq_failed(const struct peers *p, uint64_t seq, err *e);
+/* Queues op's callback (status from op->fail, OK when NULL) for the loop. */
+void chan_defer(struct peers *p, struct lop *op);
+/* Name of collective seq ("all-reduce") from the operations still pending. */
+const char *chan_what_of(const struct peers *p, uint64_t seq);
+/* The channel to r made now if missing (no dial yet); NULL if r is not a peer. */
+struct chan *chan_get(struct peers *p, int r);
+
+/* ---- chan.c: one channel ---- */
+/* The contract of xport.h's send, recv, peer_name and is_shm, on one channel. */
+int chan_send(struct chan *l, const struct xport_chunk *c, const void *buf, size_t len, xport_cb cb, void *arg);
+int chan_recv(struct chan *l, const struct xport_chunk *c, void *buf, size_t len, xport_cb cb, void *arg);
+const char *chan_peer_name(const struct chan *l);
+int chan_peer_replica(const struct chan *l);
+int chan_is_shm(const struct chan *l);
+struct chan *chan_new(struct peers *p, int r);
+/* Closes both halves; pending operations are dropped without callbacks. */
+void chan_destroy(struct chan *l);
+void chan_unref(struct chan *l);
+void lopq_push(struct lopq *q, struct lop *op);
+struct lop *lopq_pop(struct lopq *q);
+void chan_progress(struct chan *l);
+/* The peer of l failed: every pending operation of l fails with e, the
+ * collective of seq fails everywhere and the other replicas are told. */
+void chan_fail(struct chan *l, uint64_t seq, const err *e);
+/* Fails the operations of seq on l (deferred). */
+void chan_fail_seq(struct chan *l, uint64_t seq, const err *e);
+/* Queues an ABORT of collective seq for the peer (once per seq; when the queue
+ * is full the newest entry gives way). 0, or -1 out of memory. */
+int chan_queue_abort(struct chan *l, uint64_t seq, const err *e);
+void chan_arm(struct chan *l);
+/* An ABORT of seq came from l's peer: the collective fails here (not passed on). */
+void chan_aborted(struct chan *l, uint64_t seq, const err *e);
+/* Records a completed chunk in the profiler's ring (trace.h). */
+void chan_trace_done(struct chan *l, const struct lop *op);
+/* The shared-memory set-up of l's outgoing half: done (the sends go), or
+ * failed (TCP takes them; why, when given, is logged once per worker). */
+void chan_shm_ready(struct chan *l);
+void chan_shm_failed(struct chan *l, const char *why);
+
+/* ---- chan_tcp.c ---- */
+extern const struct chan_transport chan_tcp_transport;
+int tcp_dial(struct chan *l, err *e);
+void tcp_attach_in(struct chan *l, dp_conn *c);
+/* Writes every queued ABORT not yet written, if the out half is ready. */
+void tcp_send_abort(struct chan *l);
+
+/* ---- shm.c ---- */
+extern const struct chan_transport chan_shm_transport;
+struct shm_listener;
+int shm_listen(struct peers *p, err *e);
+void shm_listener_close(struct peers *p);
+
+#endif

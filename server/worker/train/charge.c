@@ -1,0 +1,239 @@
+/* Compiled models of the training service and their HBM charges: weights,
+ * optimizer slots, gradients, activations and infeed buffers for the
+ * per-core batch, charged like XLA reserves them (over capacity is
+ * RESOURCE_EXHAUSTED with the numbers). */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "train_int.h"
+
+void tm_free(struct tmodel *tm)
+{
+    if (!tm)
+        return;
+    model_free(tm->m);
+    tpuemu__model_spec__free_unpacked(tm->spec, NULL);
+    free(tm);
+}
+
+Tpuemu__ModelSpec *tm_spec_copy(const Tpuemu__ModelSpec *s)
+{
+    size_t n = tpuemu__model_spec__get_packed_size(s);
+    uint8_t *buf = malloc(n ? n : 1);
+    Tpuemu__ModelSpec *c;
+    if (!buf)
+        return NULL;
+    tpuemu__model_spec__pack(s, buf);
+    c = tpuemu__model_spec__unpack(NULL, n, buf);
+    free(buf);
+    return c;
+}
+
+static void release_blocks(struct train *t, struct tmodel *tm)
+{
+    err ignored;
+    for (size_t i = 0; i < tm->nids; i++)
+        hbm_release(t->env.hbm, tm->ids[i], &ignored);
+    tm->nids = 0;
+}
+
+static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cfg, const Tpuemu__ModelSpec *sp,
+                  err *e)
+{
+    hbm *h = t->env.hbm;
+    int64_t b = cfg->max_rows, prev = cfg->in_dim, maxu = 0;
+    int nslots = sp->optimizer && sp->optimizer->kind == 1 ? 2 : sp->optimizer && sp->optimizer->momentum > 0 ? 1 : 0;
+    const char *optname = sp->optimizer && sp->optimizer->kind == 1 ? "Adam" : "SGD";
+    static const char *const slotname[2][2] = {{"momentum", ""}, {"m", "v"}};
+    char name[HBM_NAME_MAX], lname[24];
+    int rc;
+
+#define ALLOC(kind, dt, rank, ...)                                                                  \
+    do {                                                                                            \
+        int64_t d_[] = {__VA_ARGS__};                                                               \
+        if ((rc = hbm_alloc(h, kind, name, dt, d_, rank, &tm->ids[tm->nids], e)) != CODE_OK)       \
+            goto fail;                                                                              \
+        tm->nids++;                                                                                 \
+    } while (0)
+
+    tm->nids = 0;
+    for (int l = 0; l < cfg->nlayers; l++) {
+        int64_t u = cfg->units[l];
+        if (l == 0)
+            snprintf(lname, sizeof lname, "dense");
+        else
+            snprintf(lname, sizeof lname, "dense_%d", l);
+        snprintf(name, sizeof name, "%s/kernel", lname);
+        ALLOC(HBM_WEIGHTS, "f32", 2, prev, u);
+        snprintf(name, sizeof name, "%s/bias", lname);
+        ALLOC(HBM_WEIGHTS, "f32", 1, u);
+        for (int s = 0; s < nslots; s++) {
+            snprintf(name, sizeof name, "%s/%s/kernel/%s", optname, lname, slotname[nslots == 2][s]);
+            ALLOC(HBM_OPTIMIZER, "f32", 2, prev, u);
+            snprintf(name, sizeof name, "%s/%s/bias/%s", optname, lname, slotname[nslots == 2][s]);
+            ALLOC(HBM_OPTIMIZER, "f32", 1, u);
+        }
+        snprintf(name, sizeof name, "gradients/%s/kernel", lname);
+        ALLOC(HBM_GRADIENTS, "f32", 2, prev, u);
+        snprintf(name, sizeof name, "gradients/%s/bias", lname);
+        ALLOC(HBM_GRADIENTS, "f32", 1, u);
+        snprintf(name, sizeof name, "%s/activations", lname);
+        ALLOC(HBM_ACTIVATIONS, cfg->precision == MODEL_MIXED_BF16 ? "bf16" : "f32", 2, b, u);
+        if (u > maxu)
+            maxu = u;
+        prev = u;
+    }
+    snprintf(name, sizeof name, "backward/delta");
+    ALLOC(HBM_ACTIVATIONS, "f32", 2, 2 * b, maxu);
+    snprintf(name, sizeof name, "infeed/x");
+    ALLOC(HBM_INFEED, "f32", 3, (int64_t)tm->depth * tm->spe, b, cfg->in_dim);
+    snprintf(name, sizeof name, "infeed/y");
+    if (tm->sparse)
+        ALLOC(HBM_INFEED, "s32", 2, (int64_t)tm->depth * tm->spe, b);
+    else
+        ALLOC(HBM_INFEED, "f32", 3, (int64_t)tm->depth * tm->spe, b, tm->label_dim);
+    /* the gradient all-reduce's buffers must fit next to all of it */
+    if (t->env.id->num_replicas > 1) {
+        Tpuemu__CollSpec cs = TPUEMU__COLL_SPEC__INIT;
+        uint32_t id;
+        cs.kind = TPUEMU__COLL_KIND__COLL_ALL_REDUCE;
+        cs.count = model_num_params(tm->m);
+        int64_t d[1] = {(int64_t)coll_plan_bytes(&cs, (int)t->env.id->num_replicas)};
+        if ((rc = hbm_alloc(h, HBM_OTHER, "all-reduce of gradients (buffers)", "u8", d, 1, &id, e)) != CODE_OK)
+            goto fail;
+        hbm_release(h, id, e);
+    }
+    return CODE_OK;
+fail:
+    release_blocks(t, tm);
+    return rc;
+#undef ALLOC
+}
+
+static int cfg_from_spec(const Tpuemu__ModelSpec *sp, struct model_cfg *cfg, err *e)
+{
+    memset(cfg, 0, sizeof *cfg);
+    if (sp->n_layers < 1 || sp->n_layers > MODEL_MAX_LAYERS)
+        return err_set(e, CODE_INVALID_ARGUMENT, "a model has 1..%d Dense layers, not %zu", MODEL_MAX_LAYERS,
+                       sp->n_layers);
+    if (!sp->optimizer)
+        return err_set(e, CODE_INVALID_ARGUMENT, "the model has no optimizer");
+    if (sp->input_dim < 1 || sp->input_dim > MODEL_MAX_UNITS)
+        return err_set(e, CODE_INVALID_ARGUMENT, "input_dim %u is outside 1..%d", sp->input_dim, MODEL_MAX_UNITS);
+    cfg->in_dim = (int)sp->input_dim;
+    cfg->nlayers = (int)sp->n_layers;
+    for (size_t l = 0; l < sp->n_layers; l++) {
+        if (sp->layers[l]->units < 1 || sp->layers[l]->units > MODEL_MAX_UNITS)
+            return err_set(e, CODE_INVALID_ARGUMENT, "layer %zu: units %u is outside 1..%d", l,
+                           sp->layers[l]->units, MODEL_MAX_UNITS);
+        if ((unsigned)sp->layers[l]->activation > TPUEMU__ACTIVATION__ACTIVATION_SIGMOID)
+            return err_set(e, CODE_INVALID_ARGUMENT, "layer %zu: activation %d is unknown", l,
+                           (int)sp->layers[l]->activation);
+        cfg->units[l] = (int)sp->layers[l]->units;
+        cfg->act[l] = (enum model_act)sp->layers[l]->activation;
+    }
+    if ((unsigned)sp->loss > TPUEMU__LOSS__LOSS_MEAN_SQUARED_ERROR)
+        return err_set(e, CODE_INVALID_ARGUMENT, "loss %d is unknown", (int)sp->loss);
+    cfg->loss = (enum model_loss)sp->loss;
+    if (sp->optimizer->kind > 1)
+        return err_set(e, CODE_INVALID_ARGUMENT, "optimizer %u is neither SGD (0) nor Adam (1)", sp->optimizer->kind);
+    cfg->opt.kind = sp->optimizer->kind ? OPT_ADAM : OPT_SGD;
+    cfg->opt.learning_rate = sp->optimizer->learning_rate;
+    cfg->opt.momentum = sp->optimizer->momentum;
+    cfg->opt.nesterov = sp->optimizer->nesterov;
+    cfg->opt.beta_1 = sp->optimizer->beta_1;
+    cfg->opt.beta_2 = sp->optimizer->beta_2;
+    cfg->opt.epsilon = sp->optimizer->epsilon;
+    cfg->precision = sp->mixed_bfloat16 ? MODEL_MIXED_BF16 : MODEL_FLOAT32;
+    cfg->seed = sp->seed;
+    if (sp->batch_per_core < 1 || sp->batch_per_core > (1u << 20))
+        return err_set(e, CODE_INVALID_ARGUMENT, "batch_per_core %u is outside 1..%u", sp->batch_per_core, 1u << 20);
+    cfg->max_rows = (int)sp->batch_per_core;
+    if (sp->infeed_depth < 1 || sp->infeed_depth > TRAIN_MAX_DEPTH)
+        return err_set(e, CODE_INVALID_ARGUMENT, "infeed_depth %u is outside 1..%d", sp->infeed_depth,
+                       TRAIN_MAX_DEPTH);
+    if (sp->steps_per_execution < 1 || sp->steps_per_execution > TRAIN_MAX_STEPS)
+        return err_set(e, CODE_INVALID_ARGUMENT, "steps_per_execution %u is outside 1..%d",
+                       sp->steps_per_execution, TRAIN_MAX_STEPS);
+    if (sp->loss != TPUEMU__LOSS__LOSS_SPARSE_CATEGORICAL_CROSSENTROPY &&
+        sp->label_dim != sp->layers[sp->n_layers - 1]->units)
+        return err_set(e, CODE_INVALID_ARGUMENT, "label_dim %u differs from the last layer's %u units",
+                       sp->label_dim, sp->layers[sp->n_layers - 1]->units);
+    return CODE_OK;
+}
+
+/* Same layers, input and optimizer: a recompile keeps the variables. */
+static int same_shape(const struct model_cfg *a, const struct model_cfg *b)
+{
+    if (a->in_dim != b->in_dim || a->nlayers != b->nlayers || a->opt.kind != b->opt.kind ||
+        (a->opt.momentum > 0) != (b->opt.momentum > 0))
+        return 0;
+    for (int l = 0; l < a->nlayers; l++)
+        if (a->units[l] != b->units[l])
+            return 0;
+    return 1;
+}
+
+void tm_flush_update(struct tmodel *tm)
+{
+    if (tm && tm->pending) {
+        model_apply_gradients(tm->m, tm->pending_scale);
+        tm->pending = 0;
+    }
+}
+
+int tm_compile(struct train *t, struct treq *r, err *e)
+{
+    const Tpuemu__ModelSpec *sp = r->spec;
+    struct model_cfg cfg;
+    struct tmodel *tm, *old = t->tm;
+    int rc;
+
+    if ((rc = cfg_from_spec(sp, &cfg, e)) != CODE_OK)
+        return rc;
+    if (!(tm = calloc(1, sizeof *tm)) || !(tm->spec = tm_spec_copy(sp))) {
+        free(tm);
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the model");
+    }
+    tm->id = sp->model_id;
+    tm->in_dim = cfg.in_dim;
+    tm->nlayers = cfg.nlayers;
+    tm->out_dim = cfg.units[cfg.nlayers - 1];
+    tm->sparse = cfg.loss == LOSS_SPARSE_CCE;
+    tm->label_dim = tm->sparse ? 1 : (int)sp->label_dim;
+    tm->batch = cfg.max_rows;
+    tm->depth = (int)sp->infeed_depth;
+    tm->spe = (int)sp->steps_per_execution;
+    if ((rc = model_new(&tm->m, &cfg, t->u, e)) != CODE_OK) {
+        tm_free(tm);
+        return rc;
+    }
+    if (old)
+        release_blocks(t, old);
+    if ((rc = charge(t, tm, &cfg, sp, e)) != CODE_OK) {
+        err ignored;
+        err_prefix(e, "core %s/%d (per-core batch %d)", t->env.id->host_id, t->env.id->core, tm->batch);
+        if (old && charge(t, old, model_config(old->m), old->spec, &ignored) != CODE_OK)
+            log_warn("previous model lost its HBM charge", "reason=%s", log_q(ignored.msg));
+        tm_free(tm);
+        return rc;
+    }
+    if (old && old->id == tm->id && same_shape(model_config(old->m), &cfg)) {
+        /* the same model at a new batch size: its variables carry over */
+        size_t np = model_num_params(old->m);
+        tm_flush_update(old);
+        memcpy(model_params(tm->m), model_params(old->m), np * sizeof(float));
+        for (int s = 0; s < model_opt_num_slots(old->m) && s < model_opt_num_slots(tm->m); s++)
+            memcpy(model_opt_slot(tm->m, s), model_opt_slot(old->m, s), np * sizeof(float));
+        model_set_opt_iterations(tm->m, model_opt_iterations(old->m));
+    }
+    tm_free(old);
+    t->tm = tm;
+    log_info("model compiled", "model=%" PRIu64 " layers=%d params=%zu batch_per_core=%d mixed_bf16=%d hbm_used=%" PRIu64,
+             tm->id, tm->nlayers, model_num_params(tm->m), tm->batch, (int)sp->mixed_bfloat16, t->env.hbm->used);
+    return CODE_OK;
+}
+

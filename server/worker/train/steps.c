@@ -1,0 +1,302 @@
+/* The step machine of the training service:
+ *
+ *   loop: STEPS -> pool: [pending update] forward + backward
+ *   loop: all-reduce gradients (coll_submit) -> next step, or answer.
+ *
+ * Updates are applied lazily, right before the model is next used. State
+ * reads and writes run on the loop thread: they are short. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <uv.h>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
+#include "log.h"
+#include "train_int.h"
+
+static size_t label_bytes(const struct tmodel *tm, uint32_t rows)
+{
+    return (size_t)rows * (tm->sparse ? sizeof(int32_t) : sizeof(float) * (size_t)tm->label_dim);
+}
+
+size_t steps_bytes(const struct tmodel *tm, uint32_t rows, int has_labels)
+{
+    return (size_t)rows * (size_t)tm->in_dim * sizeof(float) + (has_labels ? label_bytes(tm, rows) : 0);
+}
+
+static void pool_step(uv_work_t *req)
+{
+    struct train *t = req->data;
+    struct treq *r = t->cur;
+    struct tmodel *tm = t->tm;
+    err *e = &r->e;
+    uint64_t t0 = uv_hrtime();
+
+    err_clear(e);
+    r->t_step0 = t0;
+    r->t_opt0 = r->t_opt1 = 0;
+    model_set_recorder(tm->m, r->mode == TPUEMU__STEP_MODE__STEP_TRAIN && trace_capacity(t->env.trace) ? r->rec : NULL,
+                       sizeof r->rec / sizeof r->rec[0]);
+#if defined(__SSE__)
+    /* Flush denormals to zero, as the TPU (and TensorFlow's CPU threads) do:
+     * Adam's moments of gradients that stay zero decay into denormals, and
+     * every operation on one costs a microcode assist (the optimizer took 8x
+     * longer). Set on every call: the pool's threads are shared. Every core
+     * flushes the same way, so replicas stay identical. */
+    _mm_setcsr(_mm_getcsr() | 0x8040);
+#endif
+    if (tm->pending) {
+        tm_flush_update(tm);
+        r->t_opt0 = t0;
+        r->t_opt1 = uv_hrtime();
+        r->stats[r->i].optimizer_ns = r->t_opt1 - t0;
+    }
+    do {
+        uint32_t i = r->i, rows = r->rows[i];
+        const float *x = (const float *)(r->payload + r->off);
+        const void *y = r->has_labels ? r->payload + r->off + (size_t)rows * tm->in_dim * sizeof(float) : NULL;
+        Tpuemu__StepStat *s = &r->stats[i];
+        struct model_metrics mt = {0, 0, 0};
+        uint64_t c0 = uv_hrtime();
+        double mm0 = model_matmul_seconds(tm->m);
+        float *out = r->mode == TPUEMU__STEP_MODE__STEP_PREDICT ? (float *)(r->out + r->out_len) : NULL;
+
+        if (model_forward(tm->m, x, (int)rows, out, e) != CODE_OK)
+            break;
+        if (out)
+            r->out_len += (size_t)rows * tm->out_dim * sizeof(float);
+        if (r->mode == TPUEMU__STEP_MODE__STEP_TRAIN) {
+            if (model_backward(tm->m, y, (int)rows, &mt, e) != CODE_OK)
+                break;
+        } else if (r->has_labels && model_metrics_of(tm->m, y, (int)rows, &mt, e) != CODE_OK) {
+            break;
+        }
+        s->loss_sum = mt.loss_sum;
+        s->correct = mt.correct;
+        s->rows = rows;
+        s->step = r->first_step + i;
+        if (t->env.throttle_pct < 100) { /* a slower chip: the step takes 100/pct as long */
+            uint64_t spent = uv_hrtime() - c0, extra = spent * (uint64_t)(100 - t->env.throttle_pct) /
+                                                        (uint64_t)t->env.throttle_pct;
+            struct timespec ts = {(time_t)(extra / 1000000000u), (long)(extra % 1000000000u)};
+            nanosleep(&ts, NULL);
+        }
+        r->st0[i] = c0;
+        r->st1[i] = uv_hrtime();
+        s->compute_ns = r->st1[i] - c0;
+        s->matmul_ns = (uint64_t)((model_matmul_seconds(tm->m) - mm0) * 1e9);
+        r->off += steps_bytes(tm, rows, r->has_labels);
+        if (r->mode == TPUEMU__STEP_MODE__STEP_TRAIN)
+            break; /* the all-reduce follows on the loop */
+        r->i++;
+    } while (r->i < r->steps);
+}
+
+static void on_allreduce(void *arg, const err *e, const uint8_t *out, size_t out_len);
+
+/* What the pool recorded of the step(s) it ran, into the ring. */
+static void trace_pool(struct train *t, struct treq *r)
+{
+    trace *tr = t->env.trace;
+    struct trace_ev ev;
+    uint64_t step = r->first_step + r->i;
+    size_t n = t->tm ? model_recorded(t->tm->m) : 0;
+
+    if (!trace_capacity(tr))
+        return;
+    if (r->mode != TPUEMU__STEP_MODE__STEP_TRAIN) {
+        for (uint32_t i = 0; i < r->steps; i++)
+            trace_span(tr, TPUEMU__TRACE_KIND__TRACE_EVAL, r->st0[i], r->st1[i], r->first_step + i);
+        return;
+    }
+    if (r->t_opt1)
+        trace_span(tr, TPUEMU__TRACE_KIND__TRACE_OPTIMIZER, r->t_opt0, r->t_opt1, step);
+    for (size_t i = 0; i < n; i++) {
+        const struct model_rec *m = &r->rec[i];
+        memset(&ev, 0, sizeof ev);
+        ev.kind = m->kind == MODEL_REC_FORWARD    ? TPUEMU__TRACE_KIND__TRACE_FORWARD
+                  : m->kind == MODEL_REC_BACKWARD ? TPUEMU__TRACE_KIND__TRACE_BACKWARD
+                                                  : TPUEMU__TRACE_KIND__TRACE_MATMUL;
+        ev.t0 = m->t0;
+        ev.dur = m->t1 - m->t0;
+        ev.step = step;
+        ev.layer = (uint32_t)m->layer;
+        ev.op = (uint32_t)m->op;
+        ev.m = (uint64_t)m->m;
+        ev.n = (uint64_t)m->n;
+        ev.k = (uint64_t)m->k;
+        trace_add(tr, &ev);
+    }
+}
+
+static void after_step(uv_work_t *req, int status)
+{
+    struct train *t = req->data;
+    struct treq *r = t->cur;
+    (void)status;
+
+    t->busy = 0;
+    if (t->orphan) { /* the system was reset while the pool ran */
+        tm_free(t->orphan);
+        t->orphan = NULL;
+        treq_answerf(t, r, CODE_ABORTED, "the TPU system was re-initialized (epoch %" PRIu64 ") during step %" PRIu64,
+                t->env.id->epoch, r->first_step + r->i);
+        t->next(t);
+        return;
+    }
+    if (r->e.code == CODE_OK)
+        trace_pool(t, r);
+    if (r->e.code != CODE_OK) {
+        err e = r->e;
+        err_prefix(&e, "step %" PRIu64 " on core %s/%d", r->first_step + r->i, t->env.id->host_id, t->env.id->core);
+        log_warn("step failed", "step=%" PRIu64 " code=%s reason=%s", r->first_step + r->i, code_name(e.code),
+                 log_q(e.msg));
+        treq_abort_rest(t, r, r->i, &e);
+        treq_answer(t, r, &e);
+        t->next(t);
+        return;
+    }
+    if (r->mode != TPUEMU__STEP_MODE__STEP_TRAIN) {
+        treq_answer(t, r, &r->e);
+        t->next(t);
+        return;
+    }
+    r->t_ar = uv_hrtime();
+    if (t->env.id->num_replicas < 2) {
+        err ok;
+        err_clear(&ok);
+        on_allreduce(r, &ok, NULL, 0);
+        return;
+    }
+    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
+    Tpuemu__CollSpec cs = TPUEMU__COLL_SPEC__INIT;
+    cs.kind = TPUEMU__COLL_KIND__COLL_ALL_REDUCE;
+    cs.op = TPUEMU__REDUCE_OP__REDUCE_SUM;
+    cs.dtype = TPUEMU__DTYPE__DTYPE_F32;
+    cs.count = model_num_params(t->tm->m);
+    h.kind = KIND(COLL);
+    h.epoch = r->epoch;
+    h.seq = r->coll_seq + r->i;
+    h.coll = &cs;
+    /* reduced in place: nothing writes the gradients until the answer (or, after
+     * a failure, until the reset: tm->failed keeps training off them) */
+    coll_submit(t->env.coll, &h, (uint8_t *)model_grads(t->tm->m), cs.count * sizeof(float), on_allreduce, r);
+}
+
+static void on_allreduce(void *arg, const err *e, const uint8_t *out, size_t out_len)
+{
+    struct treq *r = arg;
+    struct train *t = r->t;
+    struct tmodel *tm = t->tm;
+
+    uint64_t now = uv_hrtime();
+    r->stats[r->i].allreduce_ns = now - r->t_ar;
+    if (e->code == CODE_OK && tm && trace_capacity(t->env.trace)) {
+        struct trace_ev ev;
+        memset(&ev, 0, sizeof ev);
+        ev.kind = TPUEMU__TRACE_KIND__TRACE_ALLREDUCE;
+        ev.t0 = r->t_ar;
+        ev.dur = now - r->t_ar;
+        ev.step = r->first_step + r->i;
+        ev.seq = r->coll_seq + r->i;
+        ev.bytes = model_num_params(tm->m) * sizeof(float);
+        ev.peer = (int32_t)t->env.id->num_replicas;
+        trace_add(t->env.trace, &ev);
+        trace_span(t->env.trace, TPUEMU__TRACE_KIND__TRACE_STEP, r->t_step0, now, r->first_step + r->i);
+    }
+    if (e->code != CODE_OK || !tm) {
+        err f = *e;
+        if (f.code == CODE_OK)
+            err_set(&f, CODE_ABORTED, "the model was dropped (the TPU system was re-initialized)");
+        err_prefix(&f, "step %" PRIu64 " (gradient all-reduce)", r->first_step + r->i);
+        if (tm && !tm->failed) {
+            tm->failed = 1;
+            tm->fail_err = f;
+        }
+        treq_abort_rest(t, r, r->i + 1, &f);
+        treq_answer(t, r, &f);
+        t->next(t);
+        return;
+    }
+    if (out && (const float *)out != model_grads(tm->m) && out_len == model_num_params(tm->m) * sizeof(float))
+        memcpy(model_grads(tm->m), out, out_len);
+    prom_add(&t->env.stats->steps, 1);
+    prom_hist_observe_ns(&t->env.stats->step_seconds, now - r->t_step0);
+    tm->pending = 1;
+    tm->pending_scale = 1.0f / (float)r->global_rows[r->i];
+    if (++r->i < r->steps) {
+        t->busy = 1;
+        uv_queue_work(t->env.loop, &t->work, pool_step, after_step);
+        return;
+    }
+    treq_answer(t, r, e);
+    t->next(t);
+}
+
+void steps_start(struct train *t, struct treq *r)
+{
+    struct tmodel *tm = t->tm;
+    if (r->mode == TPUEMU__STEP_MODE__STEP_PREDICT) {
+        size_t total = 0;
+        for (uint32_t i = 0; i < r->steps; i++)
+            total += r->rows[i];
+        r->out_len = 0;
+        if (!(r->out = malloc(total * (size_t)tm->out_dim * sizeof(float) + 1))) {
+            treq_answerf(t, r, CODE_RESOURCE_EXHAUSTED, "out of memory for %zu predictions", total);
+            t->next(t);
+            return;
+        }
+    }
+    r->i = 0;
+    r->off = 0;
+    t->busy = 1;
+    uv_queue_work(t->env.loop, &t->work, pool_step, after_step);
+}
+
+/* ---- state ---- */
+
+void steps_state_get(struct train *t, struct treq *r)
+{
+    struct tmodel *tm = t->tm;
+    size_t np = model_num_params(tm->m);
+    int ns = model_opt_num_slots(tm->m);
+    tm_flush_update(tm);
+    if (!(r->out = malloc(np * sizeof(float) * (size_t)(1 + ns) + 1))) {
+        treq_answerf(t, r, CODE_RESOURCE_EXHAUSTED, "out of memory for the model state");
+        return;
+    }
+    memcpy(r->out, model_params(tm->m), np * sizeof(float));
+    for (int s = 0; s < ns; s++)
+        memcpy(r->out + np * sizeof(float) * (size_t)(1 + s), model_opt_slot(tm->m, s), np * sizeof(float));
+    r->out_len = np * sizeof(float) * (size_t)(1 + ns);
+    r->state.model_id = tm->id;
+    r->state.num_params = np;
+    r->state.num_slots = (uint32_t)ns;
+    r->state.iterations = model_opt_iterations(tm->m);
+    r->has_state = 1;
+    err ok;
+    err_clear(&ok);
+    treq_answer(t, r, &ok);
+}
+
+void steps_state_set(struct train *t, struct treq *r)
+{
+    struct tmodel *tm = t->tm;
+    size_t np = model_num_params(tm->m);
+    int ns = model_opt_num_slots(tm->m);
+    /* sizes were checked on arrival (train_check_payload) */
+    tm->pending = 0;
+    memcpy(model_params(tm->m), r->payload, np * sizeof(float));
+    for (int s = 0; s < ns; s++)
+        memcpy(model_opt_slot(tm->m, s), r->payload + np * sizeof(float) * (size_t)(1 + s), np * sizeof(float));
+    model_set_opt_iterations(tm->m, r->state.iterations);
+    err ok;
+    err_clear(&ok);
+    treq_answer(t, r, &ok);
+}
+

@@ -1,0 +1,118 @@
+/* train_int: what the parts of the training service share, from the top:
+ *   train.c   the request queue: frames in, one request at a time, the API
+ *   steps.c   the step machine: forward/backward on the thread pool, the
+ *             gradient all-reduce, the update; state reads and writes
+ *   answer.c  answers to requests (MODEL_RESULT), and aborting the
+ *             collectives a dropped request would have joined
+ *   charge.c  compiled models and their HBM charges
+ * Each calls only the ones below it; the step machine hands a finished
+ * request back to the queue through train.next. Internal to train/. */
+#ifndef TPUEMU_WORKER_TRAIN_TRAIN_INT_H
+#define TPUEMU_WORKER_TRAIN_TRAIN_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "model.h"
+#include "train.h"
+
+#define KIND(k) TPUEMU__FRAME_KIND__FRAME_##k
+#define TRAIN_MAX_DEPTH 16
+#define TRAIN_QUEUE_SLACK 4 /* requests beyond infeed_depth: compile, state, evaluate */
+/* per layer: kernel, bias, up to 2 optimizer slots of each, their gradients,
+ * activations; then the backward delta and the infeed's x and y */
+#define TRAIN_MAX_BLOCKS (MODEL_MAX_LAYERS * 9 + 3)
+
+struct tmodel {
+    uint64_t id;
+    model *m;
+    int in_dim, out_dim, label_dim, sparse, batch, depth, spe, nlayers;
+    uint32_t ids[TRAIN_MAX_BLOCKS];
+    size_t nids;
+    int pending;         /* gradients reduced, update not yet applied */
+    int failed;          /* a gradient all-reduce failed: no training until a reset */
+    err fail_err;
+    float pending_scale;
+    Tpuemu__ModelSpec *spec; /* a copy, for recharging after a failed recompile */
+};
+
+struct treq {
+    struct treq *next;
+    struct train *t;
+    dp_conn *conn;       /* NULL once the client went away */
+    int kind;
+    uint64_t seq, epoch, model_id;
+    /* STEPS */
+    int mode, has_labels;
+    uint32_t steps, i;
+    uint32_t rows[TRAIN_MAX_STEPS], global_rows[TRAIN_MAX_STEPS];
+    uint64_t coll_seq, first_step;
+    uint8_t *payload;    /* the infeed, or STATE_SET's state */
+    size_t off;          /* payload offset of step i */
+    Tpuemu__StepStat stats[TRAIN_MAX_STEPS];
+    uint64_t t_ar;       /* all-reduce start */
+    /* the profiler's records (trace.h) of the step the pool ran last */
+    struct model_rec rec[MODEL_MAX_LAYERS * 4];
+    uint64_t t_step0, t_opt0, t_opt1;
+    uint64_t st0[TRAIN_MAX_STEPS], st1[TRAIN_MAX_STEPS]; /* evaluate, predict: each step */
+    /* answers */
+    uint8_t *out;        /* predictions or state */
+    size_t out_len;
+    Tpuemu__StateInfo state;
+    int has_state;
+    Tpuemu__ModelSpec *spec; /* COMPILE */
+    err e;               /* the pool's verdict */
+};
+
+struct train {
+    struct train_env env;
+    /* The request in hand (cur) is done, answered or dropped: the queue
+     * (train.c) takes the next. Set by train_new; the step machine calls it. */
+    void (*next)(struct train *t);
+    mxu *u;
+    struct tmodel *tm;
+    struct tmodel *orphan; /* dropped by a reset while the pool had it */
+    struct treq *head, *tail;
+    unsigned n;
+    struct treq *cur;
+    int busy;
+    uv_work_t work;
+    uint64_t idle_since;   /* when the last STEPS finished and nothing was queued */
+    /* the training client's clock: ours minus its, the least seen over its
+     * requests (their latency is at least 0), and whose it is */
+    int64_t client_off;
+    uint32_t client_pid;
+};
+
+/* ---- charge.c ---- */
+void tm_free(struct tmodel *tm);
+/* A deep copy of s (NULL when out of memory); free with
+ * tpuemu__model_spec__free_unpacked. */
+Tpuemu__ModelSpec *tm_spec_copy(const Tpuemu__ModelSpec *s);
+/* Applies the gradients reduced by the last step, if not done yet. */
+void tm_flush_update(struct tmodel *tm);
+/* COMPILE r: builds the model, charges its HBM (the old model's charge is
+ * given back, or kept when the new one does not fit) and makes it t->tm. */
+int tm_compile(struct train *t, struct treq *r, err *e);
+
+/* ---- answer.c ---- */
+void treq_free(struct treq *r);
+/* Sends the answer (if the client is still there) and frees r. */
+void treq_answer(struct train *t, struct treq *r, const err *e);
+void treq_answerf(struct train *t, struct treq *r, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* The collectives r's steps from `from` on would have run: fail them on every peer. */
+void treq_abort_rest(struct train *t, struct treq *r, uint32_t from, const err *e);
+
+/* ---- steps.c ---- */
+/* Infeed bytes of one step of rows rows. */
+size_t steps_bytes(const struct tmodel *tm, uint32_t rows, int has_labels);
+/* Runs the STEPS request r (t->cur) to its answer; then t->next. */
+void steps_start(struct train *t, struct treq *r);
+/* STATE_GET, STATE_SET: answered at once; then the caller goes on. */
+void steps_state_get(struct train *t, struct treq *r);
+void steps_state_set(struct train *t, struct treq *r);
+
+#endif
