@@ -138,8 +138,22 @@ static int open_failed(tpu_cluster *c, const uint8_t *buf, size_t len, err *e)
     return e->code;
 }
 
+/* No answer by the deadline; says so, and what the resolver refused meanwhile
+ * without naming our request (which we did not take as the answer). */
+static int no_answer(tpu_cluster *c, uint32_t timeout_ms, const char *ignored, err *e)
+{
+    const char *ep = c->r->ep_str[c->ep];
+    if (*ignored)
+        return err_set(e, CODE_UNAVAILABLE, "the resolver at %s did not answer within %u ms (it refused "
+                       "a message it could not read: %s)", ep, timeout_ms, ignored);
+    return err_set(e, CODE_UNAVAILABLE, "the resolver at %s did not answer within %u ms", ep, timeout_ms);
+}
+
+/* *transient is set when the resolver answered our request, authenticated
+ * under our token, with UNAUTHENTICATED: a replay or clocks apart, which a
+ * fresh request may not meet. */
 static int call_once(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_ms, wire_msg **reply,
-                     err *e)
+                     int *transient, err *e)
 {
     const char *ep = c->r->ep_str[c->ep];
     uint64_t deadline = wire_now_ms() + timeout_ms, nonce = 0;
@@ -147,8 +161,10 @@ static int call_once(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_m
     size_t len;
     int rc, to, ivl;
     wire_msg *m = NULL;
+    char ignored[ERR_MSG_MAX] = "";
 
     *reply = NULL;
+    *transient = 0;
     if (c->sock < 0)
         return err_set(e, CODE_UNAVAILABLE, "not connected to the resolver at %s", ep);
     if ((rc = wire_seal(&c->r->auth, c->r->sender, req, &buf, &len, &nonce, e)) != CODE_OK)
@@ -174,8 +190,7 @@ static int call_once(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_m
         int n;
 
         if (left == 0)
-            return err_set(e, CODE_UNAVAILABLE, "the resolver at %s did not answer within %u ms", ep,
-                           timeout_ms);
+            return no_answer(c, timeout_ms, ignored, e);
         to = (int)left;
         nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RCVTIMEO, &to, sizeof to);
         n = nn_recv(c->sock, &msg, NN_MSG, 0);
@@ -184,8 +199,7 @@ static int call_once(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_m
             if (en == EINTR)
                 continue;
             if (en == ETIMEDOUT)
-                return err_set(e, CODE_UNAVAILABLE, "the resolver at %s did not answer within %u ms",
-                               ep, timeout_ms);
+                return no_answer(c, timeout_ms, ignored, e);
             return err_set(e, CODE_UNAVAILABLE, "receiving from the resolver at %s: %s", ep,
                            nn_strerror(en));
         }
@@ -196,9 +210,14 @@ static int call_once(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_m
             return rc;
         }
         nn_freemsg(msg);
-        if (m->request_id == nonce || (m->request_id == 0 && m->body_case == TPUEMU__MESSAGE__BODY_ERROR))
+        /* Only the answer to this request counts: not a late one to an older
+         * request, nor a refusal that answers no request (id 0), nor an old
+         * reply replayed on the path. */
+        if (m->request_id == nonce)
             break;
-        wire_msg_free(m); /* a late reply to an older request */
+        if (m->request_id == 0 && m->body_case == TPUEMU__MESSAGE__BODY_ERROR && m->error)
+            snprintf(ignored, sizeof ignored, "%s", m->error->message ? m->error->message : "");
+        wire_msg_free(m);
         m = NULL;
     }
     if (m->body_case == TPUEMU__MESSAGE__BODY_ERROR) {
@@ -208,8 +227,9 @@ static int call_once(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_m
         err_set(e, code, "%s", m->error && m->error->message && *m->error->message
                                    ? m->error->message
                                    : "the resolver reported an error without a message");
-        if (m->request_id == 0) /* refused before it was read: say who refused */
+        if (code == CODE_UNAUTHENTICATED) /* say who refused */
             err_prefix(e, "the resolver at %s refused the request", ep);
+        *transient = code == CODE_UNAUTHENTICATED && c->r->auth.enabled;
         wire_msg_free(m);
         return code;
     }
@@ -226,12 +246,16 @@ static int call_once(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_m
 
 int call_do(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_ms, wire_msg **reply, err *e)
 {
-    int rc;
+    int rc, transient = 0;
 
     *reply = NULL;
     if (c->sock < 0 && (rc = call_open(c, c->ep, timeout_ms, e)) != CODE_OK)
         return rc;
-    rc = call_once(c, req, want, timeout_ms, reply, e);
+    rc = call_once(c, req, want, timeout_ms, reply, &transient, e);
+    /* a replay refusal (our resend's answer forgotten) or clocks apart: once
+     * more with a fresh request, which the resolver did not act on before */
+    if (transient)
+        rc = call_once(c, req, want, timeout_ms, reply, &transient, e);
     /* After a call that got no answer, a late reply could still arrive on this
      * REQ socket; nanomsg 1.1.5 frees such a reply twice once the socket has
      * moved on to a new request. Dial afresh for the next call instead. */
