@@ -175,6 +175,68 @@ Test(hardening, replayed_error_replies_are_not_taken_as_answers, .timeout = 120)
     cluster_free(c);
 }
 
+static auth step_auth;
+
+/* What a resolver whose clock was stepped 125 s ahead answers a heartbeat:
+ * its own refusal text, bound to the request, signed with the right token. */
+static uint8_t *stepped_clock_refusal(const uint8_t *req, size_t len, void *arg, size_t *out_len)
+{
+    wire_msg *m;
+    err e;
+    uint8_t *out = NULL;
+    replay *r = replay_new(4);
+    (void)arg;
+    if (!r)
+        return NULL;
+    if (wire_open(&step_auth, NULL, req, len, WIRE_MAX_REQUEST, &m, &e) == CODE_OK) {
+        replay_check(r, m->nonce, m->sent_unix_ms, m->sent_unix_ms + 125000, &e);
+        if (wire_seal_error(&step_auth, "resolver", m->nonce, e.code, e.msg, &out, out_len) != CODE_OK)
+            out = NULL;
+        wire_msg_free(m);
+    }
+    replay_free(r);
+    return out;
+}
+
+static int count_in_log(const cl_proc *p, const char *needle)
+{
+    char *s = cl_read_file(p->log);
+    int n = 0;
+    for (const char *q = s; (q = strstr(q, needle)) != NULL; q += strlen(needle))
+        n++;
+    free(s);
+    return n;
+}
+
+Test(hardening, refusals_for_clocks_apart_are_not_fatal, .timeout = 120)
+{
+    cluster_opts o = {.token = 1};
+    cluster *c = cluster_start(&o);
+    err e;
+    cr_assert_eq(auth_from_token(&step_auth, CL_TOKEN, strlen(CL_TOKEN), &e), CODE_OK);
+    proxy *p = proxy_start(c->addr);
+    cr_assert_not_null(p);
+    int w = add_proxied_worker(c, p);
+    cl_proc *wp = &c->workers[w];
+
+    /* five heartbeats in a row refused for the clock (more than the strikes
+     * that stop a worker whose token differs), then the clock is right again */
+    proxy_respond(p, 5, stepped_clock_refusal, NULL);
+    cr_assert(wait_stat(p, wp, ST_INJECTED, 5, 20000), "the refusals were not all sent; worker %s",
+              cluster_alive(wp) ? "alive" : exit_str(wp));
+    int replies = stat_of(p, ST_REPLIES);
+    int more = wait_stat(p, wp, ST_REPLIES, replies + 3, 20000);
+    cr_assert(cluster_alive(wp), "the worker exited (%s) when the clocks were apart; see %s", exit_str(wp),
+              wp->log);
+    cr_assert(more, "heartbeats did not resume");
+    cr_assert(cluster_wait_count(c, CL_ALIVE, 1, 15000));
+    cr_assert(cl_log_contains(wp, "clocks must agree"), "the worker says why; see %s", wp->log);
+    cr_assert_eq(count_in_log(wp, "heartbeat refused; retrying"), 1,
+                 "logged once while it lasted, not per heartbeat; see %s", wp->log);
+    proxy_free(p);
+    cluster_free(c);
+}
+
 Test(hardening, message_dated_ahead_does_not_lock_out_others, .timeout = 300)
 {
     cluster_opts o = {.hosts = 1, .cores_per_host = 1, .token = 1};

@@ -41,6 +41,9 @@ struct proxy {
     int drop;                 /* replies still to drop */
     uint8_t *inject;          /* body of the reply to inject; NULL: none */
     size_t inject_len;
+    int respond;              /* requests still to answer with responder */
+    proxy_responder responder;
+    void *responder_arg;
     uint8_t *dropped_req;     /* request whose reply was dropped last */
     size_t dropped_len;
 };
@@ -58,6 +61,23 @@ static int send_all(int fd, const void *buf, size_t len)
         len -= (size_t)n;
     }
     return 0;
+}
+
+/* Sends body to the client as the reply to the request whose SP id is at id. */
+static int send_reply(int fd, const uint8_t *id, const uint8_t *body, size_t len)
+{
+    size_t fl = 4 + len;
+    uint8_t *f = malloc(8 + fl);
+    int rc;
+    if (!f)
+        return -1;
+    for (int i = 7; i >= 0; i--)
+        f[7 - i] = (uint8_t)(fl >> (8 * i));
+    memcpy(f + 8, id, 4);
+    memcpy(f + 12, body, len);
+    rc = send_all(fd, f, 8 + fl);
+    free(f);
+    return rc;
 }
 
 static void reset_fd(int fd)
@@ -86,14 +106,6 @@ static uint64_t be64(const uint8_t *b)
     for (int i = 0; i < 8; i++)
         v = v << 8 | b[i];
     return v;
-}
-
-static void put_be64(uint8_t *b, uint64_t v)
-{
-    for (int i = 7; i >= 0; i--) {
-        b[i] = (uint8_t)v;
-        v >>= 8;
-    }
 }
 
 /* Acts on every complete unit buffered in direction k; -1 when the
@@ -127,18 +139,19 @@ static int process(proxy *p, struct pconn *c, int k)
                 size_t blen = (size_t)flen - 4;
                 if (p->dropped_req && blen == p->dropped_len && memcmp(body, p->dropped_req, blen) == 0)
                     p->st.resent++;
-                if (p->inject) {
-                    size_t fl = 4 + p->inject_len;
-                    uint8_t *f = malloc(8 + fl);
-                    if (!f)
-                        return -1;
-                    put_be64(f, fl);
-                    memcpy(f + 8, pl, 4); /* the request's SP id */
-                    memcpy(f + 12, p->inject, p->inject_len);
-                    int rc = send_all(c->cfd, f, 8 + fl);
-                    free(f);
-                    free(p->inject);
-                    p->inject = NULL;
+                uint8_t *own = NULL;
+                size_t olen = 0;
+                if (!p->inject && p->respond > 0 && (own = p->responder(body, blen, p->responder_arg, &olen)))
+                    p->respond--;
+                if (p->inject || own) {
+                    int rc = own ? send_reply(c->cfd, pl, own, olen)
+                                 : send_reply(c->cfd, pl, p->inject, p->inject_len);
+                    if (own) {
+                        free(own);
+                    } else {
+                        free(p->inject);
+                        p->inject = NULL;
+                    }
                     p->st.injected++;
                     if (rc < 0)
                         return -1;
@@ -340,6 +353,15 @@ void proxy_inject_reply(proxy *p, const void *body, size_t len)
     free(p->inject);
     p->inject = b;
     p->inject_len = len;
+    pthread_mutex_unlock(&p->mu);
+}
+
+void proxy_respond(proxy *p, int n, proxy_responder fn, void *arg)
+{
+    pthread_mutex_lock(&p->mu);
+    p->respond = n;
+    p->responder = fn;
+    p->responder_arg = arg;
     pthread_mutex_unlock(&p->mu);
 }
 

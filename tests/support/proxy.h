@@ -43,6 +43,12 @@ const char *proxy_addr(const proxy *p);
 void proxy_drop_replies(proxy *p, int n);
 /* The next request is answered with body (copied) instead of being forwarded. */
 void proxy_inject_reply(proxy *p, const void *body, size_t len);
+/* The next n requests are answered by fn instead of being forwarded: fn gets
+ * the request's body (the envelope the client sent) and returns a malloc'd
+ * reply body in *out (freed by the proxy), or NULL to forward the request
+ * after all. fn runs on the proxy's thread. */
+typedef uint8_t *(*proxy_responder)(const uint8_t *req, size_t len, void *arg, size_t *out_len);
+void proxy_respond(proxy *p, int n, proxy_responder fn, void *arg);
 void proxy_get_stats(proxy *p, struct proxy_stats *s);
 
 #endif
