@@ -159,7 +159,7 @@ static int call_once(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_m
     uint64_t deadline = wire_now_ms() + timeout_ms, nonce = 0;
     uint8_t *buf = NULL;
     size_t len;
-    int rc, to, ivl;
+    int rc, to, ivl, resends = 0;
     wire_msg *m = NULL;
     char ignored[ERR_MSG_MAX] = "";
 
@@ -170,27 +170,31 @@ static int call_once(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_m
     if ((rc = wire_seal(&c->r->auth, c->r->sender, req, &buf, &len, &nonce, e)) != CODE_OK)
         return rc;
     to = (int)timeout_ms;
-    /* nanomsg would resend the same bytes, which the resolver's replay cache refuses. */
+    /* No timed resends: one request per call. (A resend after a reconnect is
+     * answered from the resolver's duplicate-request cache.) */
     ivl = timeout_ms > 2000000000u ? 2000000000 : (int)timeout_ms + 1000;
     nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_SNDTIMEO, &to, sizeof to);
     nn_setsockopt(c->sock, NN_REQ, NN_REQ_RESEND_IVL, &ivl, sizeof ivl);
     while ((rc = nn_send(c->sock, buf, len, 0)) < 0 && nn_errno() == EINTR && remaining(deadline))
         ;
-    free(buf);
     if (rc < 0) {
         if (nn_errno() == ETIMEDOUT || nn_errno() == EINTR)
-            return err_set(e, CODE_UNAVAILABLE, "the resolver at %s did not take the request within %u ms",
-                           ep, timeout_ms);
-        return err_set(e, CODE_UNAVAILABLE, "sending to the resolver at %s: %s", ep,
-                       nn_strerror(nn_errno()));
+            rc = err_set(e, CODE_UNAVAILABLE, "the resolver at %s did not take the request within %u ms",
+                         ep, timeout_ms);
+        else
+            rc = err_set(e, CODE_UNAVAILABLE, "sending to the resolver at %s: %s", ep,
+                         nn_strerror(nn_errno()));
+        goto out;
     }
     for (;;) {
         void *msg = NULL;
         uint32_t left = remaining(deadline);
         int n;
 
-        if (left == 0)
-            return no_answer(c, timeout_ms, ignored, e);
+        if (left == 0) {
+            rc = no_answer(c, timeout_ms, ignored, e);
+            goto out;
+        }
         to = (int)left;
         nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RCVTIMEO, &to, sizeof to);
         n = nn_recv(c->sock, &msg, NN_MSG, 0);
@@ -199,26 +203,35 @@ static int call_once(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_m
             if (en == EINTR)
                 continue;
             if (en == ETIMEDOUT)
-                return no_answer(c, timeout_ms, ignored, e);
-            return err_set(e, CODE_UNAVAILABLE, "receiving from the resolver at %s: %s", ep,
-                           nn_strerror(en));
+                rc = no_answer(c, timeout_ms, ignored, e);
+            else
+                rc = err_set(e, CODE_UNAVAILABLE, "receiving from the resolver at %s: %s", ep,
+                             nn_strerror(en));
+            goto out;
         }
         rc = wire_open(&c->r->auth, NULL, msg, (size_t)n, WIRE_MAX_REPLY, &m, e);
         if (rc != CODE_OK) {
             rc = open_failed(c, msg, (size_t)n, e);
             nn_freemsg(msg);
-            return rc;
+            goto out;
         }
         nn_freemsg(msg);
         /* Only the answer to this request counts: not a late one to an older
          * request, nor a refusal that answers no request (id 0), nor an old
-         * reply replayed on the path. */
+         * reply replayed on the path. The REQ socket took it as the reply,
+         * so send the same bytes again: if the resolver has handled them, it
+         * answers from its duplicate-request cache; if not, it handles them. */
         if (m->request_id == nonce)
             break;
         if (m->request_id == 0 && m->body_case == TPUEMU__MESSAGE__BODY_ERROR && m->error)
             snprintf(ignored, sizeof ignored, "%s", m->error->message ? m->error->message : "");
         wire_msg_free(m);
         m = NULL;
+        if (resends++ < 3 && nn_send(c->sock, buf, len, 0) < 0 && nn_errno() != EINTR) {
+            rc = err_set(e, CODE_UNAVAILABLE, "sending to the resolver at %s: %s", ep,
+                         nn_strerror(nn_errno()));
+            goto out;
+        }
     }
     if (m->body_case == TPUEMU__MESSAGE__BODY_ERROR) {
         int code = m->error ? (int)m->error->code : CODE_UNKNOWN;
@@ -231,17 +244,22 @@ static int call_once(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_m
             err_prefix(e, "the resolver at %s refused the request", ep);
         *transient = code == CODE_UNAUTHENTICATED && c->r->auth.enabled;
         wire_msg_free(m);
-        return code;
+        rc = code;
+        goto out;
     }
     if ((int)m->body_case != want) {
         err_set(e, CODE_INTERNAL,
                 "the resolver at %s answered with a '%s' message; is it the same tpuemu release?", ep,
                 wire_body_name(m));
         wire_msg_free(m);
-        return CODE_INTERNAL;
+        rc = CODE_INTERNAL;
+        goto out;
     }
     *reply = m;
-    return CODE_OK;
+    rc = CODE_OK;
+out:
+    free(buf);
+    return rc;
 }
 
 int call_do(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_ms, wire_msg **reply, err *e)

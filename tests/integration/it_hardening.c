@@ -175,6 +175,38 @@ Test(hardening, replayed_error_replies_are_not_taken_as_answers, .timeout = 120)
     cluster_free(c);
 }
 
+Test(hardening, client_takes_only_the_answer_to_its_request, .timeout = 120)
+{
+    cluster_opts o = {.token = 1};
+    cluster *c = cluster_start(&o);
+    proxy *p = proxy_start(c->addr);
+    cr_assert_not_null(p);
+    tpu_resolver *r;
+    tpu_cluster *cc;
+    tpu_cluster_spec *spec = NULL;
+    cr_assert_eq(tpu_resolver_new(proxy_addr(p), &r), TPU_OK);
+    cr_assert_eq(tpu_resolver_set_token_file(r, c->token_file), TPU_OK);
+    cr_assert_eq(tpu_resolver_set_timeout_ms(r, (uint32_t)(10000 * cl_time_scale())), TPU_OK);
+    cr_assert_eq(tpu_connect_to_cluster(r, &cc), TPU_OK, "%s", tpu_last_error());
+
+    /* the signed refusal of garbage (request_id 0) in place of the answer */
+    static const char garbage[] = "GET / HTTP/1.0\r\n\r\n";
+    size_t rlen;
+    uint8_t *rep = direct_reply(c, garbage, sizeof garbage - 1, &rlen);
+    proxy_inject_reply(p, rep, rlen);
+    cr_assert_eq(tpu_cluster_spec_get(cc, &spec), TPU_OK, "a replayed refusal was taken as the answer: %s",
+                 tpu_last_error());
+    tpu_cluster_spec_free(spec);
+    struct proxy_stats st;
+    proxy_get_stats(p, &st);
+    cr_assert_eq(st.injected, 1);
+    free(rep);
+    tpu_cluster_free(cc);
+    tpu_resolver_free(r);
+    proxy_free(p);
+    cluster_free(c);
+}
+
 static auth step_auth;
 
 /* What a resolver whose clock was stepped 125 s ahead answers a heartbeat:
