@@ -390,11 +390,13 @@ void rsv_on_request(nnuv *s, const uint8_t *buf, size_t len, void *ctl)
      * the reply came: answer again what was answered, do nothing twice */
     switch (drc_lookup(r->drc, buf, len, ctl, now, &prev, &plen)) {
     case DRC_DONE:
+        prom_add(&r->metrics.duplicates, 1);
         log_info("duplicate request answered again", "bytes=%zu", len);
         if (nnuv_reply(&r->rep, ctl, prev, plen, &e) != CODE_OK)
             log_warn("cannot send a reply", "reason=%s", log_q(e.msg));
         return;
     case DRC_PENDING:
+        prom_add(&r->metrics.duplicates, 1);
         log_info("duplicate request waits for the answer to the first", "bytes=%zu", len);
         return;
     default:
