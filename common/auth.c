@@ -103,19 +103,23 @@ struct entry {
     uint64_t sent_ms;
 };
 
+/* Unordered; every check scans the whole cache (dropping expired entries and
+ * finding the oldest by send time), which is cheap at control-plane rates. */
 struct replay {
-    struct entry *ring; /* arrival order; a linear scan is cheap at control-plane rates */
-    size_t cap, head, len;
-    uint64_t floor_ms;  /* anything sent at or before this is refused */
+    struct entry *v;
+    size_t cap, len;
+    uint64_t floor_ms; /* anything sent at or before this is refused */
 };
 
 replay *replay_new(size_t capacity)
 {
     replay *r = calloc(1, sizeof *r);
-    if (!r)
+    if (!r || capacity == 0) {
+        free(r);
         return NULL;
-    r->ring = calloc(capacity, sizeof *r->ring);
-    if (!r->ring) {
+    }
+    r->v = calloc(capacity, sizeof *r->v);
+    if (!r->v) {
         free(r);
         return NULL;
     }
@@ -126,42 +130,74 @@ replay *replay_new(size_t capacity)
 void replay_free(replay *r)
 {
     if (r) {
-        free(r->ring);
+        free(r->v);
         free(r);
     }
 }
 
+static int refuse_full(uint64_t oldest_ms, uint64_t now_ms, err *e)
+{
+    return err_set(e, CODE_UNAUTHENTICATED,
+                   "the replay cache is full of messages dated up to %.1f s ahead of this daemon's "
+                   "clock (is a sender's clock fast?); resend it later",
+                   (double)(oldest_ms - now_ms) / 1000.0);
+}
+
 int replay_check(replay *r, uint64_t nonce, uint64_t sent_ms, uint64_t now_ms, err *e)
 {
+    size_t oldest = SIZE_MAX;
+
     if (sent_ms + AUTH_WINDOW_MS < now_ms || sent_ms > now_ms + AUTH_WINDOW_MS)
         return err_set(e, CODE_UNAUTHENTICATED,
                        "message was sent %.1f s %s this daemon's clock; clocks must agree "
                        "within %u s (is the sender's clock set, or is this a replay?)",
                        (double)(sent_ms > now_ms ? sent_ms - now_ms : now_ms - sent_ms) / 1000.0,
                        sent_ms > now_ms ? "ahead of" : "behind", AUTH_WINDOW_MS / 1000);
+    /* The floor is only ever raised to a time at or before the clock of the
+     * moment, so above the clock it means the clock was stepped back: keep
+     * the nonces still cached, give up the floor (a forgotten nonce from
+     * before the step could then be replayed within the window; refusing
+     * every sender until the clock catches up again would be worse). */
+    if (r->floor_ms > now_ms)
+        r->floor_ms = now_ms > AUTH_WINDOW_MS ? now_ms - AUTH_WINDOW_MS : 0;
     if (sent_ms <= r->floor_ms)
         return err_set(e, CODE_UNAUTHENTICATED,
                        "message is older than the replay cache can vouch for; resend it");
-    /* drop expired entries from the old end */
-    while (r->len > 0) {
-        struct entry *old = &r->ring[(r->head + r->cap - r->len) % r->cap];
-        if (old->sent_ms + AUTH_WINDOW_MS >= now_ms)
-            break;
-        r->len--;
-    }
-    for (size_t i = 0; i < r->len; i++)
-        if (r->ring[(r->head + r->cap - 1 - i) % r->cap].nonce == nonce)
+    for (size_t i = 0; i < r->len;) {
+        struct entry *en = &r->v[i];
+        if (en->sent_ms + AUTH_WINDOW_MS < now_ms) { /* expired: the window refuses it now */
+            *en = r->v[--r->len];
+            continue;
+        }
+        if (en->nonce == nonce)
             return err_set(e, CODE_UNAUTHENTICATED, "message is a replay (nonce %016llx seen before)",
                            (unsigned long long)nonce);
-    if (r->len == r->cap) {
-        struct entry *old = &r->ring[r->head]; /* the oldest, about to be overwritten */
-        if (old->sent_ms > r->floor_ms)
-            r->floor_ms = old->sent_ms;
-        r->len--;
+        if (oldest == SIZE_MAX || en->sent_ms < r->v[oldest].sent_ms)
+            oldest = i;
+        i++;
     }
-    r->ring[r->head].nonce = nonce;
-    r->ring[r->head].sent_ms = sent_ms;
-    r->head = (r->head + 1) % r->cap;
-    r->len++;
+    if (r->len < r->cap) {
+        r->v[r->len].nonce = nonce;
+        r->v[r->len].sent_ms = sent_ms;
+        r->len++;
+        return CODE_OK;
+    }
+    /* Full: forget the message sent first (the newcomer itself if it is that
+     * one) and refuse from then on anything sent at or before it, so the
+     * forgotten nonce can never come back. Evicting by send time, not by
+     * arrival, keeps the floor below every message still remembered: one
+     * message dated ahead cannot carry the floor past correctly dated ones. */
+    if (sent_ms <= r->v[oldest].sent_ms) {
+        if (sent_ms > now_ms)
+            return refuse_full(sent_ms, now_ms, e);
+        r->floor_ms = sent_ms;
+        return CODE_OK;
+    }
+    if (r->v[oldest].sent_ms > now_ms)
+        return refuse_full(r->v[oldest].sent_ms, now_ms, e);
+    if (r->v[oldest].sent_ms > r->floor_ms)
+        r->floor_ms = r->v[oldest].sent_ms;
+    r->v[oldest].nonce = nonce;
+    r->v[oldest].sent_ms = sent_ms;
     return CODE_OK;
 }

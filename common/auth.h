@@ -42,8 +42,12 @@ void auth_random(void *buf, size_t n);
 uint64_t auth_random64(void); /* never 0 */
 
 /* Replay cache: remembers each accepted nonce for the window. When full it
- * forgets the oldest entry and from then on refuses anything sent at or before
- * that entry's time, so a forgotten nonce can never be replayed. */
+ * forgets the entry sent first and from then on refuses anything sent at or
+ * before that entry's time, so a forgotten nonce can never be replayed. That
+ * floor never passes the receiver's clock: when the entry sent first is dated
+ * ahead of it, the newcomer is refused instead (transient: the sender retries).
+ * Byte-identical resends are for the caller's duplicate-request cache (drc.h)
+ * to answer before this refuses them. */
 typedef struct replay replay;
 replay *replay_new(size_t capacity);
 void replay_free(replay *r);

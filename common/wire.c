@@ -127,6 +127,22 @@ void wire_msg_free(wire_msg *m)
         tpuemu__message__free_unpacked(m, NULL);
 }
 
+uint64_t wire_peek_nonce(const uint8_t *buf, size_t len, size_t cap)
+{
+    Tpuemu__Envelope *env;
+    wire_msg *m;
+    uint64_t nonce = 0;
+
+    if (len > cap || !(env = tpuemu__envelope__unpack(NULL, len, buf)))
+        return 0;
+    if ((m = tpuemu__message__unpack(NULL, env->body.len, env->body.data)) != NULL) {
+        nonce = m->nonce;
+        tpuemu__message__free_unpacked(m, NULL);
+    }
+    tpuemu__envelope__free_unpacked(env, NULL);
+    return nonce;
+}
+
 int wire_seal_error(const auth *a, const char *sender, uint64_t request_id, int code,
                     const char *message, uint8_t **out, size_t *outlen)
 {

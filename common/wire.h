@@ -39,6 +39,11 @@ int wire_open(const auth *a, replay *r, const uint8_t *buf, size_t len, size_t c
               wire_msg **out, err *e);
 void wire_msg_free(wire_msg *m);
 
+/* The nonce of a message that wire_open() refused, read without trusting it,
+ * so that the refusal can name the request it answers; 0 when the envelope or
+ * the body cannot be decoded at all (then the refusal answers no request). */
+uint64_t wire_peek_nonce(const uint8_t *buf, size_t len, size_t cap);
+
 /* Builds and seals an error reply to request_id. */
 int wire_seal_error(const auth *a, const char *sender, uint64_t request_id, int code,
                     const char *message, uint8_t **out, size_t *outlen);

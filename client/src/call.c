@@ -138,44 +138,63 @@ static int open_failed(tpu_cluster *c, const uint8_t *buf, size_t len, err *e)
     return e->code;
 }
 
+/* No answer by the deadline; says so, and what the resolver refused meanwhile
+ * without naming our request (which we did not take as the answer). */
+static int no_answer(tpu_cluster *c, uint32_t timeout_ms, const char *ignored, err *e)
+{
+    const char *ep = c->r->ep_str[c->ep];
+    if (*ignored)
+        return err_set(e, CODE_UNAVAILABLE, "the resolver at %s did not answer within %u ms (it refused "
+                       "a message it could not read: %s)", ep, timeout_ms, ignored);
+    return err_set(e, CODE_UNAVAILABLE, "the resolver at %s did not answer within %u ms", ep, timeout_ms);
+}
+
+/* *transient is set when the resolver answered our request, authenticated
+ * under our token, with UNAUTHENTICATED: a replay or clocks apart, which a
+ * fresh request may not meet. */
 static int call_once(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_ms, wire_msg **reply,
-                     err *e)
+                     int *transient, err *e)
 {
     const char *ep = c->r->ep_str[c->ep];
     uint64_t deadline = wire_now_ms() + timeout_ms, nonce = 0;
     uint8_t *buf = NULL;
     size_t len;
-    int rc, to, ivl;
+    int rc, to, ivl, resends = 0;
     wire_msg *m = NULL;
+    char ignored[ERR_MSG_MAX] = "";
 
     *reply = NULL;
+    *transient = 0;
     if (c->sock < 0)
         return err_set(e, CODE_UNAVAILABLE, "not connected to the resolver at %s", ep);
     if ((rc = wire_seal(&c->r->auth, c->r->sender, req, &buf, &len, &nonce, e)) != CODE_OK)
         return rc;
     to = (int)timeout_ms;
-    /* nanomsg would resend the same bytes, which the resolver's replay cache refuses. */
+    /* No timed resends: one request per call. (A resend after a reconnect is
+     * answered from the resolver's duplicate-request cache.) */
     ivl = timeout_ms > 2000000000u ? 2000000000 : (int)timeout_ms + 1000;
     nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_SNDTIMEO, &to, sizeof to);
     nn_setsockopt(c->sock, NN_REQ, NN_REQ_RESEND_IVL, &ivl, sizeof ivl);
     while ((rc = nn_send(c->sock, buf, len, 0)) < 0 && nn_errno() == EINTR && remaining(deadline))
         ;
-    free(buf);
     if (rc < 0) {
         if (nn_errno() == ETIMEDOUT || nn_errno() == EINTR)
-            return err_set(e, CODE_UNAVAILABLE, "the resolver at %s did not take the request within %u ms",
-                           ep, timeout_ms);
-        return err_set(e, CODE_UNAVAILABLE, "sending to the resolver at %s: %s", ep,
-                       nn_strerror(nn_errno()));
+            rc = err_set(e, CODE_UNAVAILABLE, "the resolver at %s did not take the request within %u ms",
+                         ep, timeout_ms);
+        else
+            rc = err_set(e, CODE_UNAVAILABLE, "sending to the resolver at %s: %s", ep,
+                         nn_strerror(nn_errno()));
+        goto out;
     }
     for (;;) {
         void *msg = NULL;
         uint32_t left = remaining(deadline);
         int n;
 
-        if (left == 0)
-            return err_set(e, CODE_UNAVAILABLE, "the resolver at %s did not answer within %u ms", ep,
-                           timeout_ms);
+        if (left == 0) {
+            rc = no_answer(c, timeout_ms, ignored, e);
+            goto out;
+        }
         to = (int)left;
         nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RCVTIMEO, &to, sizeof to);
         n = nn_recv(c->sock, &msg, NN_MSG, 0);
@@ -184,22 +203,35 @@ static int call_once(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_m
             if (en == EINTR)
                 continue;
             if (en == ETIMEDOUT)
-                return err_set(e, CODE_UNAVAILABLE, "the resolver at %s did not answer within %u ms",
-                               ep, timeout_ms);
-            return err_set(e, CODE_UNAVAILABLE, "receiving from the resolver at %s: %s", ep,
-                           nn_strerror(en));
+                rc = no_answer(c, timeout_ms, ignored, e);
+            else
+                rc = err_set(e, CODE_UNAVAILABLE, "receiving from the resolver at %s: %s", ep,
+                             nn_strerror(en));
+            goto out;
         }
         rc = wire_open(&c->r->auth, NULL, msg, (size_t)n, WIRE_MAX_REPLY, &m, e);
         if (rc != CODE_OK) {
             rc = open_failed(c, msg, (size_t)n, e);
             nn_freemsg(msg);
-            return rc;
+            goto out;
         }
         nn_freemsg(msg);
-        if (m->request_id == nonce || (m->request_id == 0 && m->body_case == TPUEMU__MESSAGE__BODY_ERROR))
+        /* Only the answer to this request counts: not a late one to an older
+         * request, nor a refusal that answers no request (id 0), nor an old
+         * reply replayed on the path. The REQ socket took it as the reply,
+         * so send the same bytes again: if the resolver has handled them, it
+         * answers from its duplicate-request cache; if not, it handles them. */
+        if (m->request_id == nonce)
             break;
-        wire_msg_free(m); /* a late reply to an older request */
+        if (m->request_id == 0 && m->body_case == TPUEMU__MESSAGE__BODY_ERROR && m->error)
+            snprintf(ignored, sizeof ignored, "%s", m->error->message ? m->error->message : "");
+        wire_msg_free(m);
         m = NULL;
+        if (resends++ < 3 && nn_send(c->sock, buf, len, 0) < 0 && nn_errno() != EINTR) {
+            rc = err_set(e, CODE_UNAVAILABLE, "sending to the resolver at %s: %s", ep,
+                         nn_strerror(nn_errno()));
+            goto out;
+        }
     }
     if (m->body_case == TPUEMU__MESSAGE__BODY_ERROR) {
         int code = m->error ? (int)m->error->code : CODE_UNKNOWN;
@@ -208,30 +240,40 @@ static int call_once(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_m
         err_set(e, code, "%s", m->error && m->error->message && *m->error->message
                                    ? m->error->message
                                    : "the resolver reported an error without a message");
-        if (m->request_id == 0) /* refused before it was read: say who refused */
+        if (code == CODE_UNAUTHENTICATED) /* say who refused */
             err_prefix(e, "the resolver at %s refused the request", ep);
+        *transient = code == CODE_UNAUTHENTICATED && c->r->auth.enabled;
         wire_msg_free(m);
-        return code;
+        rc = code;
+        goto out;
     }
     if ((int)m->body_case != want) {
         err_set(e, CODE_INTERNAL,
                 "the resolver at %s answered with a '%s' message; is it the same tpuemu release?", ep,
                 wire_body_name(m));
         wire_msg_free(m);
-        return CODE_INTERNAL;
+        rc = CODE_INTERNAL;
+        goto out;
     }
     *reply = m;
-    return CODE_OK;
+    rc = CODE_OK;
+out:
+    free(buf);
+    return rc;
 }
 
 int call_do(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_ms, wire_msg **reply, err *e)
 {
-    int rc;
+    int rc, transient = 0;
 
     *reply = NULL;
     if (c->sock < 0 && (rc = call_open(c, c->ep, timeout_ms, e)) != CODE_OK)
         return rc;
-    rc = call_once(c, req, want, timeout_ms, reply, e);
+    rc = call_once(c, req, want, timeout_ms, reply, &transient, e);
+    /* a replay refusal (our resend's answer forgotten) or clocks apart: once
+     * more with a fresh request, which the resolver did not act on before */
+    if (transient)
+        rc = call_once(c, req, want, timeout_ms, reply, &transient, e);
     /* After a call that got no answer, a late reply could still arrive on this
      * REQ socket; nanomsg 1.1.5 frees such a reply twice once the socket has
      * moved on to a new request. Dial afresh for the next call instead. */

@@ -325,17 +325,41 @@ static int body_present(const wire_msg *m)
 void rsv_on_request(nnuv *s, const uint8_t *buf, size_t len, void *ctl)
 {
     resolver *r = s->data;
-    rreq req = {ctl, 0};
+    rreq req = {ctl, 0, 0};
     wire_msg *m = NULL;
+    uint64_t now = wire_now_ms();
+    const uint8_t *prev;
+    size_t plen;
     err e;
 
+    /* nanomsg's REQ resends the same bytes when its connection dropped before
+     * the reply came: answer again what was answered, do nothing twice */
+    switch (drc_lookup(r->drc, buf, len, ctl, now, &prev, &plen)) {
+    case DRC_DONE:
+        prom_add(&r->metrics.duplicates, 1);
+        log_info("duplicate request answered again", "bytes=%zu", len);
+        if (nnuv_reply(&r->rep, ctl, prev, plen, &e) != CODE_OK)
+            log_warn("cannot send a reply", "reason=%s", log_q(e.msg));
+        return;
+    case DRC_PENDING:
+        prom_add(&r->metrics.duplicates, 1);
+        log_info("duplicate request waits for the answer to the first", "bytes=%zu", len);
+        return;
+    default:
+        break;
+    }
     if (wire_open(&r->auth, r->replay, buf, len, WIRE_MAX_REQUEST, &m, &e) != CODE_OK) {
         log_warn("message refused", "bytes=%zu code=%s reason=%s", len, code_name(e.code),
                  log_q(e.msg));
+        /* bound to the request when its envelope could be read, so that its
+         * sender takes the refusal as the answer to that request and nothing else */
+        req.id = wire_peek_nonce(buf, len, WIRE_MAX_REQUEST);
+        req.refused = 1;
         rsv_reply_error(r, &req, e.code, "%s", e.msg);
         return;
     }
     req.id = m->nonce;
+    drc_begin(r->drc, buf, len, m->nonce, now);
     if (r->stopping) {
         rsv_reply_error(r, &req, CODE_UNAVAILABLE, "tpu-resolver is shutting down");
         wire_msg_free(m);

@@ -149,7 +149,8 @@ int main(int argc, char **argv)
     }
     loop_ok = 1;
     r.loop = &loop;
-    if (!(r.replay = replay_new(16384))) {
+    if (!(r.replay = replay_new(16384)) ||
+        !(r.drc = drc_new(16384, 4u << 20, AUTH_WINDOW_MS, nnuv_ctl_free))) {
         log_error("out of memory", NULL);
         goto out;
     }
@@ -204,6 +205,7 @@ out:
     }
     reg_free(&r.reg);
     replay_free(r.replay);
+    drc_free(r.drc);
     if (status == 0)
         log_info("stopped", NULL);
     return status;

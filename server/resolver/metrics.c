@@ -47,6 +47,9 @@ static int render(void *user, hbuf *b)
     prom_family(b, "tpuemu_resolver_registrations_total", "counter",
                 "Cores registered: new ones and new incarnations of known ones.");
     prom_u64(b, "tpuemu_resolver_registrations_total", NULL, prom_get(&r->metrics.registrations));
+    prom_family(b, "tpuemu_resolver_duplicate_requests_total", "counter",
+                "Resent requests answered again with the original reply (the first reply was lost).");
+    prom_u64(b, "tpuemu_resolver_duplicate_requests_total", NULL, prom_get(&r->metrics.duplicates));
     prom_family(b, "tpuemu_resolver_heartbeat_interval_seconds", "gauge",
                 "Heartbeat interval the workers are told to use (--heartbeat-ms).");
     hbuf_printf(b, "tpuemu_resolver_heartbeat_interval_seconds %.3f\n", r->heartbeat_ms / 1000.0);

@@ -13,6 +13,7 @@ struct resolver;
 struct rmetrics {
     prom_counter heartbeats;    /* heartbeat messages handled */
     prom_counter registrations; /* cores registered, new or replacing an incarnation */
+    prom_counter duplicates;    /* resends answered from the duplicate-request cache */
     httpd *httpd;
 };
 

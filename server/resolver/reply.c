@@ -19,8 +19,13 @@ void rsv_reply(resolver *r, rreq *req, wire_msg *m)
     if (wire_seal(&r->auth, RSV_SENDER, m, &buf, &len, NULL, &e) != CODE_OK) {
         log_error("cannot seal a reply", "reason=%s", log_q(e.msg));
         nnuv_ctl_free(req->ctl);
-    } else if (nnuv_reply(&r->rep, req->ctl, buf, len, &e) != CODE_OK) {
-        log_warn("cannot send a reply", "reason=%s", log_q(e.msg));
+    } else {
+        /* a resend that came while this was being answered gets it too */
+        void *dup = req->refused ? NULL : drc_answer(r->drc, req->id, buf, len);
+        if (nnuv_reply(&r->rep, req->ctl, buf, len, &e) != CODE_OK)
+            log_warn("cannot send a reply", "reason=%s", log_q(e.msg));
+        if (dup && nnuv_reply(&r->rep, dup, buf, len, &e) != CODE_OK)
+            log_warn("cannot send a reply", "reason=%s", log_q(e.msg));
     }
     req->ctl = NULL;
     free(buf);

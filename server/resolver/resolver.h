@@ -9,6 +9,7 @@
 #include <uv.h>
 
 #include "auth.h"
+#include "drc.h"
 #include "metrics.h"
 #include "nnuv.h"
 #include "registry.h"
@@ -19,11 +20,14 @@
 #define RSV_MAX_CLAIMS 64 /* probes of previous holders waiting at once */
 
 /* A request whose reply may wait: the raw REP routing header and the nonce
- * the reply's request_id must carry. Owned by whoever holds it until
- * rsv_reply*() consumes it. */
+ * the reply's request_id must carry (the refused message's own, if it could
+ * be read; 0 if not). Owned by whoever holds it until rsv_reply*() consumes
+ * it. The reply to a request that was opened is kept in the duplicate-request
+ * cache; a refusal (refused != 0) is not. */
 typedef struct rreq {
     void *ctl;
     uint64_t id;
+    int refused;
 } rreq;
 
 /* A heartbeat claiming a (host, core) that a live entry holds, waiting for
@@ -40,6 +44,7 @@ typedef struct resolver {
     uv_loop_t *loop;
     auth auth;
     replay *replay;
+    drc *drc;            /* answers byte-identical resends with the original reply */
     nnuv rep;
     uv_timer_t dead_timer;
     uv_signal_t sigint, sigterm;

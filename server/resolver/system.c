@@ -71,7 +71,7 @@ static void init_fail(resolver *r, int code, const char *fmt, ...) __attribute__
 static void init_fail(resolver *r, int code, const char *fmt, ...)
 {
     struct init_op *op = &r->sys.init;
-    rreq req = {op->ctl, op->req_id};
+    rreq req = {op->ctl, op->req_id, 0};
     char msg[ERR_MSG_MAX];
     va_list ap;
 
@@ -284,7 +284,7 @@ static void init_succeed(resolver *r)
     unsigned shape[4];
     uint32_t shape32[4];
     size_t tasks = 0, per = 0, run = 0;
-    rreq req = {op->ctl, op->req_id};
+    rreq req = {op->ctl, op->req_id, 0};
 
     if (!tc || !tcp || !coords) {
         free(tc);
@@ -452,7 +452,7 @@ static void init_timer_cb(uv_timer_t *t)
 void sys_initialize(resolver *r, void *ctl, uint64_t req_id, const Tpuemu__InitializeRequest *q)
 {
     struct init_op *op = &r->sys.init;
-    rreq req = {ctl, req_id};
+    rreq req = {ctl, req_id, 0};
     uint32_t timeout = q->timeout_ms ? q->timeout_ms : 10000;
 
     if (q->expect > r->max_cores) {
@@ -575,7 +575,7 @@ static int check_error(resolver *r, uint64_t epoch, char *msg, size_t n)
 
 void sys_shutdown(resolver *r, void *ctl, uint64_t req_id, const Tpuemu__ShutdownRequest *q)
 {
-    rreq req = {ctl, req_id};
+    rreq req = {ctl, req_id, 0};
     char msg[ERR_MSG_MAX];
     const char *client = q->client_id && *q->client_id ? q->client_id : "?";
     struct shut_op *op;
@@ -625,7 +625,7 @@ void sys_shutdown(resolver *r, void *ctl, uint64_t req_id, const Tpuemu__Shutdow
 
 void sys_check(resolver *r, void *ctl, uint64_t req_id, const Tpuemu__SystemCheck *q)
 {
-    rreq req = {ctl, req_id};
+    rreq req = {ctl, req_id, 0};
     char msg[ERR_MSG_MAX];
     wire_msg m = TPUEMU__MESSAGE__INIT;
     Tpuemu__SystemCheckReply sr = TPUEMU__SYSTEM_CHECK_REPLY__INIT;

@@ -26,5 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (wire_open(&keyed, r, data, size, WIRE_MAX_REQUEST, &m, &e) == CODE_OK)
         wire_msg_free(m);
+    else
+        (void)wire_peek_nonce(data, size, WIRE_MAX_REQUEST); /* what a refusal is bound to */
     return 0;
 }

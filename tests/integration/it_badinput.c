@@ -82,7 +82,8 @@ static int send_raw(const char *addr, const void *buf, size_t len, char *msg, si
                      "the reply is a proper envelope: %s", e.msg);
         cr_assert_eq(m->body_case, TPUEMU__MESSAGE__BODY_ERROR, "expected an error, got %s",
                      wire_body_name(m));
-        cr_assert_eq(m->request_id, 0, "an undecodable request gets request_id 0");
+        cr_assert_eq(m->request_id, wire_peek_nonce(buf, len, WIRE_MAX_REQUEST),
+                     "a refusal names the request when its envelope could be read, else request_id 0");
         code = (int)m->error->code;
         if (msg)
             snprintf(msg, mlen, "%s", m->error->message);

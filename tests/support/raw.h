@@ -21,6 +21,11 @@ int raw_req_call(int sock, const void *buf, size_t len, uint8_t **reply, size_t 
  * the wire_open code, or -1 if no reply came; *nonce gets the request nonce. */
 int raw_call_msg(int sock, const auth *a, wire_msg *m, wire_msg **reply, uint64_t *nonce);
 
+/* Like wire_seal, but dated sent_unix_ms instead of now (a fast or slow
+ * sender's clock). *out is malloc'd; *nonce gets the nonce if not NULL. */
+int raw_seal_at(const auth *a, wire_msg *m, uint64_t sent_unix_ms, uint8_t **out, size_t *len,
+                uint64_t *nonce);
+
 /* Plain TCP. */
 int tcp_connect_addr(const char *hostport, int timeout_ms); /* "127.0.0.1:1234"; -1 on error */
 int tcp_send_all(int fd, const void *buf, size_t len);

@@ -200,3 +200,59 @@ Test(auth, replay_many)
     cr_assert_eq(replay_check(r, 5999, t + 5000, t + 5000, &e), CODE_UNAUTHENTICATED);
     replay_free(r);
 }
+
+Test(auth, replay_message_dated_ahead_does_not_raise_the_floor)
+{
+    /* one message dated 50 s ahead (inside the window), then a minute of
+     * correctly dated ones at 1000 a second: more than the cache holds */
+    replay *r = replay_new(16384);
+    err e;
+    uint64_t t = 1700000000000ull;
+    int refused = 0;
+    char first[ERR_MSG_MAX] = "";
+    cr_assert_eq(replay_check(r, 1, t + 50000, t, &e), CODE_OK, "%s", e.msg);
+    for (uint64_t i = 0; i < 60000; i++) {
+        uint64_t now = t + 1 + i;
+        if (replay_check(r, 1000 + i, now, now, &e) != CODE_OK && !refused++)
+            snprintf(first, sizeof first, "%s", e.msg);
+    }
+    cr_assert_eq(refused, 0, "%d of 60000 refused (first: %s)", refused, first);
+    cr_assert_eq(replay_check(r, 1, t + 50000, t + 60001, &e), CODE_UNAUTHENTICATED,
+                 "the message dated ahead is still remembered");
+    cr_assert_eq(replay_check(r, 1000, t + 1, t + 60001, &e), CODE_UNAUTHENTICATED,
+                 "a forgotten nonce is still refused");
+    replay_free(r);
+}
+
+Test(auth, replay_floor_never_passes_the_clock)
+{
+    replay *r = replay_new(2);
+    err e;
+    uint64_t t = 1700000000000ull;
+    cr_assert_eq(replay_check(r, 1, t + 30000, t, &e), CODE_OK);
+    cr_assert_eq(replay_check(r, 2, t + 40000, t, &e), CODE_OK);
+    /* full of messages dated ahead: correctly dated ones still pass, each
+     * remembered as the floor, so none can be replayed */
+    cr_assert_eq(replay_check(r, 3, t, t, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(replay_check(r, 3, t, t + 1, &e), CODE_UNAUTHENTICATED);
+    cr_assert_eq(replay_check(r, 4, t + 1, t + 1, &e), CODE_OK, "%s", e.msg);
+    /* one dated ahead that would have to push out another dated ahead: refused,
+     * transiently, and the floor stays behind the clock */
+    cr_assert_eq(replay_check(r, 5, t + 45000, t + 2, &e), CODE_UNAUTHENTICATED);
+    cr_assert(strstr(e.msg, "ahead"), "%s", e.msg);
+    cr_assert_eq(replay_check(r, 6, t + 2, t + 2, &e), CODE_OK, "%s", e.msg);
+    replay_free(r);
+}
+
+Test(auth, replay_survives_the_clock_stepping_back)
+{
+    replay *r = replay_new(2);
+    err e;
+    uint64_t t = 1700000000000ull, back = t - 10 * 60000;
+    for (uint64_t i = 0; i < 4; i++) /* raises the floor to t + 1 */
+        cr_assert_eq(replay_check(r, 10 + i, t + i, t + i, &e), CODE_OK, "%s", e.msg);
+    /* the clock goes back 10 minutes: messages dated by it pass again */
+    cr_assert_eq(replay_check(r, 20, back, back, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(replay_check(r, 21, back + 5, back + 5, &e), CODE_OK, "%s", e.msg);
+    replay_free(r);
+}

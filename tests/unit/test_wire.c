@@ -292,3 +292,22 @@ Test(wire, clocks)
     cr_assert_geq(b, a);
     cr_assert_gt(wire_now_unix_ms(), 1600000000000ull);
 }
+
+Test(wire, peek_nonce_of_a_refused_message)
+{
+    err e;
+    wire_msg m = TPUEMU__MESSAGE__INIT;
+    Tpuemu__ClusterSpecRequest cs = TPUEMU__CLUSTER_SPEC_REQUEST__INIT;
+    uint8_t *buf;
+    size_t len;
+    uint64_t nonce;
+    wire_msg *out;
+    m.body_case = TPUEMU__MESSAGE__BODY_CLUSTER_SPEC_REQUEST;
+    m.cluster_spec_request = &cs;
+    cr_assert_eq(wire_seal(&ka, "t", &m, &buf, &len, &nonce, &e), CODE_OK);
+    cr_assert_eq(wire_open(&kb, NULL, buf, len, WIRE_MAX_REQUEST, &out, &e), CODE_UNAUTHENTICATED);
+    cr_assert_eq(wire_peek_nonce(buf, len, WIRE_MAX_REQUEST), nonce);
+    cr_assert_eq(wire_peek_nonce(buf, len, len - 1), 0, "over the cap");
+    cr_assert_eq(wire_peek_nonce((const uint8_t *)"GET / HTTP/1.0", 14, WIRE_MAX_REQUEST), 0);
+    free(buf);
+}

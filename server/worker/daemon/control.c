@@ -61,7 +61,7 @@ static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *nnctl)
     (void)nnctl;
     if (wire_open(ctl->env.auth, ctl->env.replay, buf, len, WIRE_MAX_REQUEST, &req, &e) != CODE_OK) {
         log_warn("control request refused", "code=%s reason=%s", code_name(e.code), log_q(e.msg));
-        send_error(ctl, 0, e.code, e.msg);
+        send_error(ctl, wire_peek_nonce(buf, len, WIRE_MAX_REQUEST), e.code, e.msg);
         return;
     }
     for (i = 0; i < sizeof handlers / sizeof handlers[0]; i++)

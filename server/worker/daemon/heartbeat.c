@@ -15,11 +15,13 @@
 #define HB_MIN_MS 50
 #define HB_MAX_MS 60000
 
-/* Errors nothing in this process can fix by retrying. */
+#define HB_STRIKES 3           /* replies in a row saying the token or version differs */
+#define HB_WARN_EVERY_MS 60000u /* a transient refusal that lasts is logged this often */
+
+/* Refusals of our own, authenticated request that retrying cannot fix. */
 static int is_fatal(int code)
 {
-    return code == CODE_ALREADY_EXISTS || code == CODE_UNAUTHENTICATED ||
-           code == CODE_FAILED_PRECONDITION || code == CODE_INVALID_ARGUMENT;
+    return code == CODE_ALREADY_EXISTS || code == CODE_INVALID_ARGUMENT;
 }
 
 static void fatal(struct heartbeat *hb, int code, const char *msg)
@@ -157,6 +159,46 @@ static void on_reply(struct heartbeat *hb, const Tpuemu__HeartbeatReply *r)
     adopt_interval(hb, r->heartbeat_ms);
 }
 
+/* A reply says the token or the protocol version differs: fatal only when it
+ * keeps saying so, so that no single message (a stranger's, or garbage on the
+ * path) stops the worker. */
+static void strike(struct heartbeat *hb, int code, const char *why)
+{
+    char msg[ERR_MSG_MAX + 600];
+
+    hb->last_nonce = 0;
+    hb->unanswered = 0;
+    if (++hb->strikes < HB_STRIKES) {
+        log_warn("heartbeat reply refused; retrying", "code=%s strikes=%u reason=%s", code_name(code),
+                 hb->strikes, log_q(why));
+        return;
+    }
+    if (code == CODE_UNAUTHENTICATED)
+        snprintf(msg, sizeof msg, "the resolver at %s and this worker do not share the cluster token "
+                 "(%u replies in a row: %s); check --token-file / $TPUEMU_TOKEN here and on the "
+                 "resolver: every daemon and client needs the same token", hb->env.resolver_url,
+                 hb->strikes, why);
+    else
+        snprintf(msg, sizeof msg, "reply from the resolver at %s (%u in a row): %s", hb->env.resolver_url,
+                 hb->strikes, why);
+    fatal(hb, code, msg);
+}
+
+/* A refusal that a fresh heartbeat may not meet: a replay (the original's
+ * answer was lost and forgotten), clocks more than the window apart, the
+ * resolver busy or restarting. */
+static void transient(struct heartbeat *hb, int code, const char *msg)
+{
+    uint64_t now = wire_now_ms();
+
+    if (code == hb->last_error && now - hb->last_warn_ms < HB_WARN_EVERY_MS)
+        return;
+    hb->last_error = code;
+    hb->last_warn_ms = now;
+    log_at(code == CODE_UNAVAILABLE ? LOG_INFO : LOG_WARN, "heartbeat refused; retrying",
+           "code=%s resolver=%s reason=%s", code_name(code), log_q(hb->env.resolver_url), log_q(msg));
+}
+
 static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *ctl)
 {
     struct heartbeat *hb = s->data;
@@ -165,37 +207,49 @@ static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *ctl)
 
     (void)ctl;
     if (wire_open(hb->env.auth, NULL, buf, len, WIRE_MAX_REPLY, &m, &e) != CODE_OK) {
-        if (e.code == CODE_UNAUTHENTICATED || e.code == CODE_FAILED_PRECONDITION) {
-            char msg[ERR_MSG_MAX + 400];
-            snprintf(msg, sizeof msg, "reply from the resolver at %s: %s", hb->env.resolver_url, e.msg);
-            fatal(hb, e.code, msg);
-        } else {
+        if (e.code == CODE_UNAUTHENTICATED || e.code == CODE_FAILED_PRECONDITION)
+            strike(hb, e.code, e.msg);
+        else
             log_warn("unreadable reply from the resolver", "resolver=%s reason=%s",
                      log_q(hb->env.resolver_url), log_q(e.msg));
-        }
         return;
     }
-    /* A daemon that could not open our request answers with request_id 0. */
-    if (m->request_id != hb->last_nonce &&
-        !(m->body_case == TPUEMU__MESSAGE__BODY_ERROR && m->request_id == 0)) {
-        log_debug("stale heartbeat reply ignored", NULL);
+    /* Only the answer to the request in flight counts: not a late one, nor a
+     * refusal of a message the resolver could not read (request_id 0), nor an
+     * old reply replayed by someone on the path. */
+    if (!hb->last_nonce || m->request_id != hb->last_nonce) {
+        uint64_t now = wire_now_ms();
+        if (m->request_id == 0 && m->body_case == TPUEMU__MESSAGE__BODY_ERROR && m->error &&
+            now - hb->last_warn_ms >= HB_WARN_EVERY_MS) {
+            hb->last_warn_ms = now;
+            log_warn("ignored a refusal that answers none of our heartbeats", "resolver=%s reason=%s",
+                     log_q(hb->env.resolver_url), log_q(m->error->message ? m->error->message : ""));
+        } else {
+            log_debug("stale heartbeat reply ignored", NULL);
+        }
         goto out;
     }
     hb->last_nonce = 0;
     hb->unanswered = 0;
     switch (m->body_case) {
     case TPUEMU__MESSAGE__BODY_HEARTBEAT_REPLY:
+        hb->strikes = 0;
         on_reply(hb, m->heartbeat_reply);
         break;
     case TPUEMU__MESSAGE__BODY_ERROR: {
-        int code = (int)m->error->code;
-        const char *msg = m->error->message ? m->error->message : "";
+        int code = m->error ? (int)m->error->code : CODE_UNKNOWN;
+        const char *msg = m->error && m->error->message ? m->error->message : "";
         if (is_fatal(code)) {
             fatal(hb, code, msg);
-        } else if (code != hb->last_error) {
-            hb->last_error = code;
-            log_at(code == CODE_UNAVAILABLE ? LOG_INFO : LOG_WARN, "heartbeat refused; retrying",
-                   "code=%s reason=%s", code_name(code), log_q(msg));
+        } else if (code == CODE_FAILED_PRECONDITION || (code == CODE_UNAUTHENTICATED && !hb->env.auth->enabled)) {
+            /* another protocol version, or a resolver that wants a token we lack */
+            strike(hb, code, msg);
+        } else {
+            /* with a token, a reply that authenticates says the tokens match:
+             * UNAUTHENTICATED is then a replay or the clocks, never the token */
+            if (hb->env.auth->enabled)
+                hb->strikes = 0;
+            transient(hb, code, msg);
         }
         break;
     }

@@ -4,9 +4,17 @@
  * the socket and dialing again rather than by sending on top of it: nanomsg
  * 1.1.5's REQ frees a late reply to a cancelled request twice (it aborts at
  * nn_close), so a late reply must never reach a REQ socket we keep. The
- * reply assigns the core index and the interval. Errors the worker cannot fix
- * by retrying (duplicate core, wrong token, version, invalid settings) stop
- * the daemon with exit status 3. */
+ * reply assigns the core index and the interval.
+ *
+ * A reply counts only when it answers the request in flight (request_id is
+ * its nonce); anything else, such as an old refusal replayed on the path, is
+ * ignored. Refusals that retrying fixes (a replay, clocks apart, the resolver
+ * busy) are logged (at most once a minute while they last) and the next tick
+ * sends a fresh heartbeat. The daemon stops with exit status 3 only for what a
+ * person must fix: another live worker holding this core, settings the
+ * resolver refuses, and, once HB_STRIKES replies in a row say so, a token or
+ * protocol version that differs from the resolver's; the message says what to
+ * do. */
 #ifndef TPUEMU_WORKER_HEARTBEAT_H
 #define TPUEMU_WORKER_HEARTBEAT_H
 
@@ -46,6 +54,8 @@ struct heartbeat {
     int unreachable;      /* "resolver unreachable" was logged */
     int last_error;       /* code of the last error reply, to log changes once */
     prom_counter sent, acked; /* heartbeats sent, and accepted by the resolver */
+    uint64_t last_warn_ms; /* when a transient refusal was last logged */
+    unsigned strikes;     /* replies in a row saying the token or version differs */
 };
 
 /* Before anything reads it (the metrics may, before hb_start). */

@@ -1,0 +1,349 @@
+/* Integration: what must not make a daemon exit (issue 17, finding 1). A
+ * heartbeat whose reply is lost gets its original answer when nanomsg resends
+ * it; an old error reply replayed on the path is not taken as the answer; a
+ * message dated ahead (within the window) does not lock correctly dated ones
+ * out; and what a person must fix (a wrong token) still stops the worker, with
+ * the fix in the message. The worker talks to the resolver through the
+ * fault-injecting proxy of tests/support/proxy.c. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include <criterion/criterion.h>
+
+#include "cluster.h"
+#include "proxy.h"
+#include "raw.h"
+
+enum { ST_DROPPED, ST_RESENT, ST_REPLIES, ST_INJECTED };
+
+static int stat_of(proxy *p, int which)
+{
+    struct proxy_stats s;
+    proxy_get_stats(p, &s);
+    switch (which) {
+    case ST_DROPPED: return s.dropped;
+    case ST_RESENT: return s.resent;
+    case ST_REPLIES: return s.replies;
+    default: return s.injected;
+    }
+}
+
+/* Waits until the proxy's counter reaches n; 0 at the deadline or as soon as
+ * the worker has exited (nothing more will come). */
+static int wait_stat(proxy *p, cl_proc *w, int which, int n, int timeout_ms)
+{
+    int64_t end = cl_now_ms() + (int64_t)timeout_ms * cl_time_scale();
+    while (cl_now_ms() < end) {
+        if (stat_of(p, which) >= n)
+            return 1;
+        if (!cluster_alive(w))
+            return 0;
+        struct timespec ts = {0, 10 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return stat_of(p, which) >= n;
+}
+
+static const char *exit_str(const cl_proc *w)
+{
+    static char s[64];
+    if (WIFEXITED(w->status))
+        snprintf(s, sizeof s, "exit status %d", WEXITSTATUS(w->status));
+    else
+        snprintf(s, sizeof s, "signal %d", WTERMSIG(w->status));
+    return s;
+}
+
+/* A worker h0/0 whose control traffic to the resolver goes through p. */
+static int add_proxied_worker(cluster *c, proxy *p)
+{
+    const char *extra[] = {"--resolver", proxy_addr(p), NULL}; /* the last --resolver wins */
+    int w = cluster_add_worker(c, "h0", 0, extra);
+    cr_assert(cluster_wait_count(c, CL_ALIVE, 1, 15000), "the proxied worker did not register");
+    return w;
+}
+
+Test(hardening, dropped_heartbeat_reply_is_answered_again, .timeout = 180)
+{
+    /* 1 s heartbeats: nanomsg reconnects (100 ms) and resends long before the
+     * next tick would replace the request with a fresh one */
+    cluster_opts o = {.token = 1, .heartbeat_ms = 1000};
+    cluster *c = cluster_start(&o);
+    proxy *p = proxy_start(c->addr);
+    cr_assert_not_null(p);
+    int w = add_proxied_worker(c, p);
+    cl_proc *wp = &c->workers[w];
+
+    for (int k = 1; k <= 4; k++) {
+        proxy_drop_replies(p, 1);
+        cr_assert(wait_stat(p, wp, ST_DROPPED, k, 20000), "reply %d was not dropped", k);
+        int replies = stat_of(p, ST_REPLIES);
+        /* the next reply: the answer to the resend (or to a later heartbeat) */
+        int more = wait_stat(p, wp, ST_REPLIES, replies + 1, 20000);
+        cr_assert(cluster_alive(wp), "the worker exited (%s) after heartbeat reply %d was lost; see %s",
+                  exit_str(wp), k, wp->log);
+        cr_assert(more, "no reply reached the worker after drop %d", k);
+    }
+    cr_assert_geq(stat_of(p, ST_RESENT), 2, "nanomsg did not resend the request whose reply was lost");
+    int replies = stat_of(p, ST_REPLIES);
+    cr_assert(wait_stat(p, wp, ST_REPLIES, replies + 3, 20000), "heartbeats stopped after the drops");
+    cr_assert(cluster_alive(wp), "the worker exited (%s); see %s", exit_str(wp), wp->log);
+    cr_assert_eq(cluster_count(c, CL_ALIVE), 1);
+    cr_assert(cl_log_contains(&c->resolver, "duplicate request answered again"),
+              "the resolver answered resends from its duplicate-request cache; see %s", c->resolver.log);
+    cr_assert_not(cl_log_contains(wp, "UNAUTHENTICATED"), "see %s", wp->log);
+    proxy_free(p);
+    cluster_free(c);
+}
+
+/* Sends req (n bytes) to the resolver directly; the reply bytes, malloc'd. */
+static uint8_t *direct_reply(cluster *c, const void *req, size_t n, size_t *rlen)
+{
+    uint8_t *rep = NULL;
+    int s = raw_req_open(c->addr, 5000 * cl_time_scale());
+    cr_assert_geq(s, 0);
+    cr_assert_eq(raw_req_call(s, req, n, &rep, rlen), 0, "the resolver did not answer");
+    raw_req_close(s);
+    return rep;
+}
+
+Test(hardening, replayed_error_replies_are_not_taken_as_answers, .timeout = 120)
+{
+    cluster_opts o = {.token = 1};
+    cluster *c = cluster_start(&o);
+    proxy *p = proxy_start(c->addr);
+    cr_assert_not_null(p);
+    int w = add_proxied_worker(c, p);
+    cl_proc *wp = &c->workers[w];
+    auth a;
+    err e;
+    cr_assert_eq(auth_from_token(&a, CL_TOKEN, strlen(CL_TOKEN), &e), CODE_OK);
+
+    /* 1: the signed refusal of garbage, which answers no request (id 0) */
+    static const char garbage[] = "GET / HTTP/1.0\r\n\r\n";
+    size_t rlen;
+    uint8_t *rep = direct_reply(c, garbage, sizeof garbage - 1, &rlen);
+    wire_msg *m;
+    cr_assert_eq(wire_open(&a, NULL, rep, rlen, WIRE_MAX_REPLY, &m, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(m->body_case, TPUEMU__MESSAGE__BODY_ERROR);
+    cr_assert_eq(m->request_id, 0);
+    wire_msg_free(m);
+
+    /* 2: the signed refusal of a replayed request (re-encoded so that it is
+     * not byte-identical: the same signed body with an unknown envelope field) */
+    wire_msg q = TPUEMU__MESSAGE__INIT;
+    Tpuemu__ClusterSpecRequest cs = TPUEMU__CLUSTER_SPEC_REQUEST__INIT;
+    q.body_case = TPUEMU__MESSAGE__BODY_CLUSTER_SPEC_REQUEST;
+    q.cluster_spec_request = &cs;
+    uint8_t *req, *rep2, *rep3;
+    size_t qlen, r2len, r3len;
+    cr_assert_eq(wire_seal(&a, "client test", &q, &req, &qlen, NULL, &e), CODE_OK);
+    rep2 = direct_reply(c, req, qlen, &r2len);
+    free(rep2);
+    uint8_t *req2 = malloc(qlen + 2);
+    memcpy(req2, req, qlen);
+    req2[qlen] = 0x78; /* field 15, varint */
+    req2[qlen + 1] = 0x01;
+    rep3 = direct_reply(c, req2, qlen + 2, &r3len);
+    cr_assert_eq(wire_open(&a, NULL, rep3, r3len, WIRE_MAX_REPLY, &m, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(m->body_case, TPUEMU__MESSAGE__BODY_ERROR);
+    cr_assert_eq((int)m->error->code, CODE_UNAUTHENTICATED, "%s", m->error->message);
+    wire_msg_free(m);
+
+    /* each injected in place of the answer to one of the worker's heartbeats */
+    const uint8_t *inj[] = {rep, rep3};
+    const size_t injlen[] = {rlen, r3len};
+    for (int k = 0; k < 2; k++) {
+        proxy_inject_reply(p, inj[k], injlen[k]);
+        cr_assert(wait_stat(p, wp, ST_INJECTED, k + 1, 20000), "reply %d not injected", k + 1);
+        int replies = stat_of(p, ST_REPLIES);
+        int more = wait_stat(p, wp, ST_REPLIES, replies + 3, 20000);
+        cr_assert(cluster_alive(wp), "the worker exited (%s) on a replayed error reply; see %s",
+                  exit_str(wp), wp->log);
+        cr_assert(more, "heartbeats stopped after the injected reply %d", k + 1);
+    }
+    cr_assert_eq(cluster_count(c, CL_ALIVE), 1);
+    free(rep);
+    free(rep3);
+    free(req);
+    free(req2);
+    proxy_free(p);
+    cluster_free(c);
+}
+
+Test(hardening, client_takes_only_the_answer_to_its_request, .timeout = 120)
+{
+    cluster_opts o = {.token = 1};
+    cluster *c = cluster_start(&o);
+    proxy *p = proxy_start(c->addr);
+    cr_assert_not_null(p);
+    tpu_resolver *r;
+    tpu_cluster *cc;
+    tpu_cluster_spec *spec = NULL;
+    cr_assert_eq(tpu_resolver_new(proxy_addr(p), &r), TPU_OK);
+    cr_assert_eq(tpu_resolver_set_token_file(r, c->token_file), TPU_OK);
+    cr_assert_eq(tpu_resolver_set_timeout_ms(r, (uint32_t)(10000 * cl_time_scale())), TPU_OK);
+    cr_assert_eq(tpu_connect_to_cluster(r, &cc), TPU_OK, "%s", tpu_last_error());
+
+    /* the signed refusal of garbage (request_id 0) in place of the answer */
+    static const char garbage[] = "GET / HTTP/1.0\r\n\r\n";
+    size_t rlen;
+    uint8_t *rep = direct_reply(c, garbage, sizeof garbage - 1, &rlen);
+    proxy_inject_reply(p, rep, rlen);
+    cr_assert_eq(tpu_cluster_spec_get(cc, &spec), TPU_OK, "a replayed refusal was taken as the answer: %s",
+                 tpu_last_error());
+    tpu_cluster_spec_free(spec);
+    struct proxy_stats st;
+    proxy_get_stats(p, &st);
+    cr_assert_eq(st.injected, 1);
+    free(rep);
+    tpu_cluster_free(cc);
+    tpu_resolver_free(r);
+    proxy_free(p);
+    cluster_free(c);
+}
+
+static auth step_auth;
+
+/* What a resolver whose clock was stepped 125 s ahead answers a heartbeat:
+ * its own refusal text, bound to the request, signed with the right token. */
+static uint8_t *stepped_clock_refusal(const uint8_t *req, size_t len, void *arg, size_t *out_len)
+{
+    wire_msg *m;
+    err e;
+    uint8_t *out = NULL;
+    replay *r = replay_new(4);
+    (void)arg;
+    if (!r)
+        return NULL;
+    if (wire_open(&step_auth, NULL, req, len, WIRE_MAX_REQUEST, &m, &e) == CODE_OK) {
+        replay_check(r, m->nonce, m->sent_unix_ms, m->sent_unix_ms + 125000, &e);
+        if (wire_seal_error(&step_auth, "resolver", m->nonce, e.code, e.msg, &out, out_len) != CODE_OK)
+            out = NULL;
+        wire_msg_free(m);
+    }
+    replay_free(r);
+    return out;
+}
+
+static int count_in_log(const cl_proc *p, const char *needle)
+{
+    char *s = cl_read_file(p->log);
+    int n = 0;
+    for (const char *q = s; (q = strstr(q, needle)) != NULL; q += strlen(needle))
+        n++;
+    free(s);
+    return n;
+}
+
+Test(hardening, refusals_for_clocks_apart_are_not_fatal, .timeout = 120)
+{
+    cluster_opts o = {.token = 1};
+    cluster *c = cluster_start(&o);
+    err e;
+    cr_assert_eq(auth_from_token(&step_auth, CL_TOKEN, strlen(CL_TOKEN), &e), CODE_OK);
+    proxy *p = proxy_start(c->addr);
+    cr_assert_not_null(p);
+    int w = add_proxied_worker(c, p);
+    cl_proc *wp = &c->workers[w];
+
+    /* five heartbeats in a row refused for the clock (more than the strikes
+     * that stop a worker whose token differs), then the clock is right again */
+    proxy_respond(p, 5, stepped_clock_refusal, NULL);
+    cr_assert(wait_stat(p, wp, ST_INJECTED, 5, 20000), "the refusals were not all sent; worker %s",
+              cluster_alive(wp) ? "alive" : exit_str(wp));
+    int replies = stat_of(p, ST_REPLIES);
+    int more = wait_stat(p, wp, ST_REPLIES, replies + 3, 20000);
+    cr_assert(cluster_alive(wp), "the worker exited (%s) when the clocks were apart; see %s", exit_str(wp),
+              wp->log);
+    cr_assert(more, "heartbeats did not resume");
+    cr_assert(cluster_wait_count(c, CL_ALIVE, 1, 15000));
+    cr_assert(cl_log_contains(wp, "clocks must agree"), "the worker says why; see %s", wp->log);
+    cr_assert_eq(count_in_log(wp, "heartbeat refused; retrying"), 1,
+                 "logged once while it lasted, not per heartbeat; see %s", wp->log);
+    proxy_free(p);
+    cluster_free(c);
+}
+
+Test(hardening, message_dated_ahead_does_not_lock_out_others, .timeout = 300)
+{
+    cluster_opts o = {.hosts = 1, .cores_per_host = 1, .token = 1};
+    cluster *c = cluster_start(&o);
+    auth a;
+    err e;
+    cr_assert_eq(auth_from_token(&a, CL_TOKEN, strlen(CL_TOKEN), &e), CODE_OK);
+    int s = raw_req_open(c->addr, 5000 * cl_time_scale());
+    cr_assert_geq(s, 0);
+
+    /* one message dated 55 s ahead: inside the 60 s window, so accepted */
+    wire_msg q = TPUEMU__MESSAGE__INIT;
+    Tpuemu__ClusterSpecRequest cs = TPUEMU__CLUSTER_SPEC_REQUEST__INIT;
+    q.body_case = TPUEMU__MESSAGE__BODY_CLUSTER_SPEC_REQUEST;
+    q.cluster_spec_request = &cs;
+    uint8_t *buf, *rep;
+    size_t len, rlen;
+    wire_msg *m;
+    int64_t t0 = cl_now_ms();
+    cr_assert_eq(raw_seal_at(&a, &q, wire_now_unix_ms() + 55000, &buf, &len, NULL), 0);
+    cr_assert_eq(raw_req_call(s, buf, len, &rep, &rlen), 0);
+    free(buf);
+    cr_assert_eq(wire_open(&a, NULL, rep, rlen, WIRE_MAX_REPLY, &m, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(m->body_case, TPUEMU__MESSAGE__BODY_CLUSTER_SPEC, "%s",
+                 m->body_case == TPUEMU__MESSAGE__BODY_ERROR ? m->error->message : "");
+    wire_msg_free(m);
+    free(rep);
+
+    /* then more correctly dated messages than the replay cache holds (16384),
+     * as fast as they go: the dated-ahead one is the oldest arrival long
+     * before its own time comes */
+    int sent = 0, refused = 0;
+    char first[512] = "";
+    int64_t end = t0 + 150000;
+    while (sent < 17000 && cl_now_ms() < end) {
+        int rc = raw_call_msg(s, &a, &q, &m, NULL);
+        cr_assert_eq(rc, CODE_OK, "reply %d did not open", sent);
+        if (m->body_case == TPUEMU__MESSAGE__BODY_ERROR) {
+            if (!refused++)
+                snprintf(first, sizeof first, "%s", m->error->message);
+        }
+        wire_msg_free(m);
+        sent++;
+    }
+    int64_t took = cl_now_ms() - t0;
+    raw_req_close(s);
+    cr_log_info("%d messages in %lld ms", sent, (long long)took);
+    cr_assert_eq(refused, 0, "%d of %d correctly dated messages refused after one dated 55 s ahead "
+                 "(first: %s)", refused, sent, first);
+    cl_proc *wp = &c->workers[0];
+    cr_assert(cluster_alive(wp), "the worker exited (%s); see %s", exit_str(wp), wp->log);
+    cr_assert_eq(cluster_count(c, CL_ALIVE), 1);
+    cr_assert_not(cl_log_contains(wp, "UNAUTHENTICATED"), "see %s", wp->log);
+    cr_assert_geq(sent, 17000, "only %d messages in %lld ms: too slow to fill the cache", sent,
+                  (long long)took);
+    cluster_free(c);
+}
+
+Test(hardening, wrong_token_stops_the_worker_saying_what_to_do, .timeout = 120)
+{
+    cluster_opts o = {.token = 1};
+    cluster *c = cluster_start(&o);
+    char wrong[512];
+    snprintf(wrong, sizeof wrong, "%s/wrong-token", c->dir);
+    FILE *f = fopen(wrong, "w");
+    cr_assert_not_null(f);
+    fputs("a-completely-different-token-42\n", f);
+    fclose(f);
+    const char *extra[] = {"--token-file", wrong, NULL}; /* the last --token-file wins */
+    int w = cluster_add_worker(c, "h9", 0, extra);
+    cl_proc *wp = &c->workers[w];
+    cr_assert(cluster_wait_exit(wp, 30000), "a worker with the wrong token kept running");
+    cr_assert(WIFEXITED(wp->status) && WEXITSTATUS(wp->status) == 3, "%s", exit_str(wp));
+    cr_assert(cl_log_contains(wp, "tpu-worker: UNAUTHENTICATED"), "see %s", wp->log);
+    cr_assert(cl_log_contains(wp, "check --token-file"), "the exit says what to do; see %s", wp->log);
+    cr_assert_eq(cluster_core_state(c, "h9", 0, NULL), TPU_CORE_UNKNOWN);
+    cluster_free(c);
+}
