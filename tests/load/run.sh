@@ -96,7 +96,11 @@ while ((round < RUNS)); do
     # "12/34 Test #24: it_badinput ......   Passed    6.02 sec"
     while read -r name verdict sec; do
         if [ "$verdict" = Passed ]; then tally "$name" 1 "$sec"; else tally "$name" 0 "$sec"; nfail=$((nfail + 1)); fi
-    done < <(sed -nE 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) \.+\**([A-Za-z]+).* ([0-9.]+) sec$/\1 \2 \3/p' "$out")
+    done < <(tr -d '\r' <"$out" | sed -nE 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) \.+ *\**([A-Za-z]+).* ([0-9.]+) sec$/\1 \2 \3/p')
+    if ! grep -qE 'tests passed|No tests were found' "$out"; then
+        tally ctest 0 0 # ctest itself failed: no summary line
+        nfail=$((nfail + 1))
+    fi
     if ((nfail == 0)); then rm -f "$out"; fi
     line="round $round/$RUNS: ctest $nfail failed"
     for s in $SHELL_TESTS; do
