@@ -40,7 +40,7 @@
 #define HB_MS 500
 #define DIM 100
 #define ROWS 1024 /* the default */
-#define MAX_ROWS 32768
+#define MAX_ROWS 65536
 
 
 QUIET_WARNINGS()
@@ -462,7 +462,7 @@ static void run(const struct how *h, const char *const *worker_args, tpu_profile
  * has, and the map fell to 0.43 of the mean), measured live in the same run. The ratio of the two, not a step time measured in another
  * run on a machine whose load changes, is what decides whether a background
  * thread can keep ahead: the verdicts hold however loaded the machine is. */
-#define PACE_N 8
+#define PACE_N 16
 struct pace {
     double frac;
     pthread_mutex_t mu;
@@ -534,7 +534,7 @@ static const char *parts(const tpu_profile_summary *sum)
 }
 
 /* A slow input pipeline, and the walk-through's fix for it. The map sleeps
- * 7/10 of the loop's own time per batch, one step in flight, 1024 rows per
+ * 7/10 of the loop's own time per batch, one step in flight, 32 batches of 1024 rows per
  * core (so that compute, all-reduce and idle each stay near a third of the
  * loop's time): without prefetch the loop runs the map between steps and the
  * cores wait for input longer than for anything else (45-54% of the step
@@ -551,7 +551,7 @@ Test(profile, slow_input_is_diagnosed_and_prefetch_fixes_it, .timeout = 300)
     memset(&cb, 0, sizeof cb);
     cb.on_batch_end = pace_batch_end;
     cb.user = &pace;
-    struct how h = {.batch = 2048, .hidden = 1024, .epochs = 1, .rows = 32768, .infeed_depth = 1};
+    struct how h = {.batch = 2048, .hidden = 1024, .epochs = 1, .rows = 65536, .infeed_depth = 1};
 
     run(&h, NULL, &sum, ov, sizeof ov, NULL);
     fprintf(stderr, "fast input: %s\n", parts(&sum));
