@@ -23,13 +23,19 @@ uint64_t wire_now_ms(void)
 int wire_seal(const auth *a, const char *sender, wire_msg *m, uint8_t **out, size_t *outlen,
               uint64_t *nonce_out, err *e)
 {
+    return wire_seal_at(a, sender, wire_now_unix_ms(), m, out, outlen, nonce_out, e);
+}
+
+int wire_seal_at(const auth *a, const char *sender, uint64_t sent_unix_ms, wire_msg *m, uint8_t **out,
+                 size_t *outlen, uint64_t *nonce_out, err *e)
+{
     Tpuemu__Envelope env = TPUEMU__ENVELOPE__INIT;
     unsigned char mac[AUTH_MAC_BYTES];
     uint8_t *body, *buf;
     size_t blen, elen;
 
     m->nonce = auth_random64();
-    m->sent_unix_ms = wire_now_unix_ms();
+    m->sent_unix_ms = sent_unix_ms;
     m->sender = (char *)(sender ? sender : "");
     if (nonce_out)
         *nonce_out = m->nonce;

@@ -28,6 +28,10 @@ uint64_t wire_now_ms(void);      /* CLOCK_MONOTONIC, for ages and deadlines */
  * *nonce_out if not NULL (a reply's request_id must match it). */
 int wire_seal(const auth *a, const char *sender, wire_msg *m, uint8_t **out, size_t *outlen,
               uint64_t *nonce_out, err *e);
+/* The same, dated sent_unix_ms instead of now (tests: a sender whose clock
+ * is fast or slow). */
+int wire_seal_at(const auth *a, const char *sender, uint64_t sent_unix_ms, wire_msg *m, uint8_t **out,
+                 size_t *outlen, uint64_t *nonce_out, err *e);
 
 /* Opens an envelope. r may be NULL (replies are matched by request id instead).
  * On success *out is a decoded message to release with wire_msg_free(). On

@@ -80,36 +80,8 @@ int raw_call_msg(int sock, const auth *a, wire_msg *m, wire_msg **reply, uint64_
 int raw_seal_at(const auth *a, wire_msg *m, uint64_t sent_unix_ms, uint8_t **out, size_t *len,
                 uint64_t *nonce)
 {
-    Tpuemu__Envelope env = TPUEMU__ENVELOPE__INIT;
-    unsigned char mac[AUTH_MAC_BYTES];
-    size_t blen;
-    uint8_t *body;
-
-    m->nonce = auth_random64();
-    m->sent_unix_ms = sent_unix_ms;
-    m->sender = "client test";
-    if (nonce)
-        *nonce = m->nonce;
-    blen = tpuemu__message__get_packed_size(m);
-    if (!(body = malloc(blen ? blen : 1)))
-        return -1;
-    tpuemu__message__pack(m, body);
-    env.version = WIRE_VERSION;
-    env.body.data = body;
-    env.body.len = blen;
-    if (a && a->enabled) {
-        auth_mac(a, body, blen, mac);
-        env.mac.data = mac;
-        env.mac.len = sizeof mac;
-    }
-    *len = tpuemu__envelope__get_packed_size(&env);
-    if (!(*out = malloc(*len))) {
-        free(body);
-        return -1;
-    }
-    tpuemu__envelope__pack(&env, *out);
-    free(body);
-    return 0;
+    err e;
+    return wire_seal_at(a, "client test", sent_unix_ms, m, out, len, nonce, &e) == CODE_OK ? 0 : -1;
 }
 
 int tcp_connect_addr(const char *hostport, int timeout_ms)
