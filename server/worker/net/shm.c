@@ -40,14 +40,22 @@
 #define SHM_STRIDE (SHM_HDR + SHM_SLOT_BYTES)
 #define SHM_CTL 256u
 #define SHM_BYTES ((size_t)SHM_CTL + (size_t)SHM_SLOTS * SHM_STRIDE)
-#define SHM_MAGIC 0x74707573686d3031ull /* "tpushm01" */
+#define SHM_MAGIC 0x74707573686d3032ull /* "tpushm02": the control block with the sleep flags */
 #define SHM_PENDING_MAX 64
 
+/* Wake-ups: a side that finds nothing to do sets its flag before it goes
+ * back to its event loop and then looks once more; the other side, after
+ * publishing, signals the eventfd only if the flag is set (and clears it).
+ * Both use sequentially consistent accesses, so either the sleeper sees the
+ * new counter or the publisher sees the flag: no wake-up is lost, and a side
+ * that is busy anyway is not woken for every piece. */
 struct shm_ctl {
-    _Atomic uint64_t head; /* pieces published (sender) */
-    char pad0[56];
-    _Atomic uint64_t tail; /* pieces consumed (receiver) */
-    char pad1[56];
+    _Atomic uint64_t head;       /* pieces published (sender) */
+    _Atomic uint32_t want_space; /* the sender sleeps until the tail moves */
+    char pad0[52];
+    _Atomic uint64_t tail;       /* pieces consumed (receiver) */
+    _Atomic uint32_t want_data;  /* the receiver sleeps until the head moves */
+    char pad1[52];
 };
 
 struct piece {
@@ -119,8 +127,18 @@ static void signal_fd(int fd)
 static void drain_fd(int fd)
 {
     uint64_t v;
-    while (read(fd, &v, sizeof v) > 0) {
+    if (read(fd, &v, sizeof v) < 0) {
+        /* EAGAIN: a wake-up already taken; one read resets the counter */
     }
+}
+
+/* After publishing: wake the other side if it said it sleeps. */
+static void wake(_Atomic uint32_t *want, int fd)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(want, memory_order_relaxed) &&
+        atomic_exchange_explicit(want, 0, memory_order_seq_cst))
+        signal_fd(fd);
 }
 
 static int abstract_addr(const char *name, struct sockaddr_un *sa, socklen_t *len)
@@ -218,6 +236,7 @@ static void shm_kick_tx(struct chan *l)
     c = ctl_of(e->map);
     head = atomic_load_explicit(&c->head, memory_order_relaxed);
     tail = atomic_load_explicit(&c->tail, memory_order_acquire);
+again:
     while ((op = l->sq.head) != NULL && head - tail < SHM_SLOTS) {
         uint8_t *s = slot_of(e->map, head);
         struct piece pc;
@@ -248,7 +267,15 @@ static void shm_kick_tx(struct chan *l)
     }
     if (published) {
         atomic_store_explicit(&c->head, head, memory_order_release);
-        signal_fd(e->efd_theirs);
+        wake(&c->want_data, e->efd_theirs);
+        published = 0;
+    }
+    if (l->sq.head) { /* the ring is full: ask for a wake-up, then look again */
+        atomic_store_explicit(&c->want_space, 1, memory_order_seq_cst);
+        if (atomic_load_explicit(&c->tail, memory_order_seq_cst) != tail) {
+            tail = atomic_load_explicit(&c->tail, memory_order_acquire);
+            goto again;
+        }
     }
     chan_arm(l);
 }
@@ -303,6 +330,7 @@ static void shm_kick_rx(struct chan *l)
     c = ctl_of(e->map);
     tail = atomic_load_explicit(&c->tail, memory_order_relaxed);
     head = atomic_load_explicit(&c->head, memory_order_acquire);
+again:
     if (head - tail > SHM_SLOTS) {
         struct lop *op = l->rq.head;
         err_set(&fe, CODE_INTERNAL, "core %s corrupted its shared-memory ring (head %llu, tail %llu)",
@@ -342,8 +370,18 @@ static void shm_kick_rx(struct chan *l)
     }
     if (consumed) {
         atomic_store_explicit(&c->tail, tail, memory_order_release);
-        signal_fd(e->efd_theirs);
+        wake(&c->want_space, e->efd_theirs);
         chan_progress(l);
+        consumed = 0;
+    }
+    /* going back to the loop: ask for a wake-up, then look again */
+    atomic_store_explicit(&c->want_data, 1, memory_order_seq_cst);
+    {
+        uint64_t h = atomic_load_explicit(&c->head, memory_order_seq_cst);
+        if (h != head && !e->dead && l->shm_rx == (struct shm_rx *)e) {
+            head = atomic_load_explicit(&c->head, memory_order_acquire);
+            goto again;
+        }
     }
     chan_arm(l);
 }
