@@ -72,7 +72,12 @@ ours() {
         pids+=($!)
     done
     echo "ours: $t, n=$n ($MIN..$MAX, $ITERS iterations, algo $ALGO)" >&2
-    if ! "$bin/tpuctl" --tpu "$tpu" init --expect "$n" --timeout-ms 20000 >/dev/null ||
+    # the resolver may not listen yet on a loaded machine: a refused init is retried
+    for ((i = 0; i < 50; i++)); do
+        "$bin/tpuctl" --tpu "$tpu" init --expect "$n" --timeout-ms 20000 >/dev/null 2>"$OUT/ours.$t.n$n.err" && break
+        sleep 0.2
+    done
+    if [ "$i" -ge 50 ] ||
        ! "$bin/tpuctl" --tpu "$tpu" --json bench allreduce --init --min "$MIN" --max "$MAX" --iters "$ITERS" \
             --warmup "$WARMUP" --algo "$ALGO" >"$OUT/ours.$t.n$n.json" 2>"$OUT/ours.$t.n$n.err"; then
         echo "  FAILED: $(cat "$OUT/ours.$t.n$n.err" 2>/dev/null | head -3) (logs in $logs)" >&2
