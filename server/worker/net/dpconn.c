@@ -1,6 +1,8 @@
 /* Data-plane connection: framing reader, handshake, bounded write queue.
- * Reads go straight into the region the parser needs next (prefix, header,
- * payload), so a frame's payload lands in its own buffer without a copy. */
+ * Reads go into a small staging buffer, so one read(2) takes a frame's
+ * prefix, header and a small payload (and often the next frame's) at once;
+ * the parser copies them out. A large payload, once the staging buffer is
+ * empty, is read straight into its own buffer without a copy. */
 #include "dpconn.h"
 
 #include <netinet/in.h>
@@ -15,7 +17,11 @@
 
 #define FLUSH_CLOSE_MS 1000
 
-#define DISCARD_BYTES (64u * 1024u)
+/* The staging buffer: 4 KiB payloads and their headers fit several times
+ * over; a payload of at least DIRECT_MIN bytes still to come is read straight
+ * into its destination. */
+#define STAGE_BYTES (32u * 1024u)
+#define DIRECT_MIN (STAGE_BYTES / 2u)
 
 enum rd_state { RD_PREFIX, RD_HEADER, RD_PAYLOAD, RD_WAIT };
 enum hs_state { HS_CONNECTING, HS_WAIT_HELLO, HS_WAIT_AUTH, HS_WAIT_AUTH_OK, HS_READY };
@@ -45,8 +51,12 @@ struct dp_conn {
     uint8_t *payload;
     size_t plen;
     int into;          /* payload is the owner's buffer (payload_buf said DP_BUF_INTO) */
-    int discard;       /* payload is read into scratch and dropped */
-    uint8_t *scratch;
+    int discard;       /* payload is read and dropped */
+    uint8_t *stage;    /* STAGE_BYTES, allocated on the first read */
+    size_t s_lo, s_hi; /* unparsed bytes: stage[s_lo, s_hi) */
+    int direct;        /* the read in flight goes straight into the payload */
+    int reading;       /* uv_read_start is in effect */
+    int eof;           /* the peer ended the stream; staged frames still to deliver */
     uint64_t nread;
     int32_t auth_replica;
     uint64_t auth_epoch;
@@ -61,6 +71,8 @@ struct wreq {
     uint8_t head[]; /* prefix + header */
 };
 
+static void read_off(dp_conn *c);
+
 static void on_handle_closed(uv_handle_t *hd)
 {
     dp_conn *c = hd->data;
@@ -69,7 +81,7 @@ static void on_handle_closed(uv_handle_t *hd)
     frame_header_free(c->h);
     if (!c->into)
         free(c->payload);
-    free(c->scratch);
+    free(c->stage);
     if (c->cfg.on_close)
         c->cfg.on_close(c, &c->why);
     free(c);
@@ -82,7 +94,7 @@ void dp_conn_close(dp_conn *c, const err *why)
     c->closing = 1;
     if (why)
         c->why = *why;
-    uv_read_stop((uv_stream_t *)&c->tcp);
+    read_off(c);
     uv_timer_stop(&c->timer);
     uv_close((uv_handle_t *)&c->timer, on_handle_closed);
     uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
@@ -204,7 +216,7 @@ static void vfail(dp_conn *c, int code, const char *fmt, va_list ap)
     if (c->closing || c->flushing)
         return;
     err_vset(&c->why, code, fmt, ap);
-    uv_read_stop((uv_stream_t *)&c->tcp);
+    read_off(c);
     c->flushing = 1;
     n = dpauth_error(code, c->why.msg, buf, sizeof buf);
     if (n == 0 || queue_write(c, buf, n, NULL, 0, NULL, NULL) != CODE_OK) {
@@ -317,8 +329,24 @@ static void frame_done(dp_conn *c);
 static void on_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *buf);
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
+static void read_on(dp_conn *c)
+{
+    if (c->reading || c->eof || c->closing || c->flushing)
+        return;
+    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
+        c->reading = 1;
+}
+
+static void read_off(dp_conn *c)
+{
+    if (c->reading)
+        uv_read_stop((uv_stream_t *)&c->tcp);
+    c->reading = 0;
+}
+
 /* RD_WAIT: the header c->h is held; asks the owner where its payload goes.
- * Leaves rd at RD_WAIT (reading stopped) when the owner is not ready. */
+ * Leaves rd at RD_WAIT when the owner is not ready: what arrives meanwhile
+ * is staged until the staging buffer is full, then reading pauses. */
 static void ask_payload_buf(dp_conn *c)
 {
     void *dst = NULL;
@@ -331,17 +359,12 @@ static void ask_payload_buf(dp_conn *c)
     c->discard = 0;
     switch (a) {
     case DP_BUF_WAIT:
-        uv_read_stop((uv_stream_t *)&c->tcp);
         return;
     case DP_BUF_INTO:
         c->payload = dst;
         c->into = 1;
         break;
     case DP_BUF_DISCARD:
-        if (!c->scratch && !(c->scratch = malloc(DISCARD_BYTES))) {
-            dp_conn_fail(c, CODE_RESOURCE_EXHAUSTED, "out of memory for a discard buffer");
-            return;
-        }
         c->discard = 1;
         break;
     default:
@@ -355,15 +378,31 @@ static void ask_payload_buf(dp_conn *c)
         c->rd = RD_PAYLOAD;
     else
         frame_done(c);
-    if (!c->closing && !c->flushing && c->rd != RD_WAIT)
-        uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
 }
+
+/* The peer's end of the stream, once every staged byte is parsed. */
+static void eof_now(dp_conn *c)
+{
+    if (c->hs == HS_READY && c->rd == RD_PREFIX && c->got == 0 && c->s_lo == c->s_hi)
+        dp_conn_close(c, NULL);
+    else
+        close_fmt(c, CODE_UNAVAILABLE, "data-plane peer %s closed the connection%s", c->peer_addr,
+                  c->hs != HS_READY ? " during the handshake" : " in the middle of a frame");
+}
+
+static void consume(dp_conn *c);
 
 static void on_resume(uv_timer_t *t)
 {
     dp_conn *c = t->data;
-    if (c->rd == RD_WAIT && !c->closing && !c->flushing)
-        ask_payload_buf(c);
+    if (c->rd != RD_WAIT || c->closing || c->flushing)
+        return;
+    ask_payload_buf(c);
+    consume(c);
+    if (c->eof && c->rd != RD_WAIT && !c->closing && !c->flushing)
+        eof_now(c);
+    else
+        read_on(c);
 }
 
 void dp_conn_resume(dp_conn *c)
@@ -376,12 +415,6 @@ void dp_conn_discard_current(dp_conn *c)
 {
     if (c->rd != RD_PAYLOAD || !c->into)
         return;
-    if (!c->scratch && !(c->scratch = malloc(DISCARD_BYTES))) {
-        c->payload = NULL;
-        c->into = 0;
-        dp_conn_close(c, NULL);
-        return;
-    }
     c->payload = NULL;
     c->into = 0;
     c->discard = 1;
@@ -471,82 +504,124 @@ static void frame_done(dp_conn *c)
     frame_header_free(h);
 }
 
+/* Where the next read goes: straight into the payload when a large part of
+ * it is still to come and nothing is staged, else the staging buffer's free
+ * end (none when it is full: libuv then reports UV_ENOBUFS). */
 static void on_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *buf)
 {
     dp_conn *c = hd->data;
     (void)suggested;
-    switch (c->rd) {
-    case RD_PREFIX:
-        *buf = uv_buf_init((char *)c->pre + c->got, (unsigned)(FRAME_PREFIX_BYTES - c->got));
-        break;
-    case RD_HEADER:
-        *buf = uv_buf_init((char *)c->hdr + c->got, (unsigned)(c->hlen - c->got));
-        break;
-    case RD_PAYLOAD: {
+    c->direct = 0;
+    if (c->s_lo == c->s_hi)
+        c->s_lo = c->s_hi = 0;
+    if (c->rd == RD_PAYLOAD && c->s_lo == c->s_hi && !c->discard && c->plen - c->got >= DIRECT_MIN) {
         size_t left = c->plen - c->got;
-        if (c->discard)
-            *buf = uv_buf_init((char *)c->scratch, (unsigned)(left > DISCARD_BYTES ? DISCARD_BYTES : left));
-        else
-            *buf = uv_buf_init((char *)c->payload + c->got, (unsigned)(left > (1u << 30) ? 1u << 30 : left));
-        break;
+        *buf = uv_buf_init((char *)c->payload + c->got, (unsigned)(left > (1u << 30) ? 1u << 30 : left));
+        c->direct = 1;
+        return;
     }
-    case RD_WAIT: /* reading is stopped; libuv may still ask once */
+    if (!c->stage && !(c->stage = malloc(STAGE_BYTES))) {
         *buf = uv_buf_init(NULL, 0);
-        break;
+        return;
+    }
+    if (c->s_hi == STAGE_BYTES && c->s_lo > 0) {
+        memmove(c->stage, c->stage + c->s_lo, c->s_hi - c->s_lo);
+        c->s_hi -= c->s_lo;
+        c->s_lo = 0;
+    }
+    *buf = uv_buf_init((char *)c->stage + c->s_hi, (unsigned)(STAGE_BYTES - c->s_hi));
+}
+
+static size_t take(dp_conn *c, size_t want)
+{
+    size_t avail = c->s_hi - c->s_lo;
+    return want < avail ? want : avail;
+}
+
+/* Parses the staged bytes: frames are delivered until the stage is empty,
+ * a frame is incomplete, or a payload waits for its buffer (RD_WAIT). */
+static void consume(dp_conn *c)
+{
+    err e;
+    size_t n;
+
+    while (!c->closing && !c->flushing && c->s_lo < c->s_hi) {
+        const uint8_t *p = c->stage + c->s_lo;
+        switch (c->rd) {
+        case RD_WAIT:
+            return;
+        case RD_PREFIX:
+            n = take(c, FRAME_PREFIX_BYTES - c->got);
+            memcpy(c->pre + c->got, p, n);
+            c->s_lo += n;
+            if ((c->got += n) < FRAME_PREFIX_BYTES)
+                break;
+            if (frame_prefix(c->pre, &c->hlen, &e) != CODE_OK) {
+                dp_conn_fail(c, e.code, "%s", e.msg);
+                return;
+            }
+            c->rd = RD_HEADER;
+            c->got = 0;
+            break;
+        case RD_HEADER:
+            n = take(c, c->hlen - c->got);
+            memcpy(c->hdr + c->got, p, n);
+            c->s_lo += n;
+            if ((c->got += n) < c->hlen)
+                break;
+            header_done(c);
+            if (!c->flushing && !c->closing && c->rd == RD_HEADER)
+                frame_done(c); /* no payload */
+            break;
+        case RD_PAYLOAD:
+            n = take(c, c->plen - c->got);
+            if (!c->discard)
+                memcpy(c->payload + c->got, p, n);
+            c->s_lo += n;
+            if ((c->got += n) == c->plen)
+                frame_done(c);
+            break;
+        }
     }
 }
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     dp_conn *c = s->data;
-    err e;
     (void)buf;
 
     if (c->closing || c->flushing)
         return;
-    if (nread == UV_ENOBUFS && c->rd == RD_WAIT)
+    if (nread == UV_ENOBUFS) {
+        if (!c->stage)
+            dp_conn_fail(c, CODE_RESOURCE_EXHAUSTED, "out of memory for a data-plane read buffer");
+        else
+            read_off(c); /* staged bytes wait for a payload buffer: on_resume reads on */
         return;
+    }
     if (nread < 0) {
-        if (nread == UV_EOF && c->hs == HS_READY && c->rd == RD_PREFIX && c->got == 0)
-            dp_conn_close(c, NULL);
-        else {
-            close_fmt(c, CODE_UNAVAILABLE, "data-plane peer %s %s%s", c->peer_addr,
-                     nread == UV_EOF ? "closed the connection" : uv_strerror((int)nread),
-                     c->hs != HS_READY ? " during the handshake" : " in the middle of a frame");
+        if (nread == UV_EOF) {
+            read_off(c);
+            c->eof = 1;
+            if (c->rd != RD_WAIT) /* else the staged frames are delivered first */
+                eof_now(c);
+        } else {
+            close_fmt(c, CODE_UNAVAILABLE, "data-plane peer %s %s%s", c->peer_addr, uv_strerror((int)nread),
+                      c->hs != HS_READY ? " during the handshake" : " in the middle of a frame");
         }
         return;
     }
     if (nread == 0)
         return;
-    c->got += (size_t)nread;
     c->nread += (uint64_t)nread;
-    switch (c->rd) {
-    case RD_WAIT:
-        return;
-    case RD_PREFIX:
-        if (c->got < FRAME_PREFIX_BYTES)
-            return;
-        if (frame_prefix(c->pre, &c->hlen, &e) != CODE_OK) {
-            dp_conn_fail(c, e.code, "%s", e.msg);
-            return;
-        }
-        c->rd = RD_HEADER;
-        c->got = 0;
-        return;
-    case RD_HEADER:
-        if (c->got < c->hlen)
-            return;
-        header_done(c);
-        if (!c->flushing && !c->closing && c->rd == RD_HEADER)
-            frame_done(c); /* no payload */
-        else if (!c->flushing && !c->closing && c->rd == RD_WAIT)
-            uv_read_stop(s); /* ask_payload_buf left it waiting */
-        return;
-    case RD_PAYLOAD:
-        if (c->got == c->plen)
+    if (c->direct) {
+        c->direct = 0;
+        if ((c->got += (size_t)nread) == c->plen)
             frame_done(c);
         return;
     }
+    c->s_hi += (size_t)nread;
+    consume(c);
 }
 
 static dp_conn *conn_new(uv_loop_t *loop, const struct dp_conn_cfg *cfg, err *e)
@@ -638,7 +713,7 @@ int dp_conn_accept(uv_stream_t *server, const struct dp_conn_cfg *cfg, dp_conn *
     if (queue_write(c, buf, n, NULL, 0, NULL, NULL) != CODE_OK)
         return CODE_OK; /* closing; on_close tells the owner */
     uv_timer_start(&c->timer, on_handshake_deadline, cfg->handshake_ms, 0);
-    uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+    read_on(c);
     return CODE_OK;
 }
 
@@ -655,7 +730,7 @@ static void on_connected(uv_connect_t *req, int status)
     uv_tcp_nodelay(&c->tcp, 1);
     set_sockbuf(c);
     c->hs = HS_WAIT_HELLO;
-    uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+    read_on(c);
 }
 
 int dp_conn_connect(uv_loop_t *loop, const struct sockaddr *sa, const struct dp_conn_cfg *cfg,

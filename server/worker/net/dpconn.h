@@ -6,13 +6,16 @@
  * Reading: the 4-byte prefix, then the header (bounded by FRAME_MAX_HEADER,
  * checked by frame_decode against max_payload), then exactly payload_bytes
  * into a buffer sized from the checked header. Nothing is allocated from an
- * unchecked size. Anything malformed gets an ERROR frame and a close.
+ * unchecked size. Anything malformed gets an ERROR frame and a close. Bytes
+ * are read through a 32 KiB staging buffer (one read(2) for a small frame
+ * whole), except the bulk of a large payload, read straight into place.
  *
  * Zero-copy receive (worker-to-worker links): with payload_buf set, the owner
  * picks the destination of each payload once its header is decoded: its own
  * buffer (a posted receive), a throw-away read (discard), or "not yet": then
- * reading pauses (uv_read_stop) with the header held, the kernel's socket
- * buffer pushes back on the sender, and dp_conn_resume asks again.
+ * the header is held, what follows is staged until the staging buffer is
+ * full, reading pauses (uv_read_stop), the kernel's socket buffer pushes back
+ * on the sender, and dp_conn_resume asks again.
  *
  * Writing: dp_conn_send writes the header and the caller's payload straight from
  * its buffer (no copy). Bytes queued but not yet written are bounded by
