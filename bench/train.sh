@@ -14,6 +14,12 @@
 # system again), stops the cluster, and at the end prints one table with every
 # row. Everything started here is stopped on exit.
 #
+# With BASE=COMMIT it also builds that commit of this repository (git archive
+# into BASE_BUILD, default /tmp/tpuemu-base-<commit>, reused when it is there;
+# the project's default build type; bench_train, tpu-worker and tpu-resolver) and runs every row
+# with both builds, alternating ROUNDS times (default 3) so that both see the
+# same machine, then prints each build's median examples/s and their ratio.
+#
 # Environment: SECONDS_PER_RUN (measured seconds per configuration, default 2),
 # WARMUP (warm-up steps, default 20), DATA (a Fashion-MNIST IDX directory to
 # train on instead of synthetic rows), KEEP_LOGS=1 (keep the daemon logs),
@@ -32,6 +38,22 @@ for b in bench_train tpu-worker tpu-resolver; do
     [ -x "$bin/$b" ] || { echo "no $bin/$b: build first (cmake --build $build --target bench_train tpu-worker tpu-resolver)" >&2; exit 2; }
 done
 bin=$(cd "$bin" && pwd)
+rounds=${ROUNDS:-1}
+base_bin=
+if [ -n "${BASE:-}" ]; then
+    rounds=${ROUNDS:-3}
+    sha=$(git rev-parse --verify "$BASE^{commit}") || { echo "BASE=$BASE is not a commit of this repository" >&2; exit 2; }
+    bdir=${BASE_BUILD:-/tmp/tpuemu-base-$sha}
+    if [ ! -x "$bdir/build/bin/bench_train" ]; then
+        echo "building $BASE ($sha) in $bdir" >&2
+        rm -rf "$bdir" && mkdir -p "$bdir/src"
+        git archive "$sha" | tar -x -C "$bdir/src"
+        cmake -S "$bdir/src" -B "$bdir/build" >"$bdir/cmake.log" 2>&1 &&
+            cmake --build "$bdir/build" -j"$(nproc)" --target bench_train tpu-worker tpu-resolver >>"$bdir/cmake.log" 2>&1 ||
+            { echo "cannot build $BASE: see $bdir/cmake.log" >&2; exit 2; }
+    fi
+    base_bin=$bdir/build/bin
+fi
 data_args=()
 [ -n "${DATA:-}" ] && data_args=(--data "$DATA")
 
@@ -59,12 +81,12 @@ free_port() {
     echo "$p"
 }
 
-# start_resolver LOG: a resolver on a free port (a few tries), its address in $tpu
+# start_resolver LOG [BIN]: a resolver on a free port (a few tries), its address in $tpu
 start_resolver() {
     local try t pid
     for try in 1 2 3 4 5; do
         tpu=127.0.0.1:$(free_port)
-        "$bin/tpu-resolver" --listen "$tpu" 2>"$1" &
+        "${2:-$bin}/tpu-resolver" --listen "$tpu" 2>"$1" &
         pid=$!
         for ((t = 0; t < 50; t++)); do
             kill -0 "$pid" 2>/dev/null || break
@@ -83,9 +105,10 @@ start_resolver() {
 
 t_begin=$(date +%s)
 failed=0
-for n in $cores_list; do
-    start_resolver "$logdir/resolver.n$n.log"
-    mports=()
+# run_rows LABEL BIN N: one cluster of N workers of BIN, a row per batch size into $rows.LABEL
+run_rows() {
+    local label=$1 b_bin=$2 n=$3 h c i b mports=() margs
+    start_resolver "$logdir/resolver.$label.n$n.log" "$b_bin" || { failed=1; return; }
     for ((i = 0; i < n; i++)); do
         h=$((i / 4)) c=$((i % 4))
         margs=()
@@ -93,8 +116,8 @@ for n in $cores_list; do
             mports+=("$(free_port)")
             margs=(--metrics-port "${mports[-1]}")
         fi
-        "$bin/tpu-worker" --resolver "$tpu" --host-id "host$h" --core "$c" --tpu-type "$tpu_type" \
-            "${margs[@]}" 2>"$logdir/worker.n$n.host$h.$c.log" &
+        "$b_bin/tpu-worker" --resolver "$tpu" --host-id "host$h" --core "$c" --tpu-type "$tpu_type" \
+            "${margs[@]}" 2>"$logdir/worker.$label.n$n.host$h.$c.log" &
         pids+=($!)
     done
     if [ ${#mports[@]} -gt 0 ]; then # scrape every worker every SCRAPE_MS while the rows run
@@ -108,14 +131,22 @@ for n in $cores_list; do
         pids+=($!)
     fi
     for b in $batches_list; do
-        echo "bench_train: $n cores, per-core batch $b (warm-up $warmup steps, then ${secs} s)" >&2
-        if ! "$bin/bench_train" --tpu "$tpu" --cores "$n" --batch "$b" --seconds "$secs" --warmup "$warmup" \
-                "${data_args[@]}" --no-header >>"$rows" 2>"$logdir/bench.n$n.b$b.err"; then
-            echo "  FAILED: $(head -3 "$logdir/bench.n$n.b$b.err")" >&2
+        echo "bench_train ($label): $n cores, per-core batch $b (warm-up $warmup steps, then ${secs} s)" >&2
+        if ! "$b_bin/bench_train" --tpu "$tpu" --cores "$n" --batch "$b" --seconds "$secs" --warmup "$warmup" \
+                "${data_args[@]}" --no-header >>"$rows.$label" 2>"$logdir/bench.$label.n$n.b$b.err"; then
+            echo "  FAILED: $(head -3 "$logdir/bench.$label.n$n.b$b.err")" >&2
             failed=1
         fi
     done
     stop_all
+}
+: >"$rows.current"
+[ -n "$base_bin" ] && : >"$rows.base"
+for n in $cores_list; do
+    for ((r = 0; r < rounds; r++)); do
+        run_rows current "$bin" "$n"
+        [ -n "$base_bin" ] && run_rows base "$base_bin" "$n"
+    done
 done
 t_total=$(( $(date +%s) - t_begin ))
 
@@ -124,8 +155,28 @@ printf 'mixed_bfloat16, %s workers (hosts of up to 4 cores), %s data; warm-up %s
     "$tpu_type" "${DATA:+Fashion-MNIST from $DATA}${DATA:-synthetic 60000-row}" "$warmup" "$secs"
 printf 'machine: %s cores (nproc), %s; %s\n\n' "$(nproc)" \
     "$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')" "$(uname -sr)"
+[ -n "$base_bin" ] && echo "this build ($(git rev-parse --short HEAD 2>/dev/null || echo '?')):"
 "$bin/bench_train" --header-only
-cat "$rows"
+cat "$rows.current"
+if [ -n "$base_bin" ]; then
+    printf '\nBASE %s (%s):\n' "$BASE" "$sha"
+    "$bin/bench_train" --header-only
+    cat "$rows.base"
+    printf '\nexamples/s, median of %s rounds each (the builds alternating):\n\n' "$rounds"
+    printf '| cores | batch/core | this build | BASE | ratio |\n|--:|--:|--:|--:|--:|\n'
+    awk -F'|' '
+        function med(k,  n, i, j, t, a) { n = split(v[k], a, " ")
+            for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
+            return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+        { gsub(/[ ,]/, "", $2); gsub(/[ ,]/, "", $3); gsub(/[ ,]/, "", $5)
+          k = FILENAME ~ /base$/ ? "b" : "c"; key = $2 " " $3
+          if (!(key in seen)) { seen[key] = 1; order[++nk] = key }
+          v[k SUBSEP key] = v[k SUBSEP key] " " $5 }
+        END { for (i = 1; i <= nk; i++) { split(order[i], kb, " ")
+                  c = med("c" SUBSEP order[i]); b = med("b" SUBSEP order[i])
+                  printf "| %s | %s | %.0f | %.0f | %s |\n", kb[1], kb[2], c, b, b > 0 ? sprintf("%.2fx", c / b) : "-" } }
+    ' "$rows.current" "$rows.base"
+fi
 cat <<EOF
 
 step ms: client wall time per step (measured steps / their time; epoch boundaries included).
