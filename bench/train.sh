@@ -174,7 +174,7 @@ if [ -n "$base_bin" ]; then
           v[k SUBSEP key] = v[k SUBSEP key] " " $5 }
         END { for (i = 1; i <= nk; i++) { split(order[i], kb, " ")
                   c = med("c" SUBSEP order[i]); b = med("b" SUBSEP order[i])
-                  printf "| %s | %s | %.0f | %.0f | %s |\n", kb[1], kb[2], c, b, b > 0 ? sprintf("%.2fx", c / b) : "-" } }
+                  printf "| %s | %s | %.0f | %.0f | %s |\n", kb[1], kb[2], c, b, (b > 0 ? sprintf("%.2fx", c / b) : "-") } }
     ' "$rows.current" "$rows.base"
 fi
 cat <<EOF
