@@ -3,6 +3,14 @@
  *   loop: STEPS -> pool: [pending update] forward + backward
  *   loop: all-reduce gradients (coll_submit) -> next step, or answer.
  *
+ * A small step runs on the loop thread itself (run_step): handing it to the
+ * pool and back costs two thread wake-ups, which on a busy machine take
+ * longer than the step (4 workers at per-core batch 128 on 2 CPUs: the
+ * step's compute is ~0.2 ms). A step is small when the previous one's
+ * compute took under INLINE_MAX_NS; the first step, a throttled core (its
+ * sleep would stall the loop) and a single-core system (no all-reduce
+ * between steps to return to the loop) use the pool.
+ *
  * Updates are applied lazily, right before the model is next used. State
  * reads and writes run on the loop thread: they are short. */
 #include <inttypes.h>
@@ -98,6 +106,40 @@ static void pool_step(uv_work_t *req)
 }
 
 static void on_allreduce(void *arg, const err *e, const uint8_t *out, size_t out_len);
+static void after_step(uv_work_t *req, int status);
+
+#define INLINE_MAX_NS 1000000u
+
+static uint64_t inline_max_ns(void)
+{
+    static uint64_t v = UINT64_MAX;
+    if (v == UINT64_MAX) {
+        const char *e = getenv("TPUEMU_TRAIN_INLINE_MAX_US");
+        v = e && *e ? strtoull(e, NULL, 10) * 1000u : INLINE_MAX_NS;
+    }
+    return v;
+}
+
+/* Runs the next step: on the loop thread when it is small, else on the pool. */
+static void run_step(struct train *t, struct treq *r)
+{
+    uint64_t last = r->i > 0 ? r->stats[r->i - 1].compute_ns : t->last_compute_ns;
+
+    t->busy = 1;
+    if (last && last < inline_max_ns() && t->env.throttle_pct >= 100 && t->env.id->num_replicas >= 2 &&
+        r->mode == TPUEMU__STEP_MODE__STEP_TRAIN) {
+#if defined(__SSE__)
+        unsigned csr = _mm_getcsr(); /* pool_step flushes denormals: only for the step */
+#endif
+        pool_step(&t->work);
+#if defined(__SSE__)
+        _mm_setcsr(csr);
+#endif
+        after_step(&t->work, 0);
+        return;
+    }
+    uv_queue_work(t->env.loop, &t->work, pool_step, after_step);
+}
 
 /* What the pool recorded of the step(s) it ran, into the ring. */
 static void trace_pool(struct train *t, struct treq *r)
@@ -141,6 +183,8 @@ static void after_step(uv_work_t *req, int status)
     (void)status;
 
     t->busy = 0;
+    if (r && r->mode == TPUEMU__STEP_MODE__STEP_TRAIN && r->e.code == CODE_OK)
+        t->last_compute_ns = r->stats[r->i].compute_ns;
     if (t->orphan) { /* the system was reset while the pool ran */
         tm_free(t->orphan);
         t->orphan = NULL;
@@ -230,8 +274,7 @@ static void on_allreduce(void *arg, const err *e, const uint8_t *out, size_t out
     tm->pending = 1;
     tm->pending_scale = 1.0f / (float)r->global_rows[r->i];
     if (++r->i < r->steps) {
-        t->busy = 1;
-        uv_queue_work(t->env.loop, &t->work, pool_step, after_step);
+        run_step(t, r);
         return;
     }
     treq_answer(t, r, e);
@@ -254,8 +297,7 @@ void steps_start(struct train *t, struct treq *r)
     }
     r->i = 0;
     r->off = 0;
-    t->busy = 1;
-    uv_queue_work(t->env.loop, &t->work, pool_step, after_step);
+    run_step(t, r);
 }
 
 /* ---- state ---- */

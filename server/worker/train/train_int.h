@@ -79,6 +79,7 @@ struct train {
     struct treq *cur;
     int busy;
     uv_work_t work;
+    uint64_t last_compute_ns; /* the last training step's, for run_step's choice */
     uint64_t idle_since;   /* when the last STEPS finished and nothing was queued */
     /* the training client's clock: ours minus its, the least seen over its
      * requests (their latency is at least 0), and whose it is */
