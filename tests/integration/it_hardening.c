@@ -1,16 +1,28 @@
-/* Integration: what must not make a daemon exit (issue 17, finding 1). A
- * heartbeat whose reply is lost gets its original answer when nanomsg resends
- * it; an old error reply replayed on the path is not taken as the answer; a
- * message dated ahead (within the window) does not lock correctly dated ones
- * out; and what a person must fix (a wrong token) still stops the worker, with
- * the fix in the message. The worker talks to the resolver through the
- * fault-injecting proxy of tests/support/proxy.c. */
+/* Integration: hardening of the control plane (issue 17).
+ *
+ * Finding 1, what must not make a daemon exit: a heartbeat whose reply is
+ * lost gets its original answer when nanomsg resends it; an old error reply
+ * replayed on the path is not taken as the answer; a message dated ahead
+ * (within the window) does not lock correctly dated ones out; and what a
+ * person must fix (a wrong token) still stops the worker, with the fix in the
+ * message. The worker talks to the resolver through the fault-injecting proxy
+ * of tests/support/proxy.c.
+ *
+ * Finding 5, cores that are gone are forgotten: a worker stopped with SIGTERM
+ * leaves, a dead core is forgotten on demand or after --forget-after-ms, and a
+ * full registry makes room from its longest-dead core; a default initialize
+ * never waits for any of them. */
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
+
+#include <nanomsg/nn.h>
+#include <nanomsg/reqrep.h>
 
 #include <criterion/criterion.h>
 
@@ -347,3 +359,200 @@ Test(hardening, wrong_token_stops_the_worker_saying_what_to_do, .timeout = 120)
     cr_assert_eq(cluster_core_state(c, "h9", 0, NULL), TPU_CORE_UNKNOWN);
     cluster_free(c);
 }
+
+/* ---- helpers of the tests below ---- */
+
+#define SHOW(r) "exit %d\nstdout:\n%s\nstderr:\n%s", (r).code, (r).out, (r).err
+
+/* GET path from 127.0.0.1:port: the status (0 if no answer) and the whole
+ * body (malloc'd, NUL-terminated) in *body if body is not NULL. */
+static int http_get_all(int port, const char *path, char **body)
+{
+    char hp[32], req[256], *buf = calloc(1, 1 << 20), *b;
+    size_t n = 0;
+    int fd, status = 0;
+
+    snprintf(hp, sizeof hp, "127.0.0.1:%d", port);
+    if (body)
+        *body = NULL;
+    if ((fd = tcp_connect_addr(hp, 2000)) < 0) {
+        free(buf);
+        return 0;
+    }
+    snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", path);
+    tcp_send_all(fd, req, strlen(req));
+    while (n < (1u << 20) - 1) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 3000) <= 0)
+            break;
+        ssize_t k = read(fd, buf + n, (1u << 20) - 1 - n);
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+    }
+    close(fd);
+    buf[n] = '\0';
+    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1)
+        status = 0;
+    if (body) {
+        b = strstr(buf, "\r\n\r\n");
+        *body = strdup(b ? b + 4 : "");
+    }
+    free(buf);
+    return status;
+}
+
+/* The value of the sample `name{labels}` (labels exactly as rendered, or
+ * NULL for none) in the daemon's /metrics; -1 if it is not there. */
+static double metric(int port, const char *name, const char *labels)
+{
+    char *body, key[256];
+    double v = -1;
+    cr_assert_eq(http_get_all(port, "/metrics", &body), 200);
+    snprintf(key, sizeof key, "\n%s%s%s%s ", name, labels ? "{" : "", labels ? labels : "", labels ? "}" : "");
+    const char *p = strstr(body, key);
+    if (p)
+        v = strtod(p + strlen(key), NULL);
+    free(body);
+    return v;
+}
+
+/* ---- finding 5: cores that are gone are forgotten ---- */
+
+Test(hardening, worker_stopped_cleanly_leaves_the_cluster, .timeout = 120)
+{
+    int rmp = cl_free_port();
+    char rms[16];
+    snprintf(rms, sizeof rms, "%d", rmp);
+    const char *rargs[] = {"--metrics-port", rms, NULL};
+    cluster_opts o = {.hosts = 1, .cores_per_host = 2, .token = 1, .resolver_args = rargs};
+    cluster *c = cluster_start(&o);
+    cl_proc *wp = &c->workers[1];
+    run_result r;
+
+    kill(wp->pid, SIGTERM);
+    cr_assert(cluster_wait_exit(wp, 10000), "the worker did not stop on SIGTERM");
+    cr_assert(WIFEXITED(wp->status) && WEXITSTATUS(wp->status) == 0, "%s", exit_str(wp));
+    /* it told the resolver before it exited */
+    cr_assert_eq(cluster_core_state(c, "h0", 1, NULL), TPU_CORE_UNKNOWN,
+                 "a worker stopped with SIGTERM is still listed; see %s", c->resolver.log);
+    cr_assert(cl_log_contains(&c->resolver, "core left"), "see %s", c->resolver.log);
+    cr_assert_eq(metric(rmp, "tpuemu_resolver_cores_forgotten_total", "reason=\"left\""), 1);
+    /* a default initialize does not wait for it */
+    cluster_tpuctl(c, &r, 20000, "init", "--timeout-ms", "5000", NULL);
+    cr_assert_eq(r.code, 0, "initialize waited for a core that left: " SHOW(r));
+    cr_assert(strstr(r.out, "1 cores on 1 host"), SHOW(r));
+    run_result_free(&r);
+    /* started again, it registers as a new core */
+    cluster_restart_worker(c, 1);
+    cr_assert(cluster_wait_core_state(c, "h0", 1, CL_ALIVE, 15000), "the restarted worker did not register");
+    cluster_free(c);
+}
+
+Test(hardening, dead_core_forgotten_on_demand, .timeout = 120)
+{
+    cluster_opts o = {.hosts = 1, .cores_per_host = 2, .token = 1};
+    cluster *c = cluster_start(&o);
+    run_result r;
+
+    /* a live core is not forgotten: its worker would register it again */
+    cluster_tpuctl(c, &r, 10000, "forget", "h0/1", NULL);
+    cr_assert_eq(r.code, 1, SHOW(r));
+    cr_assert(strncmp(r.err, "FAILED_PRECONDITION: ", 21) == 0, SHOW(r));
+    run_result_free(&r);
+    cluster_tpuctl(c, &r, 10000, "forget", "h0/7", NULL);
+    cr_assert_eq(r.code, 1, SHOW(r));
+    cr_assert(strncmp(r.err, "NOT_FOUND: ", 11) == 0, SHOW(r));
+    run_result_free(&r);
+    cluster_tpuctl(c, &r, 10000, "forget", "h0", NULL);
+    cr_assert_eq(r.code, 2, SHOW(r));
+    run_result_free(&r);
+
+    cluster_kill_worker(c, 1);
+    cr_assert(cluster_wait_core_state(c, "h0", 1, TPU_CORE_DEAD, 15000));
+    cluster_tpuctl(c, &r, 10000, "forget", "h0/1", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    cr_assert(strstr(r.out, "h0/1"), SHOW(r));
+    run_result_free(&r);
+    cr_assert_eq(cluster_core_state(c, "h0", 1, NULL), TPU_CORE_UNKNOWN);
+    cluster_tpuctl(c, &r, 20000, "init", "--timeout-ms", "5000", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    cr_assert(strstr(r.out, "1 cores on 1 host"), SHOW(r));
+    run_result_free(&r);
+    cluster_free(c);
+}
+
+Test(hardening, forget_core_through_the_library, .timeout = 120)
+{
+    cluster_opts o = {.hosts = 1, .cores_per_host = 2};
+    cluster *c = cluster_start(&o);
+    tpu_resolver *r;
+    tpu_cluster *cc;
+    uint64_t silent = 0;
+
+    cr_assert_eq(cluster_connect(c, &r, &cc), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_forget_core(cc, "h0", 0, NULL), TPU_FAILED_PRECONDITION);
+    cr_assert(strstr(tpu_last_error(), "alive"), "%s", tpu_last_error());
+    cr_assert_eq(tpu_forget_core(cc, "h0", -1, NULL), TPU_INVALID_ARGUMENT);
+    cr_assert_eq(tpu_forget_core(cc, NULL, 0, NULL), TPU_INVALID_ARGUMENT);
+    cluster_kill_worker(c, 0);
+    cr_assert(cluster_wait_core_state(c, "h0", 0, TPU_CORE_DEAD, 15000));
+    cr_assert_eq(tpu_forget_core(cc, "h0", 0, &silent), TPU_OK, "%s", tpu_last_error());
+    /* it was dead: silent for at least the dead-core time, 3 x 100 ms */
+    cr_assert_geq(silent, 300, "silent_ms %llu", (unsigned long long)silent);
+    cr_assert_eq(tpu_forget_core(cc, "h0", 0, NULL), TPU_NOT_FOUND);
+    cr_assert_eq(cluster_count(c, CL_ALIVE), 1);
+    cr_assert_eq(cluster_core_state(c, "h0", 0, NULL), TPU_CORE_UNKNOWN);
+    tpu_cluster_free(cc);
+    tpu_resolver_free(r);
+    cluster_free(c);
+}
+
+Test(hardening, dead_core_forgotten_after_the_bound, .timeout = 120)
+{
+    int rmp = cl_free_port();
+    char rms[16];
+    snprintf(rms, sizeof rms, "%d", rmp);
+    const char *rargs[] = {"--forget-after-ms", "1000", "--metrics-port", rms, NULL};
+    cluster_opts o = {.hosts = 1, .cores_per_host = 2, .resolver_args = rargs};
+    cluster *c = cluster_start(&o);
+    run_result r;
+
+    cluster_kill_worker(c, 1);
+    cr_assert(cluster_wait_core_state(c, "h0", 1, TPU_CORE_DEAD, 15000));
+    cr_assert(cluster_wait_core_state(c, "h0", 1, TPU_CORE_UNKNOWN, 20000),
+              "a core dead for longer than --forget-after-ms is still listed");
+    cr_assert_eq(metric(rmp, "tpuemu_resolver_cores_forgotten_total", "reason=\"expired\""), 1);
+    cluster_tpuctl(c, &r, 20000, "init", "--timeout-ms", "5000", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    run_result_free(&r);
+    cluster_free(c);
+}
+
+Test(hardening, full_registry_makes_room_from_the_longest_dead, .timeout = 120)
+{
+    const char *rargs[] = {"--max-cores", "2", NULL};
+    cluster_opts o = {.hosts = 1, .cores_per_host = 2, .resolver_args = rargs};
+    cluster *c = cluster_start(&o);
+
+    cluster_kill_worker(c, 0);
+    cr_assert(cluster_wait_core_state(c, "h0", 0, TPU_CORE_DEAD, 15000));
+    cluster_kill_worker(c, 1);
+    cr_assert(cluster_wait_core_state(c, "h0", 1, TPU_CORE_DEAD, 15000));
+    /* h0/0 died first: it makes room */
+    cluster_add_worker(c, "h1", 0, NULL);
+    cr_assert(cluster_wait_core_state(c, "h1", 0, CL_ALIVE, 15000),
+              "a full registry of dead cores refused a new one; see %s", c->resolver.log);
+    cr_assert_eq(cluster_core_state(c, "h0", 0, NULL), TPU_CORE_UNKNOWN);
+    cr_assert_eq(cluster_core_state(c, "h0", 1, NULL), TPU_CORE_DEAD);
+    /* live cores are never pushed out */
+    cluster_restart_worker(c, 0);
+    cr_assert(cluster_wait_core_state(c, "h0", 0, CL_ALIVE, 15000));
+    cr_assert_eq(cluster_core_state(c, "h0", 1, NULL), TPU_CORE_UNKNOWN);
+    cluster_add_worker(c, "h2", 0, NULL);
+    cr_assert(cl_wait_log(&c->resolver, "--max-cores", 15000), "see %s", c->resolver.log);
+    cr_assert_eq(cluster_core_state(c, "h2", 0, NULL), TPU_CORE_UNKNOWN);
+    cr_assert_eq(cluster_count(c, CL_ALIVE), 2);
+    cluster_free(c);
+}
+

@@ -88,7 +88,12 @@ static void worker_stop(struct worker *w, int exit_code)
     w->stopping = 1;
     w->exit_code = exit_code;
     log_info("stopping", "host=%s core=%d", log_q(w->id.host_id), w->id.core);
-    hb_stop(&w->hb);
+    /* a clean stop tells the resolver (it forgets the core at once); a refusal
+     * for good does not: the core is another process's, or never was ours */
+    if (exit_code == 0)
+        hb_leave(&w->hb);
+    else
+        hb_stop(&w->hb);
     wm_stop(&w->metrics);
     ctl_stop(&w->ctl);
     dp_stop(&w->dp);
