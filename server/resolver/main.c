@@ -18,7 +18,7 @@
 
 struct settings {
     const char *listen, *token_file, *log_level;
-    int insecure, probe;
+    int insecure, probe, probe_ready;
     long long heartbeat_ms, dead_after, max_cores, forget_after_ms, metrics_port;
 };
 
@@ -42,11 +42,14 @@ static int parse_settings(int argc, char **argv, struct settings *st)
          "forget a dead core once its last heartbeat is this old (a default initialize then stops "
          "waiting for it); 0: never", &st->forget_after_ms},
         {"metrics-port", "TPUEMU_METRICS_PORT", OPT_INT, "0", 0, 65535, "PORT",
-         "serve Prometheus metrics (/metrics) and /healthz over HTTP on this port of the --listen host; "
-         "0: off", &st->metrics_port},
+         "serve Prometheus metrics (/metrics), /healthz and /readyz over HTTP on this port of the --listen "
+         "host; 0: off", &st->metrics_port},
         {"probe", NULL, OPT_BOOL, NULL, 0, 0, NULL,
-         "health check: GET /healthz on the metrics port of the --listen host and exit 0 if it answers 200, "
+         "liveness check: GET /healthz on the metrics port of the --listen host and exit 0 if it answers 200, "
          "1 if not, 2 without a metrics port", &st->probe},
+        {"probe-ready", NULL, OPT_BOOL, NULL, 0, 0, NULL,
+         "readiness check: GET /readyz the same way (the resolver is ready while it serves)",
+         &st->probe_ready},
         {"log-level", "TPUEMU_LOG_LEVEL", OPT_STRING, "info", 0, 0, "LEVEL",
          "debug, info, warn or error", &st->log_level},
     };
@@ -129,8 +132,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "tpu-resolver: --listen: %s\n", e.msg);
         return 2;
     }
-    if (st.probe)
-        return httpd_probe_main("tpu-resolver", la.host, (int)st.metrics_port);
+    if (st.probe || st.probe_ready)
+        return httpd_probe_main("tpu-resolver", la.host, (int)st.metrics_port, st.probe ? "/healthz" : "/readyz");
     if (auth_load(&r.auth, st.token_file, &e) != CODE_OK) {
         fprintf(stderr, "tpu-resolver: %s\n", e.msg);
         return 2;

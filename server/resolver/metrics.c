@@ -75,9 +75,11 @@ static int health(void *user, hbuf *b)
     return 200;
 }
 
+/* The resolver is ready when it is alive: it needs nobody else to serve. */
 static const struct httpd_route routes[] = {
     {"/metrics", PROM_CONTENT_TYPE, render},
     {"/healthz", "text/plain; charset=utf-8", health},
+    {"/readyz", "text/plain; charset=utf-8", health},
 };
 
 int rm_start(resolver *r, const char *host, int port, err *e)

@@ -8,6 +8,10 @@
  * message. The worker talks to the resolver through the fault-injecting proxy
  * of tests/support/proxy.c.
  *
+ * Finding 4, liveness is not readiness: a resolver outage makes a worker not
+ * ready (/readyz, --probe-ready) but never not alive (/healthz, --probe), so
+ * an orchestrator's liveness probe does not restart it.
+ *
  * Finding 5, cores that are gone are forgotten: a worker stopped with SIGTERM
  * leaves, a dead core is forgotten on demand or after --forget-after-ms, and a
  * full registry makes room from its longest-dead core; a default initialize
@@ -553,6 +557,81 @@ Test(hardening, full_registry_makes_room_from_the_longest_dead, .timeout = 120)
     cr_assert(cl_wait_log(&c->resolver, "--max-cores", 15000), "see %s", c->resolver.log);
     cr_assert_eq(cluster_core_state(c, "h2", 0, NULL), TPU_CORE_UNKNOWN);
     cr_assert_eq(cluster_count(c, CL_ALIVE), 2);
+    cluster_free(c);
+}
+
+/* ---- finding 4: liveness is not readiness ---- */
+
+static void nap_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0)
+        ;
+}
+
+/* Runs BIN --probe-flag --metrics-port PORT; its exit status. */
+static int run_probe(const char *bin, const char *flag, int port, run_result *r)
+{
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    const char *argv[] = {bin, flag, "--metrics-port", ps, NULL};
+    run_cmd(argv, NULL, 10000, r);
+    cr_assert(r->exited, "%s %s did not exit", bin, flag);
+    return r->code;
+}
+
+/* Waits (bounded) until GET path on port answers want; the last status. */
+static int wait_http(int port, const char *path, int want, int timeout_ms)
+{
+    int64_t end = cl_now_ms() + (int64_t)timeout_ms * cl_time_scale();
+    int st;
+    while ((st = http_get_all(port, path, NULL)) != want && cl_now_ms() < end)
+        nap_ms(50);
+    return st;
+}
+
+Test(hardening, resolver_outage_leaves_workers_live, .timeout = 120)
+{
+    cluster_opts o = {.heartbeat_ms = 100};
+    cluster *c = cluster_start(&o);
+    int mp = cl_free_port();
+    char mps[16];
+    snprintf(mps, sizeof mps, "%d", mp);
+    const char *extra[] = {"--metrics-port", mps, NULL};
+    int w = cluster_add_worker(c, "h0", 0, extra);
+    cl_proc *wp = &c->workers[w];
+    run_result r;
+    char *body;
+
+    cr_assert(cluster_wait_count(c, CL_ALIVE, 1, 15000), "the worker did not register");
+    cr_assert_eq(wait_http(mp, "/readyz", 200, 10000), 200, "registered but /readyz is not 200");
+    cr_assert_eq(http_get_all(mp, "/healthz", NULL), 200);
+    cr_assert_eq(run_probe(CL_WORKER, "--probe", mp, &r), 0, SHOW(r));
+    run_result_free(&r);
+    cr_assert_eq(run_probe(CL_WORKER, "--probe-ready", mp, &r), 0, SHOW(r));
+    run_result_free(&r);
+
+    /* the resolver stops answering (an outage, a restart that takes long) */
+    kill(c->resolver.pid, SIGSTOP);
+    cr_assert_eq(wait_http(mp, "/readyz", 503, 15000), 503, "/readyz stayed 200 without the resolver");
+    cr_assert_eq(http_get_all(mp, "/readyz", &body), 503);
+    cr_assert(strstr(body, "has not answered"), "/readyz says why: %s", body);
+    free(body);
+    /* not ready, but alive: a liveness probe must not get it restarted */
+    cr_assert_eq(http_get_all(mp, "/healthz", &body), 200, "/healthz failed during a resolver outage: %s",
+                 body);
+    free(body);
+    cr_assert_eq(run_probe(CL_WORKER, "--probe", mp, &r), 0, "liveness failed in an outage: " SHOW(r));
+    run_result_free(&r);
+    cr_assert_eq(run_probe(CL_WORKER, "--probe-ready", mp, &r), 1, SHOW(r));
+    cr_assert(strstr(r.err, "503"), SHOW(r));
+    run_result_free(&r);
+    cr_assert_eq(metric(mp, "tpuemu_worker_registered", "host=\"h0\",core=\"0\""), 0);
+
+    /* the resolver is back: ready again, without a restart */
+    kill(c->resolver.pid, SIGCONT);
+    cr_assert_eq(wait_http(mp, "/readyz", 200, 15000), 200, "not ready again after the outage");
+    cr_assert(cluster_alive(wp), "the worker exited (%s); see %s", exit_str(wp), wp->log);
     cluster_free(c);
 }
 
