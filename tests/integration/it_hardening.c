@@ -15,7 +15,12 @@
  * Finding 5, cores that are gone are forgotten: a worker stopped with SIGTERM
  * leaves, a dead core is forgotten on demand or after --forget-after-ms, and a
  * full registry makes room from its longest-dead core; a default initialize
- * never waits for any of them. */
+ * never waits for any of them.
+ *
+ * Finding 3, control messages are bound to their recipient: the resolver's
+ * reset telling a core to leave the system, captured on its way and sent to
+ * another core within the replay window, is refused there and changes
+ * nothing. */
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -635,3 +640,98 @@ Test(hardening, resolver_outage_leaves_workers_live, .timeout = 120)
     cluster_free(c);
 }
 
+/* ---- finding 3: control messages are bound to their recipient ---- */
+
+Test(hardening, reset_for_another_core_is_refused, .timeout = 120)
+{
+    /* 1 s heartbeats: the fake core below stays alive for 3 s after it
+     * heartbeats once, long enough to be sent the reset */
+    cluster_opts o = {.hosts = 1, .cores_per_host = 2, .token = 1, .heartbeat_ms = 1000};
+    cluster *c = cluster_start(&o);
+    auth a;
+    err e;
+    cr_assert_eq(auth_from_token(&a, CL_TOKEN, strlen(CL_TOKEN), &e), CODE_OK);
+
+    /* a core of our own, h9/0, whose control socket is this test's */
+    char url[64];
+    int port = cl_free_port(), rep = nn_socket(AF_SP, NN_REP), tmo = 10000 * cl_time_scale();
+    cr_assert_geq(rep, 0);
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", port);
+    cr_assert_geq(nn_bind(rep, url), 0, "%s", nn_strerror(nn_errno()));
+    nn_setsockopt(rep, NN_SOL_SOCKET, NN_RCVTIMEO, &tmo, sizeof tmo);
+    wire_msg hb = TPUEMU__MESSAGE__INIT, *m;
+    Tpuemu__Heartbeat hbb = TPUEMU__HEARTBEAT__INIT;
+    Tpuemu__WorkerInfo wi = TPUEMU__WORKER_INFO__INIT;
+    wi.host_id = "h9";
+    wi.core = 0;
+    wi.incarnation = 0x5eed;
+    wi.control_addr = url;
+    wi.data_addr = "127.0.0.1:1";
+    wi.tpu_type = "v3";
+    wi.hbm_capacity = 1u << 30;
+    wi.replica_id = -1;
+    hbb.worker = &wi;
+    hb.body_case = TPUEMU__MESSAGE__BODY_HEARTBEAT;
+    hb.heartbeat = &hbb;
+    int s = raw_req_open(c->addr, 5000 * cl_time_scale());
+    cr_assert_geq(s, 0);
+    cr_assert_eq(raw_call_msg(s, &a, &hb, &m, NULL), CODE_OK);
+    cr_assert_eq(m->body_case, TPUEMU__MESSAGE__BODY_HEARTBEAT_REPLY, "%s",
+                 m->body_case == TPUEMU__MESSAGE__BODY_ERROR ? m->error->message : "");
+    wire_msg_free(m);
+    raw_req_close(s);
+
+    /* initialize on the two real cores: h9/0 is told to leave the system,
+     * and that reset, signed by the resolver, is captured on its way */
+    tpu_resolver *tr;
+    tpu_cluster *tc;
+    tpu_topology *topo;
+    cr_assert_eq(cluster_connect(c, &tr, &tc), TPU_OK, "%s", tpu_last_error());
+    tpu_init_options io = {.expect = 2, .timeout_ms = 10000};
+    cr_assert_eq(tpu_initialize_system(tc, &io, &topo), TPU_OK, "%s", tpu_last_error());
+    tpu_topology_free(topo);
+    void *cap = NULL;
+    int caplen = nn_recv(rep, &cap, NN_MSG, 0);
+    cr_assert_gt(caplen, 0, "the resolver did not reset the fake core: %s", nn_strerror(nn_errno()));
+    cr_assert_eq(wire_open(&a, NULL, cap, (size_t)caplen, WIRE_MAX_REQUEST, &m, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(m->body_case, TPUEMU__MESSAGE__BODY_RESET_CORE);
+    cr_assert_eq(m->reset_core->replica_id, -1);
+    wire_msg_free(m);
+
+    /* sent to h0/0 within the replay window: refused, nothing changes */
+    tpu_cluster_spec *spec = cluster_spec(c);
+    tpu_core_info ci;
+    cr_assert(cluster_find_core(spec, "h0", 0, &ci));
+    s = raw_req_open(ci.control_addr, 5000 * cl_time_scale());
+    tpu_cluster_spec_free(spec);
+    cr_assert_geq(s, 0);
+    uint8_t *ans;
+    size_t alen;
+    cr_assert_eq(raw_req_call(s, cap, (size_t)caplen, &ans, &alen), 0, "h0/0 did not answer");
+    raw_req_close(s);
+    nn_freemsg(cap);
+    cr_assert_eq(wire_open(&a, NULL, ans, alen, WIRE_MAX_REPLY, &m, &e), CODE_OK, "%s", e.msg);
+    free(ans);
+    cr_assert_eq(m->body_case, TPUEMU__MESSAGE__BODY_ERROR,
+                 "h0/0 accepted a reset addressed to h9/0 (answered '%s')", wire_body_name(m));
+    cr_assert(strstr(m->error->message, "h9/0") && strstr(m->error->message, "h0/0"), "%s", m->error->message);
+    wire_msg_free(m);
+    cr_assert(cl_wait_log(&c->workers[0], "control request refused", 5000), "see %s", c->workers[0].log);
+    cr_assert(cluster_alive(&c->workers[0]), "see %s", c->workers[0].log);
+    cr_assert_eq(cluster_core_state(c, "h0", 0, NULL), TPU_CORE_READY);
+
+    /* the system still works: an all-reduce on both cores */
+    float b0[16], b1[16];
+    void *bufs[2] = {b0, b1};
+    for (int i = 0; i < 16; i++) {
+        b0[i] = (float)i;
+        b1[i] = 1.0f;
+    }
+    cr_assert_eq(tpu_all_reduce(tc, bufs, 16, TPU_F32, TPU_SUM, NULL), TPU_OK, "%s", tpu_last_error());
+    for (int i = 0; i < 16; i++)
+        cr_assert_float_eq(b0[i], (float)i + 1.0f, 0.0f);
+    tpu_cluster_free(tc);
+    tpu_resolver_free(tr);
+    nn_close(rep);
+    cluster_free(c);
+}
