@@ -267,7 +267,7 @@ static void handle(struct hconn *c, size_t hlen)
         if (strlen(h->routes[i].path) == plen && !strncmp(h->routes[i].path, q.target, plen))
             rt = &h->routes[i];
     if (!rt) {
-        refuse(c, 404, "no such path (there are /metrics and /healthz)", q.method, q.target);
+        refuse(c, 404, "no such path (there are /metrics, /healthz and /readyz)", q.method, q.target);
         return;
     }
     head = !strcmp(q.method, "HEAD");

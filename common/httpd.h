@@ -66,10 +66,11 @@ void httpd_close(httpd *h);
 int httpd_get(const char *host, int port, const char *path, int timeout_ms, int *status, char *body, size_t n,
               err *e);
 
-/* What `tpu-worker --probe` and `tpu-resolver --probe` do: GET /healthz on
- * host:port with a 2 s deadline. Returns the exit status: 0 when it answers
- * 200, 1 otherwise (the reason on stderr), 2 when port is 0 (no metrics port
- * configured). prog names the program in messages. */
-int httpd_probe_main(const char *prog, const char *host, int port);
+/* What the daemons' --probe (path /healthz: alive) and --probe-ready (path
+ * /readyz: ready to serve) do: GET path on host:port with a 2 s deadline.
+ * Returns the exit status: 0 when it answers 200, 1 otherwise (the reason on
+ * stderr), 2 when port is 0 (no metrics port configured). prog names the
+ * program in messages. */
+int httpd_probe_main(const char *prog, const char *host, int port, const char *path);
 
 #endif

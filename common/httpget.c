@@ -167,25 +167,26 @@ out:
     return code;
 }
 
-int httpd_probe_main(const char *prog, const char *host, int port)
+int httpd_probe_main(const char *prog, const char *host, int port, const char *path)
 {
     const char *ip = probe_ip(host);
+    const char *flag = strcmp(path, "/healthz") == 0 ? "--probe" : "--probe-ready";
     char body[256], shown[300];
     int status;
     err e;
 
     if (port <= 0) {
-        fprintf(stderr, "%s: --probe: no metrics port is configured: give --metrics-port N (or set "
-                        "$TPUEMU_METRICS_PORT) as the daemon has it\n", prog);
+        fprintf(stderr, "%s: %s: no metrics port is configured: give --metrics-port N (or set "
+                        "$TPUEMU_METRICS_PORT) as the daemon has it\n", prog, flag);
         return 2;
     }
     addr_format(ip, port, shown, sizeof shown);
-    if (httpd_get(ip, port, "/healthz", 2000, &status, body, sizeof body, &e) != CODE_OK) {
-        fprintf(stderr, "%s: --probe: http://%s/healthz: %s\n", prog, shown, e.msg);
+    if (httpd_get(ip, port, path, 2000, &status, body, sizeof body, &e) != CODE_OK) {
+        fprintf(stderr, "%s: %s: http://%s%s: %s\n", prog, flag, shown, path, e.msg);
         return 1;
     }
     if (status != 200) {
-        fprintf(stderr, "%s: --probe: http://%s/healthz: %d: %s\n", prog, shown, status, body);
+        fprintf(stderr, "%s: %s: http://%s%s: %d: %s\n", prog, flag, shown, path, status, body);
         return 1;
     }
     printf("%s\n", body);

@@ -1,5 +1,6 @@
 /* The TPU system: initialize (a new epoch, every chosen core reset), check
- * that the epoch a handle initialized is still current, and shut down. */
+ * that the epoch a handle initialized is still current, shut down, and
+ * forget a dead core. */
 #include "client.h"
 
 #include <stdlib.h>
@@ -114,6 +115,28 @@ tpu_status tpu_shutdown_system(tpu_cluster *c)
     if (m->shutdown_reply)
         c->seen_epoch = m->shutdown_reply->epoch;
     cli_coll_free(c); /* the system is gone: so are its data connections */
+    wire_msg_free(m);
+    return TPU_OK;
+}
+
+tpu_status tpu_forget_core(tpu_cluster *c, const char *host_id, int core, uint64_t *silent_ms)
+{
+    wire_msg req = TPUEMU__MESSAGE__INIT, *m;
+    Tpuemu__ForgetCore body = TPUEMU__FORGET_CORE__INIT;
+    err e;
+
+    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    if (!host_id || !*host_id || core < 0)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_forget_core: give a host id and a core index >= 0");
+    body.host_id = (char *)host_id;
+    body.core = core;
+    body.client_id = c->r->client_id;
+    req.body_case = TPUEMU__MESSAGE__BODY_FORGET_CORE;
+    req.forget_core = &body;
+    if (call_do(c, &req, TPUEMU__MESSAGE__BODY_FORGET_CORE_REPLY, c->r->timeout_ms, &m, &e) != CODE_OK)
+        return cli_fail(&e);
+    if (silent_ms)
+        *silent_ms = m->forget_core_reply ? m->forget_core_reply->silent_ms : 0;
     wire_msg_free(m);
     return TPU_OK;
 }

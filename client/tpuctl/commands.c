@@ -1,4 +1,4 @@
-/* tpuctl commands: cluster, init, shutdown, health, version (bench: bench.c). Each parses its
+/* tpuctl commands: cluster, init, shutdown, forget, health, version (bench: bench.c). Each parses its
  * own flags from a settings table, talks to the resolver through
  * libtpuclient only, and prints text or (--json) one JSON object. */
 #include <stdio.h>
@@ -336,6 +336,62 @@ static int cmd_shutdown(const struct tpuctl *g, int argc, char **argv)
     return EXIT_OK;
 }
 
+/* ---- forget ---- */
+
+static int cmd_forget(const struct tpuctl *g, int argc, char **argv)
+{
+    static const char usage[] = "tpuctl forget HOST/CORE";
+    struct opt none[1] = {{0}};
+    tpu_resolver *r;
+    tpu_cluster *c;
+    char host[128], *end;
+    const char *slash;
+    long core;
+    uint64_t silent = 0;
+    int first = argc, rc;
+    err e;
+
+    rc = opt_parse(none, 0, argc, argv, &first, &e);
+    if (rc == CODE_CANCELLED) {
+        opt_usage(none, 0, usage, "Make the resolver forget a dead core now: it is no longer listed, and "
+                  "an initialize without --expect no longer waits for it. A worker stopped with SIGTERM "
+                  "leaves by itself; a dead core is forgotten after the resolver's --forget-after-ms.");
+        return EXIT_OK;
+    }
+    if (rc != CODE_OK || first + 1 != argc) {
+        fprintf(stderr, "tpuctl forget: %s (usage: %s)\n", rc != CODE_OK ? e.msg : "give one HOST/CORE",
+                usage);
+        return EXIT_USAGE;
+    }
+    slash = strrchr(argv[first], '/');
+    core = slash ? strtol(slash + 1, &end, 10) : -1;
+    if (!slash || slash == argv[first] || (size_t)(slash - argv[first]) >= sizeof host || !slash[1] ||
+        *end || core < 0 || core > 1023) {
+        fprintf(stderr, "tpuctl forget: '%s' is not HOST/CORE (like h0/3)\n", argv[first]);
+        return EXIT_USAGE;
+    }
+    snprintf(host, sizeof host, "%.*s", (int)(slash - argv[first]), argv[first]);
+    if ((rc = connect_cluster(g, &r, &c)) >= 0)
+        return rc;
+    if (tpu_forget_core(c, host, (int)core, &silent) != TPU_OK) {
+        rc = fail();
+        disconnect(r, c);
+        return rc;
+    }
+    if (g->json) {
+        json j;
+        json_init(&j, stdout);
+        json_obj(&j, NULL);
+        json_str(&j, "forgotten", argv[first]);
+        json_uint(&j, "silent_ms", silent);
+        json_end(&j);
+    } else {
+        printf("forgot core %s/%ld (last heartbeat %.1f s ago)\n", host, core, (double)silent / 1000.0);
+    }
+    disconnect(r, c);
+    return EXIT_OK;
+}
+
 /* ---- health ---- */
 
 static int cmd_health(const struct tpuctl *g, int argc, char **argv)
@@ -542,6 +598,7 @@ const struct tpuctl_cmd tpuctl_cmds[] = {
     {"cluster", "list every core: state, replica, HBM, heartbeat age", cmd_cluster},
     {"init", "initialize the TPU system and print its topology", cmd_init},
     {"shutdown", "shut the TPU system down", cmd_shutdown},
+    {"forget", "forget a dead core: forget HOST/CORE", cmd_forget},
     {"health", "cluster and per-core health; exit 1 if any core is unhealthy", cmd_health},
     {"version", "print versions", cmd_version},
     {"profile", "record every core for N ms: trace file and step-time breakdown", cmd_profile},

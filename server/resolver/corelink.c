@@ -72,6 +72,7 @@ static int send_head(corelink *l, err *e)
     wire_msg m = TPUEMU__MESSAGE__INIT;
     Tpuemu__ProbeCore probe = TPUEMU__PROBE_CORE__INIT;
     Tpuemu__ResetCore reset = TPUEMU__RESET_CORE__INIT;
+    Tpuemu__CoreRef to = TPUEMU__CORE_REF__INIT;
     struct cl_call *c = &l->q[0], done;
     uint64_t now = wire_now_ms();
     uint8_t *buf = NULL;
@@ -98,6 +99,10 @@ static int send_head(corelink *l, err *e)
         m.body_case = TPUEMU__MESSAGE__BODY_RESET_CORE;
         m.reset_core = &reset;
     }
+    to.host_id = l->host;
+    to.core = l->core;
+    to.incarnation = l->incarnation;
+    m.recipient = &to;
     if ((rc = wire_seal(l->auth, "resolver", &m, &buf, &len, &l->nonce, e)) != CODE_OK) {
         pop_head(l, &done);
         return rc;
@@ -228,7 +233,8 @@ fail:
     return NULL;
 }
 
-corelink *corelink_new(uv_loop_t *loop, const auth *a, void *ctx, const char *url, err *e)
+corelink *corelink_new(uv_loop_t *loop, const auth *a, void *ctx, const char *url, const char *host, int core,
+                       uint64_t incarnation, err *e)
 {
     corelink *l = calloc(1, sizeof *l);
 
@@ -240,6 +246,9 @@ corelink *corelink_new(uv_loop_t *loop, const auth *a, void *ctx, const char *ur
     l->ctx = ctx;
     l->loop = loop;
     snprintf(l->url, sizeof l->url, "%s", url);
+    snprintf(l->host, sizeof l->host, "%s", host);
+    l->core = core;
+    l->incarnation = incarnation;
     if (!(l->nn = dial(l, e))) {
         free(l);
         return NULL;

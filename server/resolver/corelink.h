@@ -68,6 +68,10 @@ typedef struct corelink {
     const auth *auth;
     void *ctx;               /* passed to callbacks */
     char url[256];
+    /* the one process every call is for (Message.recipient) */
+    char host[64];
+    int core;
+    uint64_t incarnation;
     struct cl_call q[CORELINK_QUEUE];
     int qn;                  /* q[0] is on the wire when inflight */
     int inflight;
@@ -75,8 +79,11 @@ typedef struct corelink {
     int open_handles;        /* the timer and every socket not yet closed; freed at 0 */
 } corelink;
 
-/* Connects (asynchronously) to url; NULL with e set on failure. */
-corelink *corelink_new(uv_loop_t *loop, const auth *a, void *ctx, const char *url, err *e);
+/* Connects (asynchronously) to url, the control socket of core host/core of
+ * process incarnation, whom every call names as its recipient (a core that
+ * is another process now refuses them); NULL with e set on failure. */
+corelink *corelink_new(uv_loop_t *loop, const auth *a, void *ctx, const char *url, const char *host, int core,
+                       uint64_t incarnation, err *e);
 
 /* Queues a call. UNAVAILABLE in e if the queue is full or sending fails now
  * (the callback is then not called). */

@@ -1,7 +1,8 @@
 /* Requests to the resolver: open and check each envelope, dispatch by body
  * case through a table, and the registry-side handlers (heartbeat with
  * identity checks, cluster spec). System state changes live in system.c;
- * replies and the links to the cores in reply.c, below both. */
+ * leaving and forgetting cores in forget.c; replies and the links to the
+ * cores in reply.c, below them. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,6 +203,11 @@ static void h_heartbeat(resolver *r, rreq *req, const wire_msg *m)
         return;
     }
     reg_winfo_copy(&w, wi);
+    if (rsv_left_lately(r, w.incarnation)) {
+        rsv_reply_error(r, req, CODE_ABORTED, "this worker (pid %u) left the cluster; a worker that "
+                        "starts again registers anew", w.pid);
+        return;
+    }
     if (w.core < 0 && (w.core = assign_core(&r->reg, &w)) < 0) {
         rsv_reply_error(r, req, CODE_RESOURCE_EXHAUSTED, "host %s has no free core index (0..%d)",
                         w.host_id, REG_CORE_MAX);
@@ -209,6 +215,10 @@ static void h_heartbeat(resolver *r, rreq *req, const wire_msg *m)
     }
     en = reg_lookup(&r->reg, w.host_id, w.core);
     if (!en) {
+        rentry *old;
+        /* full: the core dead for longest makes room; live ones never do */
+        if (r->reg.n >= r->reg.max && (old = reg_longest_dead(&r->reg)) != NULL)
+            rsv_forget(r, old, FORGET_EVICTED);
         if (!(en = reg_add(&r->reg, &w, now, &e))) {
             log_warn("heartbeat refused", "host=%s core=%d reason=%s", log_q(w.host_id), w.core,
                      log_q(e.msg));
@@ -296,6 +306,16 @@ static void h_system_check(resolver *r, rreq *req, const wire_msg *m)
     req->ctl = NULL;
 }
 
+static void h_leave(resolver *r, rreq *req, const wire_msg *m)
+{
+    rsv_leave(r, req, m->leave);
+}
+
+static void h_forget_core(resolver *r, rreq *req, const wire_msg *m)
+{
+    rsv_forget_core(r, req, m->forget_core);
+}
+
 /* ---- dispatch ---- */
 
 static const struct {
@@ -308,6 +328,8 @@ static const struct {
     {TPUEMU__MESSAGE__BODY_INITIALIZE, h_initialize, "initialize"},
     {TPUEMU__MESSAGE__BODY_SHUTDOWN, h_shutdown, "shutdown"},
     {TPUEMU__MESSAGE__BODY_SYSTEM_CHECK, h_system_check, "system_check"},
+    {TPUEMU__MESSAGE__BODY_LEAVE, h_leave, "leave"},
+    {TPUEMU__MESSAGE__BODY_FORGET_CORE, h_forget_core, "forget_core"},
 };
 
 /* protobuf-c leaves a oneof's message pointer NULL only on broken input; guard anyway */
@@ -318,6 +340,8 @@ static int body_present(const wire_msg *m)
     case TPUEMU__MESSAGE__BODY_INITIALIZE: return m->initialize != NULL;
     case TPUEMU__MESSAGE__BODY_SHUTDOWN: return m->shutdown != NULL;
     case TPUEMU__MESSAGE__BODY_SYSTEM_CHECK: return m->system_check != NULL;
+    case TPUEMU__MESSAGE__BODY_LEAVE: return m->leave != NULL;
+    case TPUEMU__MESSAGE__BODY_FORGET_CORE: return m->forget_core != NULL;
     default: return 1;
     }
 }

@@ -18,8 +18,8 @@
 
 struct settings {
     const char *listen, *token_file, *log_level;
-    int insecure, probe;
-    long long heartbeat_ms, dead_after, max_cores, metrics_port;
+    int insecure, probe, probe_ready;
+    long long heartbeat_ms, dead_after, max_cores, forget_after_ms, metrics_port;
 };
 
 static int parse_settings(int argc, char **argv, struct settings *st)
@@ -36,13 +36,20 @@ static int parse_settings(int argc, char **argv, struct settings *st)
         {"dead-after", "TPUEMU_DEAD_AFTER", OPT_INT, "3", 1, 100, "N",
          "missed heartbeats after which a core is dead", &st->dead_after},
         {"max-cores", "TPUEMU_MAX_CORES", OPT_INT, "1024", 1, 4096, "N",
-         "most cores the resolver tracks", &st->max_cores},
+         "most cores the resolver tracks; when full, the core dead for longest makes room for a new one",
+         &st->max_cores},
+        {"forget-after-ms", "TPUEMU_FORGET_AFTER_MS", OPT_INT, "300000", 0, 604800000, "MS",
+         "forget a dead core once its last heartbeat is this old (a default initialize then stops "
+         "waiting for it); 0: never", &st->forget_after_ms},
         {"metrics-port", "TPUEMU_METRICS_PORT", OPT_INT, "0", 0, 65535, "PORT",
-         "serve Prometheus metrics (/metrics) and /healthz over HTTP on this port of the --listen host; "
-         "0: off", &st->metrics_port},
+         "serve Prometheus metrics (/metrics), /healthz and /readyz over HTTP on this port of the --listen "
+         "host; 0: off", &st->metrics_port},
         {"probe", NULL, OPT_BOOL, NULL, 0, 0, NULL,
-         "health check: GET /healthz on the metrics port of the --listen host and exit 0 if it answers 200, "
+         "liveness check: GET /healthz on the metrics port of the --listen host and exit 0 if it answers 200, "
          "1 if not, 2 without a metrics port", &st->probe},
+        {"probe-ready", NULL, OPT_BOOL, NULL, 0, 0, NULL,
+         "readiness check: GET /readyz the same way (the resolver is ready while it serves)",
+         &st->probe_ready},
         {"log-level", "TPUEMU_LOG_LEVEL", OPT_STRING, "info", 0, 0, "LEVEL",
          "debug, info, warn or error", &st->log_level},
     };
@@ -101,6 +108,7 @@ static void on_signal(uv_signal_t *h, int signum)
 static void on_dead_timer(uv_timer_t *t)
 {
     sys_dead_check(t->data);
+    rsv_expire(t->data);
 }
 
 int main(int argc, char **argv)
@@ -124,8 +132,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "tpu-resolver: --listen: %s\n", e.msg);
         return 2;
     }
-    if (st.probe)
-        return httpd_probe_main("tpu-resolver", la.host, (int)st.metrics_port);
+    if (st.probe || st.probe_ready)
+        return httpd_probe_main("tpu-resolver", la.host, (int)st.metrics_port, st.probe ? "/healthz" : "/readyz");
     if (auth_load(&r.auth, st.token_file, &e) != CODE_OK) {
         fprintf(stderr, "tpu-resolver: %s\n", e.msg);
         return 2;
@@ -139,6 +147,7 @@ int main(int argc, char **argv)
     r.heartbeat_ms = (uint32_t)st.heartbeat_ms;
     r.dead_after = (uint32_t)st.dead_after;
     r.max_cores = (uint32_t)st.max_cores;
+    r.forget_after_ms = (uint64_t)st.forget_after_ms;
     reg_init(&r.reg, (size_t)st.max_cores);
     signal(SIGPIPE, SIG_IGN);
 
@@ -186,9 +195,9 @@ int main(int argc, char **argv)
     uv_signal_start(&r.sigterm, on_signal, SIGTERM);
 
     addr_format(la.host, port, shown, sizeof shown);
-    log_info("listening", "listen=%s auth=%s heartbeat_ms=%u dead_after=%u max_cores=%u metrics_port=%lld "
-             "version=%s", log_q(shown), r.auth.enabled ? "on" : "off", r.heartbeat_ms, r.dead_after,
-             r.max_cores, st.metrics_port, TPUEMU_VERSION);
+    log_info("listening", "listen=%s auth=%s heartbeat_ms=%u dead_after=%u max_cores=%u forget_after_ms=%llu "
+             "metrics_port=%lld version=%s", log_q(shown), r.auth.enabled ? "on" : "off", r.heartbeat_ms,
+             r.dead_after, r.max_cores, (unsigned long long)r.forget_after_ms, st.metrics_port, TPUEMU_VERSION);
     uv_run(&loop, UV_RUN_DEFAULT);
     status = 0;
 out:

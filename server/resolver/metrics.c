@@ -50,6 +50,14 @@ static int render(void *user, hbuf *b)
     prom_family(b, "tpuemu_resolver_duplicate_requests_total", "counter",
                 "Resent requests answered again with the original reply (the first reply was lost).");
     prom_u64(b, "tpuemu_resolver_duplicate_requests_total", NULL, prom_get(&r->metrics.duplicates));
+    prom_family(b, "tpuemu_resolver_cores_forgotten_total", "counter",
+                "Cores removed from the registry, by reason (left: the worker stopped cleanly; expired: dead for "
+                "--forget-after-ms; operator: tpuctl forget; evicted: the longest-dead made room at --max-cores).");
+    for (int i = 0; i < FORGET_REASONS; i++) {
+        char labels[32];
+        snprintf(labels, sizeof labels, "reason=\"%s\"", rsv_forget_reason_name((enum forget_reason)i));
+        prom_u64(b, "tpuemu_resolver_cores_forgotten_total", labels, prom_get(&r->metrics.forgotten[i]));
+    }
     prom_family(b, "tpuemu_resolver_heartbeat_interval_seconds", "gauge",
                 "Heartbeat interval the workers are told to use (--heartbeat-ms).");
     hbuf_printf(b, "tpuemu_resolver_heartbeat_interval_seconds %.3f\n", r->heartbeat_ms / 1000.0);
@@ -67,9 +75,11 @@ static int health(void *user, hbuf *b)
     return 200;
 }
 
+/* The resolver is ready when it is alive: it needs nobody else to serve. */
 static const struct httpd_route routes[] = {
     {"/metrics", PROM_CONTENT_TYPE, render},
     {"/healthz", "text/plain; charset=utf-8", health},
+    {"/readyz", "text/plain; charset=utf-8", health},
 };
 
 int rm_start(resolver *r, const char *host, int port, err *e)

@@ -10,14 +10,24 @@
 
 struct resolver;
 
+/* Why a core was forgotten (tpuemu_resolver_cores_forgotten_total{reason}). */
+enum forget_reason {
+    FORGET_LEFT,     /* its worker stopped cleanly and said so (Leave) */
+    FORGET_EXPIRED,  /* dead for longer than --forget-after-ms */
+    FORGET_OPERATOR, /* tpuctl forget, tpu_forget_core() */
+    FORGET_EVICTED,  /* --max-cores were tracked: the longest-dead made room */
+    FORGET_REASONS
+};
+
 struct rmetrics {
     prom_counter heartbeats;    /* heartbeat messages handled */
     prom_counter registrations; /* cores registered, new or replacing an incarnation */
     prom_counter duplicates;    /* resends answered from the duplicate-request cache */
+    prom_counter forgotten[FORGET_REASONS]; /* cores removed from the registry, by reason */
     httpd *httpd;
 };
 
-/* Serves /metrics and /healthz on host:port; port 0: nothing to do. */
+/* Serves /metrics, /healthz and /readyz on host:port; port 0: nothing to do. */
 int rm_start(struct resolver *r, const char *host, int port, err *e);
 void rm_stop(struct resolver *r);
 

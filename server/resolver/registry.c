@@ -182,3 +182,25 @@ void reg_set_dead(registry *g, rentry *en, int dead)
         g->n_dead--;
     en->dead = dead;
 }
+
+void reg_remove(registry *g, rentry *en)
+{
+    size_t i = lower_bound(g, en->w.host_id, en->w.core);
+
+    if (i >= g->n || g->v[i] != en)
+        return;
+    if (en->dead)
+        g->n_dead--;
+    memmove(&g->v[i], &g->v[i + 1], (g->n - i - 1) * sizeof *g->v);
+    g->n--;
+    free(en);
+}
+
+rentry *reg_longest_dead(const registry *g)
+{
+    rentry *best = NULL;
+    for (size_t i = 0; i < g->n; i++)
+        if (g->v[i]->dead && (!best || g->v[i]->last_hb_ms < best->last_hb_ms))
+            best = g->v[i];
+    return best;
+}

@@ -2,8 +2,11 @@
  *
  * Entries are heap objects (their address is stable: corelinks and pending
  * operations point at them) kept in an array sorted by (host_id, core), which
- * is also ring order. An entry is never removed: a dead one stays listed until
- * a new worker replaces it in place. Bounded by --max-cores. Loop thread only. */
+ * is also ring order. An entry goes when its worker leaves, when it has been
+ * dead for --forget-after-ms, when an operator forgets it, or when --max-cores
+ * are tracked and a new core needs the room of the longest-dead one; until
+ * then a dead one stays listed, and a new worker on its key replaces it in
+ * place. Loop thread only. */
 #ifndef TPUEMU_RESOLVER_REGISTRY_H
 #define TPUEMU_RESOLVER_REGISTRY_H
 
@@ -70,6 +73,11 @@ size_t reg_host_range(const registry *g, const char *host, size_t *count);
 rentry *reg_add(registry *g, const winfo *w, uint64_t now_ms, err *e);
 /* Marks an entry dead or alive, keeping the counters right. */
 void reg_set_dead(registry *g, rentry *en, int dead);
+/* Takes en out of the registry and frees it; its link must be closed (NULL)
+ * already. Nothing may point at it afterwards. */
+void reg_remove(registry *g, rentry *en);
+/* The dead entry whose last heartbeat is the oldest; NULL if none is dead. */
+rentry *reg_longest_dead(const registry *g);
 
 static inline size_t reg_alive(const registry *g)
 {

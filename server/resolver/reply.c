@@ -51,7 +51,8 @@ void rsv_reply_error(resolver *r, rreq *req, int code, const char *fmt, ...)
 struct corelink *rsv_link(resolver *r, rentry *en, err *e)
 {
     if (!en->link)
-        en->link = corelink_new(r->loop, &r->auth, r, en->w.control_addr, e);
+        en->link = corelink_new(r->loop, &r->auth, r, en->w.control_addr, en->w.host_id, en->w.core,
+                                en->w.incarnation, e);
     return en->link;
 }
 

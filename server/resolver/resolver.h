@@ -18,6 +18,7 @@
 
 #define RSV_SENDER "resolver"
 #define RSV_MAX_CLAIMS 64 /* probes of previous holders waiting at once */
+#define RSV_LEFT_MAX 256  /* incarnations that left, remembered for the replay window */
 
 /* A request whose reply may wait: the raw REP routing header and the nonce
  * the reply's request_id must carry (the refused message's own, if it could
@@ -49,7 +50,12 @@ typedef struct resolver {
     uv_timer_t dead_timer;
     uv_signal_t sigint, sigterm;
     uint32_t heartbeat_ms, dead_after, max_cores;
+    uint64_t forget_after_ms; /* a dead core silent this long is forgotten; 0: never */
     registry reg;
+    /* incarnations that left lately: a heartbeat of theirs still on its way
+     * (sent just before the Leave) must not register the core again */
+    struct { uint64_t inc, at_ms; } left[RSV_LEFT_MAX];
+    size_t left_next;
     rsys sys;
     struct claim *claims;
     size_t nclaims;
@@ -72,5 +78,18 @@ void rsv_drop_link(rentry *en);
 
 /* Graceful stop: answers every waiting claim with UNAVAILABLE. */
 void rsv_stop_claims(resolver *r);
+
+/* Forgetting cores (forget.c). rsv_forget() logs, counts and removes en (its
+ * link closed, the entry freed); the caller then calls sys_on_change(), so
+ * that an initialize waiting for every known core stops waiting for it. */
+void rsv_forget(resolver *r, rentry *en, enum forget_reason why);
+const char *rsv_forget_reason_name(enum forget_reason why);
+/* 1 if incarnation inc sent a Leave within the replay window. */
+int rsv_left_lately(const resolver *r, uint64_t inc);
+/* Leave (a worker stopping) and ForgetCore (an operator) requests. */
+void rsv_leave(resolver *r, rreq *req, const Tpuemu__Leave *q);
+void rsv_forget_core(resolver *r, rreq *req, const Tpuemu__ForgetCore *q);
+/* The dead-check timer: forgets cores dead for longer than forget_after_ms. */
+void rsv_expire(resolver *r);
 
 #endif

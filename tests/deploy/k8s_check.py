@@ -9,8 +9,9 @@ would break the deployment, with python3-yaml:
   name, unique per kind;
 - Deployment and StatefulSet: the selector non-empty and matching the pod
   template's labels, replicas, containers with a name, the expected image and
-  a command; ports named and in range; liveness and readiness probes
-  (httpGet /healthz) on a declared port; env entries with a string value or a
+  a command; ports named and in range; a liveness probe (httpGet /healthz:
+  the process answers) and a readiness probe (httpGet /readyz: able to serve)
+  on a declared port; env entries with a string value or a
   valid fieldRef; volume mounts of declared volumes; secret volumes naming the
   Secret the manifests define, and the token file inside such a mount under a
   key that Secret has;
@@ -168,14 +169,16 @@ class Checker:
                 self.err(where, f"port name {n!r} missing, too long or repeated")
             names.add(n)
             numbers.add(num)
-        for probe in ("livenessProbe", "readinessProbe"):
+        # liveness must not depend on anything outside the process (a resolver
+        # outage would get every worker restarted); readiness does
+        for probe, want in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
             pr = c.get(probe)
             if not isinstance(pr, dict) or "httpGet" not in pr:
                 self.err(where, f"no {probe} with httpGet")
                 continue
             hg = pr["httpGet"]
-            if hg.get("path") != "/healthz":
-                self.err(where, f"{probe} path {hg.get('path')!r}, expected /healthz")
+            if hg.get("path") != want:
+                self.err(where, f"{probe} path {hg.get('path')!r}, expected {want}")
             port = hg.get("port")
             if not ((isinstance(port, str) and port in names) or (isinstance(port, int) and port in numbers)):
                 self.err(where, f"{probe} port {port!r} is not a port the container declares ({sorted(names)})")
@@ -353,6 +356,11 @@ MUTATIONS = [
      "the token file outside the Secret's mount"),
     ("workers.yaml", "          command: [\"/bin/sh\", \"-c\"]\n", "", "a container without a command"),
     ("resolver.yaml", "  replicas: 1\n", "  replicas: 1\n  replicas: [\n", "broken YAML"),
+    ("workers.yaml", "              path: /readyz", "              path: /healthz",
+     "readiness on the liveness endpoint"),
+    ("workers.yaml", "          livenessProbe:\n            httpGet:\n              path: /healthz",
+     "          livenessProbe:\n            httpGet:\n              path: /readyz",
+     "liveness on the readiness endpoint (a resolver outage restarts every worker)"),
 ]
 
 

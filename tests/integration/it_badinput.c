@@ -14,6 +14,30 @@
 
 static cluster *c;
 static char ctl[300], data[300];
+static Tpuemu__CoreRef h00 = TPUEMU__CORE_REF__INIT; /* h0/0's process: the recipient of its control messages */
+
+/* The incarnation of host/core, from a raw cluster spec request (the
+ * library's core info does not carry it). */
+static uint64_t incarnation_of(const char *host, int core)
+{
+    int sock = raw_req_open(c->addr, 3000);
+    wire_msg m = TPUEMU__MESSAGE__INIT, *rep;
+    Tpuemu__ClusterSpecRequest q = TPUEMU__CLUSTER_SPEC_REQUEST__INIT;
+    uint64_t inc = 0;
+    m.body_case = TPUEMU__MESSAGE__BODY_CLUSTER_SPEC_REQUEST;
+    m.cluster_spec_request = &q;
+    cr_assert_eq(raw_call_msg(sock, NULL, &m, &rep, NULL), CODE_OK);
+    cr_assert_eq(rep->body_case, TPUEMU__MESSAGE__BODY_CLUSTER_SPEC);
+    for (size_t i = 0; i < rep->cluster_spec->n_cores; i++) {
+        const Tpuemu__WorkerInfo *w = rep->cluster_spec->cores[i]->worker;
+        if (strcmp(w->host_id, host) == 0 && w->core == core)
+            inc = w->incarnation;
+    }
+    wire_msg_free(rep);
+    raw_req_close(sock);
+    cr_assert_neq(inc, 0, "%s/%d is not registered", host, core);
+    return inc;
+}
 
 static void setup(void)
 {
@@ -27,6 +51,9 @@ static void setup(void)
     snprintf(ctl, sizeof ctl, "%s", ci.control_addr);
     snprintf(data, sizeof data, "%s", ci.data_addr);
     tpu_cluster_spec_free(s);
+    h00.host_id = "h0";
+    h00.core = 0;
+    h00.incarnation = incarnation_of("h0", 0);
 }
 
 static void teardown(void)
@@ -51,6 +78,7 @@ static void still_serving(void)
     Tpuemu__ProbeCore pc = TPUEMU__PROBE_CORE__INIT;
     m.body_case = TPUEMU__MESSAGE__BODY_PROBE_CORE;
     m.probe_core = &pc;
+    m.recipient = &h00;
     cr_assert_eq(raw_call_msg(sock, NULL, &m, &rep, NULL), CODE_OK, "worker control port stopped answering");
     cr_assert_eq(rep->body_case, TPUEMU__MESSAGE__BODY_CORE_REPORT, "%s", wire_body_name(rep));
     wire_msg_free(rep);
@@ -328,6 +356,7 @@ Test(badinput, stale_reset_refused_by_worker)
     Tpuemu__ResetCore rc = TPUEMU__RESET_CORE__INIT;
     m.body_case = TPUEMU__MESSAGE__BODY_RESET_CORE;
     m.reset_core = &rc;
+    m.recipient = &h00;
     rc.epoch = 5;
     rc.replica_id = -1;
     wire_msg *rep = call(ctl, &m);
@@ -336,6 +365,42 @@ Test(badinput, stale_reset_refused_by_worker)
     wire_msg_free(rep);
     rc.epoch = 4;
     expect_error(call(ctl, &m), CODE_FAILED_PRECONDITION, "stale reset for epoch 4, core is in epoch 5");
+    still_serving();
+}
+
+Test(badinput, control_message_for_another_recipient_refused)
+{
+    wire_msg m = TPUEMU__MESSAGE__INIT;
+    Tpuemu__ResetCore rc = TPUEMU__RESET_CORE__INIT;
+    Tpuemu__ProbeCore pc = TPUEMU__PROBE_CORE__INIT;
+    Tpuemu__CoreRef to = TPUEMU__CORE_REF__INIT;
+    m.body_case = TPUEMU__MESSAGE__BODY_RESET_CORE;
+    m.reset_core = &rc;
+    rc.epoch = 9;
+    rc.replica_id = -1;
+    /* none, another core, another process of this core */
+    expect_error(call(ctl, &m), CODE_PERMISSION_DENIED, "names no recipient");
+    to.host_id = "h0";
+    to.core = 1;
+    to.incarnation = h00.incarnation;
+    m.recipient = &to;
+    expect_error(call(ctl, &m), CODE_PERMISSION_DENIED, "addressed to core h0/1");
+    to.host_id = "h1";
+    to.core = 0;
+    expect_error(call(ctl, &m), CODE_PERMISSION_DENIED, "addressed to core h1/0");
+    to.host_id = "h0";
+    to.incarnation = h00.incarnation + 1;
+    expect_error(call(ctl, &m), CODE_PERMISSION_DENIED, "this is core h0/0");
+    m.body_case = TPUEMU__MESSAGE__BODY_PROBE_CORE;
+    m.probe_core = &pc;
+    expect_error(call(ctl, &m), CODE_PERMISSION_DENIED, "'probe_core' is addressed to core h0/0");
+    /* none of them changed the core: it was never reset into epoch 9 */
+    m.recipient = &h00;
+    wire_msg *rep = call(ctl, &m);
+    cr_assert_eq(rep->body_case, TPUEMU__MESSAGE__BODY_CORE_REPORT, "%s", wire_body_name(rep));
+    cr_assert_neq(rep->core_report->worker->epoch, 9);
+    wire_msg_free(rep);
+    cr_assert(cl_log_contains(&c->workers[0], "control request refused"));
     still_serving();
 }
 

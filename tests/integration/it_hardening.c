@@ -1,16 +1,37 @@
-/* Integration: what must not make a daemon exit (issue 17, finding 1). A
- * heartbeat whose reply is lost gets its original answer when nanomsg resends
- * it; an old error reply replayed on the path is not taken as the answer; a
- * message dated ahead (within the window) does not lock correctly dated ones
- * out; and what a person must fix (a wrong token) still stops the worker, with
- * the fix in the message. The worker talks to the resolver through the
- * fault-injecting proxy of tests/support/proxy.c. */
+/* Integration: hardening of the control plane (issue 17).
+ *
+ * Finding 1, what must not make a daemon exit: a heartbeat whose reply is
+ * lost gets its original answer when nanomsg resends it; an old error reply
+ * replayed on the path is not taken as the answer; a message dated ahead
+ * (within the window) does not lock correctly dated ones out; and what a
+ * person must fix (a wrong token) still stops the worker, with the fix in the
+ * message. The worker talks to the resolver through the fault-injecting proxy
+ * of tests/support/proxy.c.
+ *
+ * Finding 4, liveness is not readiness: a resolver outage makes a worker not
+ * ready (/readyz, --probe-ready) but never not alive (/healthz, --probe), so
+ * an orchestrator's liveness probe does not restart it.
+ *
+ * Finding 5, cores that are gone are forgotten: a worker stopped with SIGTERM
+ * leaves, a dead core is forgotten on demand or after --forget-after-ms, and a
+ * full registry makes room from its longest-dead core; a default initialize
+ * never waits for any of them.
+ *
+ * Finding 3, control messages are bound to their recipient: the resolver's
+ * reset telling a core to leave the system, captured on its way and sent to
+ * another core within the replay window, is refused there and changes
+ * nothing. */
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
+
+#include <nanomsg/nn.h>
+#include <nanomsg/reqrep.h>
 
 #include <criterion/criterion.h>
 
@@ -345,5 +366,372 @@ Test(hardening, wrong_token_stops_the_worker_saying_what_to_do, .timeout = 120)
     cr_assert(cl_log_contains(wp, "tpu-worker: UNAUTHENTICATED"), "see %s", wp->log);
     cr_assert(cl_log_contains(wp, "check --token-file"), "the exit says what to do; see %s", wp->log);
     cr_assert_eq(cluster_core_state(c, "h9", 0, NULL), TPU_CORE_UNKNOWN);
+    cluster_free(c);
+}
+
+/* ---- helpers of the tests below ---- */
+
+#define SHOW(r) "exit %d\nstdout:\n%s\nstderr:\n%s", (r).code, (r).out, (r).err
+
+/* GET path from 127.0.0.1:port: the status (0 if no answer) and the whole
+ * body (malloc'd, NUL-terminated) in *body if body is not NULL. */
+static int http_get_all(int port, const char *path, char **body)
+{
+    char hp[32], req[256], *buf = calloc(1, 1 << 20), *b;
+    size_t n = 0;
+    int fd, status = 0;
+
+    snprintf(hp, sizeof hp, "127.0.0.1:%d", port);
+    if (body)
+        *body = NULL;
+    if ((fd = tcp_connect_addr(hp, 2000)) < 0) {
+        free(buf);
+        return 0;
+    }
+    snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", path);
+    tcp_send_all(fd, req, strlen(req));
+    while (n < (1u << 20) - 1) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 3000) <= 0)
+            break;
+        ssize_t k = read(fd, buf + n, (1u << 20) - 1 - n);
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+    }
+    close(fd);
+    buf[n] = '\0';
+    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1)
+        status = 0;
+    if (body) {
+        b = strstr(buf, "\r\n\r\n");
+        *body = strdup(b ? b + 4 : "");
+    }
+    free(buf);
+    return status;
+}
+
+/* The value of the sample `name{labels}` (labels exactly as rendered, or
+ * NULL for none) in the daemon's /metrics; -1 if it is not there. */
+static double metric(int port, const char *name, const char *labels)
+{
+    char *body, key[256];
+    double v = -1;
+    cr_assert_eq(http_get_all(port, "/metrics", &body), 200);
+    snprintf(key, sizeof key, "\n%s%s%s%s ", name, labels ? "{" : "", labels ? labels : "", labels ? "}" : "");
+    const char *p = strstr(body, key);
+    if (p)
+        v = strtod(p + strlen(key), NULL);
+    free(body);
+    return v;
+}
+
+/* ---- finding 5: cores that are gone are forgotten ---- */
+
+Test(hardening, worker_stopped_cleanly_leaves_the_cluster, .timeout = 120)
+{
+    int rmp = cl_free_port();
+    char rms[16];
+    snprintf(rms, sizeof rms, "%d", rmp);
+    const char *rargs[] = {"--metrics-port", rms, NULL};
+    cluster_opts o = {.hosts = 1, .cores_per_host = 2, .token = 1, .resolver_args = rargs};
+    cluster *c = cluster_start(&o);
+    cl_proc *wp = &c->workers[1];
+    run_result r;
+
+    kill(wp->pid, SIGTERM);
+    cr_assert(cluster_wait_exit(wp, 10000), "the worker did not stop on SIGTERM");
+    cr_assert(WIFEXITED(wp->status) && WEXITSTATUS(wp->status) == 0, "%s", exit_str(wp));
+    /* it told the resolver before it exited */
+    cr_assert_eq(cluster_core_state(c, "h0", 1, NULL), TPU_CORE_UNKNOWN,
+                 "a worker stopped with SIGTERM is still listed; see %s", c->resolver.log);
+    cr_assert(cl_log_contains(&c->resolver, "core left"), "see %s", c->resolver.log);
+    cr_assert_eq(metric(rmp, "tpuemu_resolver_cores_forgotten_total", "reason=\"left\""), 1);
+    /* a default initialize does not wait for it */
+    cluster_tpuctl(c, &r, 20000, "init", "--timeout-ms", "5000", NULL);
+    cr_assert_eq(r.code, 0, "initialize waited for a core that left: " SHOW(r));
+    cr_assert(strstr(r.out, "1 cores on 1 host"), SHOW(r));
+    run_result_free(&r);
+    /* started again, it registers as a new core */
+    cluster_restart_worker(c, 1);
+    cr_assert(cluster_wait_core_state(c, "h0", 1, CL_ALIVE, 15000), "the restarted worker did not register");
+    cluster_free(c);
+}
+
+Test(hardening, dead_core_forgotten_on_demand, .timeout = 120)
+{
+    cluster_opts o = {.hosts = 1, .cores_per_host = 2, .token = 1};
+    cluster *c = cluster_start(&o);
+    run_result r;
+
+    /* a live core is not forgotten: its worker would register it again */
+    cluster_tpuctl(c, &r, 10000, "forget", "h0/1", NULL);
+    cr_assert_eq(r.code, 1, SHOW(r));
+    cr_assert(strncmp(r.err, "FAILED_PRECONDITION: ", 21) == 0, SHOW(r));
+    run_result_free(&r);
+    cluster_tpuctl(c, &r, 10000, "forget", "h0/7", NULL);
+    cr_assert_eq(r.code, 1, SHOW(r));
+    cr_assert(strncmp(r.err, "NOT_FOUND: ", 11) == 0, SHOW(r));
+    run_result_free(&r);
+    cluster_tpuctl(c, &r, 10000, "forget", "h0", NULL);
+    cr_assert_eq(r.code, 2, SHOW(r));
+    run_result_free(&r);
+
+    cluster_kill_worker(c, 1);
+    cr_assert(cluster_wait_core_state(c, "h0", 1, TPU_CORE_DEAD, 15000));
+    cluster_tpuctl(c, &r, 10000, "forget", "h0/1", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    cr_assert(strstr(r.out, "h0/1"), SHOW(r));
+    run_result_free(&r);
+    cr_assert_eq(cluster_core_state(c, "h0", 1, NULL), TPU_CORE_UNKNOWN);
+    cluster_tpuctl(c, &r, 20000, "init", "--timeout-ms", "5000", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    cr_assert(strstr(r.out, "1 cores on 1 host"), SHOW(r));
+    run_result_free(&r);
+    cluster_free(c);
+}
+
+Test(hardening, forget_core_through_the_library, .timeout = 120)
+{
+    cluster_opts o = {.hosts = 1, .cores_per_host = 2};
+    cluster *c = cluster_start(&o);
+    tpu_resolver *r;
+    tpu_cluster *cc;
+    uint64_t silent = 0;
+
+    cr_assert_eq(cluster_connect(c, &r, &cc), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_forget_core(cc, "h0", 0, NULL), TPU_FAILED_PRECONDITION);
+    cr_assert(strstr(tpu_last_error(), "alive"), "%s", tpu_last_error());
+    cr_assert_eq(tpu_forget_core(cc, "h0", -1, NULL), TPU_INVALID_ARGUMENT);
+    cr_assert_eq(tpu_forget_core(cc, NULL, 0, NULL), TPU_INVALID_ARGUMENT);
+    cluster_kill_worker(c, 0);
+    cr_assert(cluster_wait_core_state(c, "h0", 0, TPU_CORE_DEAD, 15000));
+    cr_assert_eq(tpu_forget_core(cc, "h0", 0, &silent), TPU_OK, "%s", tpu_last_error());
+    /* it was dead: silent for at least the dead-core time, 3 x 100 ms */
+    cr_assert_geq(silent, 300, "silent_ms %llu", (unsigned long long)silent);
+    cr_assert_eq(tpu_forget_core(cc, "h0", 0, NULL), TPU_NOT_FOUND);
+    cr_assert_eq(cluster_count(c, CL_ALIVE), 1);
+    cr_assert_eq(cluster_core_state(c, "h0", 0, NULL), TPU_CORE_UNKNOWN);
+    tpu_cluster_free(cc);
+    tpu_resolver_free(r);
+    cluster_free(c);
+}
+
+Test(hardening, dead_core_forgotten_after_the_bound, .timeout = 120)
+{
+    int rmp = cl_free_port();
+    char rms[16];
+    snprintf(rms, sizeof rms, "%d", rmp);
+    const char *rargs[] = {"--forget-after-ms", "1000", "--metrics-port", rms, NULL};
+    cluster_opts o = {.hosts = 1, .cores_per_host = 2, .resolver_args = rargs};
+    cluster *c = cluster_start(&o);
+    run_result r;
+
+    cluster_kill_worker(c, 1);
+    cr_assert(cluster_wait_core_state(c, "h0", 1, TPU_CORE_DEAD, 15000));
+    cr_assert(cluster_wait_core_state(c, "h0", 1, TPU_CORE_UNKNOWN, 20000),
+              "a core dead for longer than --forget-after-ms is still listed");
+    cr_assert_eq(metric(rmp, "tpuemu_resolver_cores_forgotten_total", "reason=\"expired\""), 1);
+    cluster_tpuctl(c, &r, 20000, "init", "--timeout-ms", "5000", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    run_result_free(&r);
+    cluster_free(c);
+}
+
+Test(hardening, full_registry_makes_room_from_the_longest_dead, .timeout = 120)
+{
+    const char *rargs[] = {"--max-cores", "2", NULL};
+    cluster_opts o = {.hosts = 1, .cores_per_host = 2, .resolver_args = rargs};
+    cluster *c = cluster_start(&o);
+
+    cluster_kill_worker(c, 0);
+    cr_assert(cluster_wait_core_state(c, "h0", 0, TPU_CORE_DEAD, 15000));
+    cluster_kill_worker(c, 1);
+    cr_assert(cluster_wait_core_state(c, "h0", 1, TPU_CORE_DEAD, 15000));
+    /* h0/0 died first: it makes room */
+    cluster_add_worker(c, "h1", 0, NULL);
+    cr_assert(cluster_wait_core_state(c, "h1", 0, CL_ALIVE, 15000),
+              "a full registry of dead cores refused a new one; see %s", c->resolver.log);
+    cr_assert_eq(cluster_core_state(c, "h0", 0, NULL), TPU_CORE_UNKNOWN);
+    cr_assert_eq(cluster_core_state(c, "h0", 1, NULL), TPU_CORE_DEAD);
+    /* live cores are never pushed out */
+    cluster_restart_worker(c, 0);
+    cr_assert(cluster_wait_core_state(c, "h0", 0, CL_ALIVE, 15000));
+    cr_assert_eq(cluster_core_state(c, "h0", 1, NULL), TPU_CORE_UNKNOWN);
+    cluster_add_worker(c, "h2", 0, NULL);
+    cr_assert(cl_wait_log(&c->resolver, "--max-cores", 15000), "see %s", c->resolver.log);
+    cr_assert_eq(cluster_core_state(c, "h2", 0, NULL), TPU_CORE_UNKNOWN);
+    cr_assert_eq(cluster_count(c, CL_ALIVE), 2);
+    cluster_free(c);
+}
+
+/* ---- finding 4: liveness is not readiness ---- */
+
+static void nap_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0)
+        ;
+}
+
+/* Runs BIN --probe-flag --metrics-port PORT; its exit status. */
+static int run_probe(const char *bin, const char *flag, int port, run_result *r)
+{
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    const char *argv[] = {bin, flag, "--metrics-port", ps, NULL};
+    run_cmd(argv, NULL, 10000, r);
+    cr_assert(r->exited, "%s %s did not exit", bin, flag);
+    return r->code;
+}
+
+/* Waits (bounded) until GET path on port answers want; the last status. */
+static int wait_http(int port, const char *path, int want, int timeout_ms)
+{
+    int64_t end = cl_now_ms() + (int64_t)timeout_ms * cl_time_scale();
+    int st;
+    while ((st = http_get_all(port, path, NULL)) != want && cl_now_ms() < end)
+        nap_ms(50);
+    return st;
+}
+
+Test(hardening, resolver_outage_leaves_workers_live, .timeout = 120)
+{
+    cluster_opts o = {.heartbeat_ms = 100};
+    cluster *c = cluster_start(&o);
+    int mp = cl_free_port();
+    char mps[16];
+    snprintf(mps, sizeof mps, "%d", mp);
+    const char *extra[] = {"--metrics-port", mps, NULL};
+    int w = cluster_add_worker(c, "h0", 0, extra);
+    cl_proc *wp = &c->workers[w];
+    run_result r;
+    char *body;
+
+    cr_assert(cluster_wait_count(c, CL_ALIVE, 1, 15000), "the worker did not register");
+    cr_assert_eq(wait_http(mp, "/readyz", 200, 10000), 200, "registered but /readyz is not 200");
+    cr_assert_eq(http_get_all(mp, "/healthz", NULL), 200);
+    cr_assert_eq(run_probe(CL_WORKER, "--probe", mp, &r), 0, SHOW(r));
+    run_result_free(&r);
+    cr_assert_eq(run_probe(CL_WORKER, "--probe-ready", mp, &r), 0, SHOW(r));
+    run_result_free(&r);
+
+    /* the resolver stops answering (an outage, a restart that takes long) */
+    kill(c->resolver.pid, SIGSTOP);
+    cr_assert_eq(wait_http(mp, "/readyz", 503, 15000), 503, "/readyz stayed 200 without the resolver");
+    cr_assert_eq(http_get_all(mp, "/readyz", &body), 503);
+    cr_assert(strstr(body, "has not answered"), "/readyz says why: %s", body);
+    free(body);
+    /* not ready, but alive: a liveness probe must not get it restarted */
+    cr_assert_eq(http_get_all(mp, "/healthz", &body), 200, "/healthz failed during a resolver outage: %s",
+                 body);
+    free(body);
+    cr_assert_eq(run_probe(CL_WORKER, "--probe", mp, &r), 0, "liveness failed in an outage: " SHOW(r));
+    run_result_free(&r);
+    cr_assert_eq(run_probe(CL_WORKER, "--probe-ready", mp, &r), 1, SHOW(r));
+    cr_assert(strstr(r.err, "503"), SHOW(r));
+    run_result_free(&r);
+    cr_assert_eq(metric(mp, "tpuemu_worker_registered", "host=\"h0\",core=\"0\""), 0);
+
+    /* the resolver is back: ready again, without a restart */
+    kill(c->resolver.pid, SIGCONT);
+    cr_assert_eq(wait_http(mp, "/readyz", 200, 15000), 200, "not ready again after the outage");
+    cr_assert(cluster_alive(wp), "the worker exited (%s); see %s", exit_str(wp), wp->log);
+    cluster_free(c);
+}
+
+/* ---- finding 3: control messages are bound to their recipient ---- */
+
+Test(hardening, reset_for_another_core_is_refused, .timeout = 120)
+{
+    /* 1 s heartbeats: the fake core below stays alive for 3 s after it
+     * heartbeats once, long enough to be sent the reset */
+    cluster_opts o = {.hosts = 1, .cores_per_host = 2, .token = 1, .heartbeat_ms = 1000};
+    cluster *c = cluster_start(&o);
+    auth a;
+    err e;
+    cr_assert_eq(auth_from_token(&a, CL_TOKEN, strlen(CL_TOKEN), &e), CODE_OK);
+
+    /* a core of our own, h9/0, whose control socket is this test's */
+    char url[64];
+    int port = cl_free_port(), rep = nn_socket(AF_SP, NN_REP), tmo = 10000 * cl_time_scale();
+    cr_assert_geq(rep, 0);
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", port);
+    cr_assert_geq(nn_bind(rep, url), 0, "%s", nn_strerror(nn_errno()));
+    nn_setsockopt(rep, NN_SOL_SOCKET, NN_RCVTIMEO, &tmo, sizeof tmo);
+    wire_msg hb = TPUEMU__MESSAGE__INIT, *m;
+    Tpuemu__Heartbeat hbb = TPUEMU__HEARTBEAT__INIT;
+    Tpuemu__WorkerInfo wi = TPUEMU__WORKER_INFO__INIT;
+    wi.host_id = "h9";
+    wi.core = 0;
+    wi.incarnation = 0x5eed;
+    wi.control_addr = url;
+    wi.data_addr = "127.0.0.1:1";
+    wi.tpu_type = "v3";
+    wi.hbm_capacity = 1u << 30;
+    wi.replica_id = -1;
+    hbb.worker = &wi;
+    hb.body_case = TPUEMU__MESSAGE__BODY_HEARTBEAT;
+    hb.heartbeat = &hbb;
+    int s = raw_req_open(c->addr, 5000 * cl_time_scale());
+    cr_assert_geq(s, 0);
+    cr_assert_eq(raw_call_msg(s, &a, &hb, &m, NULL), CODE_OK);
+    cr_assert_eq(m->body_case, TPUEMU__MESSAGE__BODY_HEARTBEAT_REPLY, "%s",
+                 m->body_case == TPUEMU__MESSAGE__BODY_ERROR ? m->error->message : "");
+    wire_msg_free(m);
+    raw_req_close(s);
+
+    /* initialize on the two real cores: h9/0 is told to leave the system,
+     * and that reset, signed by the resolver, is captured on its way */
+    tpu_resolver *tr;
+    tpu_cluster *tc;
+    tpu_topology *topo;
+    cr_assert_eq(cluster_connect(c, &tr, &tc), TPU_OK, "%s", tpu_last_error());
+    tpu_init_options io = {.expect = 2, .timeout_ms = 10000};
+    cr_assert_eq(tpu_initialize_system(tc, &io, &topo), TPU_OK, "%s", tpu_last_error());
+    tpu_topology_free(topo);
+    void *cap = NULL;
+    int caplen = nn_recv(rep, &cap, NN_MSG, 0);
+    cr_assert_gt(caplen, 0, "the resolver did not reset the fake core: %s", nn_strerror(nn_errno()));
+    cr_assert_eq(wire_open(&a, NULL, cap, (size_t)caplen, WIRE_MAX_REQUEST, &m, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(m->body_case, TPUEMU__MESSAGE__BODY_RESET_CORE);
+    cr_assert_eq(m->reset_core->replica_id, -1);
+    wire_msg_free(m);
+
+    /* sent to h0/0 within the replay window: refused, nothing changes */
+    tpu_cluster_spec *spec = cluster_spec(c);
+    tpu_core_info ci;
+    cr_assert(cluster_find_core(spec, "h0", 0, &ci));
+    s = raw_req_open(ci.control_addr, 5000 * cl_time_scale());
+    tpu_cluster_spec_free(spec);
+    cr_assert_geq(s, 0);
+    uint8_t *ans;
+    size_t alen;
+    cr_assert_eq(raw_req_call(s, cap, (size_t)caplen, &ans, &alen), 0, "h0/0 did not answer");
+    raw_req_close(s);
+    nn_freemsg(cap);
+    cr_assert_eq(wire_open(&a, NULL, ans, alen, WIRE_MAX_REPLY, &m, &e), CODE_OK, "%s", e.msg);
+    free(ans);
+    cr_assert_eq(m->body_case, TPUEMU__MESSAGE__BODY_ERROR,
+                 "h0/0 accepted a reset addressed to h9/0 (answered '%s')", wire_body_name(m));
+    cr_assert(strstr(m->error->message, "h9/0") && strstr(m->error->message, "h0/0"), "%s", m->error->message);
+    wire_msg_free(m);
+    cr_assert(cl_wait_log(&c->workers[0], "control request refused", 5000), "see %s", c->workers[0].log);
+    cr_assert(cluster_alive(&c->workers[0]), "see %s", c->workers[0].log);
+    cr_assert_eq(cluster_core_state(c, "h0", 0, NULL), TPU_CORE_READY);
+
+    /* the system still works: an all-reduce on both cores */
+    float b0[16], b1[16];
+    void *bufs[2] = {b0, b1};
+    for (int i = 0; i < 16; i++) {
+        b0[i] = (float)i;
+        b1[i] = 1.0f;
+    }
+    cr_assert_eq(tpu_all_reduce(tc, bufs, 16, TPU_F32, TPU_SUM, NULL), TPU_OK, "%s", tpu_last_error());
+    for (int i = 0; i < 16; i++)
+        cr_assert_float_eq(b0[i], (float)i + 1.0f, 0.0f);
+    tpu_cluster_free(tc);
+    tpu_resolver_free(tr);
+    nn_close(rep);
     cluster_free(c);
 }

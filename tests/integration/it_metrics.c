@@ -14,8 +14,10 @@
  *  - bad input on the metrics port (garbage, an oversize head, a slow client,
  *    too many connections, unknown paths, other methods, a body) gets the
  *    right status or a close, and the daemons keep training;
- *  - --probe exits 0 when healthy, 1 when not registered or nothing listens,
- *    2 without a metrics port, and a taken metrics port stops the daemon. */
+ *  - --probe (liveness, /healthz) exits 0 while the daemon's loop answers,
+ *    registered or not, 1 when nothing listens, 2 without a metrics port;
+ *    --probe-ready (/readyz) exits 1 while a worker is not registered or its
+ *    resolver does not answer; a taken metrics port stops the daemon. */
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
@@ -859,20 +861,31 @@ Test(metrics, bad_input_refused_and_training_goes_on, .timeout = 120)
 
 /* ---- 3: --probe ---- */
 
-static int probe(const char *bin, const char *const *args, const char *const *env, run_result *r)
+static int probe_as(const char *bin, const char *flag, const char *const *args, const char *const *env,
+                    run_result *r)
 {
     const char *argv[16];
     int n = 0;
     argv[n++] = bin;
-    argv[n++] = "--probe";
+    argv[n++] = flag;
     for (int i = 0; args && args[i] && n < 15; i++)
         argv[n++] = args[i];
     argv[n] = NULL;
     run_cmd(argv, env, 10000, r);
-    cr_assert(r->exited, "%s --probe did not exit", bin);
+    cr_assert(r->exited, "%s %s did not exit", bin, flag);
     /* its own deadline is 2 s; 3 s more for a loaded machine to start and reap it */
-    cr_assert_lt(r->ms, 5000, "%s --probe took %lld ms (the deadline is 2 s)", bin, (long long)r->ms);
+    cr_assert_lt(r->ms, 5000, "%s %s took %lld ms (the deadline is 2 s)", bin, flag, (long long)r->ms);
     return r->code;
+}
+
+static int probe(const char *bin, const char *const *args, const char *const *env, run_result *r)
+{
+    return probe_as(bin, "--probe", args, env, r);
+}
+
+static int probe_ready(const char *bin, const char *const *args, const char *const *env, run_result *r)
+{
+    return probe_as(bin, "--probe-ready", args, env, r);
 }
 
 Test(metrics, probe_exit_codes, .timeout = 90)
@@ -891,12 +904,24 @@ Test(metrics, probe_exit_codes, .timeout = 90)
     run_result_free(&r);
     cr_assert_eq(probe(CL_WORKER, NULL, (const char *const[]){env_port, NULL}, &r), 0, "%s", r.err);
     run_result_free(&r);
+    cr_assert_eq(probe_ready(CL_WORKER, (const char *const[]){"--metrics-port", wp, NULL}, NULL, &r), 0, "%s",
+                 r.err);
+    cr_assert_str_eq(r.out, "ok\n");
+    run_result_free(&r);
+    cr_assert_eq(probe_ready(CL_WORKER, NULL, (const char *const[]){env_port, NULL}, &r), 0, "%s", r.err);
+    run_result_free(&r);
+    cr_assert_eq(probe_ready(CL_RESOLVER, (const char *const[]){"--listen", m->c->addr, "--metrics-port", rp, NULL},
+                             NULL, &r), 0, "%s", r.err);
+    run_result_free(&r);
     cr_assert_eq(probe(CL_RESOLVER, (const char *const[]){"--listen", m->c->addr, "--metrics-port", rp, NULL}, NULL, &r),
                  0, "%s", r.err);
     run_result_free(&r);
     /* no metrics port: 2, saying so */
     cr_assert_eq(probe(CL_WORKER, NULL, NULL, &r), 2);
     cr_assert(strstr(r.err, "no metrics port"), "%s", r.err);
+    run_result_free(&r);
+    cr_assert_eq(probe_ready(CL_WORKER, NULL, NULL, &r), 2);
+    cr_assert(strstr(r.err, "--probe-ready: no metrics port"), "%s", r.err);
     run_result_free(&r);
     cr_assert_eq(probe(CL_RESOLVER, (const char *const[]){"--listen", m->c->addr, NULL}, NULL, &r), 2);
     cr_assert(strstr(r.err, "no metrics port"), "%s", r.err);
@@ -906,7 +931,7 @@ Test(metrics, probe_exit_codes, .timeout = 90)
     cr_assert(strstr(r.err, "cannot connect"), "%s", r.err);
     run_result_free(&r);
 
-    /* a worker whose resolver is not there: serving, not registered, 1 */
+    /* a worker whose resolver is not there: alive (0), not registered so not ready (1) */
     static cl_proc lone;
     char lp[16], nowhere[32];
     memset(&lone, 0, sizeof lone);
@@ -922,7 +947,7 @@ Test(metrics, probe_exit_codes, .timeout = 90)
         snprintf(hp, sizeof hp, "127.0.0.1:%s", lp);
         if ((fd = tcp_connect_addr(hp, 500)) >= 0) {
             close(fd);
-            a = http_get(atoi(lp), "GET", "/healthz");
+            a = http_get(atoi(lp), "GET", "/readyz");
             break;
         }
         nap_ms(50);
@@ -933,7 +958,11 @@ Test(metrics, probe_exit_codes, .timeout = 90)
     scrape *sc = scrape_port(atoi(lp));
     cr_assert_eq(mval(sc, "tpuemu_worker_registered", NULL), 0);
     free(sc);
-    cr_assert_eq(probe(CL_WORKER, (const char *const[]){"--metrics-port", lp, NULL}, NULL, &r), 1);
+    a = http_get(atoi(lp), "GET", "/healthz");
+    cr_assert_eq(a->status, 200, "a worker without its resolver is alive: %d %s", a->status, a->body);
+    cr_assert_eq(probe(CL_WORKER, (const char *const[]){"--metrics-port", lp, NULL}, NULL, &r), 0, "%s", r.err);
+    run_result_free(&r);
+    cr_assert_eq(probe_ready(CL_WORKER, (const char *const[]){"--metrics-port", lp, NULL}, NULL, &r), 1);
     cr_assert(strstr(r.err, "503") && strstr(r.err, "not registered"), "%s", r.err);
     run_result_free(&r);
 
@@ -947,8 +976,8 @@ Test(metrics, probe_exit_codes, .timeout = 90)
     cr_assert(WIFEXITED(clash.status) && WEXITSTATUS(clash.status) == 1, "exit status %d", clash.status);
     cr_assert(cl_log_contains(&clash, "address already in use"));
 
-    /* the resolver goes away: its probe fails, and the worker's does once it
-     * misses its heartbeats */
+    /* the resolver goes away: its probe fails, and the worker's readiness does
+     * once it misses its heartbeats, while the worker stays alive */
     kill(m->c->resolver.pid, SIGTERM);
     cr_assert(cluster_wait_exit(&m->c->resolver, 5000));
     cr_assert_eq(probe(CL_RESOLVER, (const char *const[]){"--listen", m->c->addr, "--metrics-port", rp, NULL}, NULL, &r),
@@ -956,13 +985,16 @@ Test(metrics, probe_exit_codes, .timeout = 90)
     run_result_free(&r);
     int code = 0;
     for (int tries = 0; tries < 20 && code != 1; tries++) {
-        code = probe(CL_WORKER, (const char *const[]){"--metrics-port", wp, NULL}, NULL, &r);
+        code = probe_ready(CL_WORKER, (const char *const[]){"--metrics-port", wp, NULL}, NULL, &r);
         if (code == 1)
             cr_assert(strstr(r.err, "has not answered"), "%s", r.err);
         run_result_free(&r);
         if (code != 1)
             nap_ms(200);
     }
-    cr_assert_eq(code, 1, "the worker stayed healthy without its resolver");
+    cr_assert_eq(code, 1, "the worker stayed ready without its resolver");
+    cr_assert_eq(probe(CL_WORKER, (const char *const[]){"--metrics-port", wp, NULL}, NULL, &r), 0,
+                 "a resolver outage failed the worker's liveness: %s", r.err);
+    run_result_free(&r);
     mc_free(m);
 }

@@ -224,6 +224,16 @@ TPU_API tpu_status tpu_system_check(tpu_cluster *c);
  * otherwise); on any other handle it shuts down whatever is current. */
 TPU_API tpu_status tpu_shutdown_system(tpu_cluster *c);
 
+/* Makes the resolver forget a dead core now (`tpuctl forget HOST/CORE`): it is
+ * no longer listed, and an initialize without an expected count no longer
+ * waits for it. (A worker stopped with SIGTERM leaves by itself, and the
+ * resolver forgets a core dead for longer than its --forget-after-ms.) If
+ * silent_ms is not NULL it gets how long ago the core last heartbeated.
+ * Blocks up to the resolver handle's timeout. Errors: TPU_NOT_FOUND (no such
+ * core), TPU_FAILED_PRECONDITION (the core is alive: stop its worker instead),
+ * TPU_INVALID_ARGUMENT, TPU_UNAVAILABLE. */
+TPU_API tpu_status tpu_forget_core(tpu_cluster *c, const char *host_id, int core, uint64_t *silent_ms);
+
 /* ---- collectives: all-reduce, broadcast, all-gather, reduce-scatter ----
  *
  * Buffers are held by the caller, one per replica (bufs[r] for replica r, in

@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
@@ -47,6 +48,30 @@ static void send_error(struct control *ctl, uint64_t request_id, int code, const
     free(buf);
 }
 
+/* Is req for this very core and process? A message signed for another one
+ * (captured on its way there and replayed here within the replay window,
+ * which is per process) must change nothing. PERMISSION_DENIED with e set if
+ * not. */
+static int check_recipient(const struct control *ctl, const wire_msg *req, err *e)
+{
+    const struct core_ident *id = ctl->env.id;
+    const Tpuemu__CoreRef *to = req->recipient;
+
+    if (!to)
+        return err_set(e, CODE_PERMISSION_DENIED, "'%s' names no recipient; core %s/%d (incarnation %016llx) "
+                       "takes control messages addressed to it only", wire_body_name(req), id->host_id, id->core,
+                       (unsigned long long)id->incarnation);
+    if (!to->host_id || strcmp(to->host_id, id->host_id) != 0 || to->core != id->core ||
+        to->incarnation != id->incarnation)
+        return err_set(e, CODE_PERMISSION_DENIED, "'%s' is addressed to core %s/%d (incarnation %016llx), "
+                       "this is core %s/%d (incarnation %016llx): refused, nothing changed (a message for "
+                       "another core replayed here, or for an earlier process of this core)",
+                       wire_body_name(req), to->host_id ? to->host_id : "", (int)to->core,
+                       (unsigned long long)to->incarnation, id->host_id, id->core,
+                       (unsigned long long)id->incarnation);
+    return CODE_OK;
+}
+
 static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *nnctl)
 {
     struct control *ctl = s->data;
@@ -72,6 +97,12 @@ static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *nnctl)
                 wire_body_name(req));
         log_warn("control request refused", "sender=%s code=%s reason=%s", log_q(req->sender),
                  code_name(e.code), log_q(e.msg));
+        send_error(ctl, req->nonce, e.code, e.msg);
+        goto out;
+    }
+    if (check_recipient(ctl, req, &e) != CODE_OK) {
+        log_warn("control request refused", "sender=%s request=%s code=%s reason=%s", log_q(req->sender),
+                 handlers[i].name, code_name(e.code), log_q(e.msg));
         send_error(ctl, req->nonce, e.code, e.msg);
         goto out;
     }

@@ -1,7 +1,10 @@
 /* Control: the worker's REP socket, where the resolver resets the core into a
- * system epoch (ResetCore) and asks whether it is still alive (ProbeCore).
- * Every request is opened with the cluster key and the replay cache; anything
- * else gets an error reply and one warn line, never a crash. */
+ * system epoch (ResetCore) and the resolver or a peer asks whether it is still
+ * alive (ProbeCore). Every request is opened with the cluster key and the
+ * replay cache, and must name this core and process as its recipient
+ * (PERMISSION_DENIED otherwise: the replay cache is per process, so a message
+ * captured on its way to another core would pass it); anything else gets an
+ * error reply and one warn line, never a crash, and changes nothing. */
 #ifndef TPUEMU_WORKER_CONTROL_H
 #define TPUEMU_WORKER_CONTROL_H
 

@@ -199,6 +199,28 @@ static void transient(struct heartbeat *hb, int code, const char *msg)
            "code=%s resolver=%s reason=%s", code_name(code), log_q(hb->env.resolver_url), log_q(msg));
 }
 
+/* The answer to the Leave (or its deadline): the last thing the heartbeat does. */
+static void leave_done(struct heartbeat *hb, const wire_msg *m)
+{
+    if (!m)
+        log_warn("the resolver did not answer this core's leave; it will show it dead, then forget it",
+                 "resolver=%s waited_ms=%u", log_q(hb->env.resolver_url), HB_LEAVE_MS);
+    else if (m->body_case == TPUEMU__MESSAGE__BODY_LEAVE_REPLY)
+        log_info("left the cluster", "host=%s core=%d resolver=%s", log_q(hb->env.id->host_id),
+                 hb->env.id->core, log_q(hb->env.resolver_url));
+    else
+        log_warn("the resolver refused this core's leave", "code=%s reason=%s",
+                 code_name(m->error ? (int)m->error->code : CODE_UNKNOWN),
+                 log_q(m->error && m->error->message ? m->error->message : wire_body_name(m)));
+    hb->leaving = 0;
+    hb_stop(hb);
+}
+
+static void on_leave_timeout(uv_timer_t *t)
+{
+    leave_done(t->data, NULL);
+}
+
 static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *ctl)
 {
     struct heartbeat *hb = s->data;
@@ -206,6 +228,14 @@ static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *ctl)
     err e;
 
     (void)ctl;
+    if (hb->leaving) {
+        if (wire_open(hb->env.auth, NULL, buf, len, WIRE_MAX_REPLY, &m, &e) != CODE_OK)
+            return; /* the deadline decides */
+        if (m->request_id == hb->last_nonce)
+            leave_done(hb, m);
+        wire_msg_free(m);
+        return;
+    }
     if (wire_open(hb->env.auth, NULL, buf, len, WIRE_MAX_REPLY, &m, &e) != CODE_OK) {
         if (e.code == CODE_UNAUTHENTICATED || e.code == CODE_FAILED_PRECONDITION)
             strike(hb, e.code, e.msg);
@@ -290,4 +320,43 @@ void hb_stop(struct heartbeat *hb)
     uv_timer_stop(&hb->timer);
     uv_close((uv_handle_t *)&hb->timer, NULL);
     close_sock(hb);
+}
+
+void hb_leave(struct heartbeat *hb)
+{
+    wire_msg m = TPUEMU__MESSAGE__INIT;
+    Tpuemu__Leave body = TPUEMU__LEAVE__INIT;
+    Tpuemu__CoreRef ref = TPUEMU__CORE_REF__INIT;
+    const struct core_ident *id = hb->env.id;
+    uint8_t *buf = NULL;
+    size_t len;
+    err e;
+
+    if (!hb->started || hb->leaving)
+        return;
+    /* never registered, or the resolver is not answering: nothing to tell */
+    if (!hb->registered || hb->unreachable || id->core < 0) {
+        hb_stop(hb);
+        return;
+    }
+    uv_timer_stop(&hb->timer);
+    close_sock(hb); /* an unanswered heartbeat goes with its connection */
+    hb->last_nonce = 0;
+    ref.host_id = (char *)id->host_id;
+    ref.core = id->core;
+    ref.incarnation = id->incarnation;
+    body.core = &ref;
+    m.body_case = TPUEMU__MESSAGE__BODY_LEAVE;
+    m.leave = &body;
+    if (open_sock(hb, &e) != CODE_OK ||
+        wire_seal(hb->env.auth, id->sender, &m, &buf, &len, &hb->last_nonce, &e) != CODE_OK ||
+        nnuv_send(hb->sock, buf, len, &e) != CODE_OK) {
+        log_warn("cannot tell the resolver this core leaves", "reason=%s", log_q(e.msg));
+        free(buf);
+        hb_stop(hb);
+        return;
+    }
+    free(buf);
+    hb->leaving = 1;
+    uv_timer_start(&hb->timer, on_leave_timeout, HB_LEAVE_MS, 0);
 }

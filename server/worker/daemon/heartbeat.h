@@ -14,7 +14,12 @@
  * person must fix: another live worker holding this core, settings the
  * resolver refuses, and, once HB_STRIKES replies in a row say so, a token or
  * protocol version that differs from the resolver's; the message says what to
- * do. */
+ * do.
+ *
+ * A worker that stops cleanly leaves: hb_leave() sends a Leave naming this
+ * core and incarnation on a fresh socket and closes once it is answered or
+ * HB_LEAVE_MS passed, so the resolver forgets the core at once instead of
+ * waiting for it as a dead one. */
 #ifndef TPUEMU_WORKER_HEARTBEAT_H
 #define TPUEMU_WORKER_HEARTBEAT_H
 
@@ -56,12 +61,19 @@ struct heartbeat {
     prom_counter sent, acked; /* heartbeats sent, and accepted by the resolver */
     uint64_t last_warn_ms; /* when a transient refusal was last logged */
     unsigned strikes;     /* replies in a row saying the token or version differs */
+    int leaving;          /* a Leave is on its way; only its answer counts */
 };
+
+#define HB_LEAVE_MS 1000u /* how long a stopping worker waits for its Leave's answer */
 
 /* Before anything reads it (the metrics may, before hb_start). */
 void hb_init(struct heartbeat *hb, const struct hb_env *env);
 /* Connects to env->resolver_url and sends the first heartbeat at once. */
 int hb_start(struct heartbeat *hb, err *e);
 void hb_stop(struct heartbeat *hb);
+/* Stops heartbeating and tells the resolver this core leaves (when it was
+ * registered and the resolver answers); the handles close by themselves after
+ * the answer or HB_LEAVE_MS. hb_stop() may still be called after it. */
+void hb_leave(struct heartbeat *hb);
 
 #endif

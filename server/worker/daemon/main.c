@@ -88,7 +88,12 @@ static void worker_stop(struct worker *w, int exit_code)
     w->stopping = 1;
     w->exit_code = exit_code;
     log_info("stopping", "host=%s core=%d", log_q(w->id.host_id), w->id.core);
-    hb_stop(&w->hb);
+    /* a clean stop tells the resolver (it forgets the core at once); a refusal
+     * for good does not: the core is another process's, or never was ours */
+    if (exit_code == 0)
+        hb_leave(&w->hb);
+    else
+        hb_stop(&w->hb);
     wm_stop(&w->metrics);
     ctl_stop(&w->ctl);
     dp_stop(&w->dp);
@@ -169,7 +174,7 @@ static int configure(struct worker *w, int argc, char **argv)
     const char *resolver = NULL, *listen = NULL, *advertise = NULL, *host_id = NULL;
     const char *tpu_type = NULL, *token_file = NULL, *log_level = NULL, *transport = NULL;
     long long core = -1, hbm_bytes = 0, trace_events = TRACE_DEFAULT_EVENTS, throttle = 100, metrics_port = 0;
-    int insecure = 0, probe = 0, first, rc, lvl;
+    int insecure = 0, probe = 0, probe_ready = 0, first, rc, lvl;
     char hostname[256];
     err e;
     const struct opt opts[] = {
@@ -203,11 +208,15 @@ static int configure(struct worker *w, int argc, char **argv)
         {"insecure", "TPUEMU_INSECURE", OPT_BOOL, NULL, 0, 0, NULL,
          "allow listening on a non-loopback address without a cluster token", &insecure},
         {"metrics-port", "TPUEMU_METRICS_PORT", OPT_INT, "0", 0, 65535, "PORT",
-         "serve Prometheus metrics (/metrics) and /healthz over HTTP on this port of the --listen address; "
-         "0: off", &metrics_port},
+         "serve Prometheus metrics (/metrics), /healthz and /readyz over HTTP on this port of the --listen "
+         "address; 0: off", &metrics_port},
         {"probe", NULL, OPT_BOOL, NULL, 0, 0, NULL,
-         "health check: GET /healthz on the metrics port of the --listen address and exit 0 if it answers "
-         "200 (registered with the resolver), 1 if not, 2 without a metrics port", &probe},
+         "liveness check: GET /healthz on the metrics port of the --listen address and exit 0 if it answers "
+         "200 (the process and its loop answer, its ports listen), 1 if not, 2 without a metrics port",
+         &probe},
+        {"probe-ready", NULL, OPT_BOOL, NULL, 0, 0, NULL,
+         "readiness check: GET /readyz the same way; 200 once registered with a resolver that accepts its "
+         "heartbeats", &probe_ready},
         {"log-level", "TPUEMU_LOG_LEVEL", OPT_STRING, "info", 0, 0, "LEVEL",
          "debug, info, warn or error", &log_level},
     };
@@ -233,8 +242,8 @@ static int configure(struct worker *w, int argc, char **argv)
         return EXIT_USAGE;
     }
     log_init("worker", (enum log_level)lvl);
-    if (probe) /* needs nothing but where the daemon would listen */
-        return httpd_probe_main("tpu-worker", listen, (int)metrics_port);
+    if (probe || probe_ready) /* needs nothing but where the daemon would listen */
+        return httpd_probe_main("tpu-worker", listen, (int)metrics_port, probe ? "/healthz" : "/readyz");
     if (!resolver || !*resolver) {
         fprintf(stderr, "tpu-worker: --resolver is required: give the tpu-resolver's HOST:PORT "
                         "(or set $TPUEMU_RESOLVER)\n");

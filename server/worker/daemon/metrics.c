@@ -1,6 +1,7 @@
 /* What a worker tells a Prometheus scrape (metrics.h): its training steps and
  * their time, the collectives it ran and the bytes it all-reduced, its HBM,
- * its heartbeats and the system epoch it is in; and whether it is healthy. */
+ * its heartbeats and the system epoch it is in; whether it is alive
+ * (/healthz) and whether it is ready to serve (/readyz). */
 #include "metrics.h"
 
 #include <stdio.h>
@@ -53,7 +54,7 @@ static int render(void *user, hbuf *b)
     prom_family(b, "tpuemu_worker_heartbeats_acked_total", "counter", "Heartbeats the resolver accepted.");
     prom_u64(b, "tpuemu_worker_heartbeats_acked_total", id, prom_get(&w->hb->acked));
     prom_family(b, "tpuemu_worker_registered", "gauge",
-                "1 while the resolver accepts this core's heartbeats (the /healthz condition), else 0.");
+                "1 while the resolver accepts this core's heartbeats (the /readyz condition), else 0.");
     prom_u64(b, "tpuemu_worker_registered", id, registered(w->hb) ? 1 : 0);
     prom_family(b, "tpuemu_worker_system_epoch", "gauge", "System epoch of this core's last reset; 0: never reset.");
     prom_u64(b, "tpuemu_worker_system_epoch", id, w->id->epoch);
@@ -63,11 +64,11 @@ static int render(void *user, hbuf *b)
     return 200;
 }
 
-static int health(void *user, hbuf *b)
+/* Liveness: the loop answers (this runs on it) and the ports listen. Nothing
+ * outside the process counts: a resolver outage must not get a worker
+ * restarted, which a liveness probe that failed would. */
+static int live(const struct wm_env *w, hbuf *b)
 {
-    const struct wm_env *w = user;
-    const struct heartbeat *hb = w->hb;
-
     if (*w->stopping) {
         hbuf_printf(b, "stopping\n");
         return 503;
@@ -76,6 +77,26 @@ static int health(void *user, hbuf *b)
         hbuf_printf(b, "the control or data-plane port is not listening\n");
         return 503;
     }
+    return 200;
+}
+
+static int health(void *user, hbuf *b)
+{
+    int st = live(user, b);
+    if (st == 200)
+        hbuf_printf(b, "ok\n");
+    return st;
+}
+
+/* Readiness: alive, and registered with a resolver that accepts its heartbeats. */
+static int ready(void *user, hbuf *b)
+{
+    const struct wm_env *w = user;
+    const struct heartbeat *hb = w->hb;
+    int st = live(w, b);
+
+    if (st != 200)
+        return st;
     if (!hb->registered) {
         hbuf_printf(b, "not registered with the resolver at %s yet\n", w->resolver_url);
         return 503;
@@ -97,6 +118,7 @@ static int health(void *user, hbuf *b)
 static const struct httpd_route routes[] = {
     {"/metrics", PROM_CONTENT_TYPE, render},
     {"/healthz", "text/plain; charset=utf-8", health},
+    {"/readyz", "text/plain; charset=utf-8", ready},
 };
 
 int wm_start(struct wmetrics *m, const struct wm_env *env, int port, err *e)

@@ -41,7 +41,9 @@ struct wmetrics {
     int port;                      /* --metrics-port; 0: off */
 };
 
-/* Serves /metrics and /healthz on env->listen:port unless port is 0. */
+/* Serves /metrics, /healthz (alive: the loop answers, the ports listen) and
+ * /readyz (alive and registered with the resolver) on env->listen:port unless
+ * port is 0. */
 int wm_start(struct wmetrics *m, const struct wm_env *env, int port, err *e);
 void wm_stop(struct wmetrics *m);
 

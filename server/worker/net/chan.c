@@ -356,8 +356,8 @@ static int start_probe(struct chan *l)
     const struct peer_info *pi = &l->p->info[l->replica];
     err e;
 
-    l->probe = probe_start(l->p->loop, l->p->auth, l->p->id->sender, pi->control_addr, pi->incarnation,
-                           l->p->probe_ms, on_probe, l, &e);
+    l->probe = probe_start(l->p->loop, l->p->auth, l->p->id->sender, pi->control_addr, pi->host, pi->core,
+                           pi->incarnation, l->p->probe_ms, on_probe, l, &e);
     if (!l->probe) {
         log_warn("cannot probe a silent collective peer", "peer=%s reason=%s", log_q(l->name),
                  log_q(e.msg));

@@ -80,10 +80,12 @@ static void on_timer(uv_timer_t *t)
 }
 
 struct probe *probe_start(uv_loop_t *loop, const auth *a, const char *sender, const char *control_addr,
-                          uint64_t incarnation, unsigned timeout_ms, probe_cb cb, void *arg, err *e)
+                          const char *host, int core, uint64_t incarnation, unsigned timeout_ms, probe_cb cb,
+                          void *arg, err *e)
 {
     wire_msg m = TPUEMU__MESSAGE__INIT;
     Tpuemu__ProbeCore body = TPUEMU__PROBE_CORE__INIT;
+    Tpuemu__CoreRef to = TPUEMU__CORE_REF__INIT;
     struct probe *pr;
     uint8_t *buf = NULL;
     size_t len = 0;
@@ -105,6 +107,10 @@ struct probe *probe_start(uv_loop_t *loop, const auth *a, const char *sender, co
     nn_setsockopt(sock, NN_REQ, NN_REQ_RESEND_IVL, &ivl, sizeof ivl);
     m.body_case = TPUEMU__MESSAGE__BODY_PROBE_CORE;
     m.probe_core = &body;
+    to.host_id = (char *)host;
+    to.core = core;
+    to.incarnation = incarnation;
+    m.recipient = &to;
     if (nnuv_sockopts(sock, WIRE_MAX_REPLY, e) != CODE_OK || nnuv_connect(sock, control_addr, e) != CODE_OK ||
         wire_seal(a, sender, &m, &buf, &len, &pr->nonce, e) != CODE_OK) {
         nn_close(sock);

@@ -19,10 +19,12 @@ struct probe;
 /* alive: the peer answered with the expected incarnation before the deadline. */
 typedef void (*probe_cb)(void *arg, int alive);
 
-/* Starts a probe; cb runs exactly once from the loop unless probe_cancel() is
- * called first. NULL with e set if it cannot even start (then cb never runs). */
+/* Starts a probe of core host/core, process incarnation (the probe names it
+ * as its recipient); cb runs exactly once from the loop unless probe_cancel()
+ * is called first. NULL with e set if it cannot even start (then cb never runs). */
 struct probe *probe_start(uv_loop_t *loop, const auth *a, const char *sender, const char *control_addr,
-                          uint64_t incarnation, unsigned timeout_ms, probe_cb cb, void *arg, err *e);
+                          const char *host, int core, uint64_t incarnation, unsigned timeout_ms, probe_cb cb,
+                          void *arg, err *e);
 /* No callback after this; the probe frees itself. */
 void probe_cancel(struct probe *pr);
 
