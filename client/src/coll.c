@@ -11,7 +11,6 @@
 #include <time.h>
 
 #include "frame.h"
-#include "train_io.h"
 
 #define MAX_REPLICAS 4096
 /* Deadline of a call: a floor plus the bytes moved at a pessimistic 20 MB/s. */
@@ -68,9 +67,9 @@ void cli_coll_free(tpu_cluster *c)
     struct cli_coll *k = c->coll;
     if (!k)
         return;
-    tio_free(c);
     for (size_t r = 0; r < k->n; r++)
-        coll_io_close(&k->peers[r]);
+        dpio_close(&k->peers[r]);
+    free(k->tio);
     free(k->peers);
     free(k->res);
     free(k);
@@ -346,7 +345,7 @@ static tpu_status run(tpu_cluster *c, const struct call *a, const tpu_collective
     k->last.seq = seq;
     k->last.num_replicas = (int)n;
     k->last.iters = (uint32_t)iters;
-    if (coll_io_connect(c, deadline, &e) != CODE_OK) {
+    if (dpio_connect(k->peers, n, &c->r->auth, c->r->sender, deadline, &e) != CODE_OK) {
         for (size_t r = 0; r < n; r++) {
             k->res[r].code = e.code;
             snprintf(k->res[r].msg, sizeof k->res[r].msg, "%s", e.msg);
@@ -357,7 +356,7 @@ static tpu_status run(tpu_cluster *c, const struct call *a, const tpu_collective
         st = cli_fail(&e);
         goto out;
     }
-    failed = coll_io_run(c, &spec, seq, a->what, parts, deadline, grace);
+    failed = coll_io_run(k->peers, n, k->epoch, &spec, seq, a->what, parts, k->res, deadline, grace);
     k->last.wall_ns = (wire_now_ms() - t0) * 1000000ull;
     k->last.num_failed = (int)failed;
     for (size_t r = 0; r < n; r++) {

@@ -56,7 +56,7 @@ struct exec {
     size_t nb;
     struct tio_ans *ans;      /* n */
     struct tio_ans **pa;      /* n */
-    struct tio_seg *segs;     /* n x 2 x steps */
+    struct dpio_seg *segs;     /* n x 2 x steps */
     uint64_t input_wait_ns;
 };
 
@@ -165,7 +165,7 @@ static int post_next(struct run *u, err *e)
     }
     h.steps = &ss;
     for (size_t r = 0; r < u->n; r++) {
-        struct tio_seg *sg = &x->segs[r * 2 * TIO_MAX_STEPS];
+        struct dpio_seg *sg = &x->segs[r * 2 * TIO_MAX_STEPS];
         size_t ns = 0;
         for (size_t i = 0; i < x->nb; i++) {
             size_t first, cnt;

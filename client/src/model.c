@@ -340,7 +340,7 @@ tpu_status tpu_model_compile(tpu_model *m, const tpu_compile_options *o)
 
 /* One request to every replica (or only to `only` when >= 0), waited for.
  * ans[r].dst must be set by the caller where a payload comes back. */
-static int request_all(tpu_model *m, Tpuemu__FrameHeader *h, const struct tio_seg *segs, size_t nseg, int only,
+static int request_all(tpu_model *m, Tpuemu__FrameHeader *h, const struct dpio_seg *segs, size_t nseg, int only,
                        struct tio_ans *ans, size_t bytes, const char *what, err *e)
 {
     tpu_cluster *c = m->s->c;
@@ -386,7 +386,7 @@ static int push_state(tpu_model *m, const float *state, size_t nfloats, uint32_t
     struct tio_ans *ans = calloc(n, sizeof *ans);
     Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
     Tpuemu__StateInfo si = TPUEMU__STATE_INFO__INIT;
-    struct tio_seg seg = {state, nfloats * sizeof(float)};
+    struct dpio_seg seg = {state, nfloats * sizeof(float)};
     int rc;
     if (!ans)
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");

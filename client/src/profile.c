@@ -20,8 +20,7 @@
 #include <zlib.h>
 
 #include "client.h"
-#include "coll.h"
-#include "dpauth.h"
+#include "dpio.h"
 #include "frame.h"
 #include "profile_int.h"
 
@@ -45,7 +44,7 @@ struct pev {
 };
 
 struct pcore {
-    struct cli_peer peer;
+    struct dpio_conn peer;            /* its data connection, open while capturing */
     int replica;
     char tpu_type[16];
     int64_t offset;                   /* worker - client, ns */
@@ -71,15 +70,81 @@ static int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* One PROFILE request and its answer; *ev gets the unpacked events (or NULL). */
+/* One PROFILE request and its answer on one core's connection (dpio.h). */
+struct ask {
+    struct pcore *pc;
+    uint64_t seq;
+    Tpuemu__ProfileInfo *info; /* taken out of the answer's header */
+    uint8_t *pl;               /* the answer's payload: packed TraceEvents */
+    uint64_t pl_len;
+    int64_t t_got;
+    int done, rc;
+    err *e;
+};
+
+static int ask_header(void *arg, size_t i, Tpuemu__FrameHeader *a, void **dst)
+{
+    struct ask *k = arg;
+    struct pcore *pc = k->pc;
+    (void)i;
+    k->t_got = now_ns();
+    if (a->kind == KIND(ERROR)) {
+        k->rc = err_set(k->e, a->status && a->status->code ? (int)a->status->code : CODE_UNKNOWN,
+                        "core %s/%d refused the profile request: %s", pc->peer.host, pc->peer.core,
+                        a->status && a->status->message ? a->status->message : "");
+        return DPIO_LOST;
+    }
+    if (a->kind != KIND(PROFILE_RESULT) || a->seq != k->seq || !a->profile_info) {
+        /* anything else on this connection is not ours to read */
+        k->rc = err_set(k->e, CODE_INTERNAL, "core %s/%d answered a profile request with a frame of kind %d",
+                        pc->peer.host, pc->peer.core, (int)a->kind);
+        return DPIO_LOST;
+    }
+    if (a->payload_bytes && !(k->pl = malloc(a->payload_bytes))) {
+        k->rc = err_set(k->e, CODE_RESOURCE_EXHAUSTED, "out of memory for a profile of %" PRIu64 " bytes",
+                        a->payload_bytes);
+        return DPIO_LOST;
+    }
+    k->pl_len = a->payload_bytes;
+    k->info = a->profile_info;
+    a->profile_info = NULL;
+    *dst = k->pl;
+    return DPIO_PAYLOAD;
+}
+
+static int ask_frame(void *arg, size_t i, uint64_t got)
+{
+    (void)i;
+    (void)got;
+    ((struct ask *)arg)->done = 1;
+    return 1;
+}
+
+static void ask_lost(void *arg, size_t i, int code, const char *msg)
+{
+    struct ask *k = arg;
+    (void)i;
+    (void)code;
+    if (k->rc == CODE_OK)
+        k->rc = err_set(k->e, CODE_UNAVAILABLE, "%s", msg);
+}
+
+static int ask_state(void *arg)
+{
+    const struct ask *k = arg;
+    return k->done || k->rc != CODE_OK ? DPIO_DONE : DPIO_MORE;
+}
+
+/* *info gets the answer's ProfileInfo, *ev the unpacked events (or NULL). */
 static int ask(struct pcore *pc, uint64_t since, uint64_t until, uint32_t max, Tpuemu__ProfileInfo **info,
                Tpuemu__TraceEvents **ev, int64_t *t_sent, int64_t *t_got, err *e)
 {
-    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT, *a = NULL;
+    static const struct dpio_ops ops = {ask_header, ask_frame, ask_lost, ask_state};
+    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
     Tpuemu__ProfileRequest rq = TPUEMU__PROFILE_REQUEST__INIT;
-    uint8_t buf[FRAME_MAX_HEADER + FRAME_PREFIX_BYTES], *pl = NULL;
-    uint64_t dl = wire_now_ms() + PROF_IO_MS;
-    size_t len;
+    struct ask k = {pc, 0, NULL, NULL, 0, 0, 0, CODE_OK, e};
+    struct dpio_run run = {&ops, &k, "the profile request", wire_now_ms() + PROF_IO_MS, 0, 0};
+    enum dpio_end end;
     int rc;
 
     *info = NULL;
@@ -88,58 +153,34 @@ static int ask(struct pcore *pc, uint64_t since, uint64_t until, uint32_t max, T
     rq.until_ns = until;
     rq.max_events = max;
     h.kind = KIND(PROFILE);
-    h.seq = ++pc->seq;
+    h.seq = k.seq = ++pc->seq;
     h.profile = &rq;
-    if (!(len = frame_encode(&h, buf, sizeof buf)))
-        return err_set(e, CODE_INTERNAL, "profile request does not fit a frame");
+    if ((rc = dpio_send(&pc->peer, &h, NULL, 0)) != CODE_OK)
+        return err_set(e, rc == CODE_INVALID_ARGUMENT ? CODE_INTERNAL : rc, "%s",
+                       rc == CODE_INVALID_ARGUMENT ? "profile request does not fit a frame" : "out of memory");
     *t_sent = now_ns();
-    if ((rc = dpauth_write_all(pc->peer.fd, buf, len, dl, e)) != CODE_OK)
-        goto lost;
-    for (;;) {
-        if ((rc = dpauth_read_header(pc->peer.fd, dl, PROF_MAX_PAYLOAD, &a, e)) != CODE_OK)
-            goto lost;
-        *t_got = now_ns();
-        if (a->kind == KIND(ERROR)) {
-            rc = err_set(e, a->status && a->status->code ? (int)a->status->code : CODE_UNKNOWN,
-                         "core %s/%d refused the profile request: %s", pc->peer.host, pc->peer.core,
-                         a->status && a->status->message ? a->status->message : "");
-            frame_header_free(a);
-            return rc;
-        }
-        if (a->kind == KIND(PROFILE_RESULT) && a->seq == h.seq && a->profile_info)
-            break;
-        /* anything else on this connection is not ours to read */
-        rc = err_set(e, CODE_INTERNAL, "core %s/%d answered a profile request with a frame of kind %d",
-                     pc->peer.host, pc->peer.core, (int)a->kind);
-        frame_header_free(a);
-        return rc;
+    pc->peer.reading = 1;
+    pc->peer.max_payload = PROF_MAX_PAYLOAD;
+    end = dpio_run(&pc->peer, 1, &run);
+    pc->peer.reading = 0;
+    if (k.rc == CODE_OK && !k.done)
+        k.rc = end == DPIO_END_NOMEM
+                   ? err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory")
+                   : err_set(e, CODE_UNAVAILABLE, "core %s/%d at %s: profile: the data-plane peer did not answer in time",
+                             pc->peer.host, pc->peer.core, pc->peer.addr);
+    if (k.rc == CODE_OK && k.pl_len &&
+        !(*ev = tpuemu__trace_events__unpack(NULL, k.pl_len, k.pl)))
+        k.rc = err_set(e, CODE_DATA_LOSS, "core %s/%d sent a profile that does not decode", pc->peer.host,
+                       pc->peer.core);
+    free(k.pl);
+    if (k.rc != CODE_OK) {
+        if (k.info)
+            tpuemu__profile_info__free_unpacked(k.info, NULL);
+        return k.rc;
     }
-    if (a->payload_bytes) {
-        if (!(pl = malloc(a->payload_bytes))) {
-            frame_header_free(a);
-            return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for a profile of %" PRIu64 " bytes",
-                           a->payload_bytes);
-        }
-        if ((rc = dpauth_read_all(pc->peer.fd, pl, a->payload_bytes, dl, e)) != CODE_OK) {
-            free(pl);
-            frame_header_free(a);
-            goto lost;
-        }
-        *ev = tpuemu__trace_events__unpack(NULL, a->payload_bytes, pl);
-        free(pl);
-        if (!*ev) {
-            frame_header_free(a);
-            return err_set(e, CODE_DATA_LOSS, "core %s/%d sent a profile that does not decode", pc->peer.host,
-                           pc->peer.core);
-        }
-    }
-    *info = a->profile_info;
-    a->profile_info = NULL;
-    frame_header_free(a);
+    *info = k.info;
+    *t_got = k.t_got;
     return CODE_OK;
-lost:
-    return err_set(e, CODE_UNAVAILABLE, "core %s/%d at %s: profile: %s", pc->peer.host, pc->peer.core,
-                   pc->peer.addr, e->msg);
 }
 
 static void keep_info(struct pcore *pc, const Tpuemu__ProfileInfo *pi)
@@ -251,7 +292,7 @@ void tpu_profile_free(tpu_profile *p)
     if (!p)
         return;
     for (size_t i = 0; i < p->n; i++) {
-        coll_io_close(&p->c[i].peer);
+        dpio_close(&p->c[i].peer);
         free(p->c[i].ev);
     }
     free(p->c);
@@ -308,7 +349,8 @@ tpu_status tpu_profile_capture(tpu_cluster *c, uint32_t duration_ms, tpu_profile
         return cli_failf(TPU_NOT_FOUND, "profile: the cluster has no live core to profile");
     }
     for (size_t i = 0; i < p->n && rc == CODE_OK; i++)
-        if ((rc = coll_io_dial(c, &p->c[i].peer, wire_now_ms() + COLL_CONNECT_MS, &e)) == CODE_OK)
+        if ((rc = dpio_dial(&p->c[i].peer, &c->r->auth, c->r->sender, wire_now_ms() + DPIO_CONNECT_MS, &e)) ==
+            CODE_OK)
             rc = sync_clock(&p->c[i], &e);
     p->wall = time(NULL);
     p->start = now_ns();
@@ -342,7 +384,7 @@ tpu_status tpu_profile_capture(tpu_cluster *c, uint32_t duration_ms, tpu_profile
         return cli_fail(&e);
     }
     for (size_t i = 0; i < p->n; i++)
-        coll_io_close(&p->c[i].peer);
+        dpio_close(&p->c[i].peer);
     qsort(p->c, p->n, sizeof *p->c, by_replica);
     *out = p;
     return TPU_OK;

@@ -1,40 +1,30 @@
-/* Training requests on the data connections (train_io.h): per replica, a queue
- * of frames to write and a FIFO of answers expected, and one poll() loop over
- * every connection that writes and reads at the same time, so a core's answer
- * is read while the next requests' infeed is still going out. */
+/* Training requests on the data connections (train_io.h): per replica a FIFO
+ * of answers expected, the frames themselves queued on dpio's connections,
+ * and dpio's loop over every connection that writes and reads at the same
+ * time, so a core's answer is read while the next requests' infeed is still
+ * going out. This file only says what an answer looks like and whose it is. */
 #include "train_io.h"
 
-#include <errno.h>
-#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-
-#include "dpauth.h"
-#include "frame.h"
-#include "frame_rd.h"
 
 #define KIND(k) TPUEMU__FRAME_KIND__FRAME_##k
 #define TIO_MAX_PEND 64
 
-struct tio_out {
-    struct tio_out *next;
-    uint8_t hdr[DPAUTH_FRAME_MAX];
-    size_t hlen, hput;
-    struct tio_seg segs[TIO_MAX_SEGS];
-    size_t nseg, si, soff;
-};
-
+/* Plain memory (cli_coll_free frees it as such). */
 struct tio_stream {
-    struct tio_out *oq, *oq_tail;
     struct tio_ans *pend[TIO_MAX_PEND];
     uint64_t pend_seq[TIO_MAX_PEND];
-    size_t ph, pn; /* FIFO head and count */
-    struct frame_rd rd;
+    size_t ph, pn;       /* FIFO head and count */
     struct tio_ans *cur; /* whose payload is being read */
     unsigned failures;   /* answers that said a request failed, of any step in flight */
+};
+
+struct wait_ctx {
+    struct cli_coll *k;
+    struct tio_ans *const *ans;
 };
 
 static struct tio_stream *streams(tpu_cluster *c)
@@ -58,39 +48,21 @@ static void ans_fail(struct tio_ans *a, int code, const char *fmt, ...)
     va_end(ap);
 }
 
-static void stream_clear(struct tio_stream *s)
+/* Every answer still expected on s fails. */
+static void stream_fail(struct tio_stream *s, int code, const char *msg)
 {
-    while (s->oq) {
-        struct tio_out *o = s->oq;
-        s->oq = o->next;
-        free(o);
-    }
-    s->oq_tail = NULL;
-    s->ph = s->pn = 0;
-    memset(&s->rd, 0, sizeof s->rd);
-    s->cur = NULL;
-    s->failures = 0;
-}
-
-/* The connection of replica r is done for: every answer still expected fails. */
-static void stream_lost(tpu_cluster *c, size_t r, int code, const char *why)
-{
-    struct cli_coll *k = c->coll;
-    struct tio_stream *s = &k->tio[r];
-    struct cli_peer *p = &k->peers[r];
     for (size_t i = 0; i < s->pn; i++)
-        ans_fail(s->pend[(s->ph + i) % TIO_MAX_PEND], code, "core %s/%d %s", p->host, p->core, why);
-    stream_clear(s);
-    coll_io_close(p);
+        ans_fail(s->pend[(s->ph + i) % TIO_MAX_PEND], code, "%s", msg);
+    memset(s, 0, sizeof *s);
 }
 
-int tio_post(tpu_cluster *c, size_t r, Tpuemu__FrameHeader *h, const struct tio_seg *segs, size_t nseg,
+int tio_post(tpu_cluster *c, size_t r, Tpuemu__FrameHeader *h, const struct dpio_seg *segs, size_t nseg,
              struct tio_ans *ans, err *e)
 {
     struct cli_coll *k = c->coll;
     struct tio_stream *s = streams(c);
-    struct tio_out *o;
-    uint64_t total = 0;
+    struct dpio_conn *p = &k->peers[r];
+    int rc;
 
     if (!s)
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
@@ -99,117 +71,48 @@ int tio_post(tpu_cluster *c, size_t r, Tpuemu__FrameHeader *h, const struct tio_
     ans->nstats = 0;
     ans->got = 0;
     if (nseg > TIO_MAX_SEGS || s->pn >= TIO_MAX_PEND)
-        return err_set(e, CODE_INTERNAL, "too many requests in flight to core %s/%d", k->peers[r].host,
-                       k->peers[r].core);
-    if (k->peers[r].fd < 0) {
+        return err_set(e, CODE_INTERNAL, "too many requests in flight to core %s/%d", p->host, p->core);
+    if (p->fd < 0) {
         if (s->pn) /* answers still expected on a connection that is gone */
-            return err_set(e, CODE_UNAVAILABLE, "core %s/%d lost its data connection", k->peers[r].host,
-                           k->peers[r].core);
-        if (coll_io_connect(c, wire_now_ms() + COLL_CONNECT_MS, e) != CODE_OK)
+            return err_set(e, CODE_UNAVAILABLE, "core %s/%d lost its data connection", p->host, p->core);
+        if (dpio_connect(k->peers, k->n, &c->r->auth, c->r->sender, wire_now_ms() + DPIO_CONNECT_MS, e) !=
+            CODE_OK)
             return e->code;
     }
-    if (!(o = calloc(1, sizeof *o)))
-        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
-    for (size_t i = 0; i < nseg; i++)
-        total += segs[i].n;
     h->epoch = k->epoch;
-    h->payload_bytes = total;
-    if (!(o->hlen = frame_encode(h, o->hdr, sizeof o->hdr))) {
-        free(o);
-        return err_set(e, CODE_INVALID_ARGUMENT, "the request does not fit in a frame header");
-    }
-    if (nseg)
-        memcpy(o->segs, segs, nseg * sizeof *segs);
-    o->nseg = nseg;
-    if (s->oq_tail)
-        s->oq_tail->next = o;
-    else
-        s->oq = o;
-    s->oq_tail = o;
+    if ((rc = dpio_send(p, h, segs, nseg)) != CODE_OK)
+        return err_set(e, rc,
+                       rc == CODE_INVALID_ARGUMENT ? "the request does not fit in a frame header" : "out of memory");
     s->pend[(s->ph + s->pn) % TIO_MAX_PEND] = ans;
     s->pend_seq[(s->ph + s->pn) % TIO_MAX_PEND] = h->seq;
     s->pn++;
     return CODE_OK;
 }
 
-static int do_write(struct tio_stream *s, int fd)
-{
-    while (s->oq) {
-        struct tio_out *o = s->oq;
-        const uint8_t *buf;
-        size_t len;
-        if (o->hput < o->hlen) {
-            buf = o->hdr + o->hput;
-            len = o->hlen - o->hput;
-        } else if (o->si < o->nseg) {
-            buf = (const uint8_t *)o->segs[o->si].p + o->soff;
-            len = o->segs[o->si].n - o->soff;
-        } else {
-            s->oq = o->next;
-            if (!s->oq)
-                s->oq_tail = NULL;
-            free(o);
-            continue;
-        }
-        ssize_t n = len ? send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL) : 0;
-        if (n < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
-                return 0;
-            return -1;
-        }
-        if (o->hput < o->hlen) {
-            o->hput += (size_t)n;
-        } else {
-            o->soff += (size_t)n;
-            if (o->soff == o->segs[o->si].n)
-                o->si++, o->soff = 0;
-        }
-    }
-    return 0;
-}
-
 /* A whole answer header is in: match it to the oldest expected answer. */
-struct rd_ctx {
-    struct tio_stream *s;
-    const struct cli_peer *p;
-    char *why;
-    size_t whyn;
-};
-
-static int on_header(void *arg, const uint8_t *hdr, uint32_t hlen, uint8_t **dst, uint64_t *left)
+static int on_header(void *arg, size_t r, Tpuemu__FrameHeader *h, void **dst)
 {
-    struct rd_ctx *k = arg;
-    struct tio_stream *s = k->s;
-    const struct cli_peer *p = k->p;
-    char *why = k->why;
-    size_t whyn = k->whyn;
-    Tpuemu__FrameHeader *h = NULL;
-    err e;
+    struct wait_ctx *w = arg;
+    struct tio_stream *s = &w->k->tio[r];
+    struct dpio_conn *p = &w->k->peers[r];
     struct tio_ans *a = s->pn ? s->pend[s->ph] : NULL;
 
-    if (frame_decode(hdr, hlen, FRAME_MAX_PAYLOAD, &h, &e) != CODE_OK) {
-        snprintf(why, whyn, "sent a malformed answer: %.900s", e.msg);
-        return -1;
-    }
-    *left = h->payload_bytes;
     s->cur = NULL;
     if (h->kind == KIND(ERROR)) {
         s->failures++;
-        snprintf(why, whyn, "refused the request: %.900s",
-                 h->status && h->status->message ? h->status->message : "(no reason given)");
+        dpio_failf(p, CODE_UNAVAILABLE, "refused the request: %.900s",
+                   h->status && h->status->message ? h->status->message : "(no reason given)");
         if (a) {
             ans_fail(a, h->status && h->status->code ? (int)h->status->code : CODE_UNKNOWN, "%s",
                      h->status && h->status->message && *h->status->message ? h->status->message
                                                                              : "the core refused the request");
         }
-        frame_header_free(h); /* the core closes the connection after an ERROR */
-        return -1;
+        return DPIO_LOST; /* the core closes the connection after an ERROR */
     }
     if (h->kind != KIND(MODEL_RESULT) || !a || h->seq != s->pend_seq[s->ph]) {
-        snprintf(why, whyn, "answered with frame kind %d, seq %llu, which was not expected", (int)h->kind,
-                 (unsigned long long)h->seq);
-        frame_header_free(h);
-        return -1;
+        dpio_failf(p, CODE_UNAVAILABLE, "answered with frame kind %d, seq %llu, which was not expected",
+                   (int)h->kind, (unsigned long long)h->seq);
+        return DPIO_LOST;
     }
     if (h->status && h->status->code != TPUEMU__CODE__OK) {
         s->failures++;
@@ -250,127 +153,80 @@ static int on_header(void *arg, const uint8_t *hdr, uint32_t hlen, uint8_t **dst
     s->cur = a;
     s->ph = (s->ph + 1) % TIO_MAX_PEND;
     s->pn--;
-    frame_header_free(h);
-    return 0;
+    return DPIO_PAYLOAD;
 }
 
-static void on_payload(void *arg, uint64_t got)
+static int on_frame(void *arg, size_t r, uint64_t got)
 {
-    struct tio_stream *s = ((struct rd_ctx *)arg)->s;
+    struct tio_stream *s = &((struct wait_ctx *)arg)->k->tio[r];
     if (s->cur) {
         s->cur->got = (size_t)got;
         s->cur->done = 1;
         s->cur = NULL;
     }
+    return 0; /* answers keep coming */
 }
 
-static int do_read(struct tio_stream *s, int fd, const struct cli_peer *p, char *why, size_t whyn)
+/* The connection of replica r is done for: every answer still expected fails. */
+static void on_lost(void *arg, size_t r, int code, const char *msg)
 {
-    static const struct frame_rd_ops ops = {on_header, on_payload};
-    struct rd_ctx k = {s, p, why, whyn};
-    char how[ERR_MSG_MAX];
-    switch (frame_rd_pump(&s->rd, fd, 0, &ops, &k, how, sizeof how)) {
-    case FRD_AGAIN:
-        return 0;
-    case FRD_CLOSED:
-    case FRD_BROKEN:
-        snprintf(why, whyn, "%.16s its data connection (the process died or was cut off)", how);
-        return -1;
-    case FRD_BAD:
-        snprintf(why, whyn, "sent a bad frame: %.900s", how);
-        return -1;
-    default: /* on_header said why */
-        return -1;
+    (void)code;
+    stream_fail(&((struct wait_ctx *)arg)->k->tio[r], CODE_UNAVAILABLE, msg);
+}
+
+static int state(void *arg)
+{
+    const struct wait_ctx *w = arg;
+    size_t n = w->k->n, open_n = 0;
+    int any_failed = 0;
+    for (size_t r = 0; r < n; r++) {
+        if (!w->ans[r]->done)
+            open_n++;
+        else if (w->ans[r]->code != CODE_OK)
+            any_failed = 1;
     }
+    if (!open_n)
+        return DPIO_DONE;
+    /* a core that failed a later step in flight (pipelined steps) failed
+     * too: the cores that cannot answer this one get the grace, not the
+     * whole deadline */
+    for (size_t r = 0; r < n && !any_failed; r++)
+        any_failed = w->k->tio[r].failures > 0;
+    return any_failed ? DPIO_FAILING : DPIO_MORE;
 }
 
 size_t tio_wait(tpu_cluster *c, struct tio_ans *const *ans, uint64_t deadline_ms, uint64_t grace_ms)
 {
+    static const struct dpio_ops ops = {on_header, on_frame, on_lost, state};
     struct cli_coll *k = c->coll;
-    struct tio_stream *ss = streams(c);
+    struct wait_ctx w = {k, ans};
+    struct dpio_run run = {&ops, &w, NULL, deadline_ms, grace_ms, 0};
     size_t n = k->n, failed = 0;
-    struct pollfd *pf = calloc(n, sizeof *pf);
-    uint64_t end = deadline_ms, grace_used = 0;
-    char why[ERR_MSG_MAX];
+    enum dpio_end end = DPIO_END_NOMEM;
 
-    if (!pf || !ss) {
-        free(pf);
-        for (size_t r = 0; r < n; r++)
-            ans_fail(ans[r], CODE_RESOURCE_EXHAUSTED, "out of memory");
-        return n;
-    }
-    for (;;) {
-        uint64_t now = wire_now_ms();
-        size_t open_n = 0, np = 0;
-        int any_failed = 0;
+    if (streams(c)) {
         for (size_t r = 0; r < n; r++) {
-            if (!ans[r]->done)
-                open_n++;
-            else if (ans[r]->code != CODE_OK)
-                any_failed = 1;
+            k->peers[r].reading = k->peers[r].fd >= 0;
+            k->peers[r].max_payload = 0;
         }
-        if (!open_n)
-            break;
-        /* a core that failed a later step in flight (pipelined steps) failed
-         * too: the cores that cannot answer this one get the grace, not the
-         * whole deadline */
-        for (size_t r = 0; r < n && !any_failed; r++)
-            any_failed = ss[r].failures > 0;
-        if (any_failed && grace_ms && now + grace_ms < end)
-            end = now + grace_ms, grace_used = grace_ms, grace_ms = 0;
-        if (now >= end)
-            break;
-        for (size_t r = 0; r < n; r++) {
-            pf[r].fd = k->peers[r].fd;
-            pf[r].events = 0;
-            pf[r].revents = 0;
-            if (pf[r].fd < 0)
-                continue;
-            pf[r].events = POLLIN | (ss[r].oq ? POLLOUT : 0);
-            np++;
-        }
-        if (!np) {
-            for (size_t r = 0; r < n; r++)
-                if (!ans[r]->done)
-                    ans_fail(ans[r], CODE_UNAVAILABLE, "core %s/%d has no data connection", k->peers[r].host,
-                             k->peers[r].core);
-            break;
-        }
-        int rc = poll(pf, n, (int)(end - now));
-        if (rc < 0 && errno != EINTR)
-            break;
-        for (size_t r = 0; r < n && rc > 0; r++) {
-            struct tio_stream *s = &ss[r];
-            struct cli_peer *p = &k->peers[r];
-            if (pf[r].fd < 0 || !pf[r].revents)
-                continue;
-            if ((pf[r].revents & POLLOUT) && do_write(s, p->fd) < 0) {
-                /* keep reading: the core's ERROR frame says why it stopped reading */
-                while (s->oq) {
-                    struct tio_out *o = s->oq;
-                    s->oq = o->next;
-                    free(o);
-                }
-                s->oq_tail = NULL;
-            }
-            if ((pf[r].revents & (POLLIN | POLLHUP | POLLERR)) && do_read(s, p->fd, p, why, sizeof why) < 0)
-                stream_lost(c, r, CODE_UNAVAILABLE, why);
-        }
+        end = dpio_run(k->peers, n, &run);
     }
     for (size_t r = 0; r < n; r++) {
-        struct cli_peer *p = &k->peers[r];
-        if (!ans[r]->done) {
-            if (grace_used)
-                ans_fail(ans[r], CODE_UNAVAILABLE,
-                         "core %s/%d did not answer within %llu ms after another core failed (it hangs or is cut off)",
-                         p->host, p->core, (unsigned long long)grace_used);
-            else
-                ans_fail(ans[r], CODE_DEADLINE_EXCEEDED, "core %s/%d did not answer in time", p->host, p->core);
-        }
+        struct dpio_conn *p = &k->peers[r];
+        p->reading = 0;
+        if (end == DPIO_END_NOMEM)
+            ans_fail(ans[r], CODE_RESOURCE_EXHAUSTED, "out of memory");
+        else if (end == DPIO_END_IDLE)
+            ans_fail(ans[r], CODE_UNAVAILABLE, "core %s/%d has no data connection", p->host, p->core);
+        else if (run.grace_used)
+            ans_fail(ans[r], CODE_UNAVAILABLE,
+                     "core %s/%d did not answer within %llu ms after another core failed (it hangs or is cut off)",
+                     p->host, p->core, (unsigned long long)run.grace_used);
+        else
+            ans_fail(ans[r], CODE_DEADLINE_EXCEEDED, "core %s/%d did not answer in time", p->host, p->core);
         if (ans[r]->code != CODE_OK)
             failed++;
     }
-    free(pf);
     return failed;
 }
 
@@ -402,20 +258,7 @@ void tio_abort(tpu_cluster *c)
     if (!k || !k->tio)
         return;
     for (size_t r = 0; r < k->n; r++) {
-        for (size_t i = 0; i < k->tio[r].pn; i++)
-            ans_fail(k->tio[r].pend[(k->tio[r].ph + i) % TIO_MAX_PEND], CODE_ABORTED, "abandoned");
-        stream_clear(&k->tio[r]);
-        coll_io_close(&k->peers[r]);
+        stream_fail(&k->tio[r], CODE_ABORTED, "abandoned");
+        dpio_close(&k->peers[r]);
     }
-}
-
-void tio_free(tpu_cluster *c)
-{
-    struct cli_coll *k = c->coll;
-    if (!k || !k->tio)
-        return;
-    for (size_t r = 0; r < k->n; r++)
-        stream_clear(&k->tio[r]);
-    free(k->tio);
-    k->tio = NULL;
 }

@@ -1,7 +1,7 @@
 /* The client side of training on the wire: requests (COMPILE, STEPS,
- * STATE_GET, STATE_SET) queued on the data connection of every core, and one
- * poll() loop that writes queued requests and reads answers of all cores at
- * once. Requests may be queued ahead of their answers (prefetch): while the
+ * STATE_GET, STATE_SET) queued on the data connection of every core, and
+ * dpio's loop (dpio.h) that writes queued requests and reads answers of all
+ * cores at once. Requests may be queued ahead of their answers (prefetch): while the
  * caller waits for one answer, the next requests' infeed keeps flowing.
  * Each core answers its requests in order. Never installed. */
 #ifndef TPUEMU_CLIENT_TRAIN_IO_H
@@ -11,15 +11,10 @@
 #include <stdint.h>
 
 #include "coll.h"
+#include "dpio.h"
 
 #define TIO_MAX_STEPS 128
 #define TIO_MAX_SEGS (2 * TIO_MAX_STEPS)
-
-/* One piece of a request's payload (sent straight from the caller's memory). */
-struct tio_seg {
-    const void *p;
-    size_t n;
-};
 
 /* One core's answer to one request. Filled by tio_wait. */
 struct tio_ans {
@@ -45,7 +40,7 @@ struct tio_ans {
  * ans as the slot its answer goes to. segs and ans must stay valid until the
  * answer is in (tio_wait) or tio_abort. Connects first if needed.
  * CODE_INVALID_ARGUMENT if the header does not fit a frame. */
-int tio_post(tpu_cluster *c, size_t r, Tpuemu__FrameHeader *h, const struct tio_seg *segs, size_t nseg,
+int tio_post(tpu_cluster *c, size_t r, Tpuemu__FrameHeader *h, const struct dpio_seg *segs, size_t nseg,
              struct tio_ans *ans, err *e);
 
 /* Drives every connection until ans[r] is done for every replica r (ans is an
@@ -63,7 +58,5 @@ void tio_abort(tpu_cluster *c);
 /* The most telling failure among ans[0..n): a core's own report of another
  * core's death beats "connection closed"; first by replica otherwise. */
 const struct tio_ans *tio_worst(struct tio_ans *const *ans, size_t n);
-
-void tio_free(tpu_cluster *c);
 
 #endif

@@ -1,0 +1,46 @@
+/* One collective on the wire, as the cores see it: FRAME_COLL + every
+ * replica's input out, each core's FRAME_COLL_RESULT in, over the data
+ * connections of dpio.h. Knows nothing of the cluster handle: coll.c hands it
+ * the connections, the epoch and where the outcomes go. Never installed. */
+#ifndef TPUEMU_CLIENT_COLL_IO_H
+#define TPUEMU_CLIENT_COLL_IO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dpio.h"
+#include "status.h"
+
+#define COLL_ALGO_MAX 32
+
+/* One replica's outcome of the last call. */
+struct cli_res {
+    int code;                 /* CODE_* */
+    char msg[ERR_MSG_MAX];
+    int from_core;            /* 1: the core said so (COLL_RESULT/ERROR); 0: seen by the client */
+    uint64_t mono_ms;         /* when it came; 0: never */
+    uint64_t ns;              /* the core's time per iteration */
+    char algo[COLL_ALGO_MAX]; /* the core's algo_used */
+};
+
+/* What one replica sends and receives in a call. in may be NULL when in_len
+ * is 0; out receives exactly out_len bytes. in and out may be the same buffer
+ * (in place): the result is read only after the whole input was written. */
+struct cli_part {
+    const void *in;
+    size_t in_len;
+    void *out;
+    size_t out_len;
+};
+
+/* Sends FRAME_COLL{seq, epoch, spec} + parts[r].in on conns[r] to every core
+ * r of n and reads each FRAME_COLL_RESULT into parts[r].out, all sockets at
+ * once, until every core answered or failed, or deadline_ms (CLOCK_MONOTONIC
+ * ms) passed. Once one replica failed, the others get at most grace_ms more.
+ * Fills res[0..n); returns how many replicas failed. Connections that did
+ * not end cleanly are closed. what: "all-reduce", ... for messages. */
+size_t coll_io_run(struct dpio_conn *conns, size_t n, uint64_t epoch, const Tpuemu__CollSpec *spec,
+                   uint64_t seq, const char *what, const struct cli_part *parts, struct cli_res *res,
+                   uint64_t deadline_ms, uint64_t grace_ms);
+
+#endif
