@@ -242,16 +242,16 @@ int dp_start(struct dataplane *dp, const struct dp_env *env, err *e)
     memset(&ss, 0, sizeof ss);
     if (strcmp(host, "*") == 0)
         host = "0.0.0.0";
-    if (uv_ip4_addr(host, 0, (struct sockaddr_in *)&ss) != 0 &&
-        uv_ip6_addr(host, 0, (struct sockaddr_in6 *)&ss) != 0)
+    if (uv_ip4_addr(host, env->port, (struct sockaddr_in *)&ss) != 0 &&
+        uv_ip6_addr(host, env->port, (struct sockaddr_in6 *)&ss) != 0)
         return err_set(e, CODE_INVALID_ARGUMENT, "--listen: '%s' is not a local IP address", env->listen);
     uv_tcp_init(env->loop, &dp->listener);
     dp->listener.data = dp;
     dp->started = 1;
     if ((rc = uv_tcp_bind(&dp->listener, (struct sockaddr *)&ss, 0)) < 0 ||
         (rc = uv_listen((uv_stream_t *)&dp->listener, 128, on_connection)) < 0)
-        return err_set(e, CODE_UNAVAILABLE, "cannot listen for the data plane on %s: %s", env->listen,
-                       uv_strerror(rc));
+        return err_set(e, CODE_UNAVAILABLE, "cannot listen for the data plane on %s port %d: %s", env->listen,
+                       env->port, uv_strerror(rc));
     if ((rc = uv_tcp_getsockname(&dp->listener, (struct sockaddr *)&ss, &sl)) < 0)
         return err_set(e, CODE_INTERNAL, "data-plane getsockname: %s", uv_strerror(rc));
     dp->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port

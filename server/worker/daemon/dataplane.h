@@ -34,6 +34,7 @@ struct dp_env {
     uv_loop_t *loop;
     const auth *auth;
     const char *listen;              /* local address to bind */
+    int port;                        /* port to bind; 0: the kernel picks */
     const struct core_ident *id;     /* sender in handshakes; PROFILE answers */
     const int *stopping;             /* nonzero: refuse new connections */
     struct peers *peers;             /* other workers' dials */
@@ -53,7 +54,8 @@ struct dataplane {
     struct dp_peer *conns; /* every open connection, for shutdown */
 };
 
-/* Binds env->listen on a kernel-chosen port (dp->port) and starts accepting. */
+/* Binds env->listen on env->port (0: one the kernel picks; dp->port says which)
+ * and starts accepting. */
 int dp_start(struct dataplane *dp, const struct dp_env *env, err *e);
 /* Stops accepting and closes every connection. */
 void dp_stop(struct dataplane *dp);

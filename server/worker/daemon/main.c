@@ -173,7 +173,8 @@ static int configure(struct worker *w, int argc, char **argv)
 {
     const char *resolver = NULL, *listen = NULL, *advertise = NULL, *host_id = NULL;
     const char *tpu_type = NULL, *token_file = NULL, *log_level = NULL, *transport = NULL;
-    long long core = -1, hbm_bytes = 0, trace_events = TRACE_DEFAULT_EVENTS, throttle = 100, metrics_port = 0;
+    const char *advertise_data = NULL;
+    long long data_port = 0, core = -1, hbm_bytes = 0, trace_events = TRACE_DEFAULT_EVENTS, throttle = 100, metrics_port = 0;
     int insecure = 0, probe = 0, probe_ready = 0, first, rc, lvl;
     char hostname[256];
     err e;
@@ -185,6 +186,12 @@ static int configure(struct worker *w, int argc, char **argv)
         {"advertise", "TPUEMU_ADVERTISE", OPT_STRING, NULL, 0, 0, "ADDR",
          "address other processes use to reach this worker (default: --listen, or for a wildcard "
          "--listen the local address that routes to the resolver)", &advertise},
+        {"data-port", "TPUEMU_DATA_PORT", OPT_INT, "0", 0, 65535, "PORT",
+         "listen for the data plane on this port of the --listen address (a firewall rule, a "
+         "container's published port); 0: the kernel picks one", &data_port},
+        {"advertise-data", "TPUEMU_ADVERTISE_DATA", OPT_STRING, NULL, 0, 0, "HOST:PORT",
+         "address and port others use to reach this worker's data plane when it is not "
+         "--advertise and the listening port (a port forward, NAT, a proxy)", &advertise_data},
         {"host-id", "TPUEMU_HOST_ID", OPT_STRING, NULL, 0, 0, "NAME",
          "host this core belongs to; cores of one host are adjacent in the ring (default: hostname)",
          &host_id},
@@ -290,6 +297,15 @@ static int configure(struct worker *w, int argc, char **argv)
     } else {
         snprintf(w->advertise, sizeof w->advertise, "%s", w->listen);
     }
+    if (advertise_data && *advertise_data) {
+        addr a;
+        if (addr_parse(advertise_data, 0, &a, &e) != CODE_OK || a.port <= 0) {
+            fprintf(stderr, "tpu-worker: --advertise-data: '%s' is not HOST:PORT\n", advertise_data);
+            return EXIT_USAGE;
+        }
+        addr_format(a.host, a.port, w->data_addr, sizeof w->data_addr);
+    }
+    w->data_port = (int)data_port;
     if (strcmp(transport, "auto") == 0) {
         w->tcp_only = 0;
     } else if (strcmp(transport, "tcp") == 0) {
@@ -312,8 +328,8 @@ static int start(struct worker *w, err *e)
 {
     const struct hb_env hb = {w->loop, &w->auth, w->resolver_url, &w->id, worker_info, on_refused, w};
     struct ctl_env ctl = {w->loop, &w->auth, NULL, w->listen, &w->id, worker_reset, worker_info, w};
-    const struct dp_env dp = {w->loop, &w->auth, w->listen, &w->id, &w->stopping, NULL, NULL, NULL, NULL,
-                              &w->hbm, w->preset};
+    const struct dp_env dp = {w->loop, &w->auth, w->listen, w->data_port, &w->id, &w->stopping,
+                              NULL,    NULL,     NULL,      NULL,         &w->hbm, w->preset};
     const struct wm_env wm = {w->loop, w->listen, w->resolver_url, &w->id, &w->hbm, &w->coll_stats,
                               &w->train_stats, &w->hb, &w->ctl, &w->dp, &w->stopping};
     struct peers_env pe = {w->loop, &w->auth, &w->id, NULL, w->tcp_only};
@@ -334,7 +350,8 @@ static int start(struct worker *w, err *e)
         (rc = wm_start(&w->metrics, &wm, w->metrics_port, e)) != CODE_OK)
         return rc;
     addr_nn_url(w->advertise, w->ctl.port, w->control_addr, sizeof w->control_addr);
-    addr_format(w->advertise, w->dp.port, w->data_addr, sizeof w->data_addr);
+    if (!w->data_addr[0]) /* else --advertise-data */
+        addr_format(w->advertise, w->dp.port, w->data_addr, sizeof w->data_addr);
     w->id.incarnation = auth_random64();
     /* the profiler's ring before the transport: it records every chunk */
     if (!(w->trace = trace_new(w->trace_cap)))

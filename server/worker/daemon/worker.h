@@ -45,7 +45,8 @@ struct worker {
      * profiler's ring (core/) */
     struct core_ident id;
     char control_addr[300];   /* tcp://ADV:PORT */
-    char data_addr[300];      /* ADV:PORT */
+    char data_addr[300];      /* ADV:PORT, or --advertise-data */
+    int data_port;            /* --data-port; 0: the kernel's choice */
     hbm hbm;
     struct trace *trace;
 
