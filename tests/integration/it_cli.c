@@ -319,3 +319,48 @@ Test(cli, stop_while_initialize_waits, .timeout = 30)
     cr_assert(WIFEXITED(c->resolver.status) && WEXITSTATUS(c->resolver.status) == 0);
     cluster_free(c);
 }
+
+/* --data-port puts the data plane on a fixed port, --advertise-data tells
+ * others where to reach it; the client's collectives then use that address. */
+Test(cli, data_port_and_advertise_data, .timeout = 60)
+{
+    cluster_opts o = {0};
+    cluster *c = cluster_start(&o);
+    run_result r;
+    char port[16], adv[64], want[64];
+    int dp = cl_free_port();
+    snprintf(port, sizeof port, "%d", dp);
+    snprintf(adv, sizeof adv, "127.0.0.1:%d", dp);
+    const char *extra[] = {"--data-port", port, "--advertise-data", adv, NULL};
+    cluster_add_worker(c, "h0", 0, extra);
+    cr_assert(cluster_wait_count(c, CL_ALIVE, 1, 15000), "the worker did not register");
+    tpu_cluster_spec *s = cluster_spec(c);
+    tpu_core_info ci;
+    cr_assert(s && cluster_find_core(s, "h0", 0, &ci));
+    cr_assert_str_eq(ci.data_addr, adv, "the resolver lists %s, not the advertised %s", ci.data_addr, adv);
+    tpu_cluster_spec_free(s);
+    /* the data plane really is there: an all-reduce through it, checked */
+    cluster_tpuctl(c, &r, 30000, "bench", "allreduce", "--init", "--min", "4K", "--max", "4K", "--iters", "2",
+                   "--warmup", "1", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    run_result_free(&r);
+
+    /* a second worker cannot take the same port: it says which, and exits */
+    const char *again[] = {"--data-port", port, NULL};
+    int w2 = cluster_add_worker(c, "h1", 0, again);
+    cr_assert(cluster_wait_exit(&c->workers[w2], 10000), "a worker on a taken --data-port kept running");
+    snprintf(want, sizeof want, "cannot listen for the data plane on 127.0.0.1 port %d", dp);
+    cr_assert(cl_log_contains(&c->workers[w2], want), "no '%s' in its log", want);
+
+    const char *bad[] = {CL_WORKER, "--resolver", c->addr, "--advertise-data", "nowhere", NULL};
+    run_cmd(bad, NULL, 5000, &r);
+    cr_assert_eq(r.code, 2, SHOW(r));
+    cr_assert(strstr(r.err, "--advertise-data: 'nowhere' is not HOST:PORT"), SHOW(r));
+    run_result_free(&r);
+    const char *range[] = {CL_WORKER, "--resolver", c->addr, "--data-port", "70000", NULL};
+    run_cmd(range, NULL, 5000, &r);
+    cr_assert_eq(r.code, 2, SHOW(r));
+    cr_assert(strstr(r.err, "--data-port"), SHOW(r));
+    run_result_free(&r);
+    cluster_free(c);
+}
