@@ -20,7 +20,15 @@
  * Finding 3, control messages are bound to their recipient: the resolver's
  * reset telling a core to leave the system, captured on its way and sent to
  * another core within the replay window, is refused there and changes
- * nothing. */
+ * nothing.
+ *
+ * Finding 2, strangers cannot stop a port: connections that never
+ * authenticate, held (and renewed) on a worker's data port, its metrics port
+ * and the resolver's control port, leave all-reduces, health checks,
+ * registration and tpuctl working.
+ *
+ * Finding 6, a resolver with more cores than descriptors: a clear refusal
+ * naming the open-file limit, never a crash, and it goes on serving. */
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -885,3 +893,70 @@ Test(hardening, idle_strangers_do_not_stop_the_metrics_port, .timeout = 120)
     cluster_free(c);
 }
 
+/* The resolver under an open-file limit of its own (the fixture sets it
+ * before exec): strangers hold more idle connections than it has
+ * descriptors, each having sent the SP header of a nanomsg REQ socket (so
+ * nanomsg's 1 s header deadline does not drop them), and renew them; a new
+ * worker must still register and tpuctl be answered. */
+Test(hardening, idle_strangers_do_not_stop_the_resolver, .timeout = 240)
+{
+    cluster_opts o = {.hosts = 1, .cores_per_host = 1, .token = 1, .resolver_nofile = 256};
+    cluster *c = cluster_start(&o);
+    static int fds[HOLD_MAX];
+    run_result r;
+
+    static const uint8_t sp_req[8] = {0, 'S', 'P', 0, 0, 48, 0, 0};
+    raise_own_nofile();
+    cr_assert_geq(hold_conns_saying(c->addr, fds, 400, sp_req, sizeof sp_req), 64,
+                  "could not open the strangers' connections");
+    /* a worker that starts now registers */
+    cluster_add_worker(c, "h1", 0, NULL);
+    cr_assert(cluster_wait_count(c, CL_ALIVE, 2, 30000), "a new worker did not register with 400 idle "
+              "connections held on the resolver's port; see %s", c->resolver.log);
+    cluster_tpuctl(c, &r, 30000, "cluster", NULL);
+    cr_assert_eq(r.code, 0, "tpuctl cluster with 400 idle connections held: " SHOW(r));
+    cr_assert(strstr(r.out, "h1"), SHOW(r));
+    run_result_free(&r);
+    /* the strangers renew theirs */
+    release_conns(fds, HOLD_MAX);
+    hold_conns_saying(c->addr, fds, 400, sp_req, sizeof sp_req);
+    /* and an initialize works */
+    cluster_tpuctl(c, &r, 60000, "init", "--expect", "2", NULL);
+    cr_assert_eq(r.code, 0, "tpuctl init with 400 idle connections held: " SHOW(r));
+    run_result_free(&r);
+    release_conns(fds, HOLD_MAX);
+    cr_assert(cluster_alive(&c->resolver), "see %s", c->resolver.log);
+    cluster_free(c);
+}
+
+/* finding 6: more cores than the resolver has descriptors for: a clear
+ * refusal naming the limit, never a crash, and it goes on serving. */
+Test(hardening, resolver_out_of_descriptors_refuses_and_serves, .timeout = 300)
+{
+    enum { N = 60 };
+    /* 60 workers connect (one descriptor each), but their 60 links (three
+     * each) do not fit in 200 */
+    cluster_opts o = {.hosts = N / 4, .cores_per_host = 4, .heartbeat_ms = 500, .resolver_nofile = 200};
+    cluster *c = cluster_start(&o);
+    run_result r;
+    char n[8];
+
+    snprintf(n, sizeof n, "%d", N);
+    for (int k = 0; k < 3; k++) {
+        cluster_tpuctl(c, &r, 60000, "init", "--expect", n, "--timeout-ms", "20000", NULL);
+        cr_assert(cluster_alive(&c->resolver), "the resolver died (attempt %d); see %s", k, c->resolver.log);
+        cr_assert_eq(r.code, 1, "init of %d cores under 200 descriptors: " SHOW(r), N);
+        cr_assert(strstr(r.err, "RESOURCE_EXHAUSTED") && strstr(r.err, "open-file limit") &&
+                      strstr(r.err, "LimitNOFILE"),
+                  "the refusal names the limit and what to do: " SHOW(r));
+        run_result_free(&r);
+    }
+    /* still serving: the spec lists every core, a client is answered */
+    cluster_tpuctl(c, &r, 30000, "cluster", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    run_result_free(&r);
+    cr_assert_eq(cluster_count(c, CL_ALIVE), N);
+    cr_assert(cluster_alive(&c->resolver), "see %s", c->resolver.log);
+    cr_assert_not(cl_log_contains(&c->resolver, "AddressSanitizer"), "see %s", c->resolver.log);
+    cluster_free(c);
+}
