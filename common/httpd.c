@@ -86,6 +86,7 @@ struct httpd {
     struct hconn *conns;
     unsigned nconns;
     int closing, listener_open;
+    struct log_limit log_accept;
     /* refusal log rate limit */
     uint64_t log_window;
     unsigned logged, suppressed;
@@ -408,18 +409,51 @@ static void overflow(struct httpd *h, uv_stream_t *server)
         uv_close((uv_handle_t *)&o->tcp, on_overflow_closed);
 }
 
+/* HTTPD_MAX_CONNS connections are open and another arrives: the oldest one
+ * still waiting for its request head (or lingering after its answer) goes. A
+ * probe sends its request at once and is answered in a round trip, so only a
+ * client that holds a connection open without asking stays long enough to be
+ * the oldest: strangers cannot hold the port and starve /healthz. Connections
+ * being answered are left alone (each has its deadline). 1 if one went. */
+static int evict_oldest_idle(struct httpd *h)
+{
+    struct hconn *oldest = NULL;
+
+    for (struct hconn *c = h->conns; c; c = c->next) /* newest first */
+        if (!c->closing && (c->state == C_READING || c->state == C_LINGER))
+            oldest = c;
+    if (!oldest)
+        return 0;
+    if (oldest->state == C_READING)
+        log_refusal(h, oldest->peer, 408, "closed for a newer connection: every connection was taken and this "
+                    "one had not sent its request", "", "");
+    conn_close(oldest);
+    return 1;
+}
+
 static void on_connection(uv_stream_t *server, int status)
 {
     struct httpd *h = server->data;
     struct hconn *c;
 
     if (status < 0) {
-        log_warn("http accept failed", "server=%s reason=%s", h->name, uv_err_name(status));
+        /* libuv accepted and closed the connection with its reserve
+         * descriptor, so the listener does not spin on EMFILE */
+        unsigned left_out;
+        if (log_limit_ok(&h->log_accept, uv_now(h->loop), 10000, 1, &left_out))
+            log_warn("http accept failed", "server=%s reason=%s suppressed=%u", h->name,
+                     log_q(uv_strerror(status)), left_out);
         return;
     }
     if (h->closing)
         return;
-    if (h->nconns >= HTTPD_MAX_CONNS || !(c = calloc(1, sizeof *c))) {
+    /* closing connections still count until their handles are closed, later
+     * in this loop turn: at most as many again */
+    if (h->nconns >= HTTPD_MAX_CONNS && (h->nconns >= 2 * HTTPD_MAX_CONNS || !evict_oldest_idle(h))) {
+        overflow(h, server);
+        return;
+    }
+    if (!(c = calloc(1, sizeof *c))) {
         overflow(h, server);
         return;
     }

@@ -6,7 +6,8 @@
  * the request head is bounded (HTTPD_MAX_REQUEST, else 431), a body is refused
  * (413), a client has HTTPD_READ_TIMEOUT_MS to send its request (else 408) and
  * as long again to take the answer, at most HTTPD_MAX_CONNS connections are
- * open (more are closed at once), and anything malformed is a 400. Unknown
+ * open (a new one closes the oldest that has not sent its request yet; with
+ * none such, it gets a 503), and anything malformed is a 400. Unknown
  * paths are 404, other methods 405. Each refusal is one logfmt warn line (at
  * most HTTPD_LOG_PER_S a second; the rest are counted in the next line).
  * Loop thread only. */

@@ -2,6 +2,7 @@
  * deadline each. Must not block: every send is NN_DONTWAIT. */
 #include "corelink.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 
+#include "fdlimit.h"
 #include "log.h"
 #include "wire.h"
 
@@ -123,6 +125,15 @@ static int send_head(corelink *l, err *e)
     return CODE_OK;
 }
 
+/* Sockets of every link, against the share of the open-file limit the
+ * resolver keeps for them (corelink_set_max_sockets). */
+static unsigned g_sockets, g_max_sockets = 1u << 30;
+
+void corelink_set_max_sockets(unsigned n)
+{
+    g_max_sockets = n;
+}
+
 static void on_timer(uv_timer_t *t);
 static nnuv *dial(corelink *l, err *e);
 static void on_nn_closed(nnuv *s);
@@ -157,8 +168,13 @@ static void on_timer(uv_timer_t *t)
     nnuv *old = l->nn;
     err e;
     l->nn = dial(l, &e);
-    if (!l->nn)
-        log_warn("cannot redial core", "control=%s reason=%s", log_q(l->url), log_q(e.msg));
+    if (!l->nn) {
+        static struct log_limit lim;
+        unsigned left_out;
+        if (log_limit_ok(&lim, uv_now(l->loop), 10000, 1, &left_out))
+            log_warn("cannot redial core", "control=%s reason=%s suppressed=%u", log_q(l->url), log_q(e.msg),
+                     left_out);
+    }
     if (old)
         nnuv_close(old, on_nn_closed);
     c.cb(l->ctx, c.tag, c.idx, CODE_DEADLINE_EXCEEDED, "no answer before the deadline", NULL);
@@ -208,8 +224,24 @@ static nnuv *dial(corelink *l, err *e)
         err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
         return NULL;
     }
+    if (g_sockets >= g_max_sockets) {
+        err_set(e, CODE_RESOURCE_EXHAUSTED,
+                "the resolver's open-file limit (%ld) leaves room for links to %u cores, and they are all in "
+                "use (the rest is kept for connections from workers and clients): raise its open-file limit "
+                "(LimitNOFILE=, ulimit -n, docker --ulimit nofile=) or run fewer cores",
+                fdlimit_current(), g_max_sockets);
+        free(n);
+        return NULL;
+    }
     if ((sock = nn_socket(AF_SP, NN_REQ)) < 0) {
-        err_set(e, CODE_INTERNAL, "nanomsg socket: %s", nn_strerror(nn_errno()));
+        int en = nn_errno();
+        if (en == EMFILE || en == ENFILE)
+            err_set(e, CODE_RESOURCE_EXHAUSTED,
+                    "the resolver is out of file descriptors (all %ld in use; each core's link takes 3): raise "
+                    "its open-file limit (LimitNOFILE=, ulimit -n, docker --ulimit nofile=) or run fewer cores",
+                    fdlimit_current());
+        else
+            err_set(e, CODE_INTERNAL, "nanomsg socket: %s", nn_strerror(en));
         goto fail;
     }
     if (nnuv_sockopts(sock, WIRE_MAX_REPLY, e) != CODE_OK)
@@ -225,6 +257,7 @@ static nnuv *dial(corelink *l, err *e)
         goto fail;
     n->data = l;
     l->open_handles++;
+    g_sockets++;
     return n;
 fail:
     if (sock >= 0)
@@ -311,6 +344,7 @@ static void one_closed(corelink *l)
 static void on_nn_closed(nnuv *s)
 {
     corelink *l = s->data;
+    g_sockets--;
     free(s);
     one_closed(l);
 }

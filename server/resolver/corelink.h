@@ -92,6 +92,11 @@ int corelink_probe(corelink *l, uint32_t timeout_ms, corelink_cb cb, uint64_t ta
 int corelink_reset(corelink *l, uint64_t epoch, int32_t replica_id, uint32_t num_replicas,
                    struct cl_peers *peers, uint32_t timeout_ms, corelink_cb cb, uint64_t tag, int idx, err *e);
 
+/* At most n link sockets at once (each takes about 3 descriptors); a link
+ * that would need one more fails its calls with RESOURCE_EXHAUSTED naming the
+ * open-file limit. Default: no bound. */
+void corelink_set_max_sockets(unsigned n);
+
 /* Closes the link; queued calls complete with CANCELLED later, then l is freed. */
 void corelink_close(corelink *l);
 

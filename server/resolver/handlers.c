@@ -346,9 +346,9 @@ static int body_present(const wire_msg *m)
     }
 }
 
-void rsv_on_request(nnuv *s, const uint8_t *buf, size_t len, void *ctl)
+void rsv_on_request(sprep *s, const uint8_t *buf, size_t len, void *ctl)
 {
-    resolver *r = s->data;
+    resolver *r = sprep_data(s);
     rreq req = {ctl, 0, 0};
     wire_msg *m = NULL;
     uint64_t now = wire_now_ms();
@@ -362,7 +362,7 @@ void rsv_on_request(nnuv *s, const uint8_t *buf, size_t len, void *ctl)
     case DRC_DONE:
         prom_add(&r->metrics.duplicates, 1);
         log_info("duplicate request answered again", "bytes=%zu", len);
-        if (nnuv_reply(&r->rep, ctl, prev, plen, &e) != CODE_OK)
+        if (sprep_reply(r->rep, ctl, prev, plen, &e) != CODE_OK)
             log_warn("cannot send a reply", "reason=%s", log_q(e.msg));
         return;
     case DRC_PENDING:

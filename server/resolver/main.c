@@ -7,12 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <nanomsg/nn.h>
-#include <nanomsg/reqrep.h>
 
 #include "addr.h"
 #include "config.h"
 #include "corelink.h"
+#include "fdlimit.h"
+#include "httpd.h"
 #include "log.h"
 #include "resolver.h"
 
@@ -80,9 +80,41 @@ static int parse_settings(int argc, char **argv, struct settings *st)
     return -1;
 }
 
-static void on_rep_closed(nnuv *s)
+/* A request that proves its sender holds the cluster token (any well-formed
+ * message without one): its connection takes a trusted slot (sprep.h). */
+static int vouch(void *data, const uint8_t *buf, size_t len)
 {
-    (void)s;
+    resolver *r = data;
+    wire_msg *m = NULL;
+    err e;
+
+    if (wire_open(&r->auth, NULL, buf, len, WIRE_MAX_REQUEST, &m, &e) != CODE_OK)
+        return 0;
+    wire_msg_free(m);
+    return 1;
+}
+
+/* The control port's connection budget from the open-file limit: each core's
+ * link costs about 3 descriptors (a nanomsg socket's two eventfds and its TCP
+ * connection), the metrics port up to 2 x its slots, and some are the
+ * process's own; connections get the rest, at least half of what is left,
+ * and the links what connections leave. */
+static void conn_budget(long nofile, uint32_t max_cores, int metrics, unsigned *trusted, unsigned *untrusted,
+                        unsigned *links)
+{
+    long avail = nofile - 64 - (metrics ? 2 * HTTPD_MAX_CONNS : 0), u, t;
+
+    if (avail < 32)
+        avail = 32;
+    u = avail / 8 < 8 ? 8 : avail / 8 > 256 ? 256 : avail / 8;
+    t = avail - u - 3 * (long)max_cores;
+    if (t < avail / 2)
+        t = avail / 2;
+    if (t > 65536)
+        t = 65536;
+    *trusted = (unsigned)t;
+    *untrusted = (unsigned)u;
+    *links = avail - u - t >= 3 ? (unsigned)((avail - u - t) / 3) : 1;
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -100,7 +132,8 @@ static void on_signal(uv_signal_t *h, int signum)
     rsv_stop_claims(r);
     for (size_t i = 0; i < r->reg.n; i++)
         rsv_drop_link(r->reg.v[i]);
-    nnuv_close(&r->rep, on_rep_closed);
+    sprep_close(r->rep);
+    r->rep = NULL;
     uv_close((uv_handle_t *)&r->sigint, NULL);
     uv_close((uv_handle_t *)&r->sigterm, NULL);
 }
@@ -118,7 +151,9 @@ int main(int argc, char **argv)
     uv_loop_t loop;
     addr la;
     err e;
-    int rc, port = 0, sock = -1, status = 1;
+    int rc, port = 0, status = 1;
+    long nofile;
+    unsigned max_trusted, max_untrusted, max_links;
     int loop_ok = 0, started = 0;
     char shown[300];
 
@@ -150,6 +185,10 @@ int main(int argc, char **argv)
     r.forget_after_ms = (uint64_t)st.forget_after_ms;
     reg_init(&r.reg, (size_t)st.max_cores);
     signal(SIGPIPE, SIG_IGN);
+    /* every core: its link (3) and its worker's connection; clients; the metrics port */
+    nofile = fdlimit_raise("resolver", 65536, 4 * (long)st.max_cores + 256 + 64 + 2 * HTTPD_MAX_CONNS);
+    conn_budget(nofile, r.max_cores, st.metrics_port != 0, &max_trusted, &max_untrusted, &max_links);
+    corelink_set_max_sockets(max_links);
 
     /* stage 1: loop and replay cache */
     if (uv_loop_init(&loop) != 0) {
@@ -159,24 +198,31 @@ int main(int argc, char **argv)
     loop_ok = 1;
     r.loop = &loop;
     if (!(r.replay = replay_new(16384)) ||
-        !(r.drc = drc_new(16384, 4u << 20, AUTH_WINDOW_MS, nnuv_ctl_free))) {
+        !(r.drc = drc_new(16384, 4u << 20, AUTH_WINDOW_MS, sprep_ctl_free))) {
         log_error("out of memory", NULL);
         goto out;
     }
     /* stage 2: the listening socket */
-    if ((sock = nn_socket(AF_SP_RAW, NN_REP)) < 0) {
-        log_error("cannot create the listening socket", "reason=%s", log_q(nn_strerror(nn_errno())));
-        goto out;
+    {
+        struct sprep_cfg sc = {
+            .name = "control",
+            .max_msg = WIRE_MAX_REQUEST,
+            .max_pending = 4 * WIRE_MAX_REPLY,
+            .max_trusted = max_trusted,
+            .max_untrusted = max_untrusted,
+            .untrusted_ms = RSV_UNTRUSTED_MS,
+            .idle_ms = 2 * r.heartbeat_ms * r.dead_after > RSV_IDLE_MS ? 2 * r.heartbeat_ms * r.dead_after
+                                                                       : RSV_IDLE_MS,
+            .on_msg = rsv_on_request,
+            .vouch = vouch,
+            .data = &r,
+        };
+        if (sprep_start(&loop, la.host, la.port, &sc, &r.rep, &port, &e) != CODE_OK) {
+            log_error("cannot listen", "listen=%s reason=%s", log_q(shown), log_q(e.msg));
+            fprintf(stderr, "tpu-resolver: %s\n", e.msg);
+            goto out;
+        }
     }
-    if (nnuv_sockopts(sock, WIRE_MAX_REQUEST, &e) != CODE_OK ||
-        nnuv_bind_tcp(sock, la.host, la.port, &port, &e) != CODE_OK ||
-        nnuv_start(&loop, &r.rep, sock, 1, rsv_on_request, &e) != CODE_OK) {
-        log_error("cannot listen", "listen=%s reason=%s", log_q(shown), log_q(e.msg));
-        fprintf(stderr, "tpu-resolver: %s\n", e.msg);
-        nn_close(sock);
-        goto out;
-    }
-    r.rep.data = &r;
     started = 1;
     if (rm_start(&r, la.host, (int)st.metrics_port, &e) != CODE_OK) {
         log_error("cannot serve metrics", "port=%lld reason=%s", st.metrics_port, log_q(e.msg));
@@ -196,15 +242,18 @@ int main(int argc, char **argv)
 
     addr_format(la.host, port, shown, sizeof shown);
     log_info("listening", "listen=%s auth=%s heartbeat_ms=%u dead_after=%u max_cores=%u forget_after_ms=%llu "
-             "metrics_port=%lld version=%s", log_q(shown), r.auth.enabled ? "on" : "off", r.heartbeat_ms,
-             r.dead_after, r.max_cores, (unsigned long long)r.forget_after_ms, st.metrics_port, TPUEMU_VERSION);
+             "metrics_port=%lld open_files=%ld connections=%u unauthenticated=%u core_links=%u version=%s", log_q(shown),
+             r.auth.enabled ? "on" : "off", r.heartbeat_ms, r.dead_after, r.max_cores,
+             (unsigned long long)r.forget_after_ms, st.metrics_port, nofile, max_trusted, max_untrusted, max_links,
+             TPUEMU_VERSION);
     uv_run(&loop, UV_RUN_DEFAULT);
     status = 0;
 out:
     if (loop_ok) {
         if (started && !r.stopping) { /* not reached through a signal: close what is open */
             rm_stop(&r);
-            nnuv_close(&r.rep, on_rep_closed);
+            sprep_close(r.rep);
+            r.rep = NULL;
         }
         uv_run(&loop, UV_RUN_DEFAULT);
         if ((rc = uv_loop_close(&loop)) != 0) {

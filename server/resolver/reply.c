@@ -18,13 +18,13 @@ void rsv_reply(resolver *r, rreq *req, wire_msg *m)
     m->request_id = req->id;
     if (wire_seal(&r->auth, RSV_SENDER, m, &buf, &len, NULL, &e) != CODE_OK) {
         log_error("cannot seal a reply", "reason=%s", log_q(e.msg));
-        nnuv_ctl_free(req->ctl);
+        sprep_ctl_free(req->ctl);
     } else {
         /* a resend that came while this was being answered gets it too */
         void *dup = req->refused ? NULL : drc_answer(r->drc, req->id, buf, len);
-        if (nnuv_reply(&r->rep, req->ctl, buf, len, &e) != CODE_OK)
+        if (sprep_reply(r->rep, req->ctl, buf, len, &e) != CODE_OK)
             log_warn("cannot send a reply", "reason=%s", log_q(e.msg));
-        if (dup && nnuv_reply(&r->rep, dup, buf, len, &e) != CODE_OK)
+        if (dup && sprep_reply(r->rep, dup, buf, len, &e) != CODE_OK)
             log_warn("cannot send a reply", "reason=%s", log_q(e.msg));
     }
     req->ctl = NULL;

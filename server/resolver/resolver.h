@@ -12,12 +12,15 @@
 #include "drc.h"
 #include "metrics.h"
 #include "nnuv.h"
+#include "sprep.h"
 #include "registry.h"
 #include "system.h"
 #include "wire.h"
 
 #define RSV_SENDER "resolver"
 #define RSV_MAX_CLAIMS 64 /* probes of previous holders waiting at once */
+#define RSV_UNTRUSTED_MS 10000u /* a connection's time to send an authenticated request */
+#define RSV_IDLE_MS 120000u     /* an authenticated connection silent this long is closed (at least) */
 #define RSV_LEFT_MAX 256  /* incarnations that left, remembered for the replay window */
 
 /* A request whose reply may wait: the raw REP routing header and the nonce
@@ -46,7 +49,7 @@ typedef struct resolver {
     auth auth;
     replay *replay;
     drc *drc;            /* answers byte-identical resends with the original reply */
-    nnuv rep;
+    sprep *rep;          /* the control port (workers and clients) */
     uv_timer_t dead_timer;
     uv_signal_t sigint, sigterm;
     uint32_t heartbeat_ms, dead_after, max_cores;
@@ -70,7 +73,7 @@ void rsv_reply_error(resolver *r, rreq *req, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 /* The nnuv callback of the REP socket. */
-void rsv_on_request(nnuv *s, const uint8_t *buf, size_t len, void *ctl);
+void rsv_on_request(sprep *s, const uint8_t *buf, size_t len, void *ctl);
 
 /* The entry's control link, made on first use; NULL with e set on failure. */
 struct corelink *rsv_link(resolver *r, rentry *en, err *e);

@@ -259,6 +259,11 @@ static void init_proceed(resolver *r, size_t n)
             if (!l || corelink_reset(l, op->epoch, (int32_t)k, (uint32_t)op->nchosen, peers,
                                      (uint32_t)wait, init_ack, op->tag, (int)k, &e) != CODE_OK) {
                 cl_peers_unref(peers);
+                if (e.code == CODE_RESOURCE_EXHAUSTED) { /* ours to fix, not the core's */
+                    init_fail(r, CODE_RESOURCE_EXHAUSTED, "core %s could not be sent the reset: %s",
+                              reg_name(en->w.host_id, en->w.core, a, sizeof a), e.msg);
+                    return;
+                }
                 init_fail(r, CODE_UNAVAILABLE, "core %s could not be sent the reset (%s; control "
                           "%s); restart it and initialize again",
                           reg_name(en->w.host_id, en->w.core, a, sizeof a), e.msg, en->w.control_addr);

@@ -20,12 +20,21 @@
  * Finding 3, control messages are bound to their recipient: the resolver's
  * reset telling a core to leave the system, captured on its way and sent to
  * another core within the replay window, is refused there and changes
- * nothing. */
+ * nothing.
+ *
+ * Finding 2, strangers cannot stop a port: connections that never
+ * authenticate, held (and renewed) on a worker's data port, its metrics port
+ * and the resolver's control port, leave all-reduces, health checks,
+ * registration and tpuctl working.
+ *
+ * Finding 6, a resolver with more cores than descriptors: a clear refusal
+ * naming the open-file limit, never a crash, and it goes on serving. */
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -733,5 +742,221 @@ Test(hardening, reset_for_another_core_is_refused, .timeout = 120)
     tpu_cluster_free(tc);
     tpu_resolver_free(tr);
     nn_close(rep);
+    cluster_free(c);
+}
+
+/* ---- finding 2: strangers cannot stop a port ---- */
+
+#define HOLD_MAX 512
+
+/* The test holds hundreds of connections: its own soft open-file limit up to the hard one. */
+static void raise_own_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
+/* Opens up to n TCP connections to hostport that send hello (hello_len
+ * bytes, may be 0) and then nothing (fds[i] = -1 where one failed; it gives up
+ * after 5 failures in a row, so it is bounded when the listener stops taking
+ * them). How many are open. */
+static int hold_conns_saying(const char *hostport, int *fds, int n, const void *hello, size_t hello_len)
+{
+    int open_n = 0, fails = 0;
+    for (int i = 0; i < n; i++) {
+        fds[i] = fails >= 5 ? -1 : tcp_connect_addr(hostport, 500);
+        if (fds[i] >= 0 && hello_len && tcp_send_all(fds[i], hello, hello_len) != 0) {
+            close(fds[i]);
+            fds[i] = -1;
+        }
+        if (fds[i] >= 0) {
+            open_n++;
+            fails = 0;
+        } else {
+            fails++;
+        }
+    }
+    return open_n;
+}
+
+static int hold_conns(const char *hostport, int *fds, int n)
+{
+    return hold_conns_saying(hostport, fds, n, NULL, 0);
+}
+
+static void release_conns(int *fds, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (fds[i] >= 0) {
+            close(fds[i]);
+            fds[i] = -1;
+        }
+}
+
+static void all_reduce_works(tpu_cluster *tc, int n, const char *when)
+{
+    float b[8][32];
+    void *bufs[8];
+    for (int r = 0; r < n; r++) {
+        bufs[r] = b[r];
+        for (int i = 0; i < 32; i++)
+            b[r][i] = (float)(r + 1) * (float)i;
+    }
+    cr_assert_eq(tpu_all_reduce(tc, bufs, 32, TPU_F32, TPU_SUM, NULL), TPU_OK, "all-reduce %s: %s", when,
+                 tpu_last_error());
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < 32; i++)
+            cr_assert_float_eq(b[r][i], (float)(n * (n + 1) / 2) * (float)i, 0.0f, "replica %d element %d", r, i);
+}
+
+Test(hardening, idle_strangers_do_not_stop_the_data_plane, .timeout = 240)
+{
+    /* two hosts: the cores' links to each other go over TCP through the
+     * data ports the strangers hold */
+    cluster_opts o = {.hosts = 2, .cores_per_host = 1, .token = 1};
+    cluster *c = cluster_start(&o);
+    static int fds[2][HOLD_MAX];
+    char data[2][256];
+    tpu_cluster_spec *spec = cluster_spec(c);
+    tpu_core_info ci;
+
+    raise_own_nofile();
+    cr_assert_not_null(spec);
+    for (int h = 0; h < 2; h++) {
+        char host[8];
+        snprintf(host, sizeof host, "h%d", h);
+        cr_assert(cluster_find_core(spec, host, 0, &ci));
+        snprintf(data[h], sizeof data[h], "%s", ci.data_addr);
+    }
+    tpu_cluster_spec_free(spec);
+
+    /* 300 connections that never authenticate on each core's data port, more
+     * than its 256 client connections, before anyone dials it */
+    for (int h = 0; h < 2; h++)
+        cr_assert_geq(hold_conns(data[h], fds[h], 300), 64, "could not open the strangers' connections to %s",
+                      data[h]);
+    /* initialize: a new epoch, the cores dial each other's data ports */
+    tpu_resolver *tr;
+    tpu_cluster *tc;
+    tpu_topology *topo;
+    cr_assert_eq(cluster_connect(c, &tr, &tc), TPU_OK, "%s", tpu_last_error());
+    tpu_init_options io = {.expect = 2, .timeout_ms = 20000};
+    cr_assert_eq(tpu_initialize_system(tc, &io, &topo), TPU_OK, "%s", tpu_last_error());
+    tpu_topology_free(topo);
+    /* the strangers renew theirs (the handshake deadline dropped the old ones) */
+    for (int h = 0; h < 2; h++) {
+        release_conns(fds[h], HOLD_MAX);
+        hold_conns(data[h], fds[h], 300);
+    }
+    all_reduce_works(tc, 2, "with 300 strangers on each data port");
+    for (int h = 0; h < 2; h++) {
+        release_conns(fds[h], HOLD_MAX);
+        cr_assert(cluster_alive(&c->workers[h]), "see %s", c->workers[h].log);
+    }
+    tpu_cluster_free(tc);
+    tpu_resolver_free(tr);
+    cluster_free(c);
+}
+
+Test(hardening, idle_strangers_do_not_stop_the_metrics_port, .timeout = 120)
+{
+    cluster_opts o = {0};
+    cluster *c = cluster_start(&o);
+    int mp = cl_free_port();
+    char mps[16];
+    snprintf(mps, sizeof mps, "%d", mp);
+    const char *extra[] = {"--metrics-port", mps, NULL};
+    int w = cluster_add_worker(c, "h0", 0, extra);
+    static int fds[HOLD_MAX];
+    char hp[32];
+    run_result r;
+    char *body;
+
+    raise_own_nofile();
+    cr_assert(cluster_wait_count(c, CL_ALIVE, 1, 15000), "the worker did not register");
+    cr_assert_eq(wait_http(mp, "/healthz", 200, 10000), 200);
+    /* more idle connections than the port's 64 slots */
+    snprintf(hp, sizeof hp, "127.0.0.1:%d", mp);
+    cr_assert_geq(hold_conns(hp, fds, 100), 65, "could not open the strangers' connections");
+    cr_assert_eq(http_get_all(mp, "/healthz", &body), 200, "/healthz with 100 idle connections held: %s",
+                 body ? body : "");
+    free(body);
+    cr_assert_eq(run_probe(CL_WORKER, "--probe", mp, &r), 0, "the liveness probe failed: " SHOW(r));
+    run_result_free(&r);
+    cr_assert_eq(run_probe(CL_WORKER, "--probe-ready", mp, &r), 0, "the readiness probe failed: " SHOW(r));
+    run_result_free(&r);
+    release_conns(fds, HOLD_MAX);
+    cr_assert(cluster_alive(&c->workers[w]), "see %s", c->workers[w].log);
+    cluster_free(c);
+}
+
+/* The resolver under an open-file limit of its own (the fixture sets it
+ * before exec): strangers hold more idle connections than it has
+ * descriptors, each having sent the SP header of a nanomsg REQ socket (so
+ * nanomsg's 1 s header deadline does not drop them), and renew them; a new
+ * worker must still register and tpuctl be answered. */
+Test(hardening, idle_strangers_do_not_stop_the_resolver, .timeout = 240)
+{
+    cluster_opts o = {.hosts = 1, .cores_per_host = 1, .token = 1, .resolver_nofile = 256};
+    cluster *c = cluster_start(&o);
+    static int fds[HOLD_MAX];
+    run_result r;
+
+    static const uint8_t sp_req[8] = {0, 'S', 'P', 0, 0, 48, 0, 0};
+    raise_own_nofile();
+    cr_assert_geq(hold_conns_saying(c->addr, fds, 400, sp_req, sizeof sp_req), 64,
+                  "could not open the strangers' connections");
+    /* a worker that starts now registers */
+    cluster_add_worker(c, "h1", 0, NULL);
+    cr_assert(cluster_wait_count(c, CL_ALIVE, 2, 30000), "a new worker did not register with 400 idle "
+              "connections held on the resolver's port; see %s", c->resolver.log);
+    cluster_tpuctl(c, &r, 30000, "cluster", NULL);
+    cr_assert_eq(r.code, 0, "tpuctl cluster with 400 idle connections held: " SHOW(r));
+    cr_assert(strstr(r.out, "h1"), SHOW(r));
+    run_result_free(&r);
+    /* the strangers renew theirs */
+    release_conns(fds, HOLD_MAX);
+    hold_conns_saying(c->addr, fds, 400, sp_req, sizeof sp_req);
+    /* and an initialize works */
+    cluster_tpuctl(c, &r, 60000, "init", "--expect", "2", NULL);
+    cr_assert_eq(r.code, 0, "tpuctl init with 400 idle connections held: " SHOW(r));
+    run_result_free(&r);
+    release_conns(fds, HOLD_MAX);
+    cr_assert(cluster_alive(&c->resolver), "see %s", c->resolver.log);
+    cluster_free(c);
+}
+
+/* finding 6: more cores than the resolver has descriptors for: a clear
+ * refusal naming the limit, never a crash, and it goes on serving. */
+Test(hardening, resolver_out_of_descriptors_refuses_and_serves, .timeout = 300)
+{
+    enum { N = 60 };
+    /* 60 workers connect (one descriptor each), but their 60 links (three
+     * each) do not fit in 200 */
+    cluster_opts o = {.hosts = N / 4, .cores_per_host = 4, .heartbeat_ms = 500, .resolver_nofile = 200};
+    cluster *c = cluster_start(&o);
+    run_result r;
+    char n[8];
+
+    snprintf(n, sizeof n, "%d", N);
+    for (int k = 0; k < 3; k++) {
+        cluster_tpuctl(c, &r, 60000, "init", "--expect", n, "--timeout-ms", "20000", NULL);
+        cr_assert(cluster_alive(&c->resolver), "the resolver died (attempt %d); see %s", k, c->resolver.log);
+        cr_assert_eq(r.code, 1, "init of %d cores under 200 descriptors: " SHOW(r), N);
+        cr_assert(strstr(r.err, "RESOURCE_EXHAUSTED") && strstr(r.err, "open-file limit") &&
+                      strstr(r.err, "LimitNOFILE"),
+                  "the refusal names the limit and what to do: " SHOW(r));
+        run_result_free(&r);
+    }
+    /* still serving: the spec lists every core, a client is answered */
+    cluster_tpuctl(c, &r, 30000, "cluster", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    run_result_free(&r);
+    cr_assert_eq(cluster_count(c, CL_ALIVE), N);
+    cr_assert(cluster_alive(&c->resolver), "see %s", c->resolver.log);
+    cr_assert_not(cl_log_contains(&c->resolver, "AddressSanitizer"), "see %s", c->resolver.log);
     cluster_free(c);
 }

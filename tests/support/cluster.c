@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -259,9 +260,17 @@ static const char *const scrub[] = {
     "TPUEMU_RESOLVER", "TPUEMU_WORKER_LISTEN", "TPUEMU_ADVERTISE", "TPUEMU_HOST_ID",
     "TPUEMU_CORE", "TPUEMU_TPU_TYPE", "TPUEMU_HBM_BYTES", "TPUEMU_METRICS_PORT", NULL};
 
+/* Open-file limit (soft and hard) of the next child cl_spawn starts; 0: inherit. */
+static long next_nofile;
+
 static void child_setup(pid_t parent, const char *const *env)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (next_nofile > 0) {
+        struct rlimit rl = {(rlim_t)next_nofile, (rlim_t)next_nofile};
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            _exit(125);
+    }
     if (getppid() != parent)
         _exit(127);
     signal(SIGPIPE, SIG_DFL);
@@ -299,6 +308,12 @@ static char **make_argv(const char *bin, const char *const *tail)
     return argv;
 }
 
+pid_t cl_spawn_nofile(cl_proc *p, const char *bin, const char *const *tail, const char *const *env, long nofile)
+{
+    next_nofile = nofile;
+    return cl_spawn(p, bin, tail, env);
+}
+
 pid_t cl_spawn(cl_proc *p, const char *bin, const char *const *tail, const char *const *env)
 {
     pid_t parent = getpid(), pid;
@@ -331,6 +346,7 @@ pid_t cl_spawn(cl_proc *p, const char *bin, const char *const *tail, const char 
         _exit(127);
     }
     free(argv);
+    next_nofile = 0;
     p->pid = pid;
     if (loose_slot)
         for (int i = 0; i < MAX_LOOSE; i++)
@@ -391,7 +407,7 @@ static void start_resolver(cluster *c, int new_port)
         for (int i = 0; c->o.resolver_args && c->o.resolver_args[i] && n < 46; i++)
             args[n++] = c->o.resolver_args[i];
         args[n] = NULL;
-        cl_spawn(&c->resolver, CL_RESOLVER, args, NULL);
+        cl_spawn_nofile(&c->resolver, CL_RESOLVER, args, NULL, c->o.resolver_nofile);
         int64_t end = cl_now_ms() + 15000 * cl_time_scale();
         while (cl_now_ms() < end) {
             if (tcp_accepts(c->port))

@@ -43,6 +43,7 @@ typedef struct cluster_opts {
     const char *const *worker_args;   /* extra args for every worker */
     int shared_ok;                   /* may use $TPUEMU_TEST_CLUSTER */
     int no_wait;                     /* return without waiting for the workers */
+    long resolver_nofile;            /* the resolver's open-file limit, soft and hard (0: inherited) */
 } cluster_opts;
 
 typedef struct cluster {
@@ -113,6 +114,10 @@ void run_result_free(run_result *r);
 /* Starts a daemon directly (no cluster): bin is CL_RESOLVER/CL_WORKER; its
  * output goes to p->log in dir. */
 pid_t cl_spawn(cl_proc *p, const char *bin, const char *const *argv_tail, const char *const *env);
+/* The same with the child's open-file limit (soft and hard) set to nofile
+ * before exec (0: inherited). */
+pid_t cl_spawn_nofile(cl_proc *p, const char *bin, const char *const *argv_tail, const char *const *env,
+                      long nofile);
 extern const char *const CL_RESOLVER;
 extern const char *const CL_WORKER;
 extern const char *const CL_TPUCTL;

@@ -13,33 +13,61 @@
 #include "frame.h"
 #include "log.h"
 
+/* Where a connection stands in the counts. */
+enum dp_slot {
+    SLOT_HANDSHAKE, /* counted in nunauth */
+    SLOT_EVICTED,   /* was in its handshake, closed for a newer one: counted nowhere */
+    SLOT_CLIENT,    /* authenticated client: counted in nauth */
+    SLOT_NONE       /* handed to peers, or refused after its handshake */
+};
+
 struct dp_peer {
     struct dp_peer *prev, *next;
     struct dataplane *dp;
     dp_conn *c;
+    enum dp_slot slot;
+    unsigned long long seq; /* arrival order */
 };
 
 static void forget(struct dp_peer *p)
 {
     struct dataplane *dp = p->dp;
+    if (p->slot == SLOT_HANDSHAKE)
+        dp->nunauth--;
+    else if (p->slot == SLOT_CLIENT)
+        dp->nauth--;
     if (p->prev)
         p->prev->next = p->next;
     else
         dp->conns = p->next;
     if (p->next)
         p->next->prev = p->prev;
-    dp->nconns--;
     free(p);
 }
 
 static void on_ready(dp_conn *c)
 {
     struct dp_peer *p = dp_conn_data(c);
+    struct dataplane *dp = p->dp;
+
+    if (p->slot == SLOT_HANDSHAKE)
+        dp->nunauth--;
+    p->slot = SLOT_NONE;
     log_debug("data-plane peer authenticated", "peer=%s name=%s replica=%d epoch=%llu", dp_conn_peer_addr(c),
               log_q(dp_conn_peer_name(c)), (int)dp_conn_auth_replica(c),
               (unsigned long long)dp_conn_auth_epoch(c));
-    if (dp_conn_auth_epoch(c) == 0 || dp_conn_auth_replica(c) < 0)
-        return; /* a client */
+    if (dp_conn_auth_epoch(c) == 0 || dp_conn_auth_replica(c) < 0) { /* a client */
+        if (dp->nauth >= DP_MAX_CONNS) {
+            dp_conn_fail(c, CODE_RESOURCE_EXHAUSTED,
+                         "too many data-plane connections: %d clients are connected to core %s/%d already "
+                         "(the limit); close some and retry", DP_MAX_CONNS, dp->env.id->host_id,
+                         dp->env.id->core);
+            return;
+        }
+        p->slot = SLOT_CLIENT;
+        dp->nauth++;
+        return;
+    }
     /* another worker's link: peers takes the connection over, or refuses it */
     peers_accept(p->dp->env.peers, c);
     if (dp_conn_data(c) != p)
@@ -161,13 +189,17 @@ static void on_conn_close(dp_conn *c, const err *why)
 
     coll_on_client_close(p->dp->env.coll, c);
     train_on_client_close(p->dp->env.train, c);
-    /* refusals are warnings; a peer that simply went away is not */
-    if (why->code != CODE_OK)
+    /* refusals are warnings; a peer that simply went away is not. Connections
+     * that never authenticated are anyone's: their lines are rate-limited. */
+    unsigned left_out = 0;
+    int stranger = p->slot == SLOT_HANDSHAKE || p->slot == SLOT_EVICTED;
+    if (why->code != CODE_OK &&
+        (!stranger || log_limit_ok(&p->dp->log_refused, uv_now(p->dp->env.loop), 10000, 10, &left_out)))
         log_at(why->code == CODE_UNAVAILABLE ? LOG_INFO : LOG_WARN,
                why->code == CODE_UNAVAILABLE ? "data-plane connection lost" : "data-plane connection refused",
-               "peer=%s name=%s code=%s reason=%s", dp_conn_peer_addr(c), log_q(dp_conn_peer_name(c)),
-               code_name(why->code), log_q(why->msg));
-    else
+               "peer=%s name=%s code=%s reason=%s suppressed=%u", dp_conn_peer_addr(c),
+               log_q(dp_conn_peer_name(c)), code_name(why->code), log_q(why->msg), left_out);
+    else if (why->code == CODE_OK)
         log_debug("data-plane connection closed", "peer=%s", dp_conn_peer_addr(c));
     forget(p);
 }
@@ -177,17 +209,41 @@ static void free_handle(uv_handle_t *h)
     free(h);
 }
 
-/* Over the connection limit: accept and close at once, so the backlog drains. */
-static void refuse_one(struct dataplane *dp, uv_stream_t *server)
+/* Stopping or out of memory: accept and close at once, so the backlog drains. */
+static void refuse_one(struct dataplane *dp, uv_stream_t *server, const char *why)
 {
     uv_tcp_t *t = malloc(sizeof *t);
+    unsigned left_out;
     if (!t)
         return;
     uv_tcp_init(dp->env.loop, t);
-    if (uv_accept(server, (uv_stream_t *)t) == 0)
-        log_warn("data-plane connection refused", "reason=%s limit=%d",
-                 log_q("too many data-plane connections"), DP_MAX_CONNS);
+    if (uv_accept(server, (uv_stream_t *)t) == 0 &&
+        log_limit_ok(&dp->log_refused, uv_now(dp->env.loop), 10000, 10, &left_out))
+        log_warn("data-plane connection refused", "reason=%s suppressed=%u", log_q(why), left_out);
     uv_close((uv_handle_t *)t, free_handle);
+}
+
+/* DP_MAX_UNAUTH connections are in their handshake and another arrives: the
+ * oldest of them goes. A client or peer finishes its handshake in a round
+ * trip, so only a connection that idles in it (a stranger holding the port)
+ * stays long enough to be the oldest. */
+static void evict_oldest_handshake(struct dataplane *dp)
+{
+    struct dp_peer *p, *oldest = NULL;
+    err why;
+
+    for (p = dp->conns; p; p = p->next)
+        if (p->slot == SLOT_HANDSHAKE && (!oldest || p->seq < oldest->seq))
+            oldest = p;
+    if (!oldest)
+        return;
+    oldest->slot = SLOT_EVICTED;
+    dp->nunauth--;
+    dp->evicted++;
+    err_set(&why, CODE_RESOURCE_EXHAUSTED,
+            "evicted before finishing its handshake: %d data-plane connections were waiting for theirs and a "
+            "newer one arrived", DP_MAX_UNAUTH);
+    dp_conn_close(oldest->c, &why);
 }
 
 static void on_connection(uv_stream_t *server, int status)
@@ -199,11 +255,26 @@ static void on_connection(uv_stream_t *server, int status)
     err e;
 
     if (status < 0) {
-        log_warn("data-plane accept failed", "reason=%s", log_q(uv_strerror(status)));
+        /* libuv accepted and closed the connection already (its reserve
+         * descriptor), so the listener does not spin on EMFILE */
+        unsigned left_out;
+        if (log_limit_ok(&dp->log_accept, uv_now(dp->env.loop), 10000, 1, &left_out))
+            log_warn("data-plane accept failed", "reason=%s hint=%s suppressed=%u", log_q(uv_strerror(status)),
+                     log_q(status == UV_EMFILE || status == UV_ENFILE
+                               ? "out of file descriptors: connections are refused until some close; raise "
+                                 "the open-file limit"
+                               : ""),
+                     left_out);
         return;
     }
-    if (*dp->env.stopping || dp->nconns >= DP_MAX_CONNS || !(p = calloc(1, sizeof *p))) {
-        refuse_one(dp, server);
+    if (*dp->env.stopping) {
+        refuse_one(dp, server, "the worker is stopping");
+        return;
+    }
+    if (dp->nunauth >= DP_MAX_UNAUTH)
+        evict_oldest_handshake(dp);
+    if (!(p = calloc(1, sizeof *p))) {
+        refuse_one(dp, server, "out of memory");
         return;
     }
     memset(&cfg, 0, sizeof cfg);
@@ -224,12 +295,15 @@ static void on_connection(uv_stream_t *server, int status)
         return;
     }
     p->c = c;
+    p->slot = SLOT_HANDSHAKE;
+    p->seq = ++dp->next_seq;
     p->next = dp->conns;
     if (p->next)
         p->next->prev = p;
     dp->conns = p;
-    dp->nconns++;
-    log_debug("data-plane connection", "peer=%s conns=%u", dp_conn_peer_addr(c), dp->nconns);
+    dp->nunauth++;
+    log_debug("data-plane connection", "peer=%s handshaking=%u clients=%u", dp_conn_peer_addr(c), dp->nunauth,
+              dp->nauth);
 }
 
 int dp_start(struct dataplane *dp, const struct dp_env *env, err *e)

@@ -3,8 +3,10 @@
  * connection whose AUTH carries a replica and an epoch is another worker's
  * link and goes to peers (net/peers.h); a client's COLL frames go to the
  * collectives engine, PING is echoed as PONG, anything else is refused with an
- * ERROR frame and a close. Bounds: DP_MAX_CONNS connections (links taken over
- * by peers leave the count: at most one per peer replica), FRAME_MAX_PAYLOAD
+ * ERROR frame and a close. Bounds: DP_MAX_UNAUTH connections still in their
+ * handshake (a new one evicts the oldest of them: strangers cannot hold the
+ * port), DP_MAX_CONNS authenticated clients beside them (links taken over by
+ * peers leave both counts: at most one per peer replica), FRAME_MAX_PAYLOAD
  * per COLL, DP_MAX_PING per PING, DP_MAX_PENDING queued copied bytes each. */
 #ifndef TPUEMU_WORKER_DATAPLANE_H
 #define TPUEMU_WORKER_DATAPLANE_H
@@ -14,6 +16,7 @@
 #include "auth.h"
 #include "coll.h"
 #include "hbm.h"
+#include "log.h"
 #include "ident.h"
 #include "peers.h"
 #include "preset.h"
@@ -21,7 +24,8 @@
 #include "trace.h"
 #include "train.h"
 
-#define DP_MAX_CONNS 256
+#define DP_MAX_CONNS 256  /* authenticated client connections */
+#define DP_MAX_UNAUTH 64  /* connections still in their handshake */
 #define DP_MAX_PING (1024u * 1024u)
 #define DP_HANDSHAKE_MS 5000u
 
@@ -50,8 +54,12 @@ struct dataplane {
     uv_tcp_t listener;
     int started;
     int port;
-    unsigned nconns;
-    struct dp_peer *conns; /* every open connection, for shutdown */
+    unsigned nauth;          /* authenticated client connections */
+    unsigned nunauth;        /* connections still in their handshake (not evicted) */
+    unsigned long long next_seq;
+    unsigned long long evicted; /* handshakes evicted by newer connections */
+    struct log_limit log_refused, log_accept;
+    struct dp_peer *conns;   /* every open connection, for shutdown */
 };
 
 /* Binds env->listen on env->port (0: one the kernel picks; dp->port says which)

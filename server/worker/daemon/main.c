@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "fdlimit.h"
+#include "httpd.h"
 #include "log.h"
 #include "wire.h"
 #include "worker.h"
@@ -393,6 +395,9 @@ int main(int argc, char **argv)
     if ((rc = configure(&w, argc, argv)) != RUN)
         return rc;
     signal(SIGPIPE, SIG_IGN);
+    /* data-plane clients and handshakes, the metrics port, one link per peer
+     * replica (a v5p-8192 has 8192), control and nanomsg's own */
+    fdlimit_raise("worker", 65536, DP_MAX_CONNS + DP_MAX_UNAUTH + HTTPD_MAX_CONNS + 2 * 1024 + 64);
     if ((rc = uv_loop_init(&loop)) < 0) {
         fprintf(stderr, "tpu-worker: uv_loop_init: %s\n", uv_strerror(rc));
         return 1;
