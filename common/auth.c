@@ -84,6 +84,20 @@ void auth_challenge_mac(const auth *a, const unsigned char chal[AUTH_CHALLENGE_B
     crypto_auth_hmacsha256(out, buf, sizeof buf, a->key);
 }
 
+int auth_challenge_mac_ok(const auth *a, const unsigned char chal[AUTH_CHALLENGE_BYTES], const unsigned char *mac,
+                          size_t maclen)
+{
+    unsigned char want[AUTH_MAC_BYTES];
+    int ok;
+
+    if (!mac || maclen != AUTH_MAC_BYTES)
+        return 0;
+    auth_challenge_mac(a, chal, want);
+    ok = sodium_memcmp(want, mac, AUTH_MAC_BYTES) == 0;
+    sodium_memzero(want, sizeof want);
+    return ok;
+}
+
 void auth_random(void *buf, size_t n)
 {
     randombytes_buf(buf, n);

@@ -37,6 +37,10 @@ int auth_mac_ok(const auth *a, const void *data, size_t len, const unsigned char
 /* MAC of a data-plane challenge, domain-separated from message MACs. */
 void auth_challenge_mac(const auth *a, const unsigned char chal[AUTH_CHALLENGE_BYTES],
                         unsigned char out[AUTH_MAC_BYTES]);
+/* Constant-time; 1 if mac (maclen bytes) is the challenge's MAC. Every check of
+ * a challenge's answer goes through here, never through memcmp. */
+int auth_challenge_mac_ok(const auth *a, const unsigned char chal[AUTH_CHALLENGE_BYTES], const unsigned char *mac,
+                          size_t maclen);
 
 void auth_random(void *buf, size_t n);
 uint64_t auth_random64(void); /* never 0 */

@@ -87,13 +87,11 @@ int dpauth_check_auth(const auth *a, const unsigned char server_chal[AUTH_CHALLE
                        "data-plane authentication failed: the peer's challenge has %zu bytes, not %d",
                        h->challenge.len, AUTH_CHALLENGE_BYTES);
     if (a && a->enabled) {
-        unsigned char want[AUTH_MAC_BYTES];
         if (h->mac.len == 0)
             return err_set(e, CODE_UNAUTHENTICATED,
                            "data-plane authentication failed: the peer sent no MAC but this cluster "
                            "requires its token; give it --token-file or $TPUEMU_TOKEN");
-        auth_challenge_mac(a, server_chal, want);
-        if (h->mac.len != AUTH_MAC_BYTES || sodium_memcmp(want, h->mac.data, AUTH_MAC_BYTES) != 0)
+        if (!auth_challenge_mac_ok(a, server_chal, h->mac.data, h->mac.len))
             return err_set(e, CODE_UNAUTHENTICATED,
                            "data-plane authentication failed: wrong MAC (the peer uses a different "
                            "cluster token)");
@@ -127,12 +125,10 @@ int dpauth_check_auth_ok(const auth *a, const unsigned char my_chal[AUTH_CHALLEN
         return err_set(e, CODE_UNAVAILABLE,
                        "the data-plane peer answered AUTH with frame kind %d, not AUTH_OK", (int)h->kind);
     if (a && a->enabled) {
-        unsigned char want[AUTH_MAC_BYTES];
         if (h->mac.len == 0)
             return err_set(e, CODE_UNAUTHENTICATED,
                            "the data-plane peer has no cluster token but this side uses one");
-        auth_challenge_mac(a, my_chal, want);
-        if (h->mac.len != AUTH_MAC_BYTES || sodium_memcmp(want, h->mac.data, AUTH_MAC_BYTES) != 0)
+        if (!auth_challenge_mac_ok(a, my_chal, h->mac.data, h->mac.len))
             return err_set(e, CODE_UNAUTHENTICATED,
                            "the data-plane peer uses a different cluster token (its AUTH_OK MAC is "
                            "wrong)");

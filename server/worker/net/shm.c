@@ -709,9 +709,9 @@ static void on_pend(uv_poll_t *h, int status, int events)
         fds[0] < 0 || fds[1] < 0 || fds[2] < 0)
         REFUSE("malformed shared-memory hello");
     if (p->auth->enabled) {
-        unsigned char want[AUTH_MAC_BYTES];
-        auth_challenge_mac(p->auth, pd->chal, want);
-        if (memcmp(want, hm.mac, sizeof want) != 0)
+        /* constant time: a byte-by-byte compare tells a local stranger how many
+         * leading bytes of its guess were right */
+        if (!auth_challenge_mac_ok(p->auth, pd->chal, hm.mac, sizeof hm.mac))
             REFUSE("wrong MAC on a shared-memory hello (a different cluster token)");
     }
     if (p->self < 0 || hm.epoch != p->epoch)
