@@ -214,8 +214,25 @@ int dpauth_client_fd(int fd, const auth *a, const char *peer, int timeout_ms, er
     size_t n;
     int rc;
 
-    if ((rc = dpauth_read_header(fd, deadline, 0, &h, e)) != CODE_OK)
+    if ((rc = dpauth_read_header(fd, deadline, 0, &h, e)) != CODE_OK) {
+        /* a worker that takes no more connections accepts and closes at once */
+        if (rc == CODE_UNAVAILABLE) {
+            char cause[ERR_MSG_MAX + 4] = "";
+            if (!strstr(e->msg, "closed the connection")) /* a reset rather than a close */
+                snprintf(cause, sizeof cause, " (%s)", e->msg);
+            err_set(e, rc, "it closed the data connection before the handshake began%s: it takes no more data "
+                    "connections now (at its limit of data-plane connections, or shutting down)", cause);
+        }
         return rc;
+    }
+    if (h->kind == TPUEMU__FRAME_KIND__FRAME_ERROR) {
+        rc = err_set(e, h->status && h->status->code ? (int)h->status->code : CODE_UNAVAILABLE,
+                     "it refused the data connection: %s",
+                     h->status && h->status->message && *h->status->message ? h->status->message
+                                                                             : "(no reason given)");
+        frame_header_free(h);
+        return rc;
+    }
     rc = dpauth_check_hello(h, schal, e);
     frame_header_free(h);
     if (rc != CODE_OK)
