@@ -109,6 +109,7 @@ static void on_dead_timer(uv_timer_t *t)
 {
     sys_dead_check(t->data);
     rsv_expire(t->data);
+    log_flush_suppressed(0); /* a flood of refusals that stopped is summed up */
 }
 
 int main(int argc, char **argv)
@@ -215,6 +216,7 @@ out:
     reg_free(&r.reg);
     replay_free(r.replay);
     drc_free(r.drc);
+    log_flush_suppressed(1);
     if (status == 0)
         log_info("stopped", NULL);
     return status;

@@ -163,7 +163,7 @@ static void on_conn_close(dp_conn *c, const err *why)
     train_on_client_close(p->dp->env.train, c);
     /* refusals are warnings; a peer that simply went away is not */
     if (why->code != CODE_OK)
-        log_at(why->code == CODE_UNAVAILABLE ? LOG_INFO : LOG_WARN,
+        log_limited(why->code == CODE_UNAVAILABLE ? LOG_INFO : LOG_WARN,
                why->code == CODE_UNAVAILABLE ? "data-plane connection lost" : "data-plane connection refused",
                "peer=%s name=%s code=%s reason=%s", dp_conn_peer_addr(c), log_q(dp_conn_peer_name(c)),
                code_name(why->code), log_q(why->msg));

@@ -641,7 +641,7 @@ static void pend_drop(struct pend *pd)
 static void pend_refuse(struct pend *pd, const char *why)
 {
     char no = 0;
-    log_warn("shared-memory link refused", "reason=%s", log_q(why));
+    log_warn_limited("shared-memory link refused", "reason=%s", log_q(why));
     if (send(pd->sock, &no, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
         /* the peer falls back to TCP either way */
     }
