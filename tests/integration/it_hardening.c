@@ -20,7 +20,11 @@
  * Finding 3, control messages are bound to their recipient: the resolver's
  * reset telling a core to leave the system, captured on its way and sent to
  * another core within the replay window, is refused there and changes
- * nothing. */
+ * nothing.
+ *
+ * Finding 7 (the smaller ones): a collective's payload is checked from its
+ * header, before it is allocated; a signed message captured before a resolver
+ * restart is refused after it. */
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -733,5 +737,89 @@ Test(hardening, reset_for_another_core_is_refused, .timeout = 120)
     tpu_cluster_free(tc);
     tpu_resolver_free(tr);
     nn_close(rep);
+    cluster_free(c);
+}
+
+/* Finding 7: a collective's payload is checked against the collective and
+ * the HBM from its header, before anything is allocated for it. A frame
+ * announcing more than this replica's input, or a collective over the core's
+ * HBM, is answered at once with the error naming it (the test sends no
+ * payload byte: the old worker allocated the announced size, up to 256 MiB,
+ * and waited for it), and the core still runs collectives. */
+static void coll_header_only(const char *data, uint64_t epoch, uint64_t seq, uint64_t count, uint64_t announce,
+                             int want_code, const char *needle)
+{
+    int fd;
+    uint8_t chal[AUTH_CHALLENGE_BYTES];
+    Tpuemu__FrameHeader *ans, h = TPUEMU__FRAME_HEADER__INIT;
+    Tpuemu__CollSpec sp = TPUEMU__COLL_SPEC__INIT;
+
+    cr_assert_eq(dp_handshake(data, NULL, 0, &fd, &ans, chal), 0, "no data-plane handshake with %s", data);
+    cr_assert_eq(ans->kind, TPUEMU__FRAME_KIND__FRAME_AUTH_OK);
+    frame_header_free(ans);
+    sp.kind = TPUEMU__COLL_KIND__COLL_ALL_REDUCE;
+    sp.op = TPUEMU__REDUCE_OP__REDUCE_SUM;
+    sp.dtype = TPUEMU__DTYPE__DTYPE_F32;
+    sp.count = count;
+    h.kind = TPUEMU__FRAME_KIND__FRAME_COLL;
+    h.epoch = epoch;
+    h.seq = seq;
+    h.coll = &sp;
+    h.payload_bytes = announce;
+    cr_assert_eq(dp_send(fd, &h, NULL, 0), 0);
+    /* the header alone, never its payload: the answer must come anyway */
+    cr_assert_eq(dp_recv(fd, 10000 * cl_time_scale(), &ans, NULL), 0,
+                 "no answer to a header announcing %llu bytes before its payload (the worker waits for it)",
+                 (unsigned long long)announce);
+    cr_assert_eq(ans->kind, TPUEMU__FRAME_KIND__FRAME_COLL_RESULT, "kind %d", (int)ans->kind);
+    cr_assert_eq(ans->seq, seq);
+    cr_assert_not_null(ans->status);
+    cr_assert_eq((int)ans->status->code, want_code, "%s: %s", code_name((int)ans->status->code),
+                 ans->status->message);
+    cr_assert(strstr(ans->status->message, needle), "'%s' not in: %s", needle, ans->status->message);
+    printf("announced %llu bytes: %s\n", (unsigned long long)announce, ans->status->message);
+    frame_header_free(ans);
+    close(fd);
+}
+
+Test(hardening, collective_payload_checked_before_allocation, .timeout = 120)
+{
+    const char *wargs[] = {"--hbm-bytes", "64M", NULL};
+    cluster_opts o = {.hosts = 1, .cores_per_host = 1, .worker_args = wargs};
+    cluster *c = cluster_start(&o);
+    tpu_resolver *tr;
+    tpu_cluster *tc;
+    tpu_topology *topo;
+    tpu_core_info ci;
+
+    cr_assert_eq(cluster_connect(c, &tr, &tc), TPU_OK, "%s", tpu_last_error());
+    tpu_init_options io = {.expect = 1, .timeout_ms = 10000};
+    cr_assert_eq(tpu_initialize_system(tc, &io, &topo), TPU_OK, "%s", tpu_last_error());
+    uint64_t epoch = tpu_topology_epoch(topo);
+    tpu_topology_free(topo);
+    tpu_cluster_spec *spec = cluster_spec(c);
+    cr_assert(cluster_find_core(spec, "h0", 0, &ci));
+    char data[300];
+    snprintf(data, sizeof data, "%s", ci.data_addr);
+    tpu_cluster_spec_free(spec);
+
+    /* 16 f32 elements are 64 bytes; the frame announces 200 MiB */
+    coll_header_only(data, epoch, 1000001, 16, 200u << 20, CODE_INVALID_ARGUMENT,
+                     "this replica's input is 64 bytes, but the frame announces 209715200 (refused before reading "
+                     "or allocating them)");
+    /* 16 Mi f32 elements: the payload is the right size, the collective is over the core's 64 MiB */
+    coll_header_only(data, epoch, 1000002, 16u << 20, 64u << 20, CODE_RESOURCE_EXHAUSTED, "bytes of HBM");
+    cr_assert(cluster_alive(&c->workers[0]), "see %s", c->workers[0].log);
+
+    /* the core still runs collectives */
+    float b[16];
+    void *bufs[1] = {b};
+    for (int i = 0; i < 16; i++)
+        b[i] = (float)i;
+    cr_assert_eq(tpu_all_reduce(tc, bufs, 16, TPU_F32, TPU_SUM, NULL), TPU_OK, "%s", tpu_last_error());
+    for (int i = 0; i < 16; i++)
+        cr_assert_float_eq(b[i], (float)i, 0.0f);
+    tpu_cluster_free(tc);
+    tpu_resolver_free(tr);
     cluster_free(c);
 }

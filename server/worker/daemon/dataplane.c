@@ -145,6 +145,13 @@ static enum dp_buf client_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, 
         }
         return DP_BUF_MALLOC;
     }
+    if (h->kind == TPUEMU__FRAME_KIND__FRAME_COLL && h->payload_bytes > 0) {
+        /* checked against the collective and the HBM before anything is
+         * allocated for it: a refused payload is read and dropped, the
+         * connection goes on */
+        struct dp_peer *p = dp_conn_data(c);
+        return coll_check_client_header(p->dp->env.coll, c, h) ? DP_BUF_MALLOC : DP_BUF_DISCARD;
+    }
     if (h->kind != TPUEMU__FRAME_KIND__FRAME_PING && h->kind != TPUEMU__FRAME_KIND__FRAME_COLL &&
         h->payload_bytes > 0) {
         dp_conn_fail(c, CODE_INVALID_ARGUMENT,
