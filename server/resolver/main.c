@@ -164,6 +164,10 @@ int main(int argc, char **argv)
         log_error("out of memory", NULL);
         goto out;
     }
+    /* the replay cache starts empty: a message sent before this start (a
+     * replay of one the previous process accepted, within the window) is
+     * refused; workers and clients go on with fresh ones */
+    replay_refuse_before(r.replay, wire_now_unix_ms());
     /* stage 2: the listening socket */
     if ((sock = nn_socket(AF_SP_RAW, NN_REP)) < 0) {
         log_error("cannot create the listening socket", "reason=%s", log_q(nn_strerror(nn_errno())));

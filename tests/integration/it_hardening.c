@@ -823,3 +823,60 @@ Test(hardening, collective_payload_checked_before_allocation, .timeout = 120)
     tpu_resolver_free(tr);
     cluster_free(c);
 }
+
+/* Finding 7: the resolver's replay cache starts empty when it restarts, so a
+ * signed message captured before the restart was accepted again after it,
+ * within the 60 s window. The resolver now refuses whatever was sent before
+ * it started; its workers go on with fresh heartbeats, none exits. */
+Test(hardening, replay_across_a_resolver_restart_is_refused, .timeout = 120)
+{
+    cluster_opts o = {.hosts = 1, .cores_per_host = 2, .token = 1};
+    cluster *c = cluster_start(&o);
+    auth a;
+    err e;
+    wire_msg m = TPUEMU__MESSAGE__INIT, *rep;
+    Tpuemu__ClusterSpecRequest q = TPUEMU__CLUSTER_SPEC_REQUEST__INIT;
+    uint8_t *req, *ans;
+    size_t len, alen;
+
+    cr_assert_eq(auth_from_token(&a, CL_TOKEN, strlen(CL_TOKEN), &e), CODE_OK, "%s", e.msg);
+    m.body_case = TPUEMU__MESSAGE__BODY_CLUSTER_SPEC_REQUEST;
+    m.cluster_spec_request = &q;
+    cr_assert_eq(raw_seal_at(&a, &m, wire_now_unix_ms(), &req, &len, NULL), CODE_OK);
+
+    /* before the restart: accepted */
+    int s = raw_req_open(c->addr, 5000 * cl_time_scale());
+    cr_assert_geq(s, 0);
+    cr_assert_eq(raw_req_call(s, req, len, &ans, &alen), 0, "no answer");
+    raw_req_close(s);
+    cr_assert_eq(wire_open(&a, NULL, ans, alen, WIRE_MAX_REPLY, &rep, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(rep->body_case, TPUEMU__MESSAGE__BODY_CLUSTER_SPEC, "%s", wire_body_name(rep));
+    wire_msg_free(rep);
+    free(ans);
+
+    /* the same bytes after a restart, well within the window: refused */
+    cluster_restart_resolver(c);
+    s = raw_req_open(c->addr, 5000 * cl_time_scale());
+    cr_assert_geq(s, 0);
+    cr_assert_eq(raw_req_call(s, req, len, &ans, &alen), 0, "no answer");
+    raw_req_close(s);
+    cr_assert_eq(wire_open(&a, NULL, ans, alen, WIRE_MAX_REPLY, &rep, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(rep->body_case, TPUEMU__MESSAGE__BODY_ERROR,
+                 "a message captured before the resolver restarted was accepted after it (answered '%s')",
+                 wire_body_name(rep));
+    cr_assert_eq((int)rep->error->code, CODE_UNAUTHENTICATED, "%s", rep->error->message);
+    cr_assert(strstr(rep->error->message, "before this process started"), "%s", rep->error->message);
+    printf("replayed after the restart: %s\n", rep->error->message);
+    wire_msg_free(rep);
+    free(ans);
+    free(req);
+
+    /* honest senders are not hurt: both workers heartbeat on, registered and alive */
+    cr_assert(cluster_wait_count(c, CL_ALIVE, 2, 10000), "the workers did not come back; see %s", c->resolver.log);
+    for (int i = 0; i < 2; i++)
+        cr_assert(cluster_alive(&c->workers[i]), "worker %d exited: see %s", i, c->workers[i].log);
+    tpu_cluster_spec *spec = cluster_spec(c);
+    cr_assert_not_null(spec, "a fresh client call fails: %s", tpu_last_error());
+    tpu_cluster_spec_free(spec);
+    cluster_free(c);
+}

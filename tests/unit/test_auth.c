@@ -139,6 +139,22 @@ Test(auth, challenge_mac_ok_takes_only_the_exact_mac)
     cr_assert(!auth_challenge_mac_ok(&a, chal, m, sizeof m), "another challenge");
 }
 
+/* A process that starts with an empty cache refuses what was sent before its start. */
+Test(auth, replay_refuses_what_was_sent_before_the_start)
+{
+    replay *r = replay_new(16);
+    err e;
+    uint64_t start = 1000000000;
+    replay_refuse_before(r, start);
+    cr_assert_eq(replay_check(r, 1, start - 5000, start + 10, &e), CODE_UNAUTHENTICATED);
+    cr_assert(strstr(e.msg, "5000 ms before this process started"), "%s", e.msg);
+    cr_assert_eq(replay_check(r, 2, start, start + 10, &e), CODE_UNAUTHENTICATED);
+    cr_assert_eq(replay_check(r, 3, start + 1, start + 10, &e), CODE_OK, "%s", e.msg);
+    /* the clock stepped back past the start: the start no longer refuses fresh messages */
+    cr_assert_eq(replay_check(r, 4, start - 120000, start - 120000, &e), CODE_OK, "%s", e.msg);
+    replay_free(r);
+}
+
 Test(auth, random64_never_zero)
 {
     uint64_t prev = 0;
