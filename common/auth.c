@@ -84,6 +84,20 @@ void auth_challenge_mac(const auth *a, const unsigned char chal[AUTH_CHALLENGE_B
     crypto_auth_hmacsha256(out, buf, sizeof buf, a->key);
 }
 
+int auth_challenge_mac_ok(const auth *a, const unsigned char chal[AUTH_CHALLENGE_BYTES], const unsigned char *mac,
+                          size_t maclen)
+{
+    unsigned char want[AUTH_MAC_BYTES];
+    int ok;
+
+    if (!mac || maclen != AUTH_MAC_BYTES)
+        return 0;
+    auth_challenge_mac(a, chal, want);
+    ok = sodium_memcmp(want, mac, AUTH_MAC_BYTES) == 0;
+    sodium_memzero(want, sizeof want);
+    return ok;
+}
+
 void auth_random(void *buf, size_t n)
 {
     randombytes_buf(buf, n);
@@ -109,7 +123,13 @@ struct replay {
     struct entry *v;
     size_t cap, len;
     uint64_t floor_ms; /* anything sent at or before this is refused */
+    uint64_t start_ms; /* and anything sent at or before the owner's start */
 };
+
+void replay_refuse_before(replay *r, uint64_t start_ms)
+{
+    r->start_ms = start_ms;
+}
 
 replay *replay_new(size_t capacity)
 {
@@ -160,6 +180,13 @@ int replay_check(replay *r, uint64_t nonce, uint64_t sent_ms, uint64_t now_ms, e
      * every sender until the clock catches up again would be worse). */
     if (r->floor_ms > now_ms)
         r->floor_ms = now_ms > AUTH_WINDOW_MS ? now_ms - AUTH_WINDOW_MS : 0;
+    if (r->start_ms > now_ms) /* the clock stepped back past the start: as for the floor */
+        r->start_ms = now_ms > AUTH_WINDOW_MS ? now_ms - AUTH_WINDOW_MS : 0;
+    if (sent_ms <= r->start_ms)
+        return err_set(e, CODE_UNAUTHENTICATED,
+                       "message was sent %llu ms before this process started, so it cannot be told from a replay "
+                       "of one its predecessor accepted; send a fresh one",
+                       (unsigned long long)(r->start_ms - sent_ms));
     if (sent_ms <= r->floor_ms)
         return err_set(e, CODE_UNAUTHENTICATED,
                        "message is older than the replay cache can vouch for; resend it");

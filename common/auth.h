@@ -37,6 +37,10 @@ int auth_mac_ok(const auth *a, const void *data, size_t len, const unsigned char
 /* MAC of a data-plane challenge, domain-separated from message MACs. */
 void auth_challenge_mac(const auth *a, const unsigned char chal[AUTH_CHALLENGE_BYTES],
                         unsigned char out[AUTH_MAC_BYTES]);
+/* Constant-time; 1 if mac (maclen bytes) is the challenge's MAC. Every check of
+ * a challenge's answer goes through here, never through memcmp. */
+int auth_challenge_mac_ok(const auth *a, const unsigned char chal[AUTH_CHALLENGE_BYTES], const unsigned char *mac,
+                          size_t maclen);
 
 void auth_random(void *buf, size_t n);
 uint64_t auth_random64(void); /* never 0 */
@@ -51,6 +55,12 @@ uint64_t auth_random64(void); /* never 0 */
 typedef struct replay replay;
 replay *replay_new(size_t capacity);
 void replay_free(replay *r);
+/* Refuses from now on anything sent at or before start_ms, the owner's start:
+ * a new process has an empty cache and cannot tell a replay of a message sent
+ * to its predecessor within the window from a fresh one. Senders retry with a
+ * fresh message (a worker's next heartbeat, a client's retry), which passes
+ * once it is dated after start_ms on the receiver's clock. */
+void replay_refuse_before(replay *r, uint64_t start_ms);
 /* CODE_OK and remembers the nonce, or CODE_UNAUTHENTICATED with a reason. */
 int replay_check(replay *r, uint64_t nonce, uint64_t sent_ms, uint64_t now_ms, err *e);
 

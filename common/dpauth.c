@@ -87,13 +87,11 @@ int dpauth_check_auth(const auth *a, const unsigned char server_chal[AUTH_CHALLE
                        "data-plane authentication failed: the peer's challenge has %zu bytes, not %d",
                        h->challenge.len, AUTH_CHALLENGE_BYTES);
     if (a && a->enabled) {
-        unsigned char want[AUTH_MAC_BYTES];
         if (h->mac.len == 0)
             return err_set(e, CODE_UNAUTHENTICATED,
                            "data-plane authentication failed: the peer sent no MAC but this cluster "
                            "requires its token; give it --token-file or $TPUEMU_TOKEN");
-        auth_challenge_mac(a, server_chal, want);
-        if (h->mac.len != AUTH_MAC_BYTES || sodium_memcmp(want, h->mac.data, AUTH_MAC_BYTES) != 0)
+        if (!auth_challenge_mac_ok(a, server_chal, h->mac.data, h->mac.len))
             return err_set(e, CODE_UNAUTHENTICATED,
                            "data-plane authentication failed: wrong MAC (the peer uses a different "
                            "cluster token)");
@@ -127,12 +125,10 @@ int dpauth_check_auth_ok(const auth *a, const unsigned char my_chal[AUTH_CHALLEN
         return err_set(e, CODE_UNAVAILABLE,
                        "the data-plane peer answered AUTH with frame kind %d, not AUTH_OK", (int)h->kind);
     if (a && a->enabled) {
-        unsigned char want[AUTH_MAC_BYTES];
         if (h->mac.len == 0)
             return err_set(e, CODE_UNAUTHENTICATED,
                            "the data-plane peer has no cluster token but this side uses one");
-        auth_challenge_mac(a, my_chal, want);
-        if (h->mac.len != AUTH_MAC_BYTES || sodium_memcmp(want, h->mac.data, AUTH_MAC_BYTES) != 0)
+        if (!auth_challenge_mac_ok(a, my_chal, h->mac.data, h->mac.len))
             return err_set(e, CODE_UNAUTHENTICATED,
                            "the data-plane peer uses a different cluster token (its AUTH_OK MAC is "
                            "wrong)");
@@ -218,8 +214,25 @@ int dpauth_client_fd(int fd, const auth *a, const char *peer, int timeout_ms, er
     size_t n;
     int rc;
 
-    if ((rc = dpauth_read_header(fd, deadline, 0, &h, e)) != CODE_OK)
+    if ((rc = dpauth_read_header(fd, deadline, 0, &h, e)) != CODE_OK) {
+        /* a worker that takes no more connections accepts and closes at once */
+        if (rc == CODE_UNAVAILABLE) {
+            char cause[ERR_MSG_MAX + 4] = "";
+            if (!strstr(e->msg, "closed the connection")) /* a reset rather than a close */
+                snprintf(cause, sizeof cause, " (%s)", e->msg);
+            err_set(e, rc, "it closed the data connection before the handshake began%s: it takes no more data "
+                    "connections now (at its limit of data-plane connections, or shutting down)", cause);
+        }
         return rc;
+    }
+    if (h->kind == TPUEMU__FRAME_KIND__FRAME_ERROR) {
+        rc = err_set(e, h->status && h->status->code ? (int)h->status->code : CODE_UNAVAILABLE,
+                     "it refused the data connection: %s",
+                     h->status && h->status->message && *h->status->message ? h->status->message
+                                                                             : "(no reason given)");
+        frame_header_free(h);
+        return rc;
+    }
     rc = dpauth_check_hello(h, schal, e);
     frame_header_free(h);
     if (rc != CODE_OK)

@@ -3,6 +3,7 @@
 #include "log.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -56,7 +57,125 @@ const char *log_q(const char *s)
     return b;
 }
 
+static void log_v(enum log_level lvl, const char *msg, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
+
+/* ---- rate limit, per kind (msg) ---- */
+
+#define LIMIT_KINDS 64
+
+struct limit_kind {
+    char msg[96];          /* "" : free slot */
+    enum log_level lvl;    /* of the last line left out: the summary's level */
+    uint64_t start_ms;     /* the window began */
+    unsigned lines;        /* written in this window */
+    unsigned long skipped; /* left out in this window */
+};
+
+static struct limit_kind g_kinds[LIMIT_KINDS];
+static unsigned g_burst = LOG_LIMIT_BURST, g_window_ms = LOG_LIMIT_WINDOW_MS;
+static unsigned g_pending; /* kinds with lines left out */
+static int g_flushing;
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+void log_limit_set(unsigned burst, unsigned window_ms)
+{
+    g_burst = burst;
+    g_window_ms = window_ms ? window_ms : 1;
+}
+
+static void summarize(struct limit_kind *k, uint64_t now)
+{
+    char m[160];
+    snprintf(m, sizeof m, "%s: %lu more like this suppressed in the last %.1f s", k->msg, k->skipped,
+             (double)(now - k->start_ms) / 1000.0);
+    log_at(k->lvl, m, "kind=%s suppressed=%lu", log_q(k->msg), k->skipped);
+    k->skipped = 0;
+    g_pending--;
+}
+
+void log_flush_suppressed(int all)
+{
+    uint64_t now;
+    if (!g_pending || g_flushing)
+        return;
+    g_flushing = 1;
+    now = mono_ms();
+    for (int i = 0; i < LIMIT_KINDS && g_pending; i++) {
+        struct limit_kind *k = &g_kinds[i];
+        if (k->skipped && (all || now - k->start_ms >= g_window_ms)) {
+            summarize(k, now);
+            k->start_ms = now;
+            k->lines = 0;
+        }
+    }
+    g_flushing = 0;
+}
+
+void log_limited(enum log_level lvl, const char *msg, const char *fmt, ...)
+{
+    struct limit_kind *k = NULL, *free_slot = NULL;
+    uint64_t now;
+    va_list ap;
+
+    if (lvl < g_min)
+        return;
+    if (g_burst) {
+        for (int i = 0; i < LIMIT_KINDS; i++) {
+            if (!g_kinds[i].msg[0]) {
+                if (!free_slot)
+                    free_slot = &g_kinds[i];
+            } else if (strcmp(g_kinds[i].msg, msg) == 0) {
+                k = &g_kinds[i];
+                break;
+            }
+        }
+        now = mono_ms();
+        if (!k && free_slot && strlen(msg) < sizeof free_slot->msg) {
+            k = free_slot;
+            snprintf(k->msg, sizeof k->msg, "%s", msg);
+            k->start_ms = now;
+        }
+        /* (a kind that finds no slot is written unlimited: kinds are the
+         * daemons' own message literals, far fewer than the slots) */
+        if (k) {
+            if (now - k->start_ms >= g_window_ms) {
+                if (k->skipped)
+                    summarize(k, now);
+                k->start_ms = now;
+                k->lines = 0;
+            }
+            if (k->lines >= g_burst) {
+                if (!k->skipped++)
+                    g_pending++;
+                k->lvl = lvl;
+                return;
+            }
+            k->lines++;
+        }
+    }
+    va_start(ap, fmt);
+    log_v(lvl, msg, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- lines ---- */
+
 void log_at(enum log_level lvl, const char *msg, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    log_v(lvl, msg, fmt, ap);
+    va_end(ap);
+}
+
+static void log_v(enum log_level lvl, const char *msg, const char *fmt, va_list ap)
 {
     static const char *const names[] = {"debug", "info", "warn", "error"};
     char line[2048];
@@ -66,6 +185,7 @@ void log_at(enum log_level lvl, const char *msg, const char *fmt, ...)
 
     if (lvl < g_min)
         return;
+    log_flush_suppressed(0); /* a summary due is written before the line after it */
     clock_gettime(CLOCK_REALTIME, &ts);
     gmtime_r(&ts.tv_sec, &tm);
     n = snprintf(line, sizeof line,
@@ -74,11 +194,8 @@ void log_at(enum log_level lvl, const char *msg, const char *fmt, ...)
                  tm.tm_sec, ts.tv_nsec / 1000000L, names[lvl], g_daemon, (int)getpid(),
                  log_q(msg));
     if (fmt && n > 0 && (size_t)n < sizeof line - 2) {
-        va_list ap;
         line[n++] = ' ';
-        va_start(ap, fmt);
         int m = vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
-        va_end(ap);
         if (m > 0)
             n += m;
     }

@@ -23,6 +23,28 @@ void log_at(enum log_level lvl, const char *msg, const char *fmt, ...)
 #define log_warn(msg, ...) log_at(LOG_WARN, msg, __VA_ARGS__)
 #define log_error(msg, ...) log_at(LOG_ERROR, msg, __VA_ARGS__)
 
+/* Lines about what others send (refusals, bad input) are rate limited per
+ * kind, the kind being msg: the first LOG_LIMIT_BURST lines of a kind in a
+ * window of LOG_LIMIT_WINDOW_MS are written, the rest of that window counted,
+ * and when it ends (at the next line of any kind, or log_flush_suppressed) one
+ * line says how many were left out:
+ *   msg="message refused: 4990 more like this suppressed in the last 10.0 s"
+ *   kind="message refused" suppressed=4990
+ * so a flood of garbage costs a bounded amount of log while its first lines,
+ * with their reasons, are all there. Loop thread only (as log_q). */
+#define LOG_LIMIT_BURST 10u
+#define LOG_LIMIT_WINDOW_MS 10000u
+void log_limited(enum log_level lvl, const char *msg, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define log_warn_limited(msg, ...) log_limited(LOG_WARN, msg, __VA_ARGS__)
+#define log_info_limited(msg, ...) log_limited(LOG_INFO, msg, __VA_ARGS__)
+/* Writes the "suppressed" line of every kind whose window ended (all: of every
+ * kind with lines left out, window ended or not: at exit). Daemons call it from
+ * a periodic timer, so a flood that stops is still summed up. */
+void log_flush_suppressed(int all);
+/* Changes the burst and window (tests); 0 burst turns limiting off. */
+void log_limit_set(unsigned burst, unsigned window_ms);
+
 /* Quotes s for a logfmt value into one of a few rotating static buffers
  * (so several can be used in one log call); escapes quotes, backslashes and
  * control bytes; truncates at 200 bytes. Not thread-safe: loop thread only. */

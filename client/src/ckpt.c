@@ -17,7 +17,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <dirent.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <sodium.h>
@@ -197,6 +200,58 @@ static char *dir_of(const char *path)
     return strndup(path, (size_t)(slash - path));
 }
 
+/* Temp files of path that a crash during a save left behind: our own naming
+ * only (path.tmp.PID.XXXXXXXX, 8 hex digits), and only when its writer is
+ * gone: no process PID on this machine (not this one) and untouched for
+ * CKPT_TMP_STALE_S, or untouched for CKPT_TMP_ABANDONED_S whatever the PID (a
+ * PID reused, or a writer on another machine sharing the directory, which
+ * would have renamed or removed it long before). Best effort: what cannot be
+ * read or removed is left. Returns how many were removed. */
+int ckpt_sweep_stale(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    size_t blen = strlen(base);
+    char *dir = dir_of(path);
+    DIR *d = dir ? opendir(dir) : NULL;
+    struct dirent *de;
+    time_t now = time(NULL);
+    int removed = 0;
+
+    if (!d || blen == 0) {
+        if (d)
+            closedir(d);
+        free(dir);
+        return 0;
+    }
+    while ((de = readdir(d))) {
+        const char *n = de->d_name, *q;
+        char *end;
+        struct stat st;
+        long pid;
+
+        if (strncmp(n, base, blen) != 0 || strncmp(n + blen, ".tmp.", 5) != 0)
+            continue;
+        q = n + blen + 5;
+        if (*q < '1' || *q > '9')
+            continue;
+        errno = 0;
+        pid = strtol(q, &end, 10);
+        if (errno || pid <= 0 || pid > INT32_MAX || *end != '.' || strlen(end + 1) != 8 ||
+            strspn(end + 1, "0123456789abcdef") != 8)
+            continue;
+        if (fstatat(dirfd(d), n, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        double age = difftime(now, st.st_mtime);
+        int gone = pid != (long)getpid() && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+        if ((gone && age >= CKPT_TMP_STALE_S) || age >= CKPT_TMP_ABANDONED_S)
+            removed += unlinkat(dirfd(d), n, 0) == 0;
+    }
+    closedir(d);
+    free(dir);
+    return removed;
+}
+
 static int write_body(struct writer *w, const struct ckpt_section *s, size_t n)
 {
     static const unsigned char zeros[8];
@@ -243,6 +298,7 @@ int ckpt_write(const char *path, const struct ckpt_section *s, size_t n, err *e)
         rc = err_set(e, CODE_RESOURCE_EXHAUSTED, "checkpoint %s: out of memory", path);
         goto out;
     }
+    ckpt_sweep_stale(path); /* a crashed save's leftovers */
     for (int i = 0; i < TMP_TRIES && w.fd < 0; i++) {
         snprintf(tmp, tmp_max, "%s.tmp.%ld.%08" PRIx32, path, (long)getpid(),
                  (uint32_t)randombytes_random());
@@ -450,6 +506,7 @@ int ckpt_read(const char *path, ckpt **out, err *e)
         *out = NULL;
     if (!path || path[0] == '\0' || !out)
         return err_set(e, CODE_INVALID_ARGUMENT, "checkpoint: NULL or empty argument");
+    ckpt_sweep_stale(path); /* a crashed save's leftovers */
     if (sodium_init() < 0)
         return err_set(e, CODE_INTERNAL, "checkpoint %s: libsodium failed to initialize", path);
     if ((rc = read_file(path, &buf, &size, e)) != CODE_OK)

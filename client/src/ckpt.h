@@ -69,6 +69,16 @@ struct ckpt_section {
  *   CODE_INTERNAL           libsodium could not be initialized */
 int ckpt_write(const char *path, const struct ckpt_section *s, size_t n, err *e);
 
+/* A save that crashed (the process killed between creating its temp file and
+ * the rename) leaves path.tmp.PID.XXXXXXXX behind. ckpt_write and ckpt_read
+ * remove such files of their path first, when their writer is gone: no process
+ * PID on this machine and untouched for CKPT_TMP_STALE_S, or untouched for
+ * CKPT_TMP_ABANDONED_S whatever the PID. Nothing else in the directory is
+ * touched. ckpt_sweep_stale does it alone; returns how many it removed. */
+#define CKPT_TMP_STALE_S 60
+#define CKPT_TMP_ABANDONED_S (24 * 3600)
+int ckpt_sweep_stale(const char *path);
+
 /* A checkpoint read into memory. Opaque. */
 typedef struct ckpt ckpt;
 

@@ -109,7 +109,9 @@ int dpio_dial(struct dpio_conn *c, const auth *a, const char *sender, uint64_t d
         close(fd);
         if (rc == CODE_DEADLINE_EXCEEDED)
             rc = CODE_UNAVAILABLE;
-        return err_set(e, rc, "data connection to core %s/%d at %s: %s", c->host, c->core, c->addr, e->msg);
+        e->code = rc;
+        err_prefix(e, "core %s/%d at %s", c->host, c->core, c->addr);
+        return rc;
     }
     c->fd = fd;
     c->err_code = CODE_OK;

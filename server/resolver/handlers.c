@@ -198,7 +198,7 @@ static void h_heartbeat(resolver *r, rreq *req, const wire_msg *m)
 
     prom_add(&r->metrics.heartbeats, 1);
     if (reg_validate(wi, &e) != CODE_OK) {
-        log_warn("heartbeat refused", "sender=%s reason=%s", log_q(m->sender), log_q(e.msg));
+        log_warn_limited("heartbeat refused", "sender=%s reason=%s", log_q(m->sender), log_q(e.msg));
         rsv_reply_error(r, req, e.code, "heartbeat: %s", e.msg);
         return;
     }
@@ -220,7 +220,7 @@ static void h_heartbeat(resolver *r, rreq *req, const wire_msg *m)
         if (r->reg.n >= r->reg.max && (old = reg_longest_dead(&r->reg)) != NULL)
             rsv_forget(r, old, FORGET_EVICTED);
         if (!(en = reg_add(&r->reg, &w, now, &e))) {
-            log_warn("heartbeat refused", "host=%s core=%d reason=%s", log_q(w.host_id), w.core,
+            log_warn_limited("heartbeat refused", "host=%s core=%d reason=%s", log_q(w.host_id), w.core,
                      log_q(e.msg));
             rsv_reply_error(r, req, e.code, "%s", e.msg);
             return;
@@ -361,19 +361,19 @@ void rsv_on_request(sprep *s, const uint8_t *buf, size_t len, void *ctl)
     switch (drc_lookup(r->drc, buf, len, ctl, now, &prev, &plen)) {
     case DRC_DONE:
         prom_add(&r->metrics.duplicates, 1);
-        log_info("duplicate request answered again", "bytes=%zu", len);
+        log_info_limited("duplicate request answered again", "bytes=%zu", len);
         if (sprep_reply(r->rep, ctl, prev, plen, &e) != CODE_OK)
             log_warn("cannot send a reply", "reason=%s", log_q(e.msg));
         return;
     case DRC_PENDING:
         prom_add(&r->metrics.duplicates, 1);
-        log_info("duplicate request waits for the answer to the first", "bytes=%zu", len);
+        log_info_limited("duplicate request waits for the answer to the first", "bytes=%zu", len);
         return;
     default:
         break;
     }
     if (wire_open(&r->auth, r->replay, buf, len, WIRE_MAX_REQUEST, &m, &e) != CODE_OK) {
-        log_warn("message refused", "bytes=%zu code=%s reason=%s", len, code_name(e.code),
+        log_warn_limited("message refused", "bytes=%zu code=%s reason=%s", len, code_name(e.code),
                  log_q(e.msg));
         /* bound to the request when its envelope could be read, so that its
          * sender takes the refusal as the answer to that request and nothing else */
@@ -402,7 +402,7 @@ void rsv_on_request(sprep *s, const uint8_t *buf, size_t len, void *ctl)
             return;
         }
     }
-    log_warn("message refused", "sender=%s reason=%s", log_q(m->sender),
+    log_warn_limited("message refused", "sender=%s reason=%s", log_q(m->sender),
              log_q("message type not handled here"));
     rsv_reply_error(r, &req, CODE_INVALID_ARGUMENT, "tpu-resolver does not handle '%s' messages",
                     wire_body_name(m));

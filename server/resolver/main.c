@@ -142,6 +142,7 @@ static void on_dead_timer(uv_timer_t *t)
 {
     sys_dead_check(t->data);
     rsv_expire(t->data);
+    log_flush_suppressed(0); /* a flood of refusals that stopped is summed up */
 }
 
 int main(int argc, char **argv)
@@ -202,6 +203,10 @@ int main(int argc, char **argv)
         log_error("out of memory", NULL);
         goto out;
     }
+    /* the replay cache starts empty: a message sent before this start (a
+     * replay of one the previous process accepted, within the window) is
+     * refused; workers and clients go on with fresh ones */
+    replay_refuse_before(r.replay, wire_now_unix_ms());
     /* stage 2: the listening socket */
     {
         struct sprep_cfg sc = {
@@ -264,6 +269,7 @@ out:
     reg_free(&r.reg);
     replay_free(r.replay);
     drc_free(r.drc);
+    log_flush_suppressed(1);
     if (status == 0)
         log_info("stopped", NULL);
     return status;

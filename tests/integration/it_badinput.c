@@ -188,6 +188,69 @@ Test(badinput, sp_framed_garbage)
     still_serving();
 }
 
+static int count_in(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* Sends n junk messages on one REQ socket, each answered with a refusal. */
+static void flood(const char *addr, int n)
+{
+    const char junk[] = "this is not a protobuf envelope at all";
+    int sock = raw_req_open(addr, 3000);
+    cr_assert_geq(sock, 0);
+    for (int i = 0; i < n; i++) {
+        uint8_t *rep;
+        size_t rlen;
+        cr_assert_eq(raw_req_call(sock, junk, sizeof junk - 1, &rep, &rlen), 0, "refusal %d of %d never came", i, n);
+        free(rep);
+    }
+    raw_req_close(sock);
+}
+
+/* A flood of garbage costs a bounded amount of log: the first refusals of a
+ * kind are written with their reasons, the rest summed up in one line (at
+ * the latest when the daemon stops). One warn line per refused message made
+ * 5,000 garbage messages 1.3 MB of log. */
+Test(badinput, garbage_flood_log_is_bounded, .timeout = 120)
+{
+    int n = cl_time_scale() > 1 ? 600 : 3000;
+    char *before = cl_read_file(c->resolver.log), *wbefore = cl_read_file(c->workers[0].log);
+    size_t rb = strlen(before), wb = strlen(wbefore);
+    free(before);
+    free(wbefore);
+
+    flood(c->addr, n);
+    flood(ctl, n);
+    char *r = cl_read_file(c->resolver.log), *w = cl_read_file(c->workers[0].log);
+    const char *rnew = r + rb, *wnew = w + wb;
+    int rl = count_in(rnew, "msg=\"message refused\""), wl = count_in(wnew, "msg=\"control request refused\"");
+    printf("garbage flood: %d messages each; resolver wrote %zu bytes (%d refusal lines), worker %zu bytes (%d)\n", n,
+           strlen(rnew), rl, strlen(wnew), wl);
+    cr_assert(rl >= 1 && rl <= 2 * 10, "resolver: %d 'message refused' lines for %d messages", rl, n);
+    cr_assert(wl >= 1 && wl <= 2 * 10, "worker: %d 'control request refused' lines for %d messages", wl, n);
+    cr_assert(strstr(rnew, "msg=\"message refused\" bytes=38 code=INVALID_ARGUMENT reason=\""),
+              "the first refusal is there with its reason: %s", rnew);
+    cr_assert(strstr(wnew, "msg=\"control request refused\" code=INVALID_ARGUMENT reason=\""),
+              "the first refusal is there with its reason: %s", wnew);
+    cr_assert_lt(strlen(rnew), 16384u, "resolver log grew by %zu bytes", strlen(rnew));
+    cr_assert_lt(strlen(wnew), 16384u, "worker log grew by %zu bytes", strlen(wnew));
+    free(r);
+    free(w);
+    still_serving();
+
+    /* what was left out is summed up, at the latest when the daemon stops */
+    cluster_restart_resolver(c);
+    r = cl_read_file(c->resolver.log);
+    cr_assert(strstr(r, "msg=\"message refused: ") && strstr(r, " more like this suppressed in the last "),
+              "the resolver sums up the refusals it left out: %s", r + rb);
+    cr_assert(strstr(r, "kind=\"message refused\" suppressed="), "%s", r + rb);
+    free(r);
+}
+
 Test(badinput, truncated_envelope)
 {
     wire_msg m = TPUEMU__MESSAGE__INIT;

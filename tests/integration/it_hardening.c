@@ -28,7 +28,11 @@
  * registration and tpuctl working.
  *
  * Finding 6, a resolver with more cores than descriptors: a clear refusal
- * naming the open-file limit, never a crash, and it goes on serving. */
+ * naming the open-file limit, never a crash, and it goes on serving.
+ *
+ * Finding 7 (the smaller ones): a collective's payload is checked from its
+ * header, before it is allocated; a signed message captured before a resolver
+ * restart is refused after it. */
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -958,5 +962,146 @@ Test(hardening, resolver_out_of_descriptors_refuses_and_serves, .timeout = 300)
     cr_assert_eq(cluster_count(c, CL_ALIVE), N);
     cr_assert(cluster_alive(&c->resolver), "see %s", c->resolver.log);
     cr_assert_not(cl_log_contains(&c->resolver, "AddressSanitizer"), "see %s", c->resolver.log);
+    cluster_free(c);
+}
+
+/* Finding 7: a collective's payload is checked against the collective and
+ * the HBM from its header, before anything is allocated for it. A frame
+ * announcing more than this replica's input, or a collective over the core's
+ * HBM, is answered at once with the error naming it (the test sends no
+ * payload byte: the old worker allocated the announced size, up to 256 MiB,
+ * and waited for it), and the core still runs collectives. */
+static void coll_header_only(const char *data, uint64_t epoch, uint64_t seq, uint64_t count, uint64_t announce,
+                             int want_code, const char *needle)
+{
+    int fd;
+    uint8_t chal[AUTH_CHALLENGE_BYTES];
+    Tpuemu__FrameHeader *ans, h = TPUEMU__FRAME_HEADER__INIT;
+    Tpuemu__CollSpec sp = TPUEMU__COLL_SPEC__INIT;
+
+    cr_assert_eq(dp_handshake(data, NULL, 0, &fd, &ans, chal), 0, "no data-plane handshake with %s", data);
+    cr_assert_eq(ans->kind, TPUEMU__FRAME_KIND__FRAME_AUTH_OK);
+    frame_header_free(ans);
+    sp.kind = TPUEMU__COLL_KIND__COLL_ALL_REDUCE;
+    sp.op = TPUEMU__REDUCE_OP__REDUCE_SUM;
+    sp.dtype = TPUEMU__DTYPE__DTYPE_F32;
+    sp.count = count;
+    h.kind = TPUEMU__FRAME_KIND__FRAME_COLL;
+    h.epoch = epoch;
+    h.seq = seq;
+    h.coll = &sp;
+    h.payload_bytes = announce;
+    cr_assert_eq(dp_send(fd, &h, NULL, 0), 0);
+    /* the header alone, never its payload: the answer must come anyway */
+    cr_assert_eq(dp_recv(fd, 10000 * cl_time_scale(), &ans, NULL), 0,
+                 "no answer to a header announcing %llu bytes before its payload (the worker waits for it)",
+                 (unsigned long long)announce);
+    cr_assert_eq(ans->kind, TPUEMU__FRAME_KIND__FRAME_COLL_RESULT, "kind %d", (int)ans->kind);
+    cr_assert_eq(ans->seq, seq);
+    cr_assert_not_null(ans->status);
+    cr_assert_eq((int)ans->status->code, want_code, "%s: %s", code_name((int)ans->status->code),
+                 ans->status->message);
+    cr_assert(strstr(ans->status->message, needle), "'%s' not in: %s", needle, ans->status->message);
+    printf("announced %llu bytes: %s\n", (unsigned long long)announce, ans->status->message);
+    frame_header_free(ans);
+    close(fd);
+}
+
+Test(hardening, collective_payload_checked_before_allocation, .timeout = 120)
+{
+    const char *wargs[] = {"--hbm-bytes", "64M", NULL};
+    cluster_opts o = {.hosts = 1, .cores_per_host = 1, .worker_args = wargs};
+    cluster *c = cluster_start(&o);
+    tpu_resolver *tr;
+    tpu_cluster *tc;
+    tpu_topology *topo;
+    tpu_core_info ci;
+
+    cr_assert_eq(cluster_connect(c, &tr, &tc), TPU_OK, "%s", tpu_last_error());
+    tpu_init_options io = {.expect = 1, .timeout_ms = 10000};
+    cr_assert_eq(tpu_initialize_system(tc, &io, &topo), TPU_OK, "%s", tpu_last_error());
+    uint64_t epoch = tpu_topology_epoch(topo);
+    tpu_topology_free(topo);
+    tpu_cluster_spec *spec = cluster_spec(c);
+    cr_assert(cluster_find_core(spec, "h0", 0, &ci));
+    char data[300];
+    snprintf(data, sizeof data, "%s", ci.data_addr);
+    tpu_cluster_spec_free(spec);
+
+    /* 16 f32 elements are 64 bytes; the frame announces 200 MiB */
+    coll_header_only(data, epoch, 1000001, 16, 200u << 20, CODE_INVALID_ARGUMENT,
+                     "this replica's input is 64 bytes, but the frame announces 209715200 (refused before reading "
+                     "or allocating them)");
+    /* 16 Mi f32 elements: the payload is the right size, the collective is over the core's 64 MiB */
+    coll_header_only(data, epoch, 1000002, 16u << 20, 64u << 20, CODE_RESOURCE_EXHAUSTED, "bytes of HBM");
+    cr_assert(cluster_alive(&c->workers[0]), "see %s", c->workers[0].log);
+
+    /* the core still runs collectives */
+    float b[16];
+    void *bufs[1] = {b};
+    for (int i = 0; i < 16; i++)
+        b[i] = (float)i;
+    cr_assert_eq(tpu_all_reduce(tc, bufs, 16, TPU_F32, TPU_SUM, NULL), TPU_OK, "%s", tpu_last_error());
+    for (int i = 0; i < 16; i++)
+        cr_assert_float_eq(b[i], (float)i, 0.0f);
+    tpu_cluster_free(tc);
+    tpu_resolver_free(tr);
+    cluster_free(c);
+}
+
+/* Finding 7: the resolver's replay cache starts empty when it restarts, so a
+ * signed message captured before the restart was accepted again after it,
+ * within the 60 s window. The resolver now refuses whatever was sent before
+ * it started; its workers go on with fresh heartbeats, none exits. */
+Test(hardening, replay_across_a_resolver_restart_is_refused, .timeout = 120)
+{
+    cluster_opts o = {.hosts = 1, .cores_per_host = 2, .token = 1};
+    cluster *c = cluster_start(&o);
+    auth a;
+    err e;
+    wire_msg m = TPUEMU__MESSAGE__INIT, *rep;
+    Tpuemu__ClusterSpecRequest q = TPUEMU__CLUSTER_SPEC_REQUEST__INIT;
+    uint8_t *req, *ans;
+    size_t len, alen;
+
+    cr_assert_eq(auth_from_token(&a, CL_TOKEN, strlen(CL_TOKEN), &e), CODE_OK, "%s", e.msg);
+    m.body_case = TPUEMU__MESSAGE__BODY_CLUSTER_SPEC_REQUEST;
+    m.cluster_spec_request = &q;
+    cr_assert_eq(raw_seal_at(&a, &m, wire_now_unix_ms(), &req, &len, NULL), CODE_OK);
+
+    /* before the restart: accepted */
+    int s = raw_req_open(c->addr, 5000 * cl_time_scale());
+    cr_assert_geq(s, 0);
+    cr_assert_eq(raw_req_call(s, req, len, &ans, &alen), 0, "no answer");
+    raw_req_close(s);
+    cr_assert_eq(wire_open(&a, NULL, ans, alen, WIRE_MAX_REPLY, &rep, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(rep->body_case, TPUEMU__MESSAGE__BODY_CLUSTER_SPEC, "%s", wire_body_name(rep));
+    wire_msg_free(rep);
+    free(ans);
+
+    /* the same bytes after a restart, well within the window: refused */
+    cluster_restart_resolver(c);
+    s = raw_req_open(c->addr, 5000 * cl_time_scale());
+    cr_assert_geq(s, 0);
+    cr_assert_eq(raw_req_call(s, req, len, &ans, &alen), 0, "no answer");
+    raw_req_close(s);
+    cr_assert_eq(wire_open(&a, NULL, ans, alen, WIRE_MAX_REPLY, &rep, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(rep->body_case, TPUEMU__MESSAGE__BODY_ERROR,
+                 "a message captured before the resolver restarted was accepted after it (answered '%s')",
+                 wire_body_name(rep));
+    cr_assert_eq((int)rep->error->code, CODE_UNAUTHENTICATED, "%s", rep->error->message);
+    cr_assert(strstr(rep->error->message, "before this process started"), "%s", rep->error->message);
+    printf("replayed after the restart: %s\n", rep->error->message);
+    wire_msg_free(rep);
+    free(ans);
+    free(req);
+
+    /* honest senders are not hurt: both workers heartbeat on, registered and alive */
+    cr_assert(cluster_wait_count(c, CL_ALIVE, 2, 10000), "the workers did not come back; see %s", c->resolver.log);
+    for (int i = 0; i < 2; i++)
+        cr_assert(cluster_alive(&c->workers[i]), "worker %d exited: see %s", i, c->workers[i].log);
+    tpu_cluster_spec *spec = cluster_spec(c);
+    cr_assert_not_null(spec, "a fresh client call fails: %s", tpu_last_error());
+    tpu_cluster_spec_free(spec);
     cluster_free(c);
 }

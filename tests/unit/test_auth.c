@@ -118,6 +118,43 @@ Test(auth, challenge_mac_is_domain_separated)
     cr_assert_arr_neq(m1, m3, sizeof m1, "a message MAC must not answer a challenge");
 }
 
+Test(auth, challenge_mac_ok_takes_only_the_exact_mac)
+{
+    auth a, b;
+    unsigned char chal[AUTH_CHALLENGE_BYTES], m[AUTH_MAC_BYTES], other[AUTH_MAC_BYTES];
+    key(&a, TOKEN_A);
+    key(&b, TOKEN_B);
+    auth_random(chal, sizeof chal);
+    auth_challenge_mac(&a, chal, m);
+    cr_assert(auth_challenge_mac_ok(&a, chal, m, sizeof m));
+    cr_assert(!auth_challenge_mac_ok(&b, chal, m, sizeof m), "another token's key");
+    cr_assert(!auth_challenge_mac_ok(&a, chal, m, sizeof m - 1), "a short MAC");
+    cr_assert(!auth_challenge_mac_ok(&a, chal, NULL, 0), "no MAC");
+    for (size_t bit = 0; bit < 8 * sizeof m; bit++) {
+        memcpy(other, m, sizeof m);
+        other[bit / 8] ^= (unsigned char)(1u << (bit % 8));
+        cr_assert(!auth_challenge_mac_ok(&a, chal, other, sizeof other), "bit %zu flipped", bit);
+    }
+    chal[0] ^= 1;
+    cr_assert(!auth_challenge_mac_ok(&a, chal, m, sizeof m), "another challenge");
+}
+
+/* A process that starts with an empty cache refuses what was sent before its start. */
+Test(auth, replay_refuses_what_was_sent_before_the_start)
+{
+    replay *r = replay_new(16);
+    err e;
+    uint64_t start = 1000000000;
+    replay_refuse_before(r, start);
+    cr_assert_eq(replay_check(r, 1, start - 5000, start + 10, &e), CODE_UNAUTHENTICATED);
+    cr_assert(strstr(e.msg, "5000 ms before this process started"), "%s", e.msg);
+    cr_assert_eq(replay_check(r, 2, start, start + 10, &e), CODE_UNAUTHENTICATED);
+    cr_assert_eq(replay_check(r, 3, start + 1, start + 10, &e), CODE_OK, "%s", e.msg);
+    /* the clock stepped back past the start: the start no longer refuses fresh messages */
+    cr_assert_eq(replay_check(r, 4, start - 120000, start - 120000, &e), CODE_OK, "%s", e.msg);
+    replay_free(r);
+}
+
 Test(auth, random64_never_zero)
 {
     uint64_t prev = 0;

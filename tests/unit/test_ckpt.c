@@ -7,7 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <criterion/criterion.h>
@@ -513,4 +516,98 @@ Test(ckpt, sealed_but_inconsistent)
     spit(bad, buf, size);
     expect_fail(bad, CODE_DATA_LOSS, "appears twice");
     free(buf);
+}
+
+/* Sets a file's modification time s seconds into the past. */
+static void age_file(const char *p, int s)
+{
+    struct timespec ts[2];
+    clock_gettime(CLOCK_REALTIME, &ts[0]);
+    ts[0].tv_sec -= s;
+    ts[1] = ts[0];
+    cr_assert_eq(utimensat(AT_FDCWD, p, ts, 0), 0, "%s: %s", p, strerror(errno));
+}
+
+static void touch(const char *p)
+{
+    FILE *f = fopen(p, "w");
+    cr_assert_not_null(f, "%s", p);
+    fputs("partial", f);
+    fclose(f);
+}
+
+/* The one temp file in dir (its name in out), or 0 if none or several. */
+static int the_tmp(char *out, size_t n)
+{
+    DIR *dp = opendir(dir);
+    struct dirent *de;
+    int k = 0;
+    while ((de = readdir(dp)))
+        if (strstr(de->d_name, "model.ckpt.tmp.") == de->d_name && k++ == 0)
+            snprintf(out, n, "%s/%s", dir, de->d_name);
+    closedir(dp);
+    return k == 1;
+}
+
+/* A save killed half way (SIGXFSZ at the file-size limit, its default action
+ * kills) leaves its temp file behind; the next save, or load, of that path
+ * removes it once its writer is gone and it sat for a minute, and touches
+ * nothing else: not a live writer's temp file, not a fresh one, not another
+ * name. */
+Test(ckpt, crashed_save_leftovers_are_removed)
+{
+    const size_t big = 2u << 20;
+    char *data = calloc(1, big), left[600], live[600], fresh[600], other[600], other2[600];
+    struct ckpt_section s[] = {{"w", data, big}};
+    int status;
+    ckpt *c;
+    err e;
+
+    write_small(path);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        struct rlimit rl = {1u << 20, 1u << 20};
+        signal(SIGXFSZ, SIG_DFL);
+        setrlimit(RLIMIT_FSIZE, &rl);
+        ckpt_write(path, s, 1, &e);
+        _exit(0); /* not reached: killed at the limit */
+    }
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGXFSZ, "the save was not killed half way: %d", status);
+    cr_assert(the_tmp(left, sizeof left), "the crash left no temp file");
+
+    /* younger than a minute: it stays (the writer might be on another machine) */
+    cr_assert_eq(ckpt_write(path, s, 0, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(access(left, F_OK), 0, "a fresh temp file was removed");
+
+    /* a live writer's (this process's parent), a fresh one of a dead writer,
+     * and names that are not ours, all old */
+    snprintf(live, sizeof live, "%s/model.ckpt.tmp.%ld.0123abcd", dir, (long)getppid());
+    snprintf(fresh, sizeof fresh, "%s/model.ckpt.tmp.%ld.89abcdef", dir, (long)pid);
+    snprintf(other, sizeof other, "%s/model.ckpt.tmp.%ld.notours", dir, (long)pid);
+    snprintf(other2, sizeof other2, "%s/other.ckpt.tmp.%ld.0123abcd", dir, (long)pid);
+    touch(live);
+    touch(fresh);
+    touch(other);
+    touch(other2);
+    age_file(left, 120);
+    age_file(live, 120);
+    age_file(other, 120);
+    age_file(other2, 120);
+
+    cr_assert_eq(ckpt_write(path, s, 0, &e), CODE_OK, "%s", e.msg);
+    cr_assert_neq(access(left, F_OK), 0, "the crashed save's temp file is still there");
+    cr_assert_eq(access(live, F_OK), 0, "a live writer's temp file was removed");
+    cr_assert_eq(access(fresh, F_OK), 0, "a fresh temp file was removed");
+    cr_assert_eq(access(other, F_OK), 0, "a name not of ours was removed");
+    cr_assert_eq(access(other2, F_OK), 0, "another checkpoint's file was removed");
+
+    /* a load cleans too */
+    age_file(fresh, 120);
+    cr_assert_eq(ckpt_read(path, &c, &e), CODE_OK, "%s", e.msg);
+    ckpt_free(c);
+    cr_assert_neq(access(fresh, F_OK), 0, "a load left the crashed save's temp file");
+    cr_assert_eq(access(live, F_OK), 0);
+    free(data);
 }

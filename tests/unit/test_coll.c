@@ -723,7 +723,7 @@ Test(coll, a_bad_spec_is_refused_and_aborted_on_the_peers, .timeout = 30)
     coll_submit(c, &h, (uint8_t *)x, sizeof x, on_done, &res);
     cr_assert_eq(res.done, 1);
     cr_assert_eq(res.e.code, CODE_INVALID_ARGUMENT);
-    cr_assert(strstr(res.e.msg, "expected 16") != NULL, "%s", res.e.msg);
+    cr_assert(strstr(res.e.msg, "input is 16 bytes, but the frame carries 12") != NULL, "%s", res.e.msg);
     cr_assert_eq(net.nfailed, 1);
     cr_assert_eq(net.failed_seq[0], 42);
     cr_assert_eq(prom_get(&stats.failed), 0, "a refusal is not a failed collective");

@@ -3,7 +3,9 @@
  * straight into the caller's memory, a peer that closes or sends a bad
  * prefix, the deadline and the grace. The far end is the test itself (a
  * thread for the transfers that do not fit the socket's buffers). */
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -314,4 +316,73 @@ Test(dpio, header_too_big, .timeout = 5)
     dpio_close(&c);
     close(peer);
     free(groups);
+}
+
+/* A data port that takes the connection and closes it at once, as a worker at
+ * its connection limit does, or answers ERROR in place of its HELLO. */
+struct refuser {
+    int lfd;
+    const char *error; /* NULL: close without a word */
+};
+
+static void *refuser_main(void *arg)
+{
+    struct refuser *r = arg;
+    int fd = accept(r->lfd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    if (r->error) {
+        uint8_t buf[DPAUTH_FRAME_MAX];
+        err e;
+        size_t n = dpauth_error(CODE_RESOURCE_EXHAUSTED, r->error, buf, sizeof buf);
+        dpauth_write_all(fd, buf, n, wire_now_ms() + 5000, &e);
+    }
+    close(fd);
+    return NULL;
+}
+
+static void dial_refuser(const char *error, struct dpio_conn *c, int *rc, err *e)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    struct refuser r = {socket(AF_INET, SOCK_STREAM, 0), error};
+    pthread_t t;
+
+    cr_assert(r.lfd >= 0);
+    cr_assert_eq(bind(r.lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    cr_assert_eq(listen(r.lfd, 4), 0);
+    cr_assert_eq(getsockname(r.lfd, (struct sockaddr *)&sa, &sl), 0);
+    memset(c, 0, sizeof *c);
+    snprintf(c->host, sizeof c->host, "h2");
+    c->core = 5;
+    snprintf(c->addr, sizeof c->addr, "127.0.0.1:%d", ntohs(sa.sin_port));
+    c->fd = -1;
+    cr_assert_eq(pthread_create(&t, NULL, refuser_main, &r), 0);
+    *rc = dpio_dial(c, NULL, "test", wire_now_ms() + 5000, e);
+    pthread_join(t, NULL);
+    close(r.lfd);
+}
+
+/* A full data port: the error says what happened, once, and names the core
+ * (it used to repeat its own prefix with an empty reason). */
+Test(dpio, dial_refused_by_a_full_port, .timeout = 15)
+{
+    struct dpio_conn c;
+    char want[ERR_MSG_MAX + 512];
+    int rc;
+    err e;
+
+    dial_refuser(NULL, &c, &rc, &e);
+    cr_assert_eq(rc, CODE_UNAVAILABLE, "%s", e.msg);
+    snprintf(want, sizeof want,
+             "core h2/5 at %s: it closed the data connection before the handshake began: it takes no more data "
+             "connections now (at its limit of data-plane connections, or shutting down)", c.addr);
+    cr_assert_str_eq(e.msg, want);
+    cr_assert_eq(c.fd, -1);
+
+    dial_refuser("too many data-plane connections (256)", &c, &rc, &e);
+    cr_assert_eq(rc, CODE_RESOURCE_EXHAUSTED, "%s", e.msg);
+    snprintf(want, sizeof want, "core h2/5 at %s: it refused the data connection: too many data-plane connections (256)",
+             c.addr);
+    cr_assert_str_eq(e.msg, want);
 }

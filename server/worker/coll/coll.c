@@ -151,7 +151,7 @@ static void reply_err(struct coll *c, const struct answer_to *to, const Tpuemu__
     va_start(ap, fmt);
     err_vset(&e, code, fmt, ap);
     va_end(ap);
-    log_info("collective refused", "seq=%" PRIu64 " code=%s reason=%s", h->seq, code_name(code),
+    log_info_limited("collective refused", "seq=%" PRIu64 " code=%s reason=%s", h->seq, code_name(code),
              log_q(e.msg));
     reply(&op, &e, NULL, 0, NULL, NULL);
     if (abort && c)
@@ -244,7 +244,10 @@ static const char *kind_name(int k)
     }
 }
 
-static int validate(struct coll *c, const Tpuemu__FrameHeader *h, size_t len, struct cop *op, err *e)
+/* len: the payload's bytes, or with `announced` the bytes its header
+ * announces (checked before anything is allocated for them). */
+static int validate(struct coll *c, const Tpuemu__FrameHeader *h, uint64_t len, int announced, struct cop *op,
+                    err *e)
 {
     const struct core_ident *id = c->env.id;
     const hbm *mem = c->env.hbm;
@@ -339,8 +342,22 @@ static int validate(struct coll *c, const Tpuemu__FrameHeader *h, size_t len, st
     int root_sends = sp->kind != TPUEMU__COLL_KIND__COLL_BROADCAST || sp->root == op->me;
     if (len != in && !(len == 0 && !root_sends))
         return err_set(e, CODE_INVALID_ARGUMENT,
-                       "%s of %" PRIu64 " %s elements: this replica's input is %zu bytes, expected %" PRIu64,
-                       kind_name(sp->kind), sp->count, esz == 2 ? "bf16" : "f32", len, in);
+                       "%s of %" PRIu64 " %s elements: this replica's input is %" PRIu64 " bytes, but the frame %s "
+                       "%" PRIu64 "%s", kind_name(sp->kind), sp->count, esz == 2 ? "bf16" : "f32", in,
+                       announced ? "announces" : "carries", len,
+                       announced ? " (refused before reading or allocating them)" : "");
+    if (announced) {
+        /* what the HBM can give it when it starts: what is free now, plus what
+         * the collective running now gives back */
+        uint64_t held = c->cur && c->cur->reserved ? c->cur->hbm_bytes : 0;
+        uint64_t avail = mem->capacity - (mem->used > held ? mem->used - held : 0);
+        if (op->hbm_bytes > avail)
+            return err_set(e, CODE_RESOURCE_EXHAUSTED,
+                           "%s of %" PRIu64 " %s elements needs %" PRIu64 " bytes of HBM on core %s/%d, which has %"
+                           PRIu64 " of its %" PRIu64 " free (refused before reading its %" PRIu64 "-byte payload)",
+                           kind_name(sp->kind), sp->count, esz == 2 ? "bf16" : "f32", op->hbm_bytes,
+                           id->host_id, id->core, avail, mem->capacity, len);
+    }
     return CODE_OK;
 }
 
@@ -486,49 +503,41 @@ static void start_next(struct coll *c)
     }
 }
 
-static void accept_frame(struct coll *c, const struct answer_to *to, const Tpuemu__FrameHeader *h,
-                         uint8_t *payload, size_t len)
+/* Every check of a FRAME_COLL that its header alone decides (len: the
+ * payload's bytes, or with `announced` what the header announces). 1 to go on;
+ * 0 when refused: the answer was sent. op is the caller's, filled here. */
+static int admit(struct coll *c, const struct answer_to *to, const Tpuemu__FrameHeader *h, uint64_t len,
+                 int announced, struct cop *op)
 {
     const struct core_ident *id;
-    struct cop *op, **pp;
     err e;
 
     if (!c) {
-        drop_payload(to, payload);
         reply_err(c, to, h, 0, CODE_UNAVAILABLE, "the collectives engine of this core is not running");
-        return;
+        return 0;
     }
     id = c->env.id;
     if (h->kind != TPUEMU__FRAME_KIND__FRAME_COLL) {
-        drop_payload(to, payload);
         reply_err(c, to, h, 0, CODE_INVALID_ARGUMENT, "frame kind %d is not a collective", (int)h->kind);
-        return;
+        return 0;
     }
     if (id->replica_id < 0 || id->epoch == 0) {
-        drop_payload(to, payload);
         reply_err(c, to, h, 0, CODE_FAILED_PRECONDITION,
                   "core %s/%d is not part of an initialized TPU system; initialize it first", id->host_id,
                   id->core);
-        return;
+        return 0;
     }
     if (h->epoch != id->epoch) {
-        drop_payload(to, payload);
         reply_err(c, to, h, 0, CODE_FAILED_PRECONDITION,
                   "this collective belongs to epoch %" PRIu64 "; the system was re-initialized (now %" PRIu64 ")",
                   h->epoch, id->epoch);
-        return;
+        return 0;
     }
     if (c->failed) {
-        drop_payload(to, payload);
         reply_err(c, to, h, 1, CODE_FAILED_PRECONDITION,
                   "collective #%" PRIu64 " failed on this core (%s); re-initialize the TPU system",
                   c->fail_seq, c->fail_err.msg);
-        return;
-    }
-    if (!(op = calloc(1, sizeof *op))) {
-        drop_payload(to, payload);
-        reply_err(c, to, h, 1, CODE_RESOURCE_EXHAUSTED, "out of memory");
-        return;
+        return 0;
     }
     op->c = c;
     op->conn = to->conn;
@@ -539,17 +548,31 @@ static void accept_frame(struct coll *c, const struct answer_to *to, const Tpuem
     op->epoch = h->epoch;
     op->algo_used = "";
     op->what = kind_name(h->coll ? h->coll->kind : 0);
-    if (validate(c, h, len, op, &e) != CODE_OK) {
-        drop_payload(to, payload);
+    if (validate(c, h, len, announced, op, &e) != CODE_OK) {
         reply_err(c, to, h, 1, e.code, "%s", e.msg);
-        cop_free(op);
-        return;
+        return 0;
     }
     if (c->nqueue >= COLL_QUEUE_MAX) {
-        drop_payload(to, payload);
         reply_err(c, to, h, 1, CODE_RESOURCE_EXHAUSTED,
                   "%u collectives are already queued on core %s/%d; wait for their results",
                   c->nqueue, id->host_id, id->core);
+        return 0;
+    }
+    return 1;
+}
+
+static void accept_frame(struct coll *c, const struct answer_to *to, const Tpuemu__FrameHeader *h,
+                         uint8_t *payload, size_t len)
+{
+    struct cop *op, **pp;
+
+    if (!(op = calloc(1, sizeof *op))) {
+        drop_payload(to, payload);
+        reply_err(c, to, h, 1, CODE_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    if (!admit(c, to, h, len, 0, op)) {
+        drop_payload(to, payload);
         cop_free(op);
         return;
     }
@@ -571,6 +594,21 @@ static void accept_frame(struct coll *c, const struct answer_to *to, const Tpuem
     *pp = op;
     c->nqueue++;
     start_next(c);
+}
+
+int coll_check_client_header(struct coll *c, dp_conn *conn, const Tpuemu__FrameHeader *h)
+{
+    struct answer_to to = {conn, NULL, NULL, 0};
+    struct cop *op = calloc(1, sizeof *op);
+    int ok;
+
+    if (!op) {
+        reply_err(c, &to, h, 1, CODE_RESOURCE_EXHAUSTED, "out of memory");
+        return 0;
+    }
+    ok = admit(c, &to, h, h->payload_bytes, 1, op);
+    cop_free(op); /* no payload: only the checks' own state */
+    return ok;
 }
 
 void coll_on_client_frame(struct coll *c, dp_conn *conn, const Tpuemu__FrameHeader *h, uint8_t *payload,

@@ -61,6 +61,14 @@ void coll_free(struct coll *c);
  * and pipeline slots). */
 uint64_t coll_plan_bytes(const Tpuemu__CollSpec *sp, int g);
 
+/* The header of a client's FRAME_COLL, before its payload is read: every check
+ * the header decides, the announced payload_bytes against this replica's input
+ * size for the collective and the collective's HBM against what this core can
+ * give it. 1: read the payload; 0: refused, the answer (COLL_RESULT with the
+ * error, and the collective failed on the peers) is on conn: drop the payload
+ * unread, allocating nothing for it. */
+int coll_check_client_header(struct coll *c, dp_conn *conn, const Tpuemu__FrameHeader *h);
+
 /* A FRAME_COLL from a client connection. payload (malloc'd, may be NULL when
  * len is 0) belongs to the callee. The answer goes back on conn, unless conn
  * closes first. */

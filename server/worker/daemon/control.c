@@ -85,7 +85,7 @@ static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *nnctl)
 
     (void)nnctl;
     if (wire_open(ctl->env.auth, ctl->env.replay, buf, len, WIRE_MAX_REQUEST, &req, &e) != CODE_OK) {
-        log_warn("control request refused", "code=%s reason=%s", code_name(e.code), log_q(e.msg));
+        log_warn_limited("control request refused", "code=%s reason=%s", code_name(e.code), log_q(e.msg));
         send_error(ctl, wire_peek_nonce(buf, len, WIRE_MAX_REQUEST), e.code, e.msg);
         return;
     }
@@ -95,13 +95,13 @@ static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *nnctl)
     if (i == sizeof handlers / sizeof handlers[0]) {
         err_set(&e, CODE_INVALID_ARGUMENT, "tpu-worker does not handle '%s' messages",
                 wire_body_name(req));
-        log_warn("control request refused", "sender=%s code=%s reason=%s", log_q(req->sender),
+        log_warn_limited("control request refused", "sender=%s code=%s reason=%s", log_q(req->sender),
                  code_name(e.code), log_q(e.msg));
         send_error(ctl, req->nonce, e.code, e.msg);
         goto out;
     }
     if (check_recipient(ctl, req, &e) != CODE_OK) {
-        log_warn("control request refused", "sender=%s request=%s code=%s reason=%s", log_q(req->sender),
+        log_warn_limited("control request refused", "sender=%s request=%s code=%s reason=%s", log_q(req->sender),
                  handlers[i].name, code_name(e.code), log_q(e.msg));
         send_error(ctl, req->nonce, e.code, e.msg);
         goto out;

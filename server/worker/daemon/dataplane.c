@@ -173,6 +173,13 @@ static enum dp_buf client_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, 
         }
         return DP_BUF_MALLOC;
     }
+    if (h->kind == TPUEMU__FRAME_KIND__FRAME_COLL && h->payload_bytes > 0) {
+        /* checked against the collective and the HBM before anything is
+         * allocated for it: a refused payload is read and dropped, the
+         * connection goes on */
+        struct dp_peer *p = dp_conn_data(c);
+        return coll_check_client_header(p->dp->env.coll, c, h) ? DP_BUF_MALLOC : DP_BUF_DISCARD;
+    }
     if (h->kind != TPUEMU__FRAME_KIND__FRAME_PING && h->kind != TPUEMU__FRAME_KIND__FRAME_COLL &&
         h->payload_bytes > 0) {
         dp_conn_fail(c, CODE_INVALID_ARGUMENT,
@@ -189,16 +196,13 @@ static void on_conn_close(dp_conn *c, const err *why)
 
     coll_on_client_close(p->dp->env.coll, c);
     train_on_client_close(p->dp->env.train, c);
-    /* refusals are warnings; a peer that simply went away is not. Connections
-     * that never authenticated are anyone's: their lines are rate-limited. */
-    unsigned left_out = 0;
-    int stranger = p->slot == SLOT_HANDSHAKE || p->slot == SLOT_EVICTED;
-    if (why->code != CODE_OK &&
-        (!stranger || log_limit_ok(&p->dp->log_refused, uv_now(p->dp->env.loop), 10000, 10, &left_out)))
-        log_at(why->code == CODE_UNAVAILABLE ? LOG_INFO : LOG_WARN,
+    /* refusals are warnings; a peer that simply went away is not. Anyone can
+     * cause them (a stranger's connection): the lines are rate-limited. */
+    if (why->code != CODE_OK)
+        log_limited(why->code == CODE_UNAVAILABLE ? LOG_INFO : LOG_WARN,
                why->code == CODE_UNAVAILABLE ? "data-plane connection lost" : "data-plane connection refused",
-               "peer=%s name=%s code=%s reason=%s suppressed=%u", dp_conn_peer_addr(c),
-               log_q(dp_conn_peer_name(c)), code_name(why->code), log_q(why->msg), left_out);
+               "peer=%s name=%s code=%s reason=%s", dp_conn_peer_addr(c), log_q(dp_conn_peer_name(c)),
+               code_name(why->code), log_q(why->msg));
     else if (why->code == CODE_OK)
         log_debug("data-plane connection closed", "peer=%s", dp_conn_peer_addr(c));
     forget(p);

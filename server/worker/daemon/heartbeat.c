@@ -99,6 +99,7 @@ static void tick(uv_timer_t *t)
     err e;
 
     uv_timer_start(&hb->timer, tick, to_next_beat(hb->interval_ms), 0);
+    log_flush_suppressed(0); /* a flood of refusals that stopped is summed up */
     if (hb->last_nonce) {
         if (++hb->unanswered >= UNREACHABLE_TICKS && !hb->unreachable) {
             hb->unreachable = 1;
@@ -240,7 +241,7 @@ static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *ctl)
         if (e.code == CODE_UNAUTHENTICATED || e.code == CODE_FAILED_PRECONDITION)
             strike(hb, e.code, e.msg);
         else
-            log_warn("unreadable reply from the resolver", "resolver=%s reason=%s",
+            log_warn_limited("unreadable reply from the resolver", "resolver=%s reason=%s",
                      log_q(hb->env.resolver_url), log_q(e.msg));
         return;
     }
@@ -252,7 +253,7 @@ static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *ctl)
         if (m->request_id == 0 && m->body_case == TPUEMU__MESSAGE__BODY_ERROR && m->error &&
             now - hb->last_warn_ms >= HB_WARN_EVERY_MS) {
             hb->last_warn_ms = now;
-            log_warn("ignored a refusal that answers none of our heartbeats", "resolver=%s reason=%s",
+            log_warn_limited("ignored a refusal that answers none of our heartbeats", "resolver=%s reason=%s",
                      log_q(hb->env.resolver_url), log_q(m->error->message ? m->error->message : ""));
         } else {
             log_debug("stale heartbeat reply ignored", NULL);

@@ -421,6 +421,7 @@ int main(int argc, char **argv)
     trace_free(w.trace);
     hbm_destroy(&w.hbm);
     replay_free(w.replay);
+    log_flush_suppressed(1);
     log_info("stopped", "exit=%d", w.exit_code);
     return w.exit_code;
 }

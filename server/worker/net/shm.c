@@ -641,7 +641,7 @@ static void pend_drop(struct pend *pd)
 static void pend_refuse(struct pend *pd, const char *why)
 {
     char no = 0;
-    log_warn("shared-memory link refused", "reason=%s", log_q(why));
+    log_warn_limited("shared-memory link refused", "reason=%s", log_q(why));
     if (send(pd->sock, &no, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
         /* the peer falls back to TCP either way */
     }
@@ -709,9 +709,9 @@ static void on_pend(uv_poll_t *h, int status, int events)
         fds[0] < 0 || fds[1] < 0 || fds[2] < 0)
         REFUSE("malformed shared-memory hello");
     if (p->auth->enabled) {
-        unsigned char want[AUTH_MAC_BYTES];
-        auth_challenge_mac(p->auth, pd->chal, want);
-        if (memcmp(want, hm.mac, sizeof want) != 0)
+        /* constant time: a byte-by-byte compare tells a local stranger how many
+         * leading bytes of its guess were right */
+        if (!auth_challenge_mac_ok(p->auth, pd->chal, hm.mac, sizeof hm.mac))
             REFUSE("wrong MAC on a shared-memory hello (a different cluster token)");
     }
     if (p->self < 0 || hm.epoch != p->epoch)
