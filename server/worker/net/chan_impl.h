@@ -105,6 +105,8 @@ struct chan {
 
     /* incoming half: the peer's dial to us, or the segment it writes */
     dp_conn *in;
+    int in_cut;             /* an incoming connection was lost or replaced since the last
+                               chunk that arrived as expected: chunks may be lost */
     struct lopq rq;         /* posted receives, in order */
 
     /* shared memory (shm.c); shm_tx/shm_rx NULL when TCP */

@@ -261,16 +261,25 @@ static enum dp_buf in_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, void
         return DP_BUF_DISCARD;
     if (h->seq == op->seq && h->step == op->step && h->chunk == op->chunk && h->offset == op->offset &&
         h->payload_bytes == op->len) {
+        l->in_cut = 0;
         *buf = op->buf;
         return DP_BUF_INTO;
     }
-    err_set(&e, CODE_INTERNAL,
-            "core %s sent chunk %u (step %llu, offset %llu, %llu bytes) of #%llu where chunk %u (step %u, "
-            "offset %llu, %zu bytes) of %s #%llu was expected: the cores disagree about the collective",
-            l->name, h->chunk, (unsigned long long)h->step, (unsigned long long)h->offset,
-            (unsigned long long)h->payload_bytes, (unsigned long long)h->seq, op->chunk, op->step,
-            (unsigned long long)op->offset, op->len, op->what, (unsigned long long)op->seq);
-    log_warn("collective protocol error", "reason=%s", log_q(e.msg));
+    if (l->in_cut) /* written into the connection that was cut, never read: lost, not a disagreement */
+        err_set(&e, CODE_UNAVAILABLE,
+                "the data connection from core %s was cut and what it had sent on it was lost: it now sends "
+                "chunk %u (step %llu) of #%llu where chunk %u (step %u) of %s #%llu was expected",
+                l->name, h->chunk, (unsigned long long)h->step, (unsigned long long)h->seq, op->chunk, op->step,
+                op->what, (unsigned long long)op->seq);
+    else
+        err_set(&e, CODE_INTERNAL,
+                "core %s sent chunk %u (step %llu, offset %llu, %llu bytes) of #%llu where chunk %u (step %u, "
+                "offset %llu, %zu bytes) of %s #%llu was expected: the cores disagree about the collective",
+                l->name, h->chunk, (unsigned long long)h->step, (unsigned long long)h->offset,
+                (unsigned long long)h->payload_bytes, (unsigned long long)h->seq, op->chunk, op->step,
+                (unsigned long long)op->offset, op->len, op->what, (unsigned long long)op->seq);
+    log_warn(l->in_cut ? "collective's chunks lost with a cut connection" : "collective protocol error",
+             "reason=%s", log_q(e.msg));
     chan_fail(l, op->seq, &e);
     return DP_BUF_FAILED;
 }
@@ -311,6 +320,7 @@ static void in_close(dp_conn *c, const err *why)
     (void)why;
     if (l->in == c) {
         l->in = NULL;
+        l->in_cut = 1;
         if (!l->closing && l->rq.head) {
             /* wait a little for an ABORT that names the root cause */
             unsigned linger = l->p->timeout_ms / 8 + 1;
@@ -340,6 +350,7 @@ void tcp_attach_in(struct chan *l, dp_conn *c)
     if (l->in) {
         dp_conn *old = l->in;
         l->in = NULL;
+        l->in_cut = 1;
         dp_conn_close(old, NULL);
     }
     l->in = c;
