@@ -25,7 +25,7 @@
 # 1 otherwise. Everything it starts is stopped on exit; every wait is bounded.
 #
 # Environment: EPOCHS (default 2), FAULT_EVERY_MS (default 1000), MAX_STALL_MS
-# (default 2000), HOLD (default 32), ROUND_TIMEOUT_S (default 600), KEEP=1 (keep
+# (default 2000), HOLD (default 64), ROUND_TIMEOUT_S (default 600), KEEP=1 (keep
 # the work directory with every log), DATA (default
 # /usr/share/datasets/fashion-mnist, Debian package dataset-fashion-mnist).
 set -uo pipefail
@@ -36,7 +36,7 @@ seed=${3:-1}
 epochs=${EPOCHS:-2}
 fault_every=${FAULT_EVERY_MS:-1000}
 max_stall=${MAX_STALL_MS:-2000}
-hold=${HOLD:-32}
+hold=${HOLD:-64}
 round_timeout=${ROUND_TIMEOUT_S:-600}
 data=${DATA:-/usr/share/datasets/fashion-mnist}
 bin=$(cd "$build/bin" 2>/dev/null && pwd) || { echo "no $build/bin: build first" >&2; exit 2; }
