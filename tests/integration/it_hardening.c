@@ -1105,3 +1105,44 @@ Test(hardening, replay_across_a_resolver_restart_is_refused, .timeout = 120)
     tpu_cluster_spec_free(spec);
     cluster_free(c);
 }
+
+/* Finding 2, a worker's control port: connections that never send an
+ * authenticated request (here 300 that sent nanomsg's SP header and then
+ * nothing) hold at most 64 places, the oldest closed as newer ones come, so
+ * the resolver's resets and the peers' probes always get in: an initialize
+ * (a reset to every core) and an all-reduce work while they are held. */
+Test(hardening, idle_strangers_do_not_stop_a_workers_control_port, .timeout = 180)
+{
+    enum { N = 300, WAITING = 64 };
+    cluster_opts o = {.hosts = 1, .cores_per_host = 2, .token = 1};
+    cluster *c = cluster_start(&o);
+    static int fds[N];
+    static const uint8_t sp_req[8] = {0, 'S', 'P', 0, 0, 48, 0, 0};
+    tpu_core_info ci;
+    char ctl[64];
+    run_result r;
+
+    tpu_cluster_spec *s = cluster_spec(c);
+    cr_assert(s && cluster_find_core(s, "h0", 0, &ci));
+    cr_assert(strncmp(ci.control_addr, "tcp://", 6) == 0, "control address %s", ci.control_addr);
+    snprintf(ctl, sizeof ctl, "%s", ci.control_addr + 6);
+    tpu_cluster_spec_free(s);
+    raise_own_nofile();
+    cr_assert_eq(hold_conns_saying(ctl, fds, N, sp_req, sizeof sp_req), N, "the control port took fewer");
+    int closed = 0;
+    for (int i = 0; i < N - WAITING; i++)
+        closed += tcp_wait_closed(fds[i], 5000 * cl_time_scale());
+    cr_assert_eq(closed, N - WAITING, "only %d of the oldest %d silent connections were closed", closed,
+                 N - WAITING);
+    /* the resolver resets h0/0 through its control port; cores dial each other */
+    cluster_tpuctl(c, &r, 60000, "init", "--expect", "2", NULL);
+    cr_assert_eq(r.code, 0, "tpuctl init with %d strangers on h0/0's control port: " SHOW(r), N);
+    run_result_free(&r);
+    cluster_tpuctl(c, &r, 60000, "bench", "allreduce", "--min", "4K", "--max", "4K", "--iters", "2", "--warmup",
+                   "1", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    run_result_free(&r);
+    release_conns(fds, N);
+    cr_assert(cluster_alive(&c->workers[0]), "see %s", c->workers[0].log);
+    cluster_free(c);
+}

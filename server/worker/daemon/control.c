@@ -5,9 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <nanomsg/nn.h>
-#include <nanomsg/reqrep.h>
-
 #include "log.h"
 #include "wire.h"
 
@@ -36,14 +33,17 @@ static const struct {
     {TPUEMU__MESSAGE__BODY_PROBE_CORE, on_probe, "probe_core"},
 };
 
-static void send_error(struct control *ctl, uint64_t request_id, int code, const char *msg)
+/* Answers the request of rq (consumed) with an error. */
+static void send_error(struct control *ctl, void *rq, uint64_t request_id, int code, const char *msg)
 {
     uint8_t *buf;
     size_t len;
     err e;
-    if (wire_seal_error(ctl->env.auth, ctl->env.id->sender, request_id, code, msg, &buf, &len) != CODE_OK)
+    if (wire_seal_error(ctl->env.auth, ctl->env.id->sender, request_id, code, msg, &buf, &len) != CODE_OK) {
+        sprep_ctl_free(rq);
         return;
-    if (nnuv_reply(&ctl->sock, NULL, buf, len, &e) != CODE_OK)
+    }
+    if (sprep_reply(ctl->sock, rq, buf, len, &e) != CODE_OK)
         log_warn("control reply not sent", "reason=%s", log_q(e.msg));
     free(buf);
 }
@@ -72,9 +72,9 @@ static int check_recipient(const struct control *ctl, const wire_msg *req, err *
     return CODE_OK;
 }
 
-static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *nnctl)
+static void on_msg(sprep *s, const uint8_t *buf, size_t len, void *rq)
 {
-    struct control *ctl = s->data;
+    struct control *ctl = sprep_data(s);
     wire_msg *req, rep = TPUEMU__MESSAGE__INIT;
     Tpuemu__CoreReport report = TPUEMU__CORE_REPORT__INIT;
     Tpuemu__WorkerInfo info = TPUEMU__WORKER_INFO__INIT;
@@ -83,10 +83,9 @@ static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *nnctl)
     err e;
     size_t i;
 
-    (void)nnctl;
     if (wire_open(ctl->env.auth, ctl->env.replay, buf, len, WIRE_MAX_REQUEST, &req, &e) != CODE_OK) {
         log_warn_limited("control request refused", "code=%s reason=%s", code_name(e.code), log_q(e.msg));
-        send_error(ctl, wire_peek_nonce(buf, len, WIRE_MAX_REQUEST), e.code, e.msg);
+        send_error(ctl, rq, wire_peek_nonce(buf, len, WIRE_MAX_REQUEST), e.code, e.msg);
         return;
     }
     for (i = 0; i < sizeof handlers / sizeof handlers[0]; i++)
@@ -97,19 +96,19 @@ static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *nnctl)
                 wire_body_name(req));
         log_warn_limited("control request refused", "sender=%s code=%s reason=%s", log_q(req->sender),
                  code_name(e.code), log_q(e.msg));
-        send_error(ctl, req->nonce, e.code, e.msg);
+        send_error(ctl, rq, req->nonce, e.code, e.msg);
         goto out;
     }
     if (check_recipient(ctl, req, &e) != CODE_OK) {
         log_warn_limited("control request refused", "sender=%s request=%s code=%s reason=%s", log_q(req->sender),
                  handlers[i].name, code_name(e.code), log_q(e.msg));
-        send_error(ctl, req->nonce, e.code, e.msg);
+        send_error(ctl, rq, req->nonce, e.code, e.msg);
         goto out;
     }
     if (handlers[i].fn(ctl, req, &report, &e) != CODE_OK) {
         log_warn("control request failed", "sender=%s request=%s code=%s reason=%s",
                  log_q(req->sender), handlers[i].name, code_name(e.code), log_q(e.msg));
-        send_error(ctl, req->nonce, e.code, e.msg);
+        send_error(ctl, rq, req->nonce, e.code, e.msg);
         goto out;
     }
     ctl->env.info(ctl->env.arg, &info);
@@ -118,34 +117,50 @@ static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *nnctl)
     rep.body_case = TPUEMU__MESSAGE__BODY_CORE_REPORT;
     rep.core_report = &report;
     if (wire_seal(ctl->env.auth, ctl->env.id->sender, &rep, &out, &outlen, NULL, &e) != CODE_OK) {
-        send_error(ctl, req->nonce, e.code, e.msg);
+        send_error(ctl, rq, req->nonce, e.code, e.msg);
         goto out;
     }
-    if (nnuv_reply(&ctl->sock, NULL, out, outlen, &e) != CODE_OK)
+    if (sprep_reply(s, rq, out, outlen, &e) != CODE_OK)
         log_warn("control reply not sent", "reason=%s", log_q(e.msg));
     free(out);
 out:
     wire_msg_free(req);
 }
 
+/* A request that proves its sender holds the cluster token (any well-formed
+ * message without one): its connection takes a trusted slot (sprep.h). */
+static int vouch(void *data, const uint8_t *buf, size_t len)
+{
+    struct control *ctl = data;
+    wire_msg *m = NULL;
+    err e;
+
+    if (wire_open(ctl->env.auth, NULL, buf, len, WIRE_MAX_REQUEST, &m, &e) != CODE_OK)
+        return 0;
+    wire_msg_free(m);
+    return 1;
+}
+
 int ctl_start(struct control *ctl, const struct ctl_env *env, err *e)
 {
-    int sock, rc;
+    int rc;
+    const struct sprep_cfg cfg = {
+        .name = "control",
+        .max_msg = WIRE_MAX_REQUEST,
+        .max_pending = 4 * WIRE_MAX_REPLY,
+        .max_trusted = CTL_MAX_TRUSTED,
+        .max_untrusted = CTL_MAX_UNTRUSTED,
+        .untrusted_ms = CTL_UNTRUSTED_MS,
+        .idle_ms = CTL_IDLE_MS,
+        .on_msg = on_msg,
+        .vouch = vouch,
+        .data = ctl,
+    };
 
     ctl->env = *env;
-    sock = nn_socket(AF_SP, NN_REP);
-    if (sock < 0)
-        return err_set(e, CODE_INTERNAL, "nanomsg REP socket: %s", nn_strerror(nn_errno()));
-    if ((rc = nnuv_sockopts(sock, WIRE_MAX_REQUEST, e)) != CODE_OK ||
-        (rc = nnuv_bind_tcp(sock, env->listen, 0, &ctl->port, e)) != CODE_OK) {
-        nn_close(sock);
+    if ((rc = sprep_start(env->loop, strcmp(env->listen, "*") ? env->listen : "0.0.0.0", 0, &cfg, &ctl->sock,
+                          &ctl->port, e)) != CODE_OK)
         return rc;
-    }
-    ctl->sock.data = ctl;
-    if ((rc = nnuv_start(env->loop, &ctl->sock, sock, 0, on_msg, e)) != CODE_OK) {
-        nn_close(sock);
-        return rc;
-    }
     ctl->started = 1;
     return CODE_OK;
 }
@@ -155,5 +170,6 @@ void ctl_stop(struct control *ctl)
     if (!ctl->started)
         return;
     ctl->started = 0;
-    nnuv_close(&ctl->sock, NULL);
+    sprep_close(ctl->sock);
+    ctl->sock = NULL;
 }

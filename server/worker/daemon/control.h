@@ -4,7 +4,10 @@
  * replay cache, and must name this core and process as its recipient
  * (PERMISSION_DENIED otherwise: the replay cache is per process, so a message
  * captured on its way to another core would pass it); anything else gets an
- * error reply and one warn line, never a crash, and changes nothing. */
+ * error reply and one warn line, never a crash, and changes nothing.
+ * The port is served by sprep (common/sprep.h) with a connection budget per
+ * kind of peer, so strangers holding connections cannot keep the resolver's
+ * resets and the peers' probes out. */
 #ifndef TPUEMU_WORKER_CONTROL_H
 #define TPUEMU_WORKER_CONTROL_H
 
@@ -12,7 +15,7 @@
 
 #include "auth.h"
 #include "ident.h"
-#include "nnuv.h"
+#include "sprep.h"
 #include "status.h"
 #include "tpuemu.pb-c.h"
 
@@ -31,14 +34,21 @@ struct ctl_env {
     void *arg;
 };
 
+/* Connections: those that sent an authenticated request (the resolver, peers
+ * probing) and those that have not yet (anyone's), each within its own bound. */
+#define CTL_MAX_TRUSTED 1024u
+#define CTL_MAX_UNTRUSTED 64u
+#define CTL_UNTRUSTED_MS 10000u /* to send an authenticated request, from connect */
+#define CTL_IDLE_MS 120000u     /* an authenticated connection silent this long is closed */
+
 struct control {
     struct ctl_env env;
-    nnuv sock;
+    sprep *sock;
     int started;
     int port;
 };
 
-/* Binds a REP socket on env->listen, port chosen by the kernel (ctl->port). */
+/* Listens on env->listen, port chosen by the kernel (ctl->port). */
 int ctl_start(struct control *ctl, const struct ctl_env *env, err *e);
 void ctl_stop(struct control *ctl);
 
