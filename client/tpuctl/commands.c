@@ -208,7 +208,7 @@ static int cmd_init(const struct tpuctl *g, int argc, char **argv)
     long long expect = 0, timeout = 0;
     int partial = 0;
     struct opt flags[] = {
-        {"expect", NULL, OPT_INT, "0", 0, 4096, "N", "cores to wait for; 0: every core the resolver knows",
+        {"expect", NULL, OPT_INT, "0", 0, 4096, "N", "cores to wait for; 0: the cores alive now (dead ones left out)",
          &expect},
         {"timeout-ms", NULL, OPT_INT, "10000", 0, 600000, "MS", "how long to wait for them", &timeout},
         {"allow-partial", NULL, OPT_BOOL, NULL, 0, 0, NULL,
@@ -353,8 +353,8 @@ static int cmd_forget(const struct tpuctl *g, int argc, char **argv)
 
     rc = opt_parse(none, 0, argc, argv, &first, &e);
     if (rc == CODE_CANCELLED) {
-        opt_usage(none, 0, usage, "Make the resolver forget a dead core now: it is no longer listed, and "
-                  "an initialize without --expect no longer waits for it. A worker stopped with SIGTERM "
+        opt_usage(none, 0, usage, "Make the resolver forget a dead core now: it is no longer listed, nor "
+                  "named as missing by an initialize. A worker stopped with SIGTERM "
                   "leaves by itself; a dead core is forgotten after the resolver's --forget-after-ms.");
         return EXIT_OK;
     }

@@ -160,12 +160,18 @@ static char *join_missing(const struct init_op *op, char *buf, size_t n)
     return buf;
 }
 
+/* Cores an initialize waits for: the count asked for, else every core alive
+ * now. A dead core (no heartbeat, not yet forgotten) is gone for a default
+ * initialize: it goes on without it and names it in the topology's missing
+ * list; whoever wants to wait for a restarting core asks for a count. */
 static size_t init_target(const resolver *r)
 {
     const struct init_op *op = &r->sys.init;
+    size_t alive;
     if (op->expect)
         return op->expect;
-    return r->reg.n ? r->reg.n : 1;
+    alive = reg_alive(&r->reg);
+    return alive ? alive : 1;
 }
 
 static void init_timer_cb(uv_timer_t *t);
@@ -420,8 +426,11 @@ void sys_on_change(resolver *r)
     if (op->phase != INIT_WAITING || r->stopping)
         return;
     target = init_target(r);
-    if (reg_alive(&r->reg) >= target && (op->expect || r->reg.n_dead == 0))
-        init_proceed(r, target);
+    if (reg_alive(&r->reg) < target)
+        return;
+    if (!op->expect && r->reg.n_dead)
+        build_missing(r, 0);
+    init_proceed(r, target);
 }
 
 static void init_deadline(resolver *r)

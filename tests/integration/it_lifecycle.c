@@ -257,9 +257,22 @@ Test(lifecycle, initialize_names_dead_cores, .timeout = 30)
     tpu_resolver *r;
     tpu_cluster *cc = connect_ok(c, &r);
     tpu_topology *t;
-    tpu_status st = init(cc, 0, 300, 0, &t);
-    cr_assert_eq(st, TPU_UNAVAILABLE, "expect 0 waits for every known core, dead ones too: %s",
-                 tpu_status_name(st));
+    /* issue 17: a default initialize never waits for a core that is gone; it
+     * goes on at once with the alive ones and names the dead one as missing */
+    int64_t t0 = cl_now_ms();
+    tpu_status st = init(cc, 0, 5000, 0, &t);
+    int64_t ms = cl_now_ms() - t0;
+    cr_assert_eq(st, TPU_OK, "expect 0 goes on without the dead core: %s: %s",
+                 tpu_status_name(st), tpu_last_error());
+    cr_assert_lt(ms, 2500, "and does not wait for it until the deadline (%lld ms)", (long long)ms);
+    cr_assert_eq(tpu_topology_num_replicas(t), 2);
+    cr_assert_eq(tpu_topology_num_missing(t), 1);
+    cr_assert(strstr(tpu_topology_missing(t, 0), "h0/1 (dead"), "missing: %s",
+              tpu_topology_missing(t, 0));
+    tpu_topology_free(t);
+    /* a count says "wait for them": expect 3 fails naming the dead core */
+    st = init(cc, 3, 300, 0, &t);
+    cr_assert_eq(st, TPU_UNAVAILABLE, "%s", tpu_status_name(st));
     cr_assert(strstr(tpu_last_error(), "h0/1 (dead"), "%s", tpu_last_error());
     cr_assert(strstr(tpu_last_error(), "2 of 3"), "%s", tpu_last_error());
     /* expect 2: the two alive ones are enough */

@@ -170,7 +170,7 @@ TPU_API tpu_status tpu_system_metadata_get(tpu_cluster *c, tpu_system_metadata *
 /* ---- the TPU system ---- */
 
 typedef struct tpu_init_options {
-    uint32_t expect;      /* cores to wait for; 0: every core the resolver knows of */
+    uint32_t expect;      /* cores to wait for; 0: the cores alive now (dead ones listed as missing) */
     uint32_t timeout_ms;  /* how long to wait for them; 0: 10000 */
     int allow_partial;    /* at the deadline, go on without the missing cores */
 } tpu_init_options;
