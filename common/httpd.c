@@ -18,6 +18,7 @@
 #include "addr.h"
 #include "httphead.h"
 #include "log.h"
+#include "uvtcp.h"
 
 void hbuf_printf(hbuf *b, const char *fmt, ...)
 {
@@ -86,10 +87,6 @@ struct httpd {
     struct hconn *conns;
     unsigned nconns;
     int closing, listener_open;
-    struct log_limit log_accept;
-    /* refusal log rate limit */
-    uint64_t log_window;
-    unsigned logged, suppressed;
 };
 
 /* ---- lifetime ---- */
@@ -153,21 +150,8 @@ void httpd_close(httpd *h)
 static void log_refusal(struct httpd *h, const char *peer, int status, const char *reason, const char *method,
                         const char *path)
 {
-    uint64_t window = uv_now(h->loop) / 1000;
-
-    if (window != h->log_window) {
-        h->log_window = window;
-        h->logged = 0;
-    }
-    if (h->logged >= HTTPD_LOG_PER_S) {
-        h->suppressed++;
-        return;
-    }
-    h->logged++;
-    log_warn("http request refused", "server=%s listen=%s peer=%s status=%d method=%s path=%s reason=%s "
-             "suppressed=%u", h->name, log_q(h->shown), log_q(peer), status, log_q(method), log_q(path),
-             log_q(reason), h->suppressed);
-    h->suppressed = 0;
+    log_warn_limited("http request refused", "server=%s listen=%s peer=%s status=%d method=%s path=%s reason=%s",
+                     h->name, log_q(h->shown), log_q(peer), status, log_q(method), log_q(path), log_q(reason));
 }
 
 /* ---- answering ---- */
@@ -347,27 +331,6 @@ static void on_deadline(uv_timer_t *t)
     }
 }
 
-/* "ip:port" of the client, or "" */
-static void peer_name(uv_tcp_t *t, char *out, size_t n)
-{
-    struct sockaddr_storage ss;
-    int sl = sizeof ss;
-    char ip[48] = "";
-    int port;
-
-    out[0] = '\0';
-    if (uv_tcp_getpeername(t, (struct sockaddr *)&ss, &sl) != 0)
-        return;
-    if (ss.ss_family == AF_INET6) {
-        uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
-        port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-    } else {
-        uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
-        port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    }
-    addr_format(ip, port, out, n);
-}
-
 /* Past the connection bound: a fixed 503 and a close, with no buffer, timer
  * or parsing (the answer fits any socket buffer, so the write does not wait). */
 struct overflow {
@@ -403,7 +366,7 @@ static void overflow(struct httpd *h, uv_stream_t *server)
         return;
     }
     char peer[64];
-    peer_name(&o->tcp, peer, sizeof peer);
+    uvtcp_peer_name(&o->tcp, peer, sizeof peer);
     log_refusal(h, peer, 503, "too many connections", "", "");
     if (uv_write(&o->wr, (uv_stream_t *)&o->tcp, &b, 1, on_overflow_written) != 0)
         uv_close((uv_handle_t *)&o->tcp, on_overflow_closed);
@@ -439,10 +402,7 @@ static void on_connection(uv_stream_t *server, int status)
     if (status < 0) {
         /* libuv accepted and closed the connection with its reserve
          * descriptor, so the listener does not spin on EMFILE */
-        unsigned left_out;
-        if (log_limit_ok(&h->log_accept, uv_now(h->loop), 10000, 1, &left_out))
-            log_warn("http accept failed", "server=%s reason=%s suppressed=%u", h->name,
-                     log_q(uv_strerror(status)), left_out);
+        uvtcp_accept_failed(h->name, h->shown, status);
         return;
     }
     if (h->closing)
@@ -471,7 +431,7 @@ static void on_connection(uv_stream_t *server, int status)
         conn_close(c);
         return;
     }
-    peer_name(&c->tcp, c->peer, sizeof c->peer);
+    uvtcp_peer_name(&c->tcp, c->peer, sizeof c->peer);
     uv_timer_start(&c->timer, on_deadline, HTTPD_READ_TIMEOUT_MS, 0);
     if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0)
         conn_close(c);

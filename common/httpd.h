@@ -8,8 +8,8 @@
  * as long again to take the answer, at most HTTPD_MAX_CONNS connections are
  * open (a new one closes the oldest that has not sent its request yet; with
  * none such, it gets a 503), and anything malformed is a 400. Unknown
- * paths are 404, other methods 405. Each refusal is one logfmt warn line (at
- * most HTTPD_LOG_PER_S a second; the rest are counted in the next line).
+ * paths are 404, other methods 405. Each refusal is one logfmt warn line,
+ * rate-limited as every line a stranger can cause (log_limited).
  * Loop thread only. */
 #ifndef TPUEMU_COMMON_HTTPD_H
 #define TPUEMU_COMMON_HTTPD_H
@@ -24,7 +24,6 @@
 #define HTTPD_READ_TIMEOUT_MS 5000 /* to send the whole request head; again to take the answer */
 #define HTTPD_LINGER_MS 1000       /* after the answer, reading what the client still sends */
 #define HTTPD_MAX_CONNS 64
-#define HTTPD_LOG_PER_S 10
 
 /* A growing text buffer for response bodies. On allocation failure oom is set
  * and further appends are dropped (the server then answers 500). */

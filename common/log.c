@@ -207,20 +207,3 @@ static void log_v(enum log_level lvl, const char *msg, const char *fmt, va_list 
     ssize_t w = write(STDERR_FILENO, line, (size_t)n);
     (void)w;
 }
-
-int log_limit_ok(struct log_limit *l, unsigned long long now_ms, unsigned long long window_ms, unsigned burst,
-                 unsigned *suppressed)
-{
-    if (now_ms - l->window_start >= window_ms || now_ms < l->window_start) {
-        l->window_start = now_ms;
-        l->logged = 0;
-    }
-    if (l->logged >= burst) {
-        l->suppressed++;
-        return 0;
-    }
-    l->logged++;
-    *suppressed = l->suppressed;
-    l->suppressed = 0;
-    return 1;
-}

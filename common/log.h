@@ -50,16 +50,4 @@ void log_limit_set(unsigned burst, unsigned window_ms);
  * control bytes; truncates at 200 bytes. Not thread-safe: loop thread only. */
 const char *log_q(const char *s);
 
-/* A rate limit for lines a stranger can cause (refused connections, running
- * out of descriptors): at most `burst` lines per `window_ms`; the rest are
- * counted, and the next line that passes reports how many were left out. */
-struct log_limit {
-    unsigned long long window_start;
-    unsigned logged, suppressed;
-};
-/* 1: log this one (*suppressed: lines left out since the last one, then
- * reset); 0: leave it out (counted). now_ms is any monotonic clock. */
-int log_limit_ok(struct log_limit *l, unsigned long long now_ms, unsigned long long window_ms, unsigned burst,
-                 unsigned *suppressed);
-
 #endif

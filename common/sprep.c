@@ -9,6 +9,7 @@
 
 #include "addr.h"
 #include "log.h"
+#include "uvtcp.h"
 
 #define SP_PROTO_REQ 48 /* nanomsg NN_REQ */
 #define SP_PROTO_REP 49 /* nanomsg NN_REP */
@@ -50,7 +51,6 @@ struct sprep {
     int closing, listener_open;
     uint64_t seq;
     struct sprep_stats st;
-    struct log_limit log_accept, log_evict;
     uint8_t rbuf[READ_CHUNK]; /* read buffer shared by every connection (one read at a time) */
 };
 
@@ -146,11 +146,8 @@ void *sprep_data(const sprep *s)
 
 static void log_evict(struct sprep *s, struct spconn *c, const char *why)
 {
-    unsigned left_out;
-    if (log_limit_ok(&s->log_evict, uv_now(s->loop), 10000, 5, &left_out))
-        log_warn("connection closed", "port=%s listen=%s peer=%s reason=%s trusted=%u untrusted=%u "
-                 "suppressed=%u", s->cfg.name, log_q(s->shown), log_q(c->peer), log_q(why), s->ntrusted,
-                 s->nuntrusted, left_out);
+    log_warn_limited("connection closed", "port=%s listen=%s peer=%s reason=%s trusted=%u untrusted=%u",
+                     s->cfg.name, log_q(s->shown), log_q(c->peer), log_q(why), s->ntrusted, s->nuntrusted);
 }
 
 /* The oldest untrusted connection (trusted 0) or the trusted one silent for
@@ -392,31 +389,6 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
 
 /* ---- accepting ---- */
 
-static void free_handle(uv_handle_t *h)
-{
-    free(h);
-}
-
-static void peer_name(uv_tcp_t *t, char *out, size_t n)
-{
-    struct sockaddr_storage ss;
-    int sl = sizeof ss;
-    char ip[48] = "";
-    int port;
-
-    out[0] = '\0';
-    if (uv_tcp_getpeername(t, (struct sockaddr *)&ss, &sl) != 0)
-        return;
-    if (ss.ss_family == AF_INET6) {
-        uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
-        port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-    } else {
-        uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
-        port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    }
-    addr_format(ip, port, out, n);
-}
-
 static void on_connection(uv_stream_t *server, int status)
 {
     static const uint8_t sphdr[8] = {0, 'S', 'P', 0, 0, SP_PROTO_REP, 0, 0};
@@ -426,13 +398,8 @@ static void on_connection(uv_stream_t *server, int status)
     if (status < 0) {
         /* out of descriptors: libuv accepted and closed the connection with
          * its reserve descriptor, so this does not spin */
-        unsigned left_out;
         s->st.refused_fds++;
-        if (log_limit_ok(&s->log_accept, uv_now(s->loop), 10000, 1, &left_out))
-            log_warn("connection refused", "port=%s listen=%s reason=%s hint=%s trusted=%u untrusted=%u "
-                     "suppressed=%u", s->cfg.name, log_q(s->shown), log_q(uv_strerror(status)),
-                     log_q("out of file descriptors: raise the open-file limit (LimitNOFILE=, ulimit -n)"),
-                     s->ntrusted, s->nuntrusted, left_out);
+        uvtcp_accept_failed(s->cfg.name, s->shown, status);
         return;
     }
     if (s->closing)
@@ -446,12 +413,7 @@ static void on_connection(uv_stream_t *server, int status)
         }
     }
     if (!(c = calloc(1, sizeof *c))) {
-        uv_tcp_t *t = malloc(sizeof *t); /* accept and drop, so the backlog drains */
-        if (t) {
-            uv_tcp_init(s->loop, t);
-            (void)uv_accept(server, (uv_stream_t *)t);
-            uv_close((uv_handle_t *)t, free_handle);
-        }
+        (void)uvtcp_drop(s->loop, server, NULL, 0);
         return;
     }
     c->s = s;
@@ -473,7 +435,7 @@ static void on_connection(uv_stream_t *server, int status)
         return;
     }
     s->st.accepted++;
-    peer_name(&c->tcp, c->peer, sizeof c->peer);
+    uvtcp_peer_name(&c->tcp, c->peer, sizeof c->peer);
     uv_tcp_nodelay(&c->tcp, 1);
     uv_timer_start(&c->timer, on_timer, s->cfg.untrusted_ms, 0);
     if (queue(c, sphdr, sizeof sphdr, NULL, 0, 0) != 0)

@@ -169,11 +169,7 @@ static void on_timer(uv_timer_t *t)
     err e;
     l->nn = dial(l, &e);
     if (!l->nn) {
-        static struct log_limit lim;
-        unsigned left_out;
-        if (log_limit_ok(&lim, uv_now(l->loop), 10000, 1, &left_out))
-            log_warn("cannot redial core", "control=%s reason=%s suppressed=%u", log_q(l->url), log_q(e.msg),
-                     left_out);
+        log_warn_limited("cannot redial core", "control=%s reason=%s", log_q(l->url), log_q(e.msg));
     }
     if (old)
         nnuv_close(old, on_nn_closed);

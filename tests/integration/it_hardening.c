@@ -38,7 +38,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -49,6 +48,7 @@
 #include <criterion/criterion.h>
 
 #include "cluster.h"
+#include "fdlimit.h"
 #include "proxy.h"
 #include "raw.h"
 
@@ -754,15 +754,6 @@ Test(hardening, reset_for_another_core_is_refused, .timeout = 120)
 #define HOLD_MAX 512
 
 /* The test holds hundreds of connections: its own soft open-file limit up to the hard one. */
-static void raise_own_nofile(void)
-{
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &rl);
-    }
-}
-
 /* Opens up to n TCP connections to hostport that send hello (hello_len
  * bytes, may be 0) and then nothing (fds[i] = -1 where one failed; it gives up
  * after 5 failures in a row, so it is bounded when the listener stops taking
@@ -827,7 +818,7 @@ Test(hardening, idle_strangers_do_not_stop_the_data_plane, .timeout = 240)
     tpu_cluster_spec *spec = cluster_spec(c);
     tpu_core_info ci;
 
-    raise_own_nofile();
+    fdlimit_raise("it_hardening", 4096, 1024); /* the strangers' 600 connections */
     cr_assert_not_null(spec);
     for (int h = 0; h < 2; h++) {
         char host[8];
@@ -879,7 +870,7 @@ Test(hardening, idle_strangers_do_not_stop_the_metrics_port, .timeout = 120)
     run_result r;
     char *body;
 
-    raise_own_nofile();
+    fdlimit_raise("it_hardening", 4096, 1024); /* the strangers' 600 connections */
     cr_assert(cluster_wait_count(c, CL_ALIVE, 1, 15000), "the worker did not register");
     cr_assert_eq(wait_http(mp, "/healthz", 200, 10000), 200);
     /* more idle connections than the port's 64 slots */
@@ -910,7 +901,7 @@ Test(hardening, idle_strangers_do_not_stop_the_resolver, .timeout = 240)
     run_result r;
 
     static const uint8_t sp_req[8] = {0, 'S', 'P', 0, 0, 48, 0, 0};
-    raise_own_nofile();
+    fdlimit_raise("it_hardening", 4096, 1024); /* the strangers' 600 connections */
     cr_assert_geq(hold_conns_saying(c->addr, fds, 400, sp_req, sizeof sp_req), 64,
                   "could not open the strangers' connections");
     /* a worker that starts now registers */
@@ -1127,7 +1118,7 @@ Test(hardening, idle_strangers_do_not_stop_a_workers_control_port, .timeout = 18
     cr_assert(strncmp(ci.control_addr, "tcp://", 6) == 0, "control address %s", ci.control_addr);
     snprintf(ctl, sizeof ctl, "%s", ci.control_addr + 6);
     tpu_cluster_spec_free(s);
-    raise_own_nofile();
+    fdlimit_raise("it_hardening", 4096, 1024); /* the strangers' 600 connections */
     cr_assert_eq(hold_conns_saying(ctl, fds, N, sp_req, sizeof sp_req), N, "the control port took fewer");
     int closed = 0;
     for (int i = 0; i < N - WAITING; i++)

@@ -12,6 +12,7 @@
 #include "dpconn.h"
 #include "frame.h"
 #include "log.h"
+#include "uvtcp.h"
 
 /* Where a connection stands in the counts. */
 enum dp_slot {
@@ -208,23 +209,12 @@ static void on_conn_close(dp_conn *c, const err *why)
     forget(p);
 }
 
-static void free_handle(uv_handle_t *h)
-{
-    free(h);
-}
-
 /* Stopping or out of memory: accept and close at once, so the backlog drains. */
 static void refuse_one(struct dataplane *dp, uv_stream_t *server, const char *why)
 {
-    uv_tcp_t *t = malloc(sizeof *t);
-    unsigned left_out;
-    if (!t)
-        return;
-    uv_tcp_init(dp->env.loop, t);
-    if (uv_accept(server, (uv_stream_t *)t) == 0 &&
-        log_limit_ok(&dp->log_refused, uv_now(dp->env.loop), 10000, 10, &left_out))
-        log_warn("data-plane connection refused", "reason=%s suppressed=%u", log_q(why), left_out);
-    uv_close((uv_handle_t *)t, free_handle);
+    char peer[64];
+    if (uvtcp_drop(dp->env.loop, server, peer, sizeof peer))
+        log_warn_limited("data-plane connection refused", "peer=%s reason=%s", peer, log_q(why));
 }
 
 /* DP_MAX_UNAUTH connections are in their handshake and another arrives: the
@@ -261,14 +251,7 @@ static void on_connection(uv_stream_t *server, int status)
     if (status < 0) {
         /* libuv accepted and closed the connection already (its reserve
          * descriptor), so the listener does not spin on EMFILE */
-        unsigned left_out;
-        if (log_limit_ok(&dp->log_accept, uv_now(dp->env.loop), 10000, 1, &left_out))
-            log_warn("data-plane accept failed", "reason=%s hint=%s suppressed=%u", log_q(uv_strerror(status)),
-                     log_q(status == UV_EMFILE || status == UV_ENFILE
-                               ? "out of file descriptors: connections are refused until some close; raise "
-                                 "the open-file limit"
-                               : ""),
-                     left_out);
+        uvtcp_accept_failed("data", dp->env.listen, status);
         return;
     }
     if (*dp->env.stopping) {

@@ -58,7 +58,6 @@ struct dataplane {
     unsigned nunauth;        /* connections still in their handshake (not evicted) */
     unsigned long long next_seq;
     unsigned long long evicted; /* handshakes evicted by newer connections */
-    struct log_limit log_refused, log_accept;
     struct dp_peer *conns;   /* every open connection, for shutdown */
 };
 
