@@ -1,14 +1,11 @@
-/* corelink: calls from the resolver to one worker's control socket, with a
- * deadline each. Must not block: every send is NN_DONTWAIT. */
+/* corelink: calls from the resolver to one worker's control port, with a
+ * deadline each, over an spreq (one TCP connection, never blocking). */
 #include "corelink.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <nanomsg/nn.h>
-#include <nanomsg/reqrep.h>
 
 #include "fdlimit.h"
 #include "log.h"
@@ -66,6 +63,7 @@ static void pop_head(corelink *l, struct cl_call *out)
     l->qn--;
     l->inflight = 0;
     l->nonce = 0;
+    l->lost[0] = '\0';
 }
 
 /* Puts q[0] on the wire. On failure the call is popped and e says why. */
@@ -109,34 +107,26 @@ static int send_head(corelink *l, err *e)
         pop_head(l, &done);
         return rc;
     }
-    if (!l->nn) {
-        free(buf);
-        pop_head(l, &done);
-        return err_set(e, CODE_UNAVAILABLE, "no socket to %s (redialing failed)", l->url);
-    }
-    if (nn_send(l->nn->sock, buf, len, NN_DONTWAIT) < 0) {
-        rc = err_set(e, CODE_UNAVAILABLE, "sending to %s: %s", l->url, nn_strerror(nn_errno()));
-        free(buf);
+    rc = spreq_send(l->rq, buf, len, e);
+    free(buf);
+    if (rc != CODE_OK) {
         pop_head(l, &done);
         return rc;
     }
-    free(buf);
     l->inflight = 1;
     return CODE_OK;
 }
 
-/* Sockets of every link, against the share of the open-file limit the
+/* Links with a connection, against the share of the open-file limit the
  * resolver keeps for them (corelink_set_max_sockets). */
-static unsigned g_sockets, g_max_sockets = 1u << 30;
+static unsigned g_links, g_max_links = 1u << 30;
 
 void corelink_set_max_sockets(unsigned n)
 {
-    g_max_sockets = n;
+    g_max_links = n;
 }
 
 static void on_timer(uv_timer_t *t);
-static nnuv *dial(corelink *l, err *e);
-static void on_nn_closed(nnuv *s);
 
 /* Sends queued calls until one is on the wire; failures complete their call. */
 static void pump(corelink *l)
@@ -152,41 +142,43 @@ static void pump(corelink *l)
     }
 }
 
+/* The call's deadline, or the moment to send it again after its connection
+ * was lost. */
 static void on_timer(uv_timer_t *t)
 {
     corelink *l = t->data;
+    uint64_t now = wire_now_ms();
     struct cl_call c;
+    char msg[sizeof l->lost + 64];
 
-    if (!l->inflight || l->closing)
+    if (l->qn == 0 || l->closing)
         return;
-    if (l->q[0].deadline_ms > wire_now_ms()) { /* fired early by rounding */
-        uv_timer_start(&l->timer, on_timer, l->q[0].deadline_ms - wire_now_ms(), 0);
+    if (l->q[0].deadline_ms > now) {
+        if (!l->inflight)
+            pump(l); /* the connection was lost: again, on a new one */
+        else         /* fired early by rounding */
+            uv_timer_start(&l->timer, on_timer, l->q[0].deadline_ms - now, 0);
         return;
     }
+    if (l->lost[0])
+        snprintf(msg, sizeof msg, "no answer before the deadline (%s)", l->lost);
+    else
+        snprintf(msg, sizeof msg, "no answer before the deadline");
     pop_head(l, &c);
-    /* never reuse a REQ socket whose request may still be answered (see corelink.h) */
-    nnuv *old = l->nn;
-    err e;
-    l->nn = dial(l, &e);
-    if (!l->nn) {
-        log_warn_limited("cannot redial core", "control=%s reason=%s", log_q(l->url), log_q(e.msg));
-    }
-    if (old)
-        nnuv_close(old, on_nn_closed);
-    c.cb(l->ctx, c.tag, c.idx, CODE_DEADLINE_EXCEEDED, "no answer before the deadline", NULL);
+    spreq_cancel(l->rq); /* a late reply to it is dropped */
+    c.cb(l->ctx, c.tag, c.idx, CODE_DEADLINE_EXCEEDED, msg, NULL);
     pump(l);
 }
 
-static void on_reply(nnuv *s, const uint8_t *buf, size_t len, void *ctl)
+static void on_reply(spreq *q, const uint8_t *buf, size_t len)
 {
-    corelink *l = s->data;
+    corelink *l = spreq_data(q);
     wire_msg *m = NULL;
     struct cl_call c;
     err e;
 
-    nnuv_ctl_free(ctl);
     if (wire_open(l->auth, NULL, buf, len, WIRE_MAX_REPLY, &m, &e) != CODE_OK) {
-        log_warn("bad reply from core", "control=%s reason=%s", log_q(l->url), log_q(e.msg));
+        log_warn_limited("bad reply from core", "control=%s reason=%s", log_q(l->url), log_q(e.msg));
         return; /* the call's deadline will complete it */
     }
     if (!l->inflight || m->request_id != l->nonce) {
@@ -210,56 +202,21 @@ static void on_reply(nnuv *s, const uint8_t *buf, size_t len, void *ctl)
     pump(l);
 }
 
-/* A fresh REQ socket to l->url, polled by the loop. */
-static nnuv *dial(corelink *l, err *e)
+/* The call on the wire will get no answer (the core's connection broke or
+ * could not be made): it is sent again on a new one after a pause, until its
+ * deadline; the reason goes into the deadline's error. */
+static void on_lost(spreq *q, const err *e)
 {
-    nnuv *n = calloc(1, sizeof *n);
-    int sock = -1, ivl = 3600 * 1000;
+    corelink *l = spreq_data(q);
+    uint64_t now = wire_now_ms(), wait;
 
-    if (!n) {
-        err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
-        return NULL;
-    }
-    if (g_sockets >= g_max_sockets) {
-        err_set(e, CODE_RESOURCE_EXHAUSTED,
-                "the resolver's open-file limit (%ld) leaves room for links to %u cores, and they are all in "
-                "use (the rest is kept for connections from workers and clients): raise its open-file limit "
-                "(LimitNOFILE=, ulimit -n, docker --ulimit nofile=) or run fewer cores",
-                fdlimit_current(), g_max_sockets);
-        free(n);
-        return NULL;
-    }
-    if ((sock = nn_socket(AF_SP, NN_REQ)) < 0) {
-        int en = nn_errno();
-        if (en == EMFILE || en == ENFILE)
-            err_set(e, CODE_RESOURCE_EXHAUSTED,
-                    "the resolver is out of file descriptors (all %ld in use; each core's link takes 3): raise "
-                    "its open-file limit (LimitNOFILE=, ulimit -n, docker --ulimit nofile=) or run fewer cores",
-                    fdlimit_current());
-        else
-            err_set(e, CODE_INTERNAL, "nanomsg socket: %s", nn_strerror(en));
-        goto fail;
-    }
-    if (nnuv_sockopts(sock, WIRE_MAX_REPLY, e) != CODE_OK)
-        goto fail;
-    /* we keep our own deadlines; never let nanomsg resend a reset on its own */
-    if (nn_setsockopt(sock, NN_REQ, NN_REQ_RESEND_IVL, &ivl, sizeof ivl) < 0) {
-        err_set(e, CODE_INTERNAL, "nanomsg NN_REQ_RESEND_IVL: %s", nn_strerror(nn_errno()));
-        goto fail;
-    }
-    if (nnuv_connect(sock, l->url, e) != CODE_OK)
-        goto fail;
-    if (nnuv_start(l->loop, n, sock, 0, on_reply, e) != CODE_OK)
-        goto fail;
-    n->data = l;
-    l->open_handles++;
-    g_sockets++;
-    return n;
-fail:
-    if (sock >= 0)
-        nn_close(sock);
-    free(n);
-    return NULL;
+    if (!l->inflight || l->closing || l->qn == 0)
+        return;
+    l->inflight = 0;
+    l->nonce = 0;
+    snprintf(l->lost, sizeof l->lost, "%.*s", (int)sizeof l->lost - 1, e->msg);
+    wait = l->q[0].deadline_ms > now ? l->q[0].deadline_ms - now : 0;
+    uv_timer_start(&l->timer, on_timer, wait < CORELINK_RETRY_MS ? wait : CORELINK_RETRY_MS, 0);
 }
 
 corelink *corelink_new(uv_loop_t *loop, const auth *a, void *ctx, const char *url, const char *host, int core,
@@ -278,10 +235,21 @@ corelink *corelink_new(uv_loop_t *loop, const auth *a, void *ctx, const char *ur
     snprintf(l->host, sizeof l->host, "%s", host);
     l->core = core;
     l->incarnation = incarnation;
-    if (!(l->nn = dial(l, e))) {
+    if (g_links >= g_max_links) {
+        err_set(e, CODE_RESOURCE_EXHAUSTED,
+                "the resolver's open-file limit (%ld) leaves room for links to %u cores, and they are all in "
+                "use (the rest is kept for connections from workers and clients): raise its open-file limit "
+                "(LimitNOFILE=, ulimit -n, docker --ulimit nofile=) or run fewer cores",
+                fdlimit_current(), g_max_links);
         free(l);
         return NULL;
     }
+    struct spreq_cfg qc = {.max_msg = WIRE_MAX_REPLY, .on_reply = on_reply, .on_lost = on_lost, .data = l};
+    if (!(l->rq = spreq_new(loop, url, &qc, e))) {
+        free(l);
+        return NULL;
+    }
+    g_links++;
     uv_timer_init(loop, &l->timer);
     l->timer.data = l;
     l->open_handles++;
@@ -337,14 +305,6 @@ static void one_closed(corelink *l)
     free(l);
 }
 
-static void on_nn_closed(nnuv *s)
-{
-    corelink *l = s->data;
-    g_sockets--;
-    free(s);
-    one_closed(l);
-}
-
 static void on_timer_closed(uv_handle_t *h)
 {
     one_closed(h->data);
@@ -356,7 +316,8 @@ void corelink_close(corelink *l)
         return;
     l->closing = 1;
     uv_timer_stop(&l->timer);
-    if (l->nn)
-        nnuv_close(l->nn, on_nn_closed);
+    spreq_close(l->rq);
+    l->rq = NULL;
+    g_links--;
     uv_close((uv_handle_t *)&l->timer, on_timer_closed);
 }

@@ -1,5 +1,5 @@
-/* corelink: the resolver's control connection to one worker (a cooked NN_REQ
- * socket to its control_addr, joined to the loop through nnuv).
+/* corelink: the resolver's control connection to one worker (an spreq: one
+ * TCP connection to its control_addr speaking nanomsg's REQ protocol).
  *
  * One call is on the wire at a time; a few more may queue behind it (each
  * keeps its own deadline, checked when its turn comes). A reply is matched to
@@ -7,11 +7,9 @@
  * call completes exactly once through its callback: with the worker's
  * CoreReport, an error reply, a deadline, or CANCELLED when the link closes.
  * Cancellations are delivered from the close callback, never from inside
- * corelink_close(), so callers may close a link from anywhere.
- *
- * After a call times out the socket is replaced by a fresh one: nanomsg 1.1.5
- * frees a message twice when a REQ socket that has moved on to a new request
- * receives a late reply to the old one (a worker woken from SIGSTOP does that). */
+ * corelink_close(), so callers may close a link from anywhere. A call whose
+ * connection breaks (or cannot be made) is sent again, sealed anew, every
+ * CORELINK_RETRY_MS until its deadline, whose error then says what failed. */
 #ifndef TPUEMU_RESOLVER_CORELINK_H
 #define TPUEMU_RESOLVER_CORELINK_H
 
@@ -20,10 +18,11 @@
 #include <uv.h>
 
 #include "auth.h"
-#include "nnuv.h"
+#include "spreq.h"
 #include "tpuemu.pb-c.h"
 
 #define CORELINK_QUEUE 4
+#define CORELINK_RETRY_MS 200
 
 /* code CODE_OK: w is the worker's report (valid during the call only).
  * Otherwise msg says what went wrong and w is NULL. */
@@ -61,7 +60,7 @@ struct cl_call {
 };
 
 typedef struct corelink {
-    nnuv *nn;                /* the current socket; NULL if redialing failed */
+    spreq *rq;               /* the connection */
     uv_loop_t *loop;
     int closing;
     uv_timer_t timer;
@@ -76,7 +75,8 @@ typedef struct corelink {
     int qn;                  /* q[0] is on the wire when inflight */
     int inflight;
     uint64_t nonce;          /* of the call on the wire */
-    int open_handles;        /* the timer and every socket not yet closed; freed at 0 */
+    char lost[200];          /* why the call's last send got no answer, or "" */
+    int open_handles;        /* the timer; freed at 0 */
 } corelink;
 
 /* Connects (asynchronously) to url, the control socket of core host/core of
@@ -92,9 +92,9 @@ int corelink_probe(corelink *l, uint32_t timeout_ms, corelink_cb cb, uint64_t ta
 int corelink_reset(corelink *l, uint64_t epoch, int32_t replica_id, uint32_t num_replicas,
                    struct cl_peers *peers, uint32_t timeout_ms, corelink_cb cb, uint64_t tag, int idx, err *e);
 
-/* At most n link sockets at once (each takes about 3 descriptors); a link
- * that would need one more fails its calls with RESOURCE_EXHAUSTED naming the
- * open-file limit. Default: no bound. */
+/* At most n links at once (each takes a descriptor); a link that would need
+ * one more fails with RESOURCE_EXHAUSTED naming the open-file limit. Default:
+ * no bound. */
 void corelink_set_max_sockets(unsigned n);
 
 /* Closes the link; queued calls complete with CANCELLED later, then l is freed. */

@@ -87,10 +87,9 @@ static int vouch(void *data, const uint8_t *buf, size_t len)
 }
 
 /* The control port's connection budget from the open-file limit: each core's
- * link costs about 3 descriptors (a nanomsg socket's two eventfds and its TCP
- * connection), the metrics port up to 2 x its slots, and some are the
- * process's own; connections get the rest, at least half of what is left,
- * and the links what connections leave. */
+ * link costs a descriptor (its TCP connection), the metrics port up to 2 x
+ * its slots, and some are the process's own; connections get the rest, at
+ * least half of what is left, and the links what connections leave. */
 static void conn_budget(long nofile, uint32_t max_cores, int metrics, unsigned *trusted, unsigned *untrusted,
                         unsigned *links)
 {
@@ -99,14 +98,14 @@ static void conn_budget(long nofile, uint32_t max_cores, int metrics, unsigned *
     if (avail < 32)
         avail = 32;
     u = avail / 8 < 8 ? 8 : avail / 8 > 256 ? 256 : avail / 8;
-    t = avail - u - 3 * (long)max_cores;
+    t = avail - u - (long)max_cores;
     if (t < avail / 2)
         t = avail / 2;
     if (t > 65536)
         t = 65536;
     *trusted = (unsigned)t;
     *untrusted = (unsigned)u;
-    *links = avail - u - t >= 3 ? (unsigned)((avail - u - t) / 3) : 1;
+    *links = avail - u - t >= 1 ? (unsigned)(avail - u - t) : 1;
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -178,8 +177,8 @@ int main(int argc, char **argv)
     r.forget_after_ms = (uint64_t)st.forget_after_ms;
     reg_init(&r.reg, (size_t)st.max_cores);
     signal(SIGPIPE, SIG_IGN);
-    /* every core: its link (3) and its worker's connection; clients; the metrics port */
-    nofile = fdlimit_raise("resolver", 65536, 4 * (long)st.max_cores + 256 + 64 + 2 * HTTPD_MAX_CONNS);
+    /* every core: its link and its worker's connection; clients; the metrics port */
+    nofile = fdlimit_raise("resolver", 65536, 2 * (long)st.max_cores + 256 + 64 + 2 * HTTPD_MAX_CONNS);
     conn_budget(nofile, r.max_cores, st.metrics_port != 0, &max_trusted, &max_untrusted, &max_links);
     corelink_set_max_sockets(max_links);
 

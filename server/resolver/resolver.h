@@ -11,7 +11,6 @@
 #include "auth.h"
 #include "drc.h"
 #include "metrics.h"
-#include "nnuv.h"
 #include "sprep.h"
 #include "registry.h"
 #include "system.h"
@@ -72,7 +71,7 @@ void rsv_reply(resolver *r, rreq *req, wire_msg *m);
 void rsv_reply_error(resolver *r, rreq *req, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* The nnuv callback of the REP socket. */
+/* The sprep callback of the control port. */
 void rsv_on_request(sprep *s, const uint8_t *buf, size_t len, void *ctl);
 
 /* The entry's control link, made on first use; NULL with e set on failure. */

@@ -929,8 +929,8 @@ Test(hardening, idle_strangers_do_not_stop_the_resolver, .timeout = 240)
 Test(hardening, resolver_out_of_descriptors_refuses_and_serves, .timeout = 300)
 {
     enum { N = 60 };
-    /* 60 workers connect (one descriptor each), but their 60 links (three
-     * each) do not fit in 200 */
+    /* 60 workers connect (one descriptor each), but their 60 links (one
+     * each) do not fit in what 200 leave for links (51) */
     cluster_opts o = {.hosts = N / 4, .cores_per_host = 4, .heartbeat_ms = 500, .resolver_nofile = 200};
     cluster *c = cluster_start(&o);
     run_result r;
