@@ -2,7 +2,7 @@
  * incarnation), a core dead for --forget-after-ms expires, an operator forgets
  * a dead one (ForgetCore), and a full registry makes room from its
  * longest-dead core (handlers.c). A core that is gone is then no longer
- * "known": a default initialize stops waiting for it. Live cores are never
+ * listed, nor named as missing by an initialize. Live cores are never
  * forgotten here: their next heartbeat would register them again. */
 #include <stdio.h>
 #include <string.h>

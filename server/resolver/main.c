@@ -39,8 +39,8 @@ static int parse_settings(int argc, char **argv, struct settings *st)
          "most cores the resolver tracks; when full, the core dead for longest makes room for a new one",
          &st->max_cores},
         {"forget-after-ms", "TPUEMU_FORGET_AFTER_MS", OPT_INT, "300000", 0, 604800000, "MS",
-         "forget a dead core once its last heartbeat is this old (a default initialize then stops "
-         "waiting for it); 0: never", &st->forget_after_ms},
+         "forget a dead core once its last heartbeat is this old (it is no longer listed, nor "
+         "named as missing by an initialize); 0: never", &st->forget_after_ms},
         {"metrics-port", "TPUEMU_METRICS_PORT", OPT_INT, "0", 0, 65535, "PORT",
          "serve Prometheus metrics (/metrics), /healthz and /readyz over HTTP on this port of the --listen "
          "host; 0: off", &st->metrics_port},
@@ -97,7 +97,15 @@ static void conn_budget(long nofile, uint32_t max_cores, int metrics, unsigned *
 
     if (avail < 32)
         avail = 32;
-    u = avail / 8 < 8 ? 8 : avail / 8 > 256 ? 256 : avail / 8;
+    /* not yet authenticated: room for every core to connect at once (all
+     * workers restarting: each connection is untrusted until its first
+     * message, which a starved process may send seconds later), at most a
+     * quarter of the descriptors */
+    u = (long)max_cores + 64 < 256 ? 256 : (long)max_cores + 64;
+    if (u > avail / 4)
+        u = avail / 4;
+    if (u < 8)
+        u = 8;
     t = avail - u - (long)max_cores;
     if (t < avail / 2)
         t = avail / 2;
@@ -131,7 +139,21 @@ static void on_signal(uv_signal_t *h, int signum)
 
 static void on_dead_timer(uv_timer_t *t)
 {
-    sys_dead_check(t->data);
+    resolver *r = t->data;
+    uint64_t now = uv_now(t->loop), last = r->dead_timer_ms;
+
+    r->dead_timer_ms = now;
+    /* Running a whole heartbeat late means this process did not run (a
+     * stopped or starved resolver): the heartbeats of that time are waiting
+     * in its sockets, and libuv runs timers before it reads them. The check
+     * waits for the next round, after they are read, instead of declaring
+     * every core dead. */
+    if (last && now - last > r->heartbeat_ms / 2 + r->heartbeat_ms) {
+        log_info("dead-core check deferred: the resolver itself did not run", "late_ms=%llu",
+                 (unsigned long long)(now - last - r->heartbeat_ms / 2));
+    } else {
+        sys_dead_check(r);
+    }
     rsv_expire(t->data);
     log_flush_suppressed(0); /* a flood of refusals that stopped is summed up */
 }

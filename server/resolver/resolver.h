@@ -50,6 +50,7 @@ typedef struct resolver {
     drc *drc;            /* answers byte-identical resends with the original reply */
     sprep *rep;          /* the control port (workers and clients) */
     uv_timer_t dead_timer;
+    uint64_t dead_timer_ms;    /* when it last ran (uv_now) */
     uv_signal_t sigint, sigterm;
     uint32_t heartbeat_ms, dead_after, max_cores;
     uint64_t forget_after_ms; /* a dead core silent this long is forgotten; 0: never */
@@ -83,7 +84,7 @@ void rsv_stop_claims(resolver *r);
 
 /* Forgetting cores (forget.c). rsv_forget() logs, counts and removes en (its
  * link closed, the entry freed); the caller then calls sys_on_change(), so
- * that an initialize waiting for every known core stops waiting for it. */
+ * that an initialize waiting for a count of cores looks again. */
 void rsv_forget(resolver *r, rentry *en, enum forget_reason why);
 const char *rsv_forget_reason_name(enum forget_reason why);
 /* 1 if incarnation inc sent a Leave within the replay window. */

@@ -650,6 +650,11 @@ Test(hardening, resolver_outage_leaves_workers_live, .timeout = 120)
     kill(c->resolver.pid, SIGCONT);
     cr_assert_eq(wait_http(mp, "/readyz", 200, 15000), 200, "not ready again after the outage");
     cr_assert(cluster_alive(wp), "the worker exited (%s); see %s", exit_str(wp), wp->log);
+    /* the resolver knows it was the one not running: it reads the heartbeats
+     * that waited in its sockets before it judges, and no core died */
+    cr_assert(cl_log_contains(&c->resolver, "dead-core check deferred"), "see %s", c->resolver.log);
+    cr_assert_not(cl_log_contains(&c->resolver, "msg=\"core dead\""),
+                  "the resolver declared a core dead for its own outage; see %s", c->resolver.log);
     cluster_free(c);
 }
 

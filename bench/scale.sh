@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Pod-scale benchmark: a resolver and N workers on this machine (loopback, 8
+# cores per host id, --trace-events 1024), for each N in a list.
+#
+#   bench/scale.sh [BUILD_DIR] [N_LIST]          # default: build "64 256 1024"
+#
+# For each N it starts the cluster and measures, in this order:
+#   registered   seconds from the last worker's start until all N are alive
+#                (tpuctl --json cluster, polled every 0.2 s; at most 120 s)
+#   RSS/worker   the workers' mean VmRSS once registered (MB = 10^6 bytes)
+#   init         `tpuctl init --expect N`, median of INITS runs (default 3)
+#   cluster      `tpuctl cluster`, median of 5 runs
+#   resolver CPU the resolver's CPU time over IDLE_S seconds (default 10) of
+#                the idle, initialized cluster, as % of one core
+#   all-reduce   4 KiB f32 sum over all N replicas (bench_scale: median of 5,
+#                every element of every replica checked)
+#   train        STEPS (default 20) steps of the Fashion-MNIST model with a
+#                per-core batch of 8: ms per step, and whether every replica's
+#                weights are bitwise identical to replica 0's afterwards
+#   stop         seconds from SIGTERM to every process gone
+# and prints one markdown table. Everything started here is stopped on exit.
+# Needs about 8 MB of memory per worker and an open-file hard limit of at
+# least 2 x N + 512 for the resolver (it raises its soft limit itself).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+n_list=${2:-"64 256 1024"}
+inits=${INITS:-3}
+idle_s=${IDLE_S:-10}
+steps=${STEPS:-20}
+bin=$build/bin
+for b in tpuctl tpu-worker tpu-resolver bench_scale; do
+    [ -x "$bin/$b" ] || { echo "no $bin/$b: build first (cmake --build $build)" >&2; exit 2; }
+done
+bin=$(cd "$bin" && pwd)
+hz=$(getconf CLK_TCK)
+
+logdir=$(mktemp -d /tmp/tpuemu-scale.XXXXXX)
+pids=()
+stop_all() {
+    local p
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    pids=()
+}
+cleanup() {
+    stop_all
+    if [ "${KEEP_LOGS:-0}" = 1 ]; then echo "logs: $logdir" >&2; else rm -rf "$logdir"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+    local p=$((20000 + RANDOM % 12000))
+    while (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; do p=$((p + 1)); done
+    echo "$p"
+}
+ms_now() { echo $(( $(date +%s%N) / 1000000 )); }
+# median of the numbers on stdin
+median() { sort -n | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]; else print "-"}'; }
+alive_count() {
+    "$bin/tpuctl" --tpu "$tpu" --json --timeout-ms 5000 cluster 2>/dev/null |
+        grep -o '"state": *"\(IDLE\|READY\)"' | wc -l || true
+}
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+
+rows=()
+for n in $n_list; do
+    echo "scale: $n workers" >&2
+    tpu=127.0.0.1:$(free_port)
+    max=$(( n > 1024 ? n : 1024 ))
+    "$bin/tpu-resolver" --listen "$tpu" --max-cores "$max" 2>"$logdir/resolver.$n.log" &
+    rpid=$!
+    pids+=("$rpid")
+    for ((t = 0; t < 50; t++)); do
+        (exec 3<>"/dev/tcp/${tpu%:*}/${tpu#*:}") 2>/dev/null && break
+        sleep 0.1
+    done
+    wpids=()
+    for ((i = 0; i < n; i++)); do
+        "$bin/tpu-worker" --resolver "$tpu" --host-id "host$((i / 8))" --core "$((i % 8))" \
+            --trace-events 1024 2>"$logdir/worker.$n.$i.log" &
+        pids+=($!)
+        wpids+=($!)
+    done
+    t0=$(ms_now)
+    alive=0
+    for ((t = 0; t < 600; t++)); do
+        alive=$(alive_count)
+        [ "$alive" -ge "$n" ] && break
+        sleep 0.2
+    done
+    t_reg=$(( $(ms_now) - t0 ))
+    if [ "$alive" -lt "$n" ]; then
+        echo "  only $alive of $n registered after 120 s" >&2
+        rows+=("| $n | only $alive registered | | | | | | | | |")
+        stop_all
+        continue
+    fi
+    rss=$(for p in "${wpids[@]}"; do awk '/^VmRSS/ {print $2}' "/proc/$p/status" 2>/dev/null; done |
+        awk '{s += $1; k++} END {if (k) printf "%.1f", s * 1024 / k / 1e6; else print "-"}')
+
+    init_ok=1
+    init_ms=$(for ((k = 0; k < inits; k++)); do
+        a=$(ms_now)
+        if "$bin/tpuctl" --tpu "$tpu" --timeout-ms 60000 init --expect "$n" --timeout-ms 30000 \
+                >"$logdir/init.$n.$k.txt" 2>&1; then
+            echo $(( $(ms_now) - a ))
+        else
+            echo "  init failed: $(tail -1 "$logdir/init.$n.$k.txt")" >&2
+        fi
+    done | median)
+    [ "$init_ms" = "-" ] && init_ok=0
+    cluster_ms=$(for ((k = 0; k < 5; k++)); do
+        a=$(ms_now)
+        "$bin/tpuctl" --tpu "$tpu" --timeout-ms 30000 cluster >/dev/null 2>&1 && echo $(( $(ms_now) - a ))
+    done | median)
+
+    c0=$(cpu_ticks "$rpid")
+    sleep "$idle_s"
+    c1=$(cpu_ticks "$rpid")
+    cpu=$(awk -v a="$c0" -v b="$c1" -v hz="$hz" -v s="$idle_s" 'BEGIN {printf "%.1f", (b - a) / hz / s * 100}')
+
+    ar="-" ar_ok="-" step="-" same="-"
+    if [ $init_ok = 1 ]; then
+        if "$bin/bench_scale" --tpu "$tpu" --cores "$n" --steps "$steps" --batch 8 \
+                >"$logdir/bench.$n.txt" 2>"$logdir/bench.$n.err"; then :; else
+            echo "  bench_scale: $(tail -2 "$logdir/bench.$n.err")" >&2
+        fi
+        ar=$(awk -F= '$1 == "allreduce_ms" {print $2}' "$logdir/bench.$n.txt")
+        ar_ok=$(awk -F= '$1 == "allreduce_ok" {print ($2 == 1) ? "yes" : "NO"}' "$logdir/bench.$n.txt")
+        step=$(awk -F= '$1 == "step_ms" {print $2}' "$logdir/bench.$n.txt")
+        same=$(awk -F= '$1 == "replicas_identical" {print ($2 == 1) ? "yes" : "NO"}' "$logdir/bench.$n.txt")
+    fi
+    dead=0
+    for p in "${wpids[@]}" "$rpid"; do kill -0 "$p" 2>/dev/null || dead=$((dead + 1)); done
+    a=$(ms_now)
+    stop_all
+    t_stop=$(( $(ms_now) - a ))
+    grep -l "AddressSanitizer\|Segmentation\|level=error" "$logdir"/resolver.$n.log >/dev/null 2>&1 &&
+        echo "  the resolver logged errors: $logdir/resolver.$n.log" >&2
+    rows+=("$(printf '| %d | %.1f | %s | %s | %s | %s | %s %s | %s | %s | %.1f | %d |' "$n" \
+        "$(awk -v m="$t_reg" 'BEGIN {print m / 1000}')" "$rss" "$init_ms" "$cluster_ms" "$cpu" \
+        "${ar:--}" "${ar_ok:+($ar_ok)}" "${step:--}" "${same:--}" \
+        "$(awk -v m="$t_stop" 'BEGIN {print m / 1000}')" "$dead")")
+done
+
+echo
+echo "| N | all registered (s) | RSS per worker (MB) | tpuctl init (ms) | tpuctl cluster (ms) | resolver CPU idle (%) | 4 KiB all-reduce (ms, correct) | train step (ms, batch 8/core) | replicas identical | stop (s) | processes died |"
+echo "|--:|--:|--:|--:|--:|--:|--:|--:|:-:|--:|--:|"
+printf '%s\n' "${rows[@]}"
