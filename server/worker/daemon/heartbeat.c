@@ -1,12 +1,10 @@
-/* Heartbeat to the resolver over a cooked REQ socket joined to the loop. */
+/* Heartbeat to the resolver over an spreq (one TCP connection speaking
+ * nanomsg's REQ protocol, on the loop). */
 #include "heartbeat.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <nanomsg/nn.h>
-#include <nanomsg/reqrep.h>
 
 #include "log.h"
 #include "wire.h"
@@ -32,50 +30,26 @@ static void fatal(struct heartbeat *hb, int code, const char *msg)
     hb->env.refused(hb->env.arg, 3);
 }
 
-static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *ctl);
-
-static void free_sock(nnuv *s)
-{
-    free(s);
-}
+static void on_msg(spreq *q, const uint8_t *buf, size_t len);
+static void on_lost(spreq *q, const err *e);
 
 static void close_sock(struct heartbeat *hb)
 {
-    if (hb->sock) {
-        nnuv_close(hb->sock, free_sock);
-        hb->sock = NULL;
+    if (hb->rq) {
+        spreq_close(hb->rq);
+        hb->rq = NULL;
     }
 }
 
-/* A new REQ socket dialing the resolver (nanomsg connects in the background). */
+/* The link to the resolver; it connects on the first send. */
 static int open_sock(struct heartbeat *hb, err *e)
 {
-    nnuv *s;
-    int sock, rc;
-
-    sock = nn_socket(AF_SP, NN_REQ);
-    if (sock < 0)
-        return err_set(e, CODE_INTERNAL, "nanomsg REQ socket: %s", nn_strerror(nn_errno()));
-    if ((rc = nnuv_sockopts(sock, WIRE_MAX_REPLY, e)) != CODE_OK)
-        goto fail;
-    if ((rc = nnuv_connect(sock, hb->env.resolver_url, e)) != CODE_OK) {
+    struct spreq_cfg qc = {.max_msg = WIRE_MAX_REPLY, .on_reply = on_msg, .on_lost = on_lost, .data = hb};
+    if (!(hb->rq = spreq_new(hb->env.loop, hb->env.resolver_url, &qc, e))) {
         err_prefix(e, "--resolver");
-        goto fail;
+        return e->code;
     }
-    if (!(s = calloc(1, sizeof *s))) {
-        rc = err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the heartbeat socket");
-        goto fail;
-    }
-    s->data = hb;
-    if ((rc = nnuv_start(hb->env.loop, s, sock, 0, on_msg, e)) != CODE_OK) {
-        free(s);
-        goto fail;
-    }
-    hb->sock = s;
     return CODE_OK;
-fail:
-    nn_close(sock);
-    return rc;
 }
 
 /* Milliseconds to the next multiple of the interval on the wall clock. Every
@@ -106,11 +80,17 @@ static void tick(uv_timer_t *t)
             log_warn("resolver unreachable", "resolver=%s missed=%u heartbeat_ms=%u",
                      log_q(hb->env.resolver_url), hb->unanswered, hb->interval_ms);
         }
-        close_sock(hb); /* drop the unanswered request with its connection */
+        /* a new heartbeat replaces the unanswered one on the same connection
+         * (a late reply to it is dropped): a slow resolver is not made
+         * slower by reconnections. Only a connection silent for
+         * UNREACHABLE_TICKS beats in a row is made anew, in case it is half
+         * open (the resolver's host gone without a reset). */
+        if (hb->unanswered % UNREACHABLE_TICKS == 0)
+            close_sock(hb);
         hb->last_nonce = 0;
     }
-    if (!hb->sock && open_sock(hb, &e) != CODE_OK) {
-        log_error("cannot open the heartbeat socket", "reason=%s", log_q(e.msg));
+    if (!hb->rq && open_sock(hb, &e) != CODE_OK) {
+        log_error("cannot open the heartbeat link", "reason=%s", log_q(e.msg));
         return;
     }
     hb->env.info(hb->env.arg, &info);
@@ -121,7 +101,7 @@ static void tick(uv_timer_t *t)
         log_error("cannot build a heartbeat", "reason=%s", log_q(e.msg));
         return;
     }
-    if (nnuv_send(hb->sock, buf, len, &e) != CODE_OK)
+    if (spreq_send(hb->rq, buf, len, &e) != CODE_OK)
         log_debug("heartbeat not sent", "reason=%s", log_q(e.msg));
     else
         prom_add(&hb->sent, 1);
@@ -222,13 +202,22 @@ static void on_leave_timeout(uv_timer_t *t)
     leave_done(t->data, NULL);
 }
 
-static void on_msg(nnuv *s, const uint8_t *buf, size_t len, void *ctl)
+/* The connection broke or could not be made: the next beat sends again,
+ * on a new one. */
+static void on_lost(spreq *q, const err *e)
 {
-    struct heartbeat *hb = s->data;
+    struct heartbeat *hb = spreq_data(q);
+    if (hb->leaving)
+        return; /* the deadline decides */
+    log_debug("heartbeat lost", "reason=%s", log_q(e->msg));
+}
+
+static void on_msg(spreq *q, const uint8_t *buf, size_t len)
+{
+    struct heartbeat *hb = spreq_data(q);
     wire_msg *m;
     err e;
 
-    (void)ctl;
     if (hb->leaving) {
         if (wire_open(hb->env.auth, NULL, buf, len, WIRE_MAX_REPLY, &m, &e) != CODE_OK)
             return; /* the deadline decides */
@@ -341,17 +330,16 @@ void hb_leave(struct heartbeat *hb)
         return;
     }
     uv_timer_stop(&hb->timer);
-    close_sock(hb); /* an unanswered heartbeat goes with its connection */
-    hb->last_nonce = 0;
+    hb->last_nonce = 0; /* the Leave replaces an unanswered heartbeat */
     ref.host_id = (char *)id->host_id;
     ref.core = id->core;
     ref.incarnation = id->incarnation;
     body.core = &ref;
     m.body_case = TPUEMU__MESSAGE__BODY_LEAVE;
     m.leave = &body;
-    if (open_sock(hb, &e) != CODE_OK ||
+    if ((!hb->rq && open_sock(hb, &e) != CODE_OK) ||
         wire_seal(hb->env.auth, id->sender, &m, &buf, &len, &hb->last_nonce, &e) != CODE_OK ||
-        nnuv_send(hb->sock, buf, len, &e) != CODE_OK) {
+        spreq_send(hb->rq, buf, len, &e) != CODE_OK) {
         log_warn("cannot tell the resolver this core leaves", "reason=%s", log_q(e.msg));
         free(buf);
         hb_stop(hb);

@@ -1,10 +1,11 @@
-/* Heartbeat: the worker's REQ socket to the resolver. Each tick sends a fresh
- * Heartbeat carrying the whole WorkerInfo, so a restarted resolver relearns
- * this core from the next tick. An unanswered request is cancelled by closing
- * the socket and dialing again rather than by sending on top of it: nanomsg
- * 1.1.5's REQ frees a late reply to a cancelled request twice (it aborts at
- * nn_close), so a late reply must never reach a REQ socket we keep. The
- * reply assigns the core index and the interval.
+/* Heartbeat: the worker's link to the resolver (an spreq: one TCP connection
+ * speaking nanomsg's REQ protocol). Each tick sends a fresh Heartbeat carrying
+ * the whole WorkerInfo, so a restarted resolver relearns this core from the
+ * next tick. An unanswered request is replaced by the next tick's on the same
+ * connection (its late reply is dropped by request id): a resolver that is
+ * slow, not gone, is not made slower by reconnections. A connection
+ * unanswered for UNREACHABLE_TICKS beats is made anew (it may be half open).
+ * The reply assigns the core index and the interval.
  *
  * A reply counts only when it answers the request in flight (request_id is
  * its nonce); anything else, such as an old refusal replayed on the path, is
@@ -17,7 +18,7 @@
  * do.
  *
  * A worker that stops cleanly leaves: hb_leave() sends a Leave naming this
- * core and incarnation on a fresh socket and closes once it is answered or
+ * core and incarnation (in place of any unanswered heartbeat) and closes once it is answered or
  * HB_LEAVE_MS passed, so the resolver forgets the core at once instead of
  * waiting for it as a dead one. */
 #ifndef TPUEMU_WORKER_HEARTBEAT_H
@@ -29,8 +30,8 @@
 
 #include "auth.h"
 #include "ident.h"
-#include "nnuv.h"
 #include "prom.h"
+#include "spreq.h"
 #include "status.h"
 #include "tpuemu.pb-c.h"
 
@@ -49,7 +50,7 @@ struct hb_env {
 
 struct heartbeat {
     struct hb_env env;
-    nnuv *sock;           /* current REQ socket; a replaced one frees itself on close */
+    spreq *rq;            /* the link to the resolver; NULL until the first beat after a reconnect */
     uv_timer_t timer;
     int started;
     unsigned interval_ms; /* 1000 until the resolver says otherwise */
