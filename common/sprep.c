@@ -32,6 +32,7 @@ struct spconn {
     size_t got;
     uint8_t *body;
     size_t blen;
+    size_t big;            /* blen, when counted in sprep.untrusted_big */
     char peer[64];
 };
 
@@ -48,6 +49,7 @@ struct sprep {
     char shown[300];
     struct spconn *conns;
     unsigned ntrusted, nuntrusted, nopen;
+    size_t untrusted_big;  /* bytes of large requests being read from untrusted connections */
     int closing, listener_open;
     uint64_t seq;
     struct sprep_stats st;
@@ -69,12 +71,20 @@ static void maybe_free(struct sprep *s)
         free(s);
 }
 
+static void body_free(struct spconn *c)
+{
+    c->s->untrusted_big -= c->big;
+    c->big = 0;
+    free(c->body);
+    c->body = NULL;
+}
+
 static void conn_unref(struct spconn *c)
 {
     if (--c->refs > 0)
         return;
     struct sprep *s = c->s;
-    free(c->body);
+    body_free(c);
     free(c);
     s->nopen--;
     maybe_free(s);
@@ -360,6 +370,18 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
                 conn_close(c);
                 break;
             }
+            /* a large request from a connection not yet authenticated: only
+             * as many bytes of those at once as the cap allows */
+            if (!c->trusted && len > SPREP_SMALL_MSG && s->cfg.max_untrusted_bytes) {
+                if (s->untrusted_big + len > s->cfg.max_untrusted_bytes) {
+                    log_evict(s, c, "a large request while other connections not yet authenticated were "
+                              "sending theirs");
+                    conn_close(c);
+                    break;
+                }
+                c->big = (size_t)len;
+                s->untrusted_big += c->big;
+            }
             c->blen = (size_t)len;
             if (!(c->body = malloc(c->blen ? c->blen : 1))) {
                 conn_close(c);
@@ -378,8 +400,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
             c->got = 0;
             c->rd = RD_LEN;
             int rc = deliver(c);
-            free(c->body);
-            c->body = NULL;
+            body_free(c);
             if (rc < 0)
                 break;
         }

@@ -37,6 +37,8 @@
 
 typedef struct sprep sprep;
 
+#define SPREP_SMALL_MSG (64u * 1024u)
+
 /* One request: buf (len bytes, after the backtrace) is valid only during the
  * call; ctl is the way back to its connection, to hand to exactly one
  * sprep_reply() or sprep_ctl_free(), now or later. */
@@ -48,6 +50,8 @@ struct sprep_cfg {
     const char *name;       /* in log lines: "control" */
     size_t max_msg;         /* largest request body; a larger one closes the connection */
     size_t max_pending;     /* reply bytes queued per connection before it is closed (a peer not reading) */
+    size_t max_untrusted_bytes; /* requests over SPREP_SMALL_MSG from untrusted connections, all
+                                   together, being read at once (0: each up to max_msg) */
     unsigned max_trusted;
     unsigned max_untrusted;
     unsigned untrusted_ms;  /* to send a vouched request, from connect */

@@ -132,7 +132,8 @@ int wire_vouches(const auth *a, const uint8_t *buf, size_t len)
     wire_msg *m = NULL;
     err e;
 
-    if (wire_open(a, NULL, buf, len, WIRE_MAX_REQUEST, &m, &e) != CODE_OK)
+    /* the port has bounded len already (the largest is a worker's control port) */
+    if (wire_open(a, NULL, buf, len, WIRE_MAX_CONTROL, &m, &e) != CODE_OK)
         return 0;
     wire_msg_free(m);
     return 1;

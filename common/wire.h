@@ -15,6 +15,9 @@
 #define WIRE_VERSION 1u
 /* Largest request a daemon accepts (also set as NN_RCVMAXSIZE on its sockets). */
 #define WIRE_MAX_REQUEST (64u * 1024u)
+/* Largest request a worker's control port accepts: the resolver's ResetCore
+ * lists every core of the system (about 100 bytes each: 8,192 cores fit). */
+#define WIRE_MAX_CONTROL (2u * 1024u * 1024u)
 /* Largest reply a client accepts (a cluster spec of 64 cores is about 16 KiB). */
 #define WIRE_MAX_REPLY (1024u * 1024u)
 

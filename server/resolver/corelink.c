@@ -64,6 +64,7 @@ static void pop_head(corelink *l, struct cl_call *out)
     l->inflight = 0;
     l->nonce = 0;
     l->lost[0] = '\0';
+    l->losses = 0;
 }
 
 /* Puts q[0] on the wire. On failure the call is popped and e says why. */
@@ -215,8 +216,12 @@ static void on_lost(spreq *q, const err *e)
     l->inflight = 0;
     l->nonce = 0;
     snprintf(l->lost, sizeof l->lost, "%.*s", (int)sizeof l->lost - 1, e->msg);
+    /* CORELINK_RETRY_MS, doubling with each loss of the same call: a core
+     * that refuses the call by closing is not sent it several times a second */
+    unsigned pause = CORELINK_RETRY_MS << (l->losses < 4 ? l->losses : 4);
+    l->losses++;
     wait = l->q[0].deadline_ms > now ? l->q[0].deadline_ms - now : 0;
-    uv_timer_start(&l->timer, on_timer, wait < CORELINK_RETRY_MS ? wait : CORELINK_RETRY_MS, 0);
+    uv_timer_start(&l->timer, on_timer, wait < pause ? wait : pause, 0);
 }
 
 corelink *corelink_new(uv_loop_t *loop, const auth *a, void *ctx, const char *url, const char *host, int core,

@@ -8,8 +8,9 @@
  * CoreReport, an error reply, a deadline, or CANCELLED when the link closes.
  * Cancellations are delivered from the close callback, never from inside
  * corelink_close(), so callers may close a link from anywhere. A call whose
- * connection breaks (or cannot be made) is sent again, sealed anew, every
- * CORELINK_RETRY_MS until its deadline, whose error then says what failed. */
+ * connection breaks (or cannot be made) is sent again, sealed anew, after
+ * CORELINK_RETRY_MS, doubling with each loss (at most 16 x), until its
+ * deadline, whose error then says what failed. */
 #ifndef TPUEMU_RESOLVER_CORELINK_H
 #define TPUEMU_RESOLVER_CORELINK_H
 
@@ -76,6 +77,7 @@ typedef struct corelink {
     int inflight;
     uint64_t nonce;          /* of the call on the wire */
     char lost[200];          /* why the call's last send got no answer, or "" */
+    unsigned losses;         /* of the call on the wire, so far */
     int open_handles;        /* the timer; freed at 0 */
 } corelink;
 

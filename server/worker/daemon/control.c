@@ -83,9 +83,9 @@ static void on_msg(sprep *s, const uint8_t *buf, size_t len, void *rq)
     err e;
     size_t i;
 
-    if (wire_open(ctl->env.auth, ctl->env.replay, buf, len, WIRE_MAX_REQUEST, &req, &e) != CODE_OK) {
+    if (wire_open(ctl->env.auth, ctl->env.replay, buf, len, WIRE_MAX_CONTROL, &req, &e) != CODE_OK) {
         log_warn_limited("control request refused", "code=%s reason=%s", code_name(e.code), log_q(e.msg));
-        send_error(ctl, rq, wire_peek_nonce(buf, len, WIRE_MAX_REQUEST), e.code, e.msg);
+        send_error(ctl, rq, wire_peek_nonce(buf, len, WIRE_MAX_CONTROL), e.code, e.msg);
         return;
     }
     for (i = 0; i < sizeof handlers / sizeof handlers[0]; i++)
@@ -138,8 +138,9 @@ int ctl_start(struct control *ctl, const struct ctl_env *env, err *e)
     int rc;
     const struct sprep_cfg cfg = {
         .name = "control",
-        .max_msg = WIRE_MAX_REQUEST,
+        .max_msg = WIRE_MAX_CONTROL,
         .max_pending = 4 * WIRE_MAX_REPLY,
+        .max_untrusted_bytes = 2 * WIRE_MAX_CONTROL, /* strangers cannot make it hold more */
         .max_trusted = CTL_MAX_TRUSTED,
         .max_untrusted = CTL_MAX_UNTRUSTED,
         .untrusted_ms = CTL_UNTRUSTED_MS,
