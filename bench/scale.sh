@@ -19,6 +19,10 @@
 #                weights are bitwise identical to replica 0's afterwards
 #   stop         seconds from SIGTERM to every process gone
 # and prints one markdown table. Everything started here is stopped on exit.
+# With many more workers than CPUs a worker waits long for its turn to run, so
+# the dead-core time (heartbeat x --dead-after, from which the collectives'
+# and clients' timeouts derive too) grows with N: --dead-after is
+# max(3, N / (16 x CPUs)) unless DEAD_AFTER says otherwise.
 # Needs about 8 MB of memory per worker and an open-file hard limit of at
 # least 2 x N + 512 for the resolver (it raises its soft limit itself).
 set -euo pipefail
@@ -34,6 +38,7 @@ for b in tpuctl tpu-worker tpu-resolver bench_scale; do
 done
 bin=$(cd "$bin" && pwd)
 hz=$(getconf CLK_TCK)
+ncpu=$(nproc)
 
 logdir=$(mktemp -d /tmp/tpuemu-scale.XXXXXX)
 pids=()
@@ -69,7 +74,8 @@ for n in $n_list; do
     echo "scale: $n workers" >&2
     tpu=127.0.0.1:$(free_port)
     max=$(( n > 1024 ? n : 1024 ))
-    "$bin/tpu-resolver" --listen "$tpu" --max-cores "$max" 2>"$logdir/resolver.$n.log" &
+    dead=${DEAD_AFTER:-$(( n / (16 * ncpu) > 3 ? n / (16 * ncpu) : 3 ))}
+    "$bin/tpu-resolver" --listen "$tpu" --max-cores "$max" --dead-after "$dead" 2>"$logdir/resolver.$n.log" &
     rpid=$!
     pids+=("$rpid")
     for ((t = 0; t < 50; t++)); do
@@ -132,8 +138,8 @@ for n in $n_list; do
         step=$(awk -F= '$1 == "step_ms" {print $2}' "$logdir/bench.$n.txt")
         same=$(awk -F= '$1 == "replicas_identical" {print ($2 == 1) ? "yes" : "NO"}' "$logdir/bench.$n.txt")
     fi
-    dead=0
-    for p in "${wpids[@]}" "$rpid"; do kill -0 "$p" 2>/dev/null || dead=$((dead + 1)); done
+    gone=0
+    for p in "${wpids[@]}" "$rpid"; do kill -0 "$p" 2>/dev/null || gone=$((gone + 1)); done
     a=$(ms_now)
     stop_all
     t_stop=$(( $(ms_now) - a ))
@@ -142,7 +148,7 @@ for n in $n_list; do
     rows+=("$(printf '| %d | %.1f | %s | %s | %s | %s | %s %s | %s | %s | %.1f | %d |' "$n" \
         "$(awk -v m="$t_reg" 'BEGIN {print m / 1000}')" "$rss" "$init_ms" "$cluster_ms" "$cpu" \
         "${ar:--}" "${ar_ok:+($ar_ok)}" "${step:--}" "${same:--}" \
-        "$(awk -v m="$t_stop" 'BEGIN {print m / 1000}')" "$dead")")
+        "$(awk -v m="$t_stop" 'BEGIN {print m / 1000}')" "$gone")")
 done
 
 echo

@@ -1,5 +1,6 @@
 /* The duplicate-request cache: a resend gets the first answer, a resend
  * while the first is being answered gets it too, bounds and expiry. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,5 +87,44 @@ Test(drc, bounded_in_entries_and_bytes)
     drc_begin(d, req1, sizeof req1, 99, 12);
     drc_answer(d, 99, big, sizeof big);
     cr_assert_eq(drc_lookup(d, req1, sizeof req1, &ctl, 13, &r, &n), DRC_MISS);
+    drc_free(d);
+}
+
+/* The index through many wraps of the ring: every kept request is found with
+ * its own answer, every dropped one is not, whatever the order of eviction
+ * and the runs of colliding slots in between. */
+Test(drc, index_finds_what_the_ring_keeps)
+{
+    enum { CAP = 64, N = 5000 };
+    drc *d = drc_new(CAP, 1 << 20, 600000, count_free);
+    cr_assert_not_null(d);
+    for (uint64_t i = 0; i < N; i++) {
+        char req[32], rep[32];
+        const uint8_t *r;
+        size_t rl;
+        int n = snprintf(req, sizeof req, "request %llu", (unsigned long long)i);
+        int m = snprintf(rep, sizeof rep, "reply %llu", (unsigned long long)i);
+        cr_assert_eq(drc_lookup(d, (const uint8_t *)req, (size_t)n, NULL, i, &r, &rl), DRC_MISS);
+        drc_begin(d, (const uint8_t *)req, (size_t)n, i + 1, i);
+        cr_assert_null(drc_answer(d, i + 1, (const uint8_t *)rep, (size_t)m));
+        if (i % 97 != 0)
+            continue;
+        /* check every request so far */
+        for (uint64_t k = 0; k <= i; k++) {
+            char q[32], want[32];
+            int qn = snprintf(q, sizeof q, "request %llu", (unsigned long long)k);
+            int wn = snprintf(want, sizeof want, "reply %llu", (unsigned long long)k);
+            int st = drc_lookup(d, (const uint8_t *)q, (size_t)qn, NULL, i, &r, &rl);
+            if (i - k < CAP) {
+                cr_assert_eq(st, DRC_DONE, "request %llu of %llu not found", (unsigned long long)k,
+                             (unsigned long long)i);
+                cr_assert(rl == (size_t)wn && memcmp(r, want, rl) == 0, "request %llu got another answer",
+                          (unsigned long long)k);
+            } else {
+                cr_assert_eq(st, DRC_MISS, "request %llu was dropped but found", (unsigned long long)k);
+            }
+        }
+    }
+    cr_assert_eq(drc_count(d), CAP);
     drc_free(d);
 }
