@@ -1,0 +1,140 @@
+/* Pod scale (issue 18): 256 cores on this machine, as 32 hosts of 8, start,
+ * register, initialize, run an all-reduce and a few training steps, and stop;
+ * what a tool or a user would check at each step: every core listed and
+ * alive, the topology's shape, every element of every replica's result, and
+ * every replica's weights bitwise the same after training.
+ *
+ * With 128 workers per CPU a worker waits long for its turn to run, so the
+ * dead-core time (from which the collectives' timeouts derive) is 10 s. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include <tpuemu/data.h>
+#include <tpuemu/model.h>
+
+#include "cluster.h"
+
+#define HOSTS 32
+#define PER_HOST 8
+#define N (HOSTS * PER_HOST)
+#define DIM 16
+#define CLASSES 4
+#define SHOW(r) "exit %d\nstdout:\n%s\nstderr:\n%s", (r).code, (r).out, (r).err
+
+static void quiet(const char *msg, void *user)
+{
+    (void)msg, (void)user;
+}
+
+Test(scale, pod_of_256_cores, .timeout = 900)
+{
+    static const char *const wargs[] = {"--trace-events", "1024", NULL};
+    cluster_opts o = {.hosts = HOSTS, .cores_per_host = PER_HOST, .heartbeat_ms = 1000, .dead_after = 10,
+                      .worker_args = wargs};
+    cluster *c = cluster_start(&o);
+    run_result r;
+    char n[8];
+
+    snprintf(n, sizeof n, "%d", N);
+    cr_assert_eq(cluster_count(c, CL_ALIVE), N);
+
+    /* initialize: the whole pod, 32 tasks of 8 */
+    cluster_tpuctl(c, &r, 120000, "init", "--expect", n, "--timeout-ms", "60000", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    cr_assert(strstr(r.out, "256 cores on 32 hosts (32 tasks x 8 cores per task)"), SHOW(r));
+    run_result_free(&r);
+    cluster_tpuctl(c, &r, 60000, "cluster", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    cr_assert(strstr(r.out, "256 cores (256 ready, 0 idle, 0 dead) on 32 hosts"), SHOW(r));
+    run_result_free(&r);
+
+    tpu_resolver *res;
+    tpu_cluster *cc;
+    cr_assert_eq(cluster_connect(c, &res, &cc), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_attach_system(cc), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_cluster_num_replicas(cc), N);
+
+    /* a 4 KiB all-reduce over every replica, twice */
+    enum { COUNT = 1024 };
+    float **bufs = calloc(N, sizeof *bufs);
+    cr_assert_not_null(bufs);
+    for (int i = 0; i < N; i++)
+        cr_assert_not_null(bufs[i] = malloc(COUNT * sizeof(float)));
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < N; i++)
+            for (int k = 0; k < COUNT; k++)
+                bufs[i][k] = (float)(i + 1) + (float)k / 1024.0f * (float)round;
+        cr_assert_eq(tpu_all_reduce(cc, (void *const *)bufs, COUNT, TPU_F32, TPU_SUM, NULL), TPU_OK, "%s",
+                     tpu_last_error());
+        for (int i = 0; i < N; i++)
+            for (int k = 0; k < COUNT; k++) {
+                float want = (float)(N * (N + 1) / 2) + (float)N * ((float)k / 1024.0f * (float)round);
+                cr_assert_float_eq(bufs[i][k], want, 1e-3f * want, "round %d: replica %d element %d: %g, not %g",
+                                   round, i, k, (double)bufs[i][k], (double)want);
+            }
+    }
+    for (int i = 0; i < N; i++)
+        free(bufs[i]);
+    free(bufs);
+
+    /* training: 3 steps of a small model, per-core batch 8 */
+    enum { BATCH = 8, STEPS = 3 };
+    size_t rows = (size_t)N * BATCH * STEPS;
+    float *x = malloc(rows * DIM * sizeof(float));
+    int32_t *y = malloc(rows * sizeof(int32_t));
+    cr_assert(x && y);
+    for (size_t i = 0; i < rows; i++) {
+        y[i] = (int32_t)(i % CLASSES);
+        for (size_t j = 0; j < DIM; j++)
+            x[i * DIM + j] = (float)((i * 31 + j * 17) % 13) / 13.0f + (j % CLASSES == (size_t)y[i]);
+    }
+    tpu_set_warning_handler(quiet, NULL);
+    tpu_strategy *s;
+    tpu_dataset *ds;
+    tpu_model *m;
+    tpu_compile_options co;
+    cr_assert_eq(tpu_strategy_new(cc, &s), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_strategy_num_replicas_in_sync(s), N);
+    cr_assert_eq(tpu_dataset_from_tensor_slices(x, rows, DIM, y, TPU_LABELS_SPARSE, 1, 0, &ds), TPU_OK);
+    cr_assert_eq(tpu_dataset_batch(ds, (size_t)N * BATCH, 1), TPU_OK);
+    cr_assert_eq(tpu_model_new(s, DIM, &m), TPU_OK);
+    cr_assert_eq(tpu_model_add_dense(m, 32, TPU_ACT_RELU), TPU_OK);
+    cr_assert_eq(tpu_model_add_dense(m, CLASSES, TPU_ACT_SOFTMAX), TPU_OK);
+    cr_assert_eq(tpu_model_set_seed(m, 7), TPU_OK);
+    tpu_compile_options_init(&co);
+    co.optimizer = tpu_optimizer_adam(0.01f);
+    co.policy = TPU_POLICY_MIXED_BFLOAT16;
+    co.batch_size = (size_t)N * BATCH;
+    cr_assert_eq(tpu_model_compile(m, &co), TPU_OK, "%s", tpu_last_error());
+    tpu_fit_options fo;
+    memset(&fo, 0, sizeof fo);
+    fo.epochs = 1;
+    cr_assert_eq(tpu_model_fit(m, ds, &fo, NULL), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_model_step(m), (uint64_t)STEPS);
+
+    size_t np = tpu_model_num_params(m);
+    float *w0 = malloc(np * sizeof(float)), *w = malloc(np * sizeof(float));
+    cr_assert(w0 && w);
+    cr_assert_eq(tpu_model_get_weights(m, 0, w0, np), TPU_OK, "%s", tpu_last_error());
+    for (int i = 1; i < N; i++) {
+        cr_assert_eq(tpu_model_get_weights(m, i, w, np), TPU_OK, "%s", tpu_last_error());
+        cr_assert_eq(memcmp(w0, w, np * sizeof(float)), 0, "replica %d's weights differ from replica 0's", i);
+    }
+    free(w0);
+    free(w);
+    tpu_model_free(m);
+    tpu_dataset_free(ds);
+    tpu_strategy_free(s);
+    free(x);
+    free(y);
+    tpu_cluster_free(cc);
+    tpu_resolver_free(res);
+
+    /* every core still alive, and the resolver */
+    cr_assert_eq(cluster_count(c, CL_ALIVE), N);
+    cr_assert(cluster_alive(&c->resolver), "see %s", c->resolver.log);
+    cluster_free(c);
+}
