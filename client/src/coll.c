@@ -338,8 +338,9 @@ static tpu_status run(tpu_cluster *c, const struct call *a, const tpu_collective
     iters = spec.iters ? spec.iters : 1;
 
     uint64_t grace = 2 * cli_coll_progress_ms(c) + 1000;
+    uint64_t floor = 2 * cli_coll_progress_ms(c) > CALL_FLOOR_MS ? 2 * cli_coll_progress_ms(c) : CALL_FLOOR_MS;
     t0 = wire_now_ms();
-    deadline = t0 + CALL_FLOOR_MS + (uint64_t)bytes / CALL_BYTES_PER_MS * iters;
+    deadline = t0 + floor + (uint64_t)bytes / CALL_BYTES_PER_MS * iters;
     seq = k->next_seq++;
     memset(&k->last, 0, sizeof k->last);
     k->last.seq = seq;

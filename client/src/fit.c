@@ -218,7 +218,7 @@ static int finish_oldest(struct run *u, uint64_t *t_last, err *e)
     size_t bytes = 0;
     for (size_t i = 0; i < x->nb; i++)
         bytes += x->b[i].rows * (m->in_dim + 1) * sizeof(float) / u->n;
-    size_t failed = tio_wait(c, x->pa, model_deadline(bytes * u->depth), 2 * cli_coll_progress_ms(c) + 1000);
+    size_t failed = tio_wait(c, x->pa, model_deadline(c, bytes * u->depth), 2 * cli_coll_progress_ms(c) + 1000);
     u->head = (u->head + 1) % u->depth;
     u->inflight--;
     if (failed) {

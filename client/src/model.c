@@ -41,9 +41,12 @@ void model_warn(const char *fmt, ...)
         fprintf(stderr, "tpuemu: warning: %s\n", msg);
 }
 
-uint64_t model_deadline(size_t bytes)
+uint64_t model_deadline(tpu_cluster *c, size_t bytes)
 {
-    return wire_now_ms() + CALL_FLOOR_MS + bytes / CALL_BYTES_PER_MS;
+    /* at least twice the cluster's dead-core time: a cluster run with a long
+     * one (many more cores than CPUs) has slow steps that are not failures */
+    uint64_t floor = 2 * cli_coll_progress_ms(c);
+    return wire_now_ms() + (floor > CALL_FLOOR_MS ? floor : CALL_FLOOR_MS) + bytes / CALL_BYTES_PER_MS;
 }
 
 /* ---- strategy ---- */
@@ -366,7 +369,7 @@ static int request_all(tpu_model *m, Tpuemu__FrameHeader *h, const struct dpio_s
             return rc;
         }
     }
-    size_t failed = tio_wait(c, pa, model_deadline(bytes), 2 * cli_coll_progress_ms(c) + 1000);
+    size_t failed = tio_wait(c, pa, model_deadline(c, bytes), 2 * cli_coll_progress_ms(c) + 1000);
     if (failed) {
         const struct tio_ans *w = tio_worst(pa, n);
         int lost = 0;

@@ -62,6 +62,6 @@ int model_nslots(const tpu_model *m);
 /* Emits a performance warning through the handler. */
 void model_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Deadline for a request moving bytes (per replica) */
-uint64_t model_deadline(size_t bytes);
+uint64_t model_deadline(tpu_cluster *c, size_t bytes);
 
 #endif
