@@ -161,6 +161,10 @@ struct peers {
 
     struct lopq dq;            /* completions to deliver from the loop */
     uv_timer_t defer;
+    uv_idle_t spin;            /* polls while a receive waits (chan_spin) */
+    int spin_on;
+    uint64_t spin_until;       /* uv_hrtime() ns: stop polling then */
+    uint64_t spin_ns;          /* how long after the last progress; 0: never poll */
     int open_handles;
 
     struct failed_seq failed[PEERS_FAILED_MAX];
@@ -205,6 +209,8 @@ void chan_unref(struct chan *l);
 void lopq_push(struct lopq *q, struct lop *op);
 struct lop *lopq_pop(struct lopq *q);
 void chan_progress(struct chan *l);
+/* Keeps the loop polling (not sleeping) for spin_ns while a receive waits. */
+void chan_spin(struct peers *p);
 /* The peer of l failed: every pending operation of l fails with e, the
  * collective of seq fails everywhere and the other replicas are told. */
 void chan_fail(struct chan *l, uint64_t seq, const err *e);

@@ -270,7 +270,7 @@ again:
         wake(&c->want_data, e->efd_theirs);
         published = 0;
     }
-    if (l->sq.head) { /* the ring is full: ask for a wake-up, then look again */
+    if (l->sq.head && !l->p->spin_on) { /* the ring is full: ask for a wake-up, then look again */
         atomic_store_explicit(&c->want_space, 1, memory_order_seq_cst);
         if (atomic_load_explicit(&c->tail, memory_order_seq_cst) != tail) {
             tail = atomic_load_explicit(&c->tail, memory_order_acquire);
@@ -373,6 +373,10 @@ again:
         wake(&c->want_space, e->efd_theirs);
         chan_progress(l);
         consumed = 0;
+    }
+    if (l->p->spin_on) { /* the loop polls the ring again (chan_spin): no wake-up needed */
+        chan_arm(l);
+        return;
     }
     /* going back to the loop: ask for a wake-up, then look again */
     atomic_store_explicit(&c->want_data, 1, memory_order_seq_cst);
