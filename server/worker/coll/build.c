@@ -101,6 +101,27 @@ static void run_local(struct sched *s, const struct sop *o)
     }
 }
 
+static void run_reduce(struct sched *s, int kern, uint8_t *d, const uint8_t *src, size_t len)
+{
+    (void)s;
+    switch (kern) {
+    case K_F32_SUM:
+        reduce_f32_sum((float *)(void *)d, (const float *)(const void *)src, len / 4);
+        break;
+    case K_F32_MAX:
+        reduce_f32_max((float *)(void *)d, (const float *)(const void *)src, len / 4);
+        break;
+    case K_F32_MIN:
+        reduce_f32_min((float *)(void *)d, (const float *)(const void *)src, len / 4);
+        break;
+    case K_I64_SUM:
+        repro_sum_i64((int64_t *)(void *)d, (const int64_t *)(const void *)src, len / 8);
+        break;
+    default:
+        break;
+    }
+}
+
 static int is_pow2(int n)
 {
     return n > 0 && (n & (n - 1)) == 0;
@@ -185,6 +206,7 @@ int coll_build(struct cop *op, struct xport x, const int *host, err *e)
     op->s = s;
     s->owner = op;
     s->local = run_local;
+    s->reduce = run_reduce;
     s->buf[SB_I] = op->payload;
     op->input = op->payload;
     op->input_len = op->len;

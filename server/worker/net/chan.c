@@ -127,6 +127,7 @@ void chan_unref(struct chan *l)
         return;
     free(l->aborts);
     free(l->linger_err);
+    free(l->rtmp);
     free(l);
 }
 
@@ -637,6 +638,12 @@ int chan_send(struct chan *l, const struct xport_chunk *c, const void *buf, size
 
 int chan_recv(struct chan *l, const struct xport_chunk *c, void *buf, size_t len, xport_cb cb, void *arg)
 {
+    return chan_recv_reduce(l, c, buf, len, NULL, NULL, cb, arg);
+}
+
+int chan_recv_reduce(struct chan *l, const struct xport_chunk *c, void *buf, size_t len, xport_reduce_fn red,
+                     void *red_arg, xport_cb cb, void *arg)
+{
     struct lop *op;
     int rc = check_args(l, c, buf, len);
 
@@ -644,6 +651,8 @@ int chan_recv(struct chan *l, const struct xport_chunk *c, void *buf, size_t len
         return rc;
     if (!(op = new_op(l, LOP_RECV, c, buf, len, cb, arg)))
         return CODE_RESOURCE_EXHAUSTED;
+    op->red = red;
+    op->red_arg = red_arg;
     if (already_failed(l, op))
         return CODE_OK;
     if (!l->sq.head && !l->rq.head)

@@ -106,6 +106,11 @@ struct shm_listener {
     int npending;
 };
 
+size_t shm_ring_bytes(void)
+{
+    return (size_t)SHM_SLOTS * SHM_SLOT_BYTES;
+}
+
 static struct shm_ctl *ctl_of(uint8_t *map)
 {
     return (struct shm_ctl *)map;
@@ -358,7 +363,9 @@ again:
             rx_protocol_error(l, op, &pc);
             return;
         }
-        if (pc.piece_len)
+        if (pc.piece_len && op->red)
+            op->red(op->red_arg, op->buf + op->done, s + SHM_HDR, pc.piece_len);
+        else if (pc.piece_len)
             memcpy(op->buf + op->done, s + SHM_HDR, pc.piece_len);
         op->done += pc.piece_len;
         tail++, consumed++;
