@@ -45,6 +45,8 @@ struct rcv { /* a posted receive */
     size_t len;
     xport_cb cb;
     void *arg;
+    xport_reduce_fn red; /* recv_reduce: combine instead of copying */
+    void *red_arg;
 };
 
 struct done { /* a completion delivered from the loop, never from inside send/recv */
@@ -126,6 +128,11 @@ static void match(struct mnet *net, int a, int b)
             err_set(&e, CODE_INTERNAL, "replica %d sent chunk %u (step %u, %zu bytes) where replica %d expected "
                     "chunk %u (step %u, %zu bytes)", a, m->c.chunk, m->c.step, m->len, b, r->c.chunk, r->c.step,
                     r->len);
+        } else if (m->len && r->red) {
+            /* in two pieces, as a ring hands a chunk over */
+            size_t half = m->len / 2 / 8 * 8;
+            r->red(r->red_arg, r->buf, m->data, half);
+            r->red(r->red_arg, (uint8_t *)r->buf + half, m->data + half, m->len - half);
         } else if (m->len) {
             memcpy(r->buf, m->data, m->len);
         }
@@ -170,8 +177,8 @@ static int m_send(struct xport_chan *xc, const struct xport_chunk *c, const void
     return CODE_OK;
 }
 
-static int m_recv(struct xport_chan *xc, const struct xport_chunk *c, void *buf, size_t len, xport_cb cb,
-                  void *arg)
+static int m_post(struct xport_chan *xc, const struct xport_chunk *c, void *buf, size_t len, xport_reduce_fn red,
+                  void *red_arg, xport_cb cb, void *arg)
 {
     struct mchan *ch = (struct mchan *)xc;
     struct mnet *net = ch->net;
@@ -179,6 +186,8 @@ static int m_recv(struct xport_chan *xc, const struct xport_chunk *c, void *buf,
 
     if (!r)
         return CODE_RESOURCE_EXHAUSTED;
+    r->red = red;
+    r->red_arg = red_arg;
     r->c = *c;
     r->buf = buf;
     r->len = len;
@@ -190,6 +199,26 @@ static int m_recv(struct xport_chan *xc, const struct xport_chunk *c, void *buf,
     *pp = r;
     match(net, ch->to, ch->from);
     return CODE_OK;
+}
+
+static int m_recv(struct xport_chan *xc, const struct xport_chunk *c, void *buf, size_t len, xport_cb cb,
+                  void *arg)
+{
+    return m_post(xc, c, buf, len, NULL, NULL, cb, arg);
+}
+
+static int m_recv_reduce(struct xport_chan *xc, const struct xport_chunk *c, void *buf, size_t len,
+                         xport_reduce_fn red, void *red_arg, xport_cb cb, void *arg)
+{
+    return m_post(xc, c, buf, len, red, red_arg, cb, arg);
+}
+
+/* Fused receives between cores of one host, as over shared memory. */
+static int m_fuse(void *self, int replica, size_t len)
+{
+    const struct mself *s = self;
+    (void)len;
+    return replica / s->net->per_host == s->r / s->net->per_host;
 }
 
 static const char *m_peer_name(const struct xport_chan *xc)
@@ -224,7 +253,8 @@ static int m_failed(const void *self, uint64_t seq, err *e)
     return CODE_OK;
 }
 
-static const struct xport_ops mem_ops = {m_chan, m_send, m_recv, m_peer_name, m_is_shm, m_abort, m_failed};
+static const struct xport_ops mem_ops = {m_chan,   m_send,   m_recv, m_peer_name,  m_is_shm,
+                                         m_abort,  m_failed, m_fuse, m_recv_reduce};
 
 /* n replicas, per_host cores on each host (host of replica r: r / per_host). */
 static void mnet_init(struct mnet *net, int n, int per_host)
@@ -495,17 +525,20 @@ static uint64_t counts_for(int n, int k)
     return c[k];
 }
 
+/* one_host: every core on one host, where the transport fuses receives that
+ * reduce (m_fuse), as shared memory does; else one core per host. */
 Test(coll, all_reduce_every_algo_op_dtype_and_size, .timeout = 120)
 {
-    for (size_t a = 0; a < sizeof algos / sizeof algos[0]; a++)
-        for (size_t ni = 0; ni < sizeof sizes / sizeof sizes[0]; ni++)
-            for (int k = 0; k < 5; k++)
-                for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++)
-                    for (int bf = 0; bf < 2; bf++) {
-                        struct spec s = {sizes[ni], 1, TPUEMU__COLL_KIND__COLL_ALL_REDUCE, ops[o], bf, algos[a], 0, 0,
-                                         counts_for(sizes[ni], k), 1024, NULL};
-                        check_exact(&s);
-                    }
+    for (int one_host = 0; one_host < 2; one_host++)
+        for (size_t a = 0; a < sizeof algos / sizeof algos[0]; a++)
+            for (size_t ni = 0; ni < sizeof sizes / sizeof sizes[0]; ni++)
+                for (int k = 0; k < 5; k++)
+                    for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++)
+                        for (int bf = 0; bf < 2; bf++) {
+                            struct spec s = {sizes[ni], one_host ? sizes[ni] : 1, TPUEMU__COLL_KIND__COLL_ALL_REDUCE,
+                                             ops[o], bf, algos[a], 0, 0, counts_for(sizes[ni], k), 1024, NULL};
+                            check_exact(&s);
+                        }
 }
 
 Test(coll, reduce_scatter_all_gather_and_broadcast, .timeout = 120)
@@ -518,9 +551,12 @@ Test(coll, reduce_scatter_all_gather_and_broadcast, .timeout = 120)
                     uint64_t count = counts_for(n, k);
                     struct spec rs = {n, 1, TPUEMU__COLL_KIND__COLL_REDUCE_SCATTER, TPUEMU__REDUCE_OP__REDUCE_SUM,
                                       bf, algos[a], 0, 0, count, 1024, NULL};
+                    struct spec rs1 = rs; /* fused receives */
+                    rs1.per_host = n;
                     struct spec ag = {n, 1, TPUEMU__COLL_KIND__COLL_ALL_GATHER, 0, bf, algos[a], 0, 0, count / 4,
                                       1024, NULL};
                     check_exact(&rs);
+                    check_exact(&rs1);
                     check_exact(&ag);
                     for (int root = 0; root < n; root++) {
                         struct spec bc = {n, 1, TPUEMU__COLL_KIND__COLL_BROADCAST, 0, bf, algos[a], root, 0, count,
@@ -631,12 +667,13 @@ Test(coll, reproducible_sums_agree_across_algorithms_and_chunks, .timeout = 60)
             const uint64_t chunks[] = {1024, 8192, 0};
             for (int a = 0; a < 2; a++)
                 for (int ci = 0; ci < 3; ci++) {
-                    struct spec s = {n, 1, TPUEMU__COLL_KIND__COLL_ALL_REDUCE, TPUEMU__REDUCE_OP__REDUCE_SUM, bf,
-                                     ralgos[a], 0, 1, 20011, chunks[ci], NULL};
+                    /* the last chunk size on one host: receives fused (m_fuse), same bits */
+                    struct spec s = {n, ci == 2 ? n : 1, TPUEMU__COLL_KIND__COLL_ALL_REDUCE,
+                                     TPUEMU__REDUCE_OP__REDUCE_SUM, bf, ralgos[a], 0, 1, 20011, chunks[ci], NULL};
                     struct mnet net;
                     uint8_t *in[MAXN];
                     struct result res[MAXN];
-                    mnet_init(&net, n, 1);
+                    mnet_init(&net, n, s.per_host);
                     uint8_t *orig[MAXN];
                     for (int r = 0; r < n; r++) {
                         in[r] = make_input(&s, r, 5, 1);

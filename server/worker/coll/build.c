@@ -6,8 +6,16 @@
  * Automatic choice, measured with `tpuctl bench allreduce --algo hd|ring
  * --iters 30` on 4 workers (distinct host ids, TCP) sharing a 2-core VM:
  * hd 489/516/519/581/555/674/827 us at 4K..256K against ring 621/533/1674/
- * 1499/1781/1382/1949 us; at 512K-1M they meet (1.4-2.6 ms, noisy). So:
- *   all-reduce: hd below COLL_HD_MAX (512 KiB), ring above; hier when the
+ * 1499/1781/1382/1949 us; at 512K-1M they meet (1.4-2.6 ms, noisy). Later,
+ * with the loop polling while it waits (net/peers.c) and shared-memory
+ * receives reducing from the ring, medians of 6 alternating runs on the same
+ * (busy) VM: TCP n = 4 hd/ring 1575/1649 us at 512K, 2558/3522 at 1M,
+ * 11049/11240 at 2M (three earlier sweeps also had hd ahead at 1M); shared
+ * memory n = 4 643/795 at 512K, 1058/1079 at 1M, 2057/2184 at 2M. For groups
+ * that are not a power of two hd first folds whole buffers into partners,
+ * which costs more the larger they are. So:
+ *   all-reduce: hd below COLL_HD_MAX (512 KiB), and for a power-of-two group
+ *   below COLL_HD_POW2_MAX (2 MiB), ring above; hier when the
  *   group spans several hosts with several cores each and the buffer is at
  *   least COLL_HIER_MIN bytes (2 hosts x 3 cores, 1 MiB: hier 0.78 GB/s busbw
  *   vs ring 0.68, hd 0.69; above 2 MiB all three are within noise here);
@@ -17,7 +25,7 @@
  * whole buffer (log2 p steps instead of 2 log2 p): 4 workers over TCP, 4-16
  * KiB: 206-228 us against 362-479 us with halving-doubling, measured side by
  * side (TPUEMU_COLL_RD_MAX=0 vs default); at 32 KiB they are even.
- * TPUEMU_COLL_HD_MAX, TPUEMU_COLL_RD_MAX, TPUEMU_COLL_HIER_MIN,
+ * TPUEMU_COLL_HD_MAX (both hd bounds), TPUEMU_COLL_RD_MAX, TPUEMU_COLL_HIER_MIN,
  * TPUEMU_COLL_CHUNK and TPUEMU_COLL_DEPTH (environment of tpu-worker)
  * override them for measuring.
  * Chunks: COLL_CHUNK bytes (at least 1/COLL_MAX_CHUNKS of the buffer), with
@@ -31,6 +39,7 @@
 #include "reduce.h"
 
 #define COLL_HD_MAX (512u * 1024u)
+#define COLL_HD_POW2_MAX (2u * 1024u * 1024u)
 #define COLL_RD_MAX (32u * 1024u)
 #define COLL_HIER_MIN (1u * 1024u * 1024u)
 #define COLL_MAX_CHUNKS 16384u
@@ -101,6 +110,27 @@ static void run_local(struct sched *s, const struct sop *o)
     }
 }
 
+static void run_reduce(struct sched *s, int kern, uint8_t *d, const uint8_t *src, size_t len)
+{
+    (void)s;
+    switch (kern) {
+    case K_F32_SUM:
+        reduce_f32_sum((float *)(void *)d, (const float *)(const void *)src, len / 4);
+        break;
+    case K_F32_MAX:
+        reduce_f32_max((float *)(void *)d, (const float *)(const void *)src, len / 4);
+        break;
+    case K_F32_MIN:
+        reduce_f32_min((float *)(void *)d, (const float *)(const void *)src, len / 4);
+        break;
+    case K_I64_SUM:
+        repro_sum_i64((int64_t *)(void *)d, (const int64_t *)(const void *)src, len / 8);
+        break;
+    default:
+        break;
+    }
+}
+
 static int is_pow2(int n)
 {
     return n > 0 && (n & (n - 1)) == 0;
@@ -150,6 +180,7 @@ int coll_build(struct cop *op, struct xport x, const int *host, err *e)
     unsigned wesz = repro ? 8 : (reduce ? 4 : esz);
     uint64_t chunk = op->chunk_bytes ? op->chunk_bytes : env_uint("TPUEMU_COLL_CHUNK", COLL_CHUNK);
     unsigned hd_max = env_uint("TPUEMU_COLL_HD_MAX", COLL_HD_MAX);
+    unsigned hd_pow2_max = env_uint("TPUEMU_COLL_HD_MAX", COLL_HD_POW2_MAX);
     unsigned hier_min = env_uint("TPUEMU_COLL_HIER_MIN", COLL_HIER_MIN);
     int depth = (int)env_uint("TPUEMU_COLL_DEPTH", COLL_DEPTH);
     int *mem;
@@ -167,6 +198,8 @@ int coll_build(struct cop *op, struct xport x, const int *host, err *e)
     /* the algorithm */
     if (algo == TPUEMU__ALGO__ALGO_AUTO) {
         algo = bytes < hd_max ? TPUEMU__ALGO__ALGO_HD : TPUEMU__ALGO__ALGO_RING;
+        if (op->kind == TPUEMU__COLL_KIND__COLL_ALL_REDUCE && is_pow2(g) && bytes < hd_pow2_max)
+            algo = TPUEMU__ALGO__ALGO_HD;
         if (op->kind == TPUEMU__COLL_KIND__COLL_ALL_REDUCE && g >= 4 && bytes >= hier_min)
             algo = TPUEMU__ALGO__ALGO_HIER; /* if the topology fits, below */
     }
@@ -185,6 +218,7 @@ int coll_build(struct cop *op, struct xport x, const int *host, err *e)
     op->s = s;
     s->owner = op;
     s->local = run_local;
+    s->reduce = run_reduce;
     s->buf[SB_I] = op->payload;
     op->input = op->payload;
     op->input_len = op->len;
@@ -257,7 +291,8 @@ int coll_build(struct cop *op, struct xport x, const int *host, err *e)
                 int r = gen_hier_allreduce(&G, host, n, L > 0 && bytes / (uint64_t)L < hd_max);
                 done = r != -2;
                 if (!done && op->algo == TPUEMU__ALGO__ALGO_AUTO)
-                    algo = bytes < hd_max ? TPUEMU__ALGO__ALGO_HD : TPUEMU__ALGO__ALGO_RING;
+                    algo = bytes < hd_max || (is_pow2(g) && bytes < hd_pow2_max) ? TPUEMU__ALGO__ALGO_HD
+                                                                                : TPUEMU__ALGO__ALGO_RING;
                 else if (!done)
                     algo = TPUEMU__ALGO__ALGO_RING;
             }

@@ -194,6 +194,16 @@ int sched_nop(struct sched *s, int dep)
 int sched_recv_reduce(struct sched *s, int peer, int kern, int dbuf, uint64_t doff, uint64_t len,
                       uint32_t step, uint32_t chunk, uint64_t woff, int dep, int dep2)
 {
+    if (s->reduce && len && s->x.ops->recv_reduce && s->x.ops->fuse &&
+        s->x.ops->fuse(s->x.self, s->replica[peer], len)) {
+        int id = sched_recv(s, peer, dbuf, doff, len, step, chunk, woff, dep);
+        if (id >= 0) {
+            s->ops[id].fused = 1;
+            s->ops[id].kern = (uint8_t)kern;
+            sched_dep(s, dep2, id);
+        }
+        return id;
+    }
     int slot = s->slot_next++ % s->nslots;
     uint64_t toff = (uint64_t)slot * s->slot_bytes;
     int r = sched_recv(s, peer, SB_T, toff, len, step, chunk, woff, dep);
@@ -313,6 +323,12 @@ static void on_link(void *arg, const err *e)
     pump(s);
 }
 
+static void on_piece(void *arg, uint8_t *dst, const uint8_t *src, size_t len)
+{
+    struct sop *o = arg;
+    o->s->reduce(o->s, o->kern, dst, src, len);
+}
+
 static void issue(struct sched *s, int peer, int d)
 {
     struct sched_peer *pp = &s->pp[peer];
@@ -328,8 +344,9 @@ static void issue(struct sched *s, int peer, int d)
         }
         struct xport_chunk c = {s->seq, (s->iter << 16) | o->step, o->chunk, o->woff, s->what};
         uint8_t *b = s->buf[o->dbuf] + o->doff;
-        int rc = d ? s->x.ops->recv(pp->ch, &c, b, o->len, on_link, o)
-                   : s->x.ops->send(pp->ch, &c, b, o->len, on_link, o);
+        int rc = !d        ? s->x.ops->send(pp->ch, &c, b, o->len, on_link, o)
+                 : o->fused ? s->x.ops->recv_reduce(pp->ch, &c, b, o->len, on_piece, o, on_link, o)
+                            : s->x.ops->recv(pp->ch, &c, b, o->len, on_link, o);
         if (rc != CODE_OK) {
             err_set(&e, rc, "%s #%llu: cannot %s chunk %u %s core %s (%s)", s->what,
                     (unsigned long long)s->seq, d ? "receive" : "send", o->chunk,

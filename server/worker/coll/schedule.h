@@ -16,6 +16,9 @@
  * Receives that reduce go through a ring of temporary slots (nslots x
  * slot_bytes); a receive waits for the reduce that last used its slot, which
  * bounds both memory and the number of receives in flight (the pipeline depth).
+ * Where the transport offers it (xport fuse: shared memory), a receive that
+ * reduces is one RECV op instead, posted once the reduce may run, whose bytes
+ * are reduced straight from the link's ring (one copy less per byte).
  *
  * Lifetime: the schedule owns its buffers (sched_own). After done() reports a
  * failure, link callbacks may still be pending: release it with
@@ -39,6 +42,7 @@ struct sched;
 struct sop {
     struct sched *s;
     uint8_t type, kern, state, dbuf, sbuf;
+    uint8_t fused;        /* RECV: reduce with kern into dbuf as the bytes arrive */
     int32_t peer;         /* SEND/RECV: group rank */
     uint32_t step, chunk; /* SEND/RECV: identity on the wire */
     uint64_t doff, soff, len, woff; /* bytes; woff: offset named on the wire */
@@ -47,6 +51,8 @@ struct sop {
 };
 
 typedef void (*sched_local_fn)(struct sched *s, const struct sop *op);
+/* a reduction kernel on len bytes: dst op= src */
+typedef void (*sched_reduce_fn)(struct sched *s, int kern, uint8_t *dst, const uint8_t *src, size_t len);
 typedef void (*sched_done_fn)(struct sched *s, const err *e);
 
 struct sched_peer {
@@ -66,6 +72,7 @@ struct sched {
     size_t slot_bytes;
     int nslots;
     sched_local_fn local;
+    sched_reduce_fn reduce;       /* for fused receives; NULL: none are built */
     sched_done_fn done;
     void *owner;
 
@@ -116,7 +123,9 @@ int sched_local(struct sched *s, int kern, int dbuf, uint64_t doff, int sbuf, ui
 int sched_nop(struct sched *s, int dep);
 void sched_dep(struct sched *s, int from, int to);
 /* RECV into the next temporary slot, then LOCAL kern(dbuf+doff, slot, len):
- * returns the LOCAL's id. dep2: another dependency of the LOCAL (-1: none). */
+ * returns the LOCAL's id. dep2: another dependency of the LOCAL (-1: none).
+ * When s->reduce is set and the transport fuses this peer and length: one
+ * fused RECV depending on dep and dep2, whose id is returned. */
 int sched_recv_reduce(struct sched *s, int peer, int kern, int dbuf, uint64_t doff, uint64_t len,
                       uint32_t step, uint32_t chunk, uint64_t woff, int dep, int dep2);
 /* A NOP that depends on every op built since op id `since`, and on dep (so

@@ -8,6 +8,7 @@
  * completions, the collectives that failed) is kept here too. */
 #include "chan_impl.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,6 +127,7 @@ void chan_unref(struct chan *l)
         return;
     free(l->aborts);
     free(l->linger_err);
+    free(l->rtmp);
     free(l);
 }
 
@@ -192,6 +194,58 @@ void chan_progress(struct chan *l)
 {
     l->last_progress = uv_now(l->p->loop);
     l->silent_since = 0;
+    chan_spin(l->p);
+}
+
+/* The idle handle keeps the loop polling (epoll with a zero timeout) while a
+ * receive waits; shared-memory rings are looked at directly, without the
+ * eventfd wake-up (shm.c asks for none while this runs, and for them all when
+ * it stops). */
+static void on_spin(uv_idle_t *h)
+{
+    struct peers *p = h->data;
+    int waiting = 0;
+
+    if (!p->stopping && uv_hrtime() < p->spin_until)
+        for (uint32_t i = 0; i < p->n; i++) {
+            struct chan *l = p->links ? p->links[i] : NULL;
+            if (!l || l->closing)
+                continue;
+            if (l->rq.head) {
+                waiting = 1;
+                if (l->shm_rx)
+                    p->shmt->kick_recv(l);
+            }
+            if (l->sq.head && l->shm_tx) {
+                waiting = 1;
+                p->shmt->kick_send(l);
+            }
+        }
+    if (!waiting) {
+        uv_idle_stop(h);
+        p->spin_on = 0;
+        /* going to sleep: the shared-memory rings ask for their wake-ups now */
+        for (uint32_t i = 0; !p->stopping && i < p->n; i++) {
+            struct chan *l = p->links ? p->links[i] : NULL;
+            if (l && !l->closing && l->rq.head && l->shm_rx)
+                p->shmt->kick_recv(l);
+            if (l && !l->closing && l->sq.head && l->shm_tx)
+                p->shmt->kick_send(l);
+        }
+        return;
+    }
+    sched_yield();
+}
+
+void chan_spin(struct peers *p)
+{
+    if (!p->spin_ns || p->stopping)
+        return;
+    p->spin_until = uv_hrtime() + p->spin_ns;
+    if (!p->spin_on) {
+        p->spin_on = 1;
+        uv_idle_start(&p->spin, on_spin);
+    }
 }
 
 /* The progress check runs every timeout/8 (5..250 ms) while anything is
@@ -584,6 +638,12 @@ int chan_send(struct chan *l, const struct xport_chunk *c, const void *buf, size
 
 int chan_recv(struct chan *l, const struct xport_chunk *c, void *buf, size_t len, xport_cb cb, void *arg)
 {
+    return chan_recv_reduce(l, c, buf, len, NULL, NULL, cb, arg);
+}
+
+int chan_recv_reduce(struct chan *l, const struct xport_chunk *c, void *buf, size_t len, xport_reduce_fn red,
+                     void *red_arg, xport_cb cb, void *arg)
+{
     struct lop *op;
     int rc = check_args(l, c, buf, len);
 
@@ -591,12 +651,15 @@ int chan_recv(struct chan *l, const struct xport_chunk *c, void *buf, size_t len
         return rc;
     if (!(op = new_op(l, LOP_RECV, c, buf, len, cb, arg)))
         return CODE_RESOURCE_EXHAUSTED;
+    op->red = red;
+    op->red_arg = red_arg;
     if (already_failed(l, op))
         return CODE_OK;
     if (!l->sq.head && !l->rq.head)
         chan_progress(l);
     lopq_push(&l->rq, op);
     chan_arm(l);
+    chan_spin(l->p);
     if (l->rq.head == op) {
         l->p->shmt->kick_recv(l);
         l->p->tcp->kick_recv(l);

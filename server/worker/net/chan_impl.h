@@ -56,6 +56,8 @@ struct lop {
     int failed;      /* an issued send whose collective failed: report failure when written */
     xport_cb cb;
     void *arg;
+    xport_reduce_fn red; /* receive: combine the bytes into buf instead of copying (recv_reduce) */
+    void *red_arg;
     err *fail;       /* deferred failure to report */
     uint64_t t_post; /* uv_hrtime() when it was posted, for the profiler */
 };
@@ -108,6 +110,8 @@ struct chan {
     int in_cut;             /* an incoming connection was lost or replaced since the last
                                chunk that arrived as expected: chunks may be lost */
     struct lopq rq;         /* posted receives, in order */
+    uint8_t *rtmp;          /* TCP: where a reducing receive's payload lands first */
+    size_t rtmp_len;
 
     /* shared memory (shm.c); shm_tx/shm_rx NULL when TCP */
     int shm_tried;          /* shm set-up attempted (outgoing) */
@@ -161,6 +165,10 @@ struct peers {
 
     struct lopq dq;            /* completions to deliver from the loop */
     uv_timer_t defer;
+    uv_idle_t spin;            /* polls while a receive waits (chan_spin) */
+    int spin_on;
+    uint64_t spin_until;       /* uv_hrtime() ns: stop polling then */
+    uint64_t spin_ns;          /* how long after the last progress; 0: never poll */
     int open_handles;
 
     struct failed_seq failed[PEERS_FAILED_MAX];
@@ -195,6 +203,11 @@ struct chan *chan_get(struct peers *p, int r);
 /* The contract of xport.h's send, recv, peer_name and is_shm, on one channel. */
 int chan_send(struct chan *l, const struct xport_chunk *c, const void *buf, size_t len, xport_cb cb, void *arg);
 int chan_recv(struct chan *l, const struct xport_chunk *c, void *buf, size_t len, xport_cb cb, void *arg);
+/* xport.h's recv_reduce and fuse. */
+int chan_recv_reduce(struct chan *l, const struct xport_chunk *c, void *buf, size_t len, xport_reduce_fn red,
+                     void *red_arg, xport_cb cb, void *arg);
+/* The bytes a shared-memory ring holds (chan_fuse's bound). */
+size_t shm_ring_bytes(void);
 const char *chan_peer_name(const struct chan *l);
 int chan_peer_replica(const struct chan *l);
 int chan_is_shm(const struct chan *l);
@@ -205,6 +218,8 @@ void chan_unref(struct chan *l);
 void lopq_push(struct lopq *q, struct lop *op);
 struct lop *lopq_pop(struct lopq *q);
 void chan_progress(struct chan *l);
+/* Keeps the loop polling (not sleeping) for spin_ns while a receive waits. */
+void chan_spin(struct peers *p);
 /* The peer of l failed: every pending operation of l fails with e, the
  * collective of seq fails everywhere and the other replicas are told. */
 void chan_fail(struct chan *l, uint64_t seq, const err *e);

@@ -262,7 +262,18 @@ static enum dp_buf in_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, void
     if (h->seq == op->seq && h->step == op->step && h->chunk == op->chunk && h->offset == op->offset &&
         h->payload_bytes == op->len) {
         l->in_cut = 0;
-        *buf = op->buf;
+        if (op->red && op->len > l->rtmp_len) { /* reduced from a buffer of the link's (in_frame) */
+            uint8_t *t = realloc(l->rtmp, op->len);
+            if (!t) {
+                err_set(&e, CODE_RESOURCE_EXHAUSTED, "out of memory receiving chunk %u of %s #%llu from core %s",
+                        op->chunk, op->what, (unsigned long long)op->seq, l->name);
+                chan_fail(l, op->seq, &e);
+                return DP_BUF_FAILED;
+            }
+            l->rtmp = t;
+            l->rtmp_len = op->len;
+        }
+        *buf = op->red ? l->rtmp : op->buf;
         return DP_BUF_INTO;
     }
     if (l->in_cut) /* written into the connection that was cut, never read: lost, not a disagreement */
@@ -306,6 +317,8 @@ static void in_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload,
     struct lop *op = lopq_pop(&l->rq);
     if (!op)
         return;
+    if (op->red && op->len)
+        op->red(op->red_arg, op->buf, l->rtmp, op->len);
     chan_progress(l);
     chan_trace_done(l, op);
     op->cb(op->arg, &ok_err);

@@ -106,6 +106,11 @@ struct shm_listener {
     int npending;
 };
 
+size_t shm_ring_bytes(void)
+{
+    return (size_t)SHM_SLOTS * SHM_SLOT_BYTES;
+}
+
 static struct shm_ctl *ctl_of(uint8_t *map)
 {
     return (struct shm_ctl *)map;
@@ -270,7 +275,7 @@ again:
         wake(&c->want_data, e->efd_theirs);
         published = 0;
     }
-    if (l->sq.head) { /* the ring is full: ask for a wake-up, then look again */
+    if (l->sq.head && !l->p->spin_on) { /* the ring is full: ask for a wake-up, then look again */
         atomic_store_explicit(&c->want_space, 1, memory_order_seq_cst);
         if (atomic_load_explicit(&c->tail, memory_order_seq_cst) != tail) {
             tail = atomic_load_explicit(&c->tail, memory_order_acquire);
@@ -358,7 +363,9 @@ again:
             rx_protocol_error(l, op, &pc);
             return;
         }
-        if (pc.piece_len)
+        if (pc.piece_len && op->red)
+            op->red(op->red_arg, op->buf + op->done, s + SHM_HDR, pc.piece_len);
+        else if (pc.piece_len)
             memcpy(op->buf + op->done, s + SHM_HDR, pc.piece_len);
         op->done += pc.piece_len;
         tail++, consumed++;
@@ -373,6 +380,10 @@ again:
         wake(&c->want_space, e->efd_theirs);
         chan_progress(l);
         consumed = 0;
+    }
+    if (l->p->spin_on) { /* the loop polls the ring again (chan_spin): no wake-up needed */
+        chan_arm(l);
+        return;
     }
     /* going back to the loop: ask for a wake-up, then look again */
     atomic_store_explicit(&c->want_data, 1, memory_order_seq_cst);

@@ -38,6 +38,10 @@
 
 /* status CODE_OK, or the failure (e says what, for the user). */
 typedef void (*xport_cb)(void *arg, const err *e);
+/* recv_reduce: combines len bytes that arrived (src, valid only during the
+ * call) into dst, a part of the receive's destination; called once per piece
+ * in order, the pieces tiling the chunk. Element-wise kernels only. */
+typedef void (*xport_reduce_fn)(void *arg, uint8_t *dst, const uint8_t *src, size_t len);
 
 /* Identifies a chunk on the wire and in error messages. */
 struct xport_chunk {
@@ -67,6 +71,16 @@ struct xport_ops {
     int (*is_shm)(const struct xport_chan *ch);
     void (*abort)(void *self, uint64_t seq, const err *e);
     int (*failed)(const void *self, uint64_t seq, err *e);
+    /* Optional (NULL: not offered). fuse: 1 when recv_reduce of len bytes
+     * from replica r is worth it (shared memory: the bytes are reduced
+     * straight from the ring instead of copied out first, and the chunk fits
+     * in the ring, so posting it only once the reduce may run cannot stall
+     * the sender for good). recv_reduce: recv, except that the bytes are
+     * combined into buf by red(red_arg, ...) as they arrive; same contract
+     * otherwise (it works over any link, only slower where fuse said 0). */
+    int (*fuse)(void *self, int replica, size_t len);
+    int (*recv_reduce)(struct xport_chan *ch, const struct xport_chunk *c, void *buf, size_t len,
+                       xport_reduce_fn red, void *red_arg, xport_cb cb, void *arg);
 };
 
 /* A transport: its ops and the object they work on. */
