@@ -7,6 +7,7 @@
 
 #include "config.h"
 #include "json.h"
+#include "select.h"
 #include "table.h"
 #include "tpuctl.h"
 #include "tpuemu/profile.h"
@@ -101,99 +102,205 @@ static size_t count_hosts(const tpu_cluster_spec *s)
 
 /* ---- cluster ---- */
 
+/* --host and --state of cluster and health: parsed into *sel; -1 to go on,
+ * else the exit status (the error printed). */
+static int parse_select(const char *cmd, const char *hosts, const char *states, core_select *sel)
+{
+    char msg[256];
+    if (select_parse(sel, hosts, states, msg, sizeof msg) < 0) {
+        fprintf(stderr, "tpuctl %s: %s (see tpuctl %s --help)\n", cmd, msg, cmd);
+        return EXIT_USAGE;
+    }
+    return -1;
+}
+
+#define SELECT_FLAGS(hosts, states)                                                                   \
+    {"host", NULL, OPT_STRING, NULL, 0, 0, "H[,H...]",                                                \
+     "only cores of these hosts; shell patterns work ('h1*')", &(hosts)},                             \
+    {"state", NULL, OPT_STRING, NULL, 0, 0, "S[,S...]", "only cores in these states: READY, IDLE, DEAD", \
+     &(states)}
+
+/* "showing 8 of 1024 cores" when a selection hides some. */
+static void print_shown(size_t shown, size_t n, const char *hosts, const char *states)
+{
+    if (shown == n)
+        return;
+    printf("showing %zu of %zu cores (%s%s%s%s%s)\n", shown, n, hosts ? "--host " : "", hosts ? hosts : "",
+           hosts && states ? ", " : "", states ? "--state " : "", states ? states : "");
+}
+
+static void cluster_json_head(json *j, tpu_cluster *c, const tpu_cluster_spec *s, size_t n,
+                              const size_t cnt[4])
+{
+    json_init(j, stdout);
+    json_obj(j, NULL);
+    json_str(j, "resolver", tpu_cluster_endpoint(c));
+    json_uint(j, "num_cores", n);
+    json_uint(j, "ready", cnt[TPU_CORE_READY]);
+    json_uint(j, "idle", cnt[TPU_CORE_IDLE]);
+    json_uint(j, "dead", cnt[TPU_CORE_DEAD]);
+    json_uint(j, "num_hosts", count_hosts(s));
+    json_uint(j, "epoch", tpu_cluster_spec_epoch(s));
+    json_bool(j, "initialized", tpu_cluster_spec_initialized(s));
+    json_uint(j, "heartbeat_ms", tpu_cluster_spec_heartbeat_ms(s));
+    json_uint(j, "dead_after", tpu_cluster_spec_dead_after(s));
+    json_str(j, "owner", tpu_cluster_spec_owner(s));
+    json_str(j, "resolver_version", tpu_cluster_spec_resolver_version(s));
+}
+
+static void cluster_json_core(json *j, const tpu_core_info *ci)
+{
+    json_obj(j, NULL);
+    json_str(j, "host", ci->host_id);
+    json_int(j, "core", ci->core);
+    json_str(j, "state", tpu_core_state_name(ci->state));
+    if (ci->replica_id >= 0)
+        json_int(j, "replica", ci->replica_id);
+    else
+        json_null(j, "replica");
+    json_str(j, "tpu_type", ci->tpu_type);
+    json_uint(j, "hbm_used", ci->hbm_used);
+    json_uint(j, "hbm_peak", ci->hbm_peak);
+    json_uint(j, "hbm_capacity", ci->hbm_capacity);
+    json_uint(j, "heartbeat_age_ms", ci->heartbeat_age_ms);
+    json_uint(j, "pid", ci->pid);
+    json_str(j, "control_addr", ci->control_addr);
+    json_str(j, "data_addr", ci->data_addr);
+    json_str(j, "version", ci->version);
+    json_end(j);
+}
+
+static void cluster_row(table *t, const tpu_core_info *ci)
+{
+    table_cell(t, "%s", ci->host_id);
+    table_cell(t, "%d", ci->core);
+    table_cell(t, "%s", tpu_core_state_name(ci->state));
+    if (ci->replica_id >= 0)
+        table_cell(t, "%d", ci->replica_id);
+    else
+        table_cell(t, "-");
+    table_cell(t, "%s", ci->tpu_type);
+    table_cell(t, "%.2f", (double)ci->hbm_used / GIB);
+    table_cell(t, "%.2f", (double)ci->hbm_peak / GIB);
+    table_cell(t, "%.2f", (double)ci->hbm_capacity / GIB);
+    table_cell(t, "%.1fs", (double)ci->heartbeat_age_ms / 1000.0);
+    table_cell(t, "%u", ci->pid);
+    table_cell(t, "%s", ci->control_addr);
+    table_cell(t, "%s", ci->data_addr);
+}
+
+/* --summary: one row (or JSON object) per host. */
+static void cluster_hosts(const struct tpuctl *g, json *j, const core_select *sel, const tpu_cluster_spec *s)
+{
+    static const char *const head[] = {"HOST", "CORES", "READY", "IDLE", "DEAD", "HBM_USED", "HBM_CAP",
+                                       "MAX_HEARTBEAT_AGE"};
+    host_sum *h;
+    size_t nh = select_by_host(sel, s, &h);
+
+    if (g->json) {
+        json_arr(j, "hosts");
+        for (size_t i = 0; i < nh; i++) {
+            json_obj(j, NULL);
+            json_str(j, "host", h[i].host);
+            json_uint(j, "cores", h[i].cores);
+            json_uint(j, "ready", h[i].state[TPU_CORE_READY]);
+            json_uint(j, "idle", h[i].state[TPU_CORE_IDLE]);
+            json_uint(j, "dead", h[i].state[TPU_CORE_DEAD]);
+            json_uint(j, "hbm_used", h[i].hbm_used);
+            json_uint(j, "hbm_capacity", h[i].hbm_capacity);
+            json_uint(j, "max_heartbeat_age_ms", h[i].max_heartbeat_age_ms);
+            json_end(j);
+        }
+        json_end(j);
+    } else if (nh) {
+        table t;
+        table_init(&t, sizeof head / sizeof head[0], head);
+        for (size_t i = 0; i < nh; i++) {
+            table_cell(&t, "%s", h[i].host);
+            table_cell(&t, "%zu", h[i].cores);
+            table_cell(&t, "%zu", h[i].state[TPU_CORE_READY]);
+            table_cell(&t, "%zu", h[i].state[TPU_CORE_IDLE]);
+            table_cell(&t, "%zu", h[i].state[TPU_CORE_DEAD]);
+            table_cell(&t, "%.2f", (double)h[i].hbm_used / GIB);
+            table_cell(&t, "%.2f", (double)h[i].hbm_capacity / GIB);
+            table_cell(&t, "%.1fs", (double)h[i].max_heartbeat_age_ms / 1000.0);
+        }
+        table_print(&t, stdout);
+        table_free(&t);
+    }
+    free(h);
+}
+
 static int cmd_cluster(const struct tpuctl *g, int argc, char **argv)
 {
     /* HBM figures in GiB */
     static const char *const head[] = {"HOST", "CORE", "STATE", "REPLICA", "TYPE", "HBM_USED",
                                        "HBM_PEAK", "HBM_CAP", "HEARTBEAT_AGE", "PID", "CONTROL", "DATA"};
-    struct opt none[1] = {{0}};
+    const char *hosts = NULL, *states = NULL;
+    int summary = 0;
+    struct opt flags[] = {
+        SELECT_FLAGS(hosts, states),
+        {"summary", NULL, OPT_BOOL, NULL, 0, 0, NULL,
+         "one row per host (cores by state, HBM, oldest heartbeat) instead of one per core", &summary},
+    };
     tpu_resolver *r;
     tpu_cluster *c;
     tpu_cluster_spec *s;
     tpu_core_info ci;
-    size_t n, cnt[4] = {0};
-    int rc = cmd_flags(none, 0, argc, argv, "tpuctl cluster",
-                       "Every core the resolver knows: state, replica, HBM, heartbeat age.");
+    core_select sel;
+    size_t n, shown = 0, cnt[4] = {0};
+    int rc = cmd_flags(flags, sizeof flags / sizeof flags[0], argc, argv,
+                       "tpuctl cluster [--host H[,H...]] [--state S[,S...]] [--summary]",
+                       "Every core the resolver knows: state, replica, HBM, heartbeat age. The first "
+                       "line counts the whole cluster; --host and --state pick the cores listed.");
 
-    if (rc >= 0 || (rc = connect_spec(g, &r, &c, &s)) >= 0)
+    if (rc >= 0 || (rc = parse_select("cluster", hosts, states, &sel)) >= 0 ||
+        (rc = connect_spec(g, &r, &c, &s)) >= 0)
         return rc;
     n = tpu_cluster_spec_num_cores(s);
     for (size_t i = 0; i < n; i++) {
         tpu_cluster_spec_core(s, i, &ci);
         cnt[ci.state & 3]++;
+        shown += select_match(&sel, &ci);
     }
     if (g->json) {
         json j;
-        json_init(&j, stdout);
-        json_obj(&j, NULL);
-        json_str(&j, "resolver", tpu_cluster_endpoint(c));
-        json_uint(&j, "num_cores", n);
-        json_uint(&j, "ready", cnt[TPU_CORE_READY]);
-        json_uint(&j, "idle", cnt[TPU_CORE_IDLE]);
-        json_uint(&j, "dead", cnt[TPU_CORE_DEAD]);
-        json_uint(&j, "num_hosts", count_hosts(s));
-        json_uint(&j, "epoch", tpu_cluster_spec_epoch(s));
-        json_bool(&j, "initialized", tpu_cluster_spec_initialized(s));
-        json_uint(&j, "heartbeat_ms", tpu_cluster_spec_heartbeat_ms(s));
-        json_uint(&j, "dead_after", tpu_cluster_spec_dead_after(s));
-        json_str(&j, "owner", tpu_cluster_spec_owner(s));
-        json_str(&j, "resolver_version", tpu_cluster_spec_resolver_version(s));
-        json_arr(&j, "cores");
-        for (size_t i = 0; i < n; i++) {
-            tpu_cluster_spec_core(s, i, &ci);
-            json_obj(&j, NULL);
-            json_str(&j, "host", ci.host_id);
-            json_int(&j, "core", ci.core);
-            json_str(&j, "state", tpu_core_state_name(ci.state));
-            if (ci.replica_id >= 0)
-                json_int(&j, "replica", ci.replica_id);
-            else
-                json_null(&j, "replica");
-            json_str(&j, "tpu_type", ci.tpu_type);
-            json_uint(&j, "hbm_used", ci.hbm_used);
-            json_uint(&j, "hbm_peak", ci.hbm_peak);
-            json_uint(&j, "hbm_capacity", ci.hbm_capacity);
-            json_uint(&j, "heartbeat_age_ms", ci.heartbeat_age_ms);
-            json_uint(&j, "pid", ci.pid);
-            json_str(&j, "control_addr", ci.control_addr);
-            json_str(&j, "data_addr", ci.data_addr);
-            json_str(&j, "version", ci.version);
+        cluster_json_head(&j, c, s, n, cnt);
+        if (summary) {
+            cluster_hosts(g, &j, &sel, s);
+        } else {
+            json_arr(&j, "cores");
+            for (size_t i = 0; i < n; i++) {
+                tpu_cluster_spec_core(s, i, &ci);
+                if (select_match(&sel, &ci))
+                    cluster_json_core(&j, &ci);
+            }
             json_end(&j);
         }
         json_end(&j);
-        json_end(&j);
     } else {
-        table t;
         printf("cluster: %zu cores (%zu ready, %zu idle, %zu dead) on %zu hosts, epoch %llu, "
                "initialized %s, heartbeat %u ms\n",
                n, cnt[TPU_CORE_READY], cnt[TPU_CORE_IDLE], cnt[TPU_CORE_DEAD], count_hosts(s),
                (unsigned long long)tpu_cluster_spec_epoch(s),
                tpu_cluster_spec_initialized(s) ? "yes" : "no", tpu_cluster_spec_heartbeat_ms(s));
-        table_init(&t, sizeof head / sizeof head[0], head);
-        for (size_t i = 0; i < n; i++) {
-            tpu_cluster_spec_core(s, i, &ci);
-            table_cell(&t, "%s", ci.host_id);
-            table_cell(&t, "%d", ci.core);
-            table_cell(&t, "%s", tpu_core_state_name(ci.state));
-            if (ci.replica_id >= 0)
-                table_cell(&t, "%d", ci.replica_id);
-            else
-                table_cell(&t, "-");
-            table_cell(&t, "%s", ci.tpu_type);
-            table_cell(&t, "%.2f", (double)ci.hbm_used / GIB);
-            table_cell(&t, "%.2f", (double)ci.hbm_peak / GIB);
-            table_cell(&t, "%.2f", (double)ci.hbm_capacity / GIB);
-            table_cell(&t, "%.1fs", (double)ci.heartbeat_age_ms / 1000.0);
-            table_cell(&t, "%u", ci.pid);
-            table_cell(&t, "%s", ci.control_addr);
-            table_cell(&t, "%s", ci.data_addr);
-        }
-        if (n)
-            table_print(&t, stdout);
-        else
+        print_shown(shown, n, hosts, states);
+        if (!n) {
             printf("no cores have registered; start workers with tpu-worker --resolver %s\n",
                    tpu_cluster_endpoint(c));
-        table_free(&t);
+        } else if (summary) {
+            cluster_hosts(g, NULL, &sel, s);
+        } else if (shown) {
+            table t;
+            table_init(&t, sizeof head / sizeof head[0], head);
+            for (size_t i = 0; i < n; i++) {
+                tpu_cluster_spec_core(s, i, &ci);
+                if (select_match(&sel, &ci))
+                    cluster_row(&t, &ci);
+            }
+            table_print(&t, stdout);
+            table_free(&t);
+        }
     }
     tpu_cluster_spec_free(s);
     disconnect(r, c);
@@ -394,55 +501,69 @@ static int cmd_forget(const struct tpuctl *g, int argc, char **argv)
 
 /* ---- health ---- */
 
+/* A core's health, Cloud TPU's names; sym: the symptom ("" when healthy). */
+static const char *core_health(const tpu_core_info *ci, uint64_t epoch, int init, char *sym, size_t len)
+{
+    sym[0] = 0;
+    if (ci->state == TPU_CORE_DEAD) {
+        snprintf(sym, len, "HEARTBEAT_MISSED: no heartbeat for %.1f s", (double)ci->heartbeat_age_ms / 1000.0);
+        return "TIMEOUT";
+    }
+    if (ci->state == TPU_CORE_IDLE && init) {
+        snprintf(sym, len, "RESTARTED: not part of initialized system epoch %llu", (unsigned long long)epoch);
+        return "UNHEALTHY_TENSORFLOW";
+    }
+    return "HEALTHY";
+}
+
 static int cmd_health(const struct tpuctl *g, int argc, char **argv)
 {
     static const char *const head[] = {"CORE", "STATE", "HEALTH", "SYMPTOMS"};
-    struct opt none[1] = {{0}};
+    const char *hosts = NULL, *states = NULL;
+    int only_bad = 0;
+    struct opt flags[] = {
+        SELECT_FLAGS(hosts, states),
+        {"unhealthy", NULL, OPT_BOOL, NULL, 0, 0, NULL, "list only the cores that are not HEALTHY", &only_bad},
+    };
     tpu_resolver *r;
     tpu_cluster *c;
     tpu_cluster_spec *s;
     tpu_core_info ci;
-    size_t n, bad = 0, dead = 0, wl = 0;
-    char why[2048] = "";
-    const char *state, *health;
+    core_select sel;
+    size_t n, shown = 0, bad = 0, dead = 0, wl = 0;
+    char why[2048] = "", sym[128];
+    const char *state, *health, *h;
     uint64_t epoch;
     int init;
-    int rc = cmd_flags(none, 0, argc, argv, "tpuctl health",
+    int rc = cmd_flags(flags, sizeof flags / sizeof flags[0], argc, argv,
+                       "tpuctl health [--host H[,H...]] [--state S[,S...]] [--unhealthy]",
                        "Health of the cluster and of every core, shaped like Cloud TPU's. "
-                       "Exit 0 when every core is healthy, else 1.");
+                       "Exit 0 when every core (of those --host and --state pick) is healthy, else 1.");
 
-    if (rc >= 0 || (rc = connect_spec(g, &r, &c, &s)) >= 0)
+    if (rc >= 0 || (rc = parse_select("health", hosts, states, &sel)) >= 0 ||
+        (rc = connect_spec(g, &r, &c, &s)) >= 0)
         return rc;
     n = tpu_cluster_spec_num_cores(s);
     epoch = tpu_cluster_spec_epoch(s);
     init = tpu_cluster_spec_initialized(s);
-    /* per core: health and symptom */
-    char (*sym)[128] = calloc(n ? n : 1, sizeof *sym);
-    if (!sym) {
-        fprintf(stderr, "tpuctl: out of memory\n");
-        exit(EXIT_ERROR);
-    }
     for (size_t i = 0; i < n; i++) {
         tpu_cluster_spec_core(s, i, &ci);
-        if (ci.state == TPU_CORE_DEAD) {
-            snprintf(sym[i], sizeof sym[i], "HEARTBEAT_MISSED: no heartbeat for %.1f s",
-                     (double)ci.heartbeat_age_ms / 1000.0);
-            dead++;
-        } else if (ci.state == TPU_CORE_IDLE && init) {
-            snprintf(sym[i], sizeof sym[i], "RESTARTED: not part of initialized system epoch %llu",
-                     (unsigned long long)epoch);
-        }
-        if (sym[i][0]) {
+        if (!select_match(&sel, &ci))
+            continue;
+        shown++;
+        core_health(&ci, epoch, init, sym, sizeof sym);
+        dead += ci.state == TPU_CORE_DEAD;
+        if (sym[0]) {
             if (bad < 10 && wl < sizeof why)
                 wl += (size_t)snprintf(why + wl, sizeof why - wl, "%s%s/%d (%s)", bad ? ", " : "",
-                                       ci.host_id, ci.core, strchr(sym[i], ':') + 2);
+                                       ci.host_id, ci.core, strchr(sym, ':') + 2);
             bad++;
         }
     }
     if (bad > 10 && wl < sizeof why)
         snprintf(why + wl, sizeof why - wl, ", and %zu more", bad - 10);
     state = n ? "READY" : "CREATING";
-    health = n == 0 || (dead == n) ? "TIMEOUT" : bad ? "UNHEALTHY_TENSORFLOW" : "HEALTHY";
+    health = !shown ? (n ? "HEALTH_UNSPECIFIED" : "TIMEOUT") : dead == shown ? "TIMEOUT" : bad ? "UNHEALTHY_TENSORFLOW" : "HEALTHY";
     if (g->json) {
         json j;
         json_init(&j, stdout);
@@ -451,21 +572,24 @@ static int cmd_health(const struct tpuctl *g, int argc, char **argv)
         json_str(&j, "health", health);
         json_uint(&j, "epoch", epoch);
         json_bool(&j, "initialized", init);
-        json_uint(&j, "num_cores", n);
-        json_uint(&j, "unhealthy", n ? bad : 0);
+        json_uint(&j, "num_cores", shown);
+        json_uint(&j, "unhealthy", bad);
         json_arr(&j, "cores");
         for (size_t i = 0; i < n; i++) {
             tpu_cluster_spec_core(s, i, &ci);
+            if (!select_match(&sel, &ci))
+                continue;
+            h = core_health(&ci, epoch, init, sym, sizeof sym);
+            if (only_bad && !sym[0])
+                continue;
             json_obj(&j, NULL);
             json_str(&j, "host", ci.host_id);
             json_int(&j, "core", ci.core);
             json_str(&j, "state", tpu_core_state_name(ci.state));
-            json_str(&j, "health", ci.state == TPU_CORE_DEAD ? "TIMEOUT"
-                                   : sym[i][0]               ? "UNHEALTHY_TENSORFLOW"
-                                                             : "HEALTHY");
+            json_str(&j, "health", h);
             json_arr(&j, "symptoms");
-            if (sym[i][0])
-                json_str(&j, NULL, sym[i]);
+            if (sym[0])
+                json_str(&j, NULL, sym);
             json_end(&j);
             json_uint(&j, "heartbeat_age_ms", ci.heartbeat_age_ms);
             json_end(&j);
@@ -475,17 +599,25 @@ static int cmd_health(const struct tpuctl *g, int argc, char **argv)
     } else {
         table t;
         printf("state: %s%s\nhealth: %s\n", state, n ? "" : " (no cores)", health);
+        if (n)
+            printf("cores: %zu, %zu healthy, %zu unhealthy (%zu TIMEOUT)\n", shown, shown - bad, bad, dead);
+        print_shown(shown, n, hosts, states);
         table_init(&t, sizeof head / sizeof head[0], head);
+        size_t rows = 0;
         for (size_t i = 0; i < n; i++) {
             tpu_cluster_spec_core(s, i, &ci);
+            if (!select_match(&sel, &ci))
+                continue;
+            h = core_health(&ci, epoch, init, sym, sizeof sym);
+            if (only_bad && !sym[0])
+                continue;
             table_cell(&t, "%s/%d", ci.host_id, ci.core);
             table_cell(&t, "%s", tpu_core_state_name(ci.state));
-            table_cell(&t, "%s", ci.state == TPU_CORE_DEAD ? "TIMEOUT"
-                                 : sym[i][0]               ? "UNHEALTHY_TENSORFLOW"
-                                                           : "HEALTHY");
-            table_cell(&t, "%s", sym[i][0] ? sym[i] : "-");
+            table_cell(&t, "%s", h);
+            table_cell(&t, "%s", sym[0] ? sym : "-");
+            rows++;
         }
-        if (n)
+        if (rows)
             table_print(&t, stdout);
         table_free(&t);
     }
@@ -494,13 +626,16 @@ static int cmd_health(const struct tpuctl *g, int argc, char **argv)
         fprintf(stderr, "UNAVAILABLE: no cores have registered with the resolver at %s; start "
                         "tpu-worker --resolver %s\n", tpu_cluster_endpoint(c), tpu_cluster_endpoint(c));
         rc = EXIT_ERROR;
+    } else if (shown == 0) {
+        fprintf(stderr, "NOT_FOUND: none of the %zu cores matches%s%s%s%s\n", n, hosts ? " --host " : "",
+                hosts ? hosts : "", states ? " --state " : "", states ? states : "");
+        rc = EXIT_ERROR;
     } else if (bad) {
-        fprintf(stderr, "UNAVAILABLE: %zu of %zu cores are unhealthy: %s\n", bad, n, why);
+        fprintf(stderr, "UNAVAILABLE: %zu of %zu cores are unhealthy: %s\n", bad, shown, why);
         rc = EXIT_ERROR;
     } else {
         rc = EXIT_OK;
     }
-    free(sym);
     tpu_cluster_spec_free(s);
     disconnect(r, c);
     return rc;

@@ -153,6 +153,89 @@ Test(cli, health_no_cores, .timeout = 30)
     cluster_free(c);
 }
 
+/* Lines of out that start with prefix: the rows of a table. */
+static int rows_starting(const char *out, const char *prefix)
+{
+    int n = 0;
+    for (const char *p = out; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        n += strncmp(p, prefix, strlen(prefix)) == 0;
+    return n;
+}
+
+/* At pod scale a listing must be readable: --host, --state, --summary and
+ * health --unhealthy pick what is shown; the first line counts everything. */
+Test(cli, listings_pick_hosts_and_states, .timeout = 60)
+{
+    cluster_opts o = {.hosts = 3, .cores_per_host = 2};
+    cluster *c = cluster_start(&o);
+    run_result r;
+
+    cluster_tpuctl(c, &r, 10000, "init", "--expect", "6", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    run_result_free(&r);
+    cluster_kill_worker(c, 5); /* h2/1 */
+    cr_assert(cluster_wait_core_state(c, "h2", 1, TPU_CORE_DEAD, 15000));
+
+    cluster_tpuctl(c, &r, 5000, "cluster", "--host", "h1", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    cr_assert(strstr(r.out, "cluster: 6 cores (5 ready, 0 idle, 1 dead) on 3 hosts"), SHOW(r));
+    cr_assert(strstr(r.out, "showing 2 of 6 cores (--host h1)"), SHOW(r));
+    cr_assert_eq(rows_starting(r.out, "h1 "), 2, SHOW(r));
+    cr_assert_eq(rows_starting(r.out, "h0 ") + rows_starting(r.out, "h2 "), 0, SHOW(r));
+    run_result_free(&r);
+
+    cluster_tpuctl(c, &r, 5000, "cluster", "--state", "dead", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    cr_assert_eq(rows_starting(r.out, "h2 "), 1, SHOW(r));
+    cr_assert(strstr(r.out, "DEAD"), SHOW(r));
+    cr_assert_null(strstr(r.out, "READY "), SHOW(r));
+    run_result_free(&r);
+
+    cluster_tpuctl(c, &r, 5000, "cluster", "--host", "h[02]", "--state", "ready", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    cr_assert_eq(rows_starting(r.out, "h0 "), 2, SHOW(r));
+    cr_assert_eq(rows_starting(r.out, "h2 "), 1, SHOW(r));
+    run_result_free(&r);
+
+    cluster_tpuctl(c, &r, 5000, "cluster", "--summary", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    cr_assert(strstr(r.out, "HOST  CORES  READY  IDLE  DEAD"), SHOW(r));
+    cr_assert_eq(rows_starting(r.out, "h"), 3, "one row per host: " SHOW(r));
+    cr_assert(strstr(r.out, "h2    2      1      0     1 "), SHOW(r));
+    run_result_free(&r);
+
+    cluster_tpuctl(c, &r, 5000, "--json", "cluster", "--summary", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    cr_assert(json_is_object(r.out), SHOW(r));
+    cr_assert(strstr(r.out, "{\"host\":\"h2\",\"cores\":2,\"ready\":1,\"idle\":0,\"dead\":1,"), SHOW(r));
+    run_result_free(&r);
+
+    cluster_tpuctl(c, &r, 5000, "health", "--unhealthy", NULL);
+    cr_assert_eq(r.code, 1, SHOW(r));
+    cr_assert(strstr(r.out, "cores: 6, 5 healthy, 1 unhealthy (1 TIMEOUT)"), SHOW(r));
+    cr_assert_eq(rows_starting(r.out, "h0/") + rows_starting(r.out, "h1/") + rows_starting(r.out, "h2/"), 1,
+                 "only the unhealthy core: " SHOW(r));
+    cr_assert(strstr(r.out, "h2/1  DEAD   TIMEOUT"), SHOW(r));
+    cr_assert(strstr(r.err, "1 of 6 cores are unhealthy: h2/1"), SHOW(r));
+    run_result_free(&r);
+
+    cluster_tpuctl(c, &r, 5000, "health", "--host", "h0,h1", NULL);
+    cr_assert_eq(r.code, 0, "the two healthy hosts: " SHOW(r));
+    cr_assert(strstr(r.out, "health: HEALTHY"), SHOW(r));
+    run_result_free(&r);
+
+    cluster_tpuctl(c, &r, 5000, "health", "--host", "nosuchhost", NULL);
+    cr_assert_eq(r.code, 1, SHOW(r));
+    cr_assert(strstr(r.err, "NOT_FOUND: none of the 6 cores matches --host nosuchhost"), SHOW(r));
+    run_result_free(&r);
+
+    cluster_tpuctl(c, &r, 5000, "cluster", "--state", "asleep", NULL);
+    cr_assert_eq(r.code, 2, SHOW(r));
+    cr_assert(strstr(r.err, "--state: 'asleep' is not a core state (READY, IDLE or DEAD)"), SHOW(r));
+    run_result_free(&r);
+    cluster_free(c);
+}
+
 Test(cli, unreachable_resolver, .timeout = 15)
 {
     char addr[64];
