@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include <criterion/criterion.h>
 
@@ -24,6 +25,23 @@
 #define CLASSES 4
 #define SHOW(r) "exit %d\nstdout:\n%s\nstderr:\n%s", (r).code, (r).out, (r).err
 
+/* Every one of the first N workers is registered under its own pid, alive. */
+static int all_registered_anew(cluster *c, void *arg)
+{
+    tpu_cluster_spec *s = cluster_spec(c);
+    tpu_core_info ci;
+    int ok = 1;
+    (void)arg;
+    if (!s)
+        return 0;
+    for (int i = 0; i < N && ok; i++)
+        ok = cluster_find_core(s, c->workers[i].host, c->workers[i].core, &ci) &&
+             ci.pid == (uint32_t)c->workers[i].pid &&
+             (ci.state == TPU_CORE_IDLE || ci.state == TPU_CORE_READY);
+    tpu_cluster_spec_free(s);
+    return ok;
+}
+
 static void quiet(const char *msg, void *user)
 {
     (void)msg, (void)user;
@@ -32,8 +50,9 @@ static void quiet(const char *msg, void *user)
 Test(scale, pod_of_256_cores, .timeout = 900)
 {
     static const char *const wargs[] = {"--trace-events", "1024", NULL};
+    static const char *const rargs[] = {"--max-cores", "256", NULL};
     cluster_opts o = {.hosts = HOSTS, .cores_per_host = PER_HOST, .heartbeat_ms = 1000, .dead_after = 10,
-                      .worker_args = wargs};
+                      .worker_args = wargs, .resolver_args = rargs};
     cluster *c = cluster_start(&o);
     run_result r;
     char n[8];
@@ -136,5 +155,47 @@ Test(scale, pod_of_256_cores, .timeout = 900)
     /* every core still alive, and the resolver */
     cr_assert_eq(cluster_count(c, CL_ALIVE), N);
     cr_assert(cluster_alive(&c->resolver), "see %s", c->resolver.log);
+
+    /* bad input at scale: a second worker claiming a held core is refused and
+     * told why; one more core than --max-cores is refused with the limit named
+     * and keeps trying, while the pod goes on */
+    int dup = cluster_add_worker(c, "h5", 3, NULL);
+    cr_assert(cluster_wait_exit(&c->workers[dup], 60000), "the second h5/3 still runs; see %s",
+              c->workers[dup].log);
+    cr_assert(WIFEXITED(c->workers[dup].status) && WEXITSTATUS(c->workers[dup].status) == 3,
+              "exit status 3 for a duplicate core; see %s", c->workers[dup].log);
+    cr_assert(cl_log_contains(&c->workers[dup], "ALREADY_EXISTS: core h5/3 is already held by a live worker"),
+              "see %s", c->workers[dup].log);
+    int over = cluster_add_worker(c, "h32", 0, NULL);
+    cr_assert(cl_wait_log(&c->workers[over], "--max-cores", 60000), "see %s",
+              c->workers[over].log);
+    cr_assert(cl_log_contains(&c->workers[over], "resolver already tracks 256 cores"), "see %s",
+              c->workers[over].log);
+    cr_assert(cluster_alive(&c->workers[over]), "a worker refused for --max-cores keeps trying; see %s",
+              c->workers[over].log);
+    cluster_kill_worker(c, over);
+
+    /* a registration storm: every worker killed and started again at once;
+     * each registers anew (the resolver probes the old holders, 64 at a time,
+     * and asks the rest to retry), and the pod initializes again */
+    for (int i = 0; i < N; i++)
+        cluster_kill_worker(c, i);
+    for (int i = 0; i < N; i++)
+        cluster_restart_worker(c, i);
+    cr_assert(cluster_wait_until(all_registered_anew, c, NULL, 120000),
+              "not every restarted worker registered again; see %s", c->resolver.log);
+    cr_assert(cluster_alive(&c->resolver), "see %s", c->resolver.log);
+    cluster_tpuctl(c, &r, 120000, "init", "--expect", n, "--timeout-ms", "60000", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    cr_assert(strstr(r.out, "256 cores on 32 hosts"), SHOW(r));
+    run_result_free(&r);
+    cluster_tpuctl(c, &r, 60000, "health", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    cr_assert(strstr(r.out, "cores: 256, 256 healthy, 0 unhealthy"), SHOW(r));
+    run_result_free(&r);
+    cluster_tpuctl(c, &r, 60000, "cluster", "--summary", NULL);
+    cr_assert_eq(r.code, 0, SHOW(r));
+    cr_assert(strstr(r.out, "h31   8      8      0     0 "), "one row per host, all ready: " SHOW(r));
+    run_result_free(&r);
     cluster_free(c);
 }
