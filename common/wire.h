@@ -45,9 +45,11 @@ int wire_seal_at(const auth *a, const char *sender, uint64_t sent_unix_ms, wire_
 int wire_open(const auth *a, replay *r, const uint8_t *buf, size_t len, size_t cap,
               wire_msg **out, err *e);
 void wire_msg_free(wire_msg *m);
-/* 1 if buf opens as a request (at most WIRE_MAX_REQUEST bytes) under a's key:
- * its sender holds the cluster token (without a token: it is well formed). No
- * replay check: what a control port's connection budget trusts (sprep.h). */
+/* 1 if buf is an envelope of this protocol version (at most WIRE_MAX_CONTROL
+ * bytes) with a body, MAC'd under a's key when a has one: its sender holds the
+ * cluster token (without a token: it speaks the protocol). The body is not
+ * decoded and there is no replay check: the handler does both next. What a
+ * control port's connection budget trusts (sprep.h). */
 int wire_vouches(const auth *a, const uint8_t *buf, size_t len);
 
 /* The nonce of a message that wire_open() refused, read without trusting it,

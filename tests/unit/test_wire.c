@@ -1,5 +1,7 @@
 /* Unit tests of common/wire: seal/open round trip, wrong token, missing MAC,
- * version mismatch, garbage, oversized, no body, unknown body field. */
+ * version mismatch, garbage, oversized, no body, unknown body field; the
+ * envelope read in place, what vouches, the arenas opened messages live in. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -310,4 +312,130 @@ Test(wire, peek_nonce_of_a_refused_message)
     cr_assert_eq(wire_peek_nonce(buf, len, len - 1), 0, "over the cap");
     cr_assert_eq(wire_peek_nonce((const uint8_t *)"GET / HTTP/1.0", 14, WIRE_MAX_REQUEST), 0);
     free(buf);
+}
+
+/* The envelope is read in place, with protobuf's rules: fields in any order,
+ * unknown ones skipped, a repeated one's last value winning. */
+Test(wire, envelope_fields_in_any_order_and_unknown_ones_skipped)
+{
+    size_t len;
+    uint8_t *buf = seal_spec_req(&ka, &len, NULL);
+    Tpuemu__Envelope *env = tpuemu__envelope__unpack(NULL, len, buf);
+    uint8_t out[1024], *p = out;
+    wire_msg *m = NULL;
+    err e;
+
+    cr_assert_not_null(env);
+    cr_assert_lt(env->body.len + env->mac.len, sizeof out - 64);
+    *p++ = 0x28; *p++ = 0x07;                                    /* field 5, varint: unknown */
+    *p++ = 0x1a; *p++ = (uint8_t)env->mac.len;                   /* mac first */
+    memcpy(p, env->mac.data, env->mac.len), p += env->mac.len;
+    *p++ = 0x08; *p++ = 0x09;                                    /* version 9 ... */
+    *p++ = 0x12;                                                 /* body */
+    *p++ = (uint8_t)(env->body.len | 0x80), *p++ = (uint8_t)(env->body.len >> 7);
+    memcpy(p, env->body.data, env->body.len), p += env->body.len;
+    *p++ = 0x35; memset(p, 0, 4), p += 4;                        /* field 6, 32-bit: unknown */
+    *p++ = 0x08; *p++ = WIRE_VERSION;                            /* ... then the right one */
+    cr_assert_eq(wire_open(&ka, NULL, out, (size_t)(p - out), WIRE_MAX_REQUEST, &m, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(m->body_case, TPUEMU__MESSAGE__BODY_CLUSTER_SPEC_REQUEST);
+    wire_msg_free(m);
+    cr_assert(wire_vouches(&ka, out, (size_t)(p - out)));
+
+    /* body given the wrong wire type: refused, naming the envelope */
+    out[0] = 0x10; /* field 2 as a varint */
+    cr_assert_eq(wire_open(&ka, NULL, out, (size_t)(p - out), WIRE_MAX_REQUEST, &m, &e), CODE_INVALID_ARGUMENT);
+    cr_assert(strstr(e.msg, "tpuemu envelope"), "%s", e.msg);
+    cr_assert_not(wire_vouches(&ka, out, (size_t)(p - out)));
+    tpuemu__envelope__free_unpacked(env, NULL);
+    free(buf);
+}
+
+/* What a control port's connection budget trusts: a sealed envelope of this
+ * version, MAC'd under the token when there is one; not garbage, not another
+ * token's, not another version's, not an unsigned one where a token is set. */
+Test(wire, vouches)
+{
+    size_t len, l2;
+    uint8_t *buf = seal_spec_req(&ka, &len, NULL), *v2, *nomac;
+    uint8_t junk[64];
+
+    cr_assert(wire_vouches(&ka, buf, len));
+    cr_assert(wire_vouches(&none, buf, len));
+    cr_assert_not(wire_vouches(&kb, buf, len));
+    v2 = reenvelope(buf, len, 2, 0, &l2);
+    cr_assert_not(wire_vouches(&ka, v2, l2));
+    free(v2);
+    nomac = reenvelope(buf, len, -1, 1, &l2);
+    cr_assert_not(wire_vouches(&ka, nomac, l2));
+    cr_assert(wire_vouches(&none, nomac, l2));
+    free(nomac);
+    memset(junk, 0xff, sizeof junk);
+    cr_assert_not(wire_vouches(&none, junk, sizeof junk));
+    cr_assert_not(wire_vouches(&none, buf, 0));
+    cr_assert_not(wire_vouches(&none, buf, len - 1));
+    free(buf);
+}
+
+/* A ResetCore of n peers, sealed. */
+static uint8_t *seal_reset(size_t n, size_t *len)
+{
+    wire_msg m = TPUEMU__MESSAGE__INIT;
+    Tpuemu__ResetCore r = TPUEMU__RESET_CORE__INIT;
+    Tpuemu__PeerInfo *v = calloc(n, sizeof *v), **pv = calloc(n, sizeof *pv);
+    char (*addr)[32] = calloc(n, sizeof *addr);
+    uint8_t *buf;
+    err e;
+
+    for (size_t i = 0; i < n; i++) {
+        tpuemu__peer_info__init(&v[i]);
+        snprintf(addr[i], sizeof addr[i], "127.0.0.1:%zu", 20000 + i);
+        v[i].replica_id = (int32_t)i;
+        v[i].host_id = "h1";
+        v[i].core = (int32_t)(i % 8);
+        v[i].data_addr = addr[i];
+        v[i].shm_name = "";
+        v[i].control_addr = "tcp://127.0.0.1:1";
+        pv[i] = &v[i];
+    }
+    r.n_peers = n;
+    r.peers = pv;
+    r.num_replicas = (uint32_t)n;
+    m.body_case = TPUEMU__MESSAGE__BODY_RESET_CORE;
+    m.reset_core = &r;
+    cr_assert_eq(wire_seal(&ka, "resolver", &m, &buf, len, NULL, &e), CODE_OK, "%s", e.msg);
+    free(v);
+    free(pv);
+    free(addr);
+    return buf;
+}
+
+/* Opened messages live in arenas that are reused: large and small ones, kept
+ * open together and freed in any order, each keep their own contents. */
+Test(wire, messages_open_together_and_free_in_any_order)
+{
+    enum { K = 6 };
+    static const size_t sizes[K] = {1024, 1, 3000, 8, 200, 1024};
+    size_t len[K];
+    uint8_t *buf[K];
+    wire_msg *m[K];
+    err e;
+
+    for (int round = 0; round < 3; round++) {
+        for (int k = 0; k < K; k++) {
+            buf[k] = seal_reset(sizes[k], &len[k]);
+            cr_assert_eq(wire_open(&ka, NULL, buf[k], len[k], WIRE_MAX_CONTROL, &m[k], &e), CODE_OK, "%s", e.msg);
+        }
+        for (int k = 0; k < K; k++) {
+            int j = (k * 5 + round) % K; /* a different order each round */
+            Tpuemu__ResetCore *r = m[j]->reset_core;
+            char want[32];
+            cr_assert_eq(r->n_peers, sizes[j]);
+            snprintf(want, sizeof want, "127.0.0.1:%zu", 20000 + sizes[j] - 1);
+            cr_assert_str_eq(r->peers[sizes[j] - 1]->data_addr, want);
+            cr_assert_eq(r->peers[sizes[j] - 1]->core, (int32_t)((sizes[j] - 1) % 8));
+            wire_msg_free(m[j]);
+            m[j] = NULL;
+            free(buf[j]);
+        }
+    }
 }

@@ -131,13 +131,16 @@ struct chan {
     err *linger_err;
 };
 
+/* One peer of the current epoch. The strings live in the peers' one string
+ * block (struct peers: strs), never NULL: at 1,024 cores a worker holds a list
+ * of 1,024 of these, remade at every initialize, so they are kept small. */
 struct peer_info {
-    char host[64];
-    int core;
-    char data_addr[256];
-    char shm_name[64];
-    char control_addr[256];
+    const char *host;
+    const char *data_addr;
+    const char *shm_name;
+    const char *control_addr;
     uint64_t incarnation;
+    int core;
 };
 
 struct failed_seq {
@@ -157,6 +160,7 @@ struct peers {
     int self;                  /* own replica, -1: not in the system */
     uint32_t n;
     struct peer_info *info;    /* n entries */
+    char *strs;                /* their strings, one block */
     struct chan **links;       /* n entries, lazily made */
     unsigned timeout_ms;       /* silence after which a peer is probed */
     unsigned probe_ms;         /* how long a probe waits for the answer */

@@ -119,6 +119,7 @@ void peers_free(struct peers *p)
         return;
     /* every handle closed with the loop (peers_stop before it ran dry) */
     free(p->info);
+    free(p->strs);
     free(p->links);
     free(p);
 }
@@ -126,6 +127,25 @@ void peers_free(struct peers *p)
 const char *peers_shm_name(const struct peers *p)
 {
     return p && !p->stopping ? p->shm_name : "";
+}
+
+/* The strings a peer_info keeps, with the longest each may be (the resolver
+ * checked them at registration; longer is cut, as a fixed field would). */
+#define PEER_STRS 4
+static const char *peer_str(const Tpuemu__PeerInfo *pi, int f)
+{
+    const char *s = !pi ? NULL
+                    : f == 0 ? pi->host_id
+                    : f == 1 ? pi->data_addr
+                    : f == 2 ? pi->shm_name
+                             : pi->control_addr;
+    return s ? s : f == 0 ? "?" : "";
+}
+
+static size_t peer_str_len(const Tpuemu__PeerInfo *pi, int f)
+{
+    static const size_t cap[PEER_STRS] = {63, 255, 63, 255};
+    return strnlen(peer_str(pi, f), cap[f]);
 }
 
 void peers_reset(struct peers *p, const Tpuemu__ResetCore *r)
@@ -136,8 +156,10 @@ void peers_reset(struct peers *p, const Tpuemu__ResetCore *r)
         return;
     drop_all(p);
     free(p->info);
+    free(p->strs);
     free(p->links);
     p->info = NULL;
+    p->strs = NULL;
     p->links = NULL;
     p->n = 0;
     p->self = -1;
@@ -159,26 +181,41 @@ void peers_reset(struct peers *p, const Tpuemu__ResetCore *r)
                  n, r->num_replicas);
         return;
     }
-    p->info = calloc(n, sizeof *p->info);
-    p->links = calloc(n, sizeof *p->links);
-    if (!p->info || !p->links) {
+    {
+        size_t total = 0;
+        for (size_t i = 0; i < n; i++)
+            for (int f = 0; f < PEER_STRS; f++)
+                total += peer_str_len(r->peers[i], f) + 1;
+        p->info = malloc(n * sizeof *p->info);
+        p->strs = malloc(total ? total : 1);
+        p->links = calloc(n, sizeof *p->links);
+    }
+    if (!p->info || !p->strs || !p->links) {
         free(p->info);
+        free(p->strs);
         free(p->links);
         p->info = NULL;
+        p->strs = NULL;
         p->links = NULL;
         log_error("out of memory for the peer list", "peers=%zu", n);
         return;
     }
-    for (size_t i = 0; i < n; i++) {
-        const Tpuemu__PeerInfo *pi = r->peers[i];
-        struct peer_info *d = &p->info[i];
-        snprintf(d->host, sizeof d->host, "%s", pi && pi->host_id ? pi->host_id : "?");
-        d->core = pi ? pi->core : -1;
-        snprintf(d->data_addr, sizeof d->data_addr, "%s", pi && pi->data_addr ? pi->data_addr : "");
-        snprintf(d->shm_name, sizeof d->shm_name, "%s", pi && pi->shm_name ? pi->shm_name : "");
-        snprintf(d->control_addr, sizeof d->control_addr, "%s",
-                 pi && pi->control_addr ? pi->control_addr : "");
-        d->incarnation = pi ? pi->incarnation : 0;
+    {
+        char *at = p->strs;
+        for (size_t i = 0; i < n; i++) {
+            const Tpuemu__PeerInfo *pi = r->peers[i];
+            struct peer_info *d = &p->info[i];
+            const char **dst[PEER_STRS] = {&d->host, &d->data_addr, &d->shm_name, &d->control_addr};
+            for (int f = 0; f < PEER_STRS; f++) {
+                size_t len = peer_str_len(pi, f);
+                memcpy(at, peer_str(pi, f), len);
+                at[len] = '\0';
+                *dst[f] = at;
+                at += len + 1;
+            }
+            d->core = pi ? pi->core : -1;
+            d->incarnation = pi ? pi->incarnation : 0;
+        }
     }
     p->n = (uint32_t)n;
     p->self = r->replica_id;
