@@ -25,6 +25,13 @@
 # max(3, N / (16 x CPUs)) unless DEAD_AFTER says otherwise.
 # Needs about 8 MB of memory per worker and an open-file hard limit of at
 # least 2 x N + 512 for the resolver (it raises its soft limit itself).
+#
+# MACHINES=K spreads each N over K emulated machines, as tests/multihost does:
+# K + 1 network namespaces on a bridge (in a switch namespace of its own),
+# machine 0 (10.214.0.1) runs the resolver, tpuctl and bench_scale, machines
+# 1..K (10.214.0.2, ...) run N / K workers each (`--listen 0.0.0.0`, host ids
+# mK-hJ of 8 cores), so every resolver link, heartbeat, reset and data-plane
+# connection between machines crosses a veth and the bridge. Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -39,6 +46,11 @@ done
 bin=$(cd "$bin" && pwd)
 hz=$(getconf CLK_TCK)
 ncpu=$(nproc)
+machines=${MACHINES:-0}
+[[ "$machines" =~ ^[0-9]+$ ]] && [ "$machines" -le 200 ] ||
+    { echo "MACHINES=$machines: give a number of machines from 1 to 200 (0 or unset: one machine, loopback)" >&2; exit 2; }
+pfx=tpuemu-scale$$
+nses=()
 
 logdir=$(mktemp -d /tmp/tpuemu-scale.XXXXXX)
 pids=()
@@ -49,7 +61,9 @@ stop_all() {
     pids=()
 }
 cleanup() {
+    local ns
     stop_all
+    for ns in "${nses[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
     if [ "${KEEP_LOGS:-0}" = 1 ]; then echo "logs: $logdir" >&2; else rm -rf "$logdir"; fi
 }
 trap cleanup EXIT
@@ -61,10 +75,42 @@ free_port() {
     echo "$p"
 }
 ms_now() { echo $(( $(date +%s%N) / 1000000 )); }
+# on M cmd...: run a command on machine M (its namespace; with MACHINES unset, here)
+on() {
+    local m=$1
+    shift
+    if [ "$machines" -gt 0 ]; then ip netns exec "$pfx-$m" "$@"; else "$@"; fi
+}
+# prefix M: sets ON to the command prefix that runs on machine M; used for the
+# daemons started in the background, so that $! is the daemon itself
+prefix() { ON=(); [ "$machines" -eq 0 ] || ON=(ip netns exec "$pfx-$1"); }
+machine_ip() { echo "10.214.$(( ($1 + 1) / 256 )).$(( ($1 + 1) % 256 ))"; }
+if [ "$machines" -gt 0 ]; then
+    [ "$(id -u)" -eq 0 ] || { echo "MACHINES=$machines needs root (ip netns)" >&2; exit 2; }
+    for ((m = 0; m <= machines; m++)); do
+        ip netns add "$pfx-$m" || { echo "cannot create network namespace $pfx-$m" >&2; exit 1; }
+        nses+=("$pfx-$m")
+        ip -n "$pfx-$m" link set lo up
+    done
+    ip netns add "$pfx-sw" || exit 1
+    nses+=("$pfx-sw")
+    ip -n "$pfx-sw" link add br0 type bridge
+    ip -n "$pfx-sw" link set br0 up
+    for ((m = 0; m <= machines; m++)); do
+        ip -n "$pfx-sw" link add "veth$m" type veth peer name eth0 netns "$pfx-$m"
+        ip -n "$pfx-sw" link set "veth$m" master br0 up
+        ip -n "$pfx-$m" addr add "$(machine_ip "$m")/16" dev eth0
+        ip -n "$pfx-$m" link set eth0 up
+    done
+    # daemons listening beyond loopback need the cluster token; every process here reads it
+    head -c 32 /dev/urandom | base64 >"$logdir/token"
+    export TPUEMU_TOKEN_FILE=$logdir/token
+    echo "scale: $machines machines and the resolver's on a bridge (10.214.0.1 ...)" >&2
+fi
 # median of the numbers on stdin
 median() { sort -n | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]; else print "-"}'; }
 alive_count() {
-    "$bin/tpuctl" --tpu "$tpu" --json --timeout-ms 5000 cluster 2>/dev/null |
+    on 0 "$bin/tpuctl" --tpu "$tpu" --json --timeout-ms 5000 cluster 2>/dev/null |
         grep -o '"state": *"\(IDLE\|READY\)"' | wc -l || true
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
@@ -72,20 +118,34 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 rows=()
 for n in $n_list; do
     echo "scale: $n workers" >&2
-    tpu=127.0.0.1:$(free_port)
+    if [ "$machines" -gt 0 ]; then
+        [ $((n % machines)) -eq 0 ] || { echo "N=$n is not a multiple of MACHINES=$machines" >&2; exit 2; }
+        tpu=$(machine_ip 0):8470
+    else
+        tpu=127.0.0.1:$(free_port)
+    fi
     max=$(( n > 1024 ? n : 1024 ))
     dead=${DEAD_AFTER:-$(( n / (16 * ncpu) > 3 ? n / (16 * ncpu) : 3 ))}
-    "$bin/tpu-resolver" --listen "$tpu" --max-cores "$max" --dead-after "$dead" 2>"$logdir/resolver.$n.log" &
+    prefix 0
+    "${ON[@]}" "$bin/tpu-resolver" --listen "$tpu" --max-cores "$max" --dead-after "$dead" 2>"$logdir/resolver.$n.log" &
     rpid=$!
     pids+=("$rpid")
     for ((t = 0; t < 50; t++)); do
-        (exec 3<>"/dev/tcp/${tpu%:*}/${tpu#*:}") 2>/dev/null && break
+        on 0 bash -c 'exec 3<>"/dev/tcp/${1%:*}/${1#*:}"' _ "$tpu" 2>/dev/null && break
         sleep 0.1
     done
     wpids=()
     for ((i = 0; i < n; i++)); do
-        "$bin/tpu-worker" --resolver "$tpu" --host-id "host$((i / 8))" --core "$((i % 8))" \
-            --trace-events 1024 2>"$logdir/worker.$n.$i.log" &
+        if [ "$machines" -gt 0 ]; then
+            m=$(( i / (n / machines) + 1 ))
+            prefix "$m"
+            "${ON[@]}" "$bin/tpu-worker" --resolver "$tpu" --listen 0.0.0.0 \
+                --host-id "m$m-h$(( (i % (n / machines)) / 8 ))" --core "$((i % 8))" \
+                --trace-events 1024 2>"$logdir/worker.$n.$i.log" &
+        else
+            "$bin/tpu-worker" --resolver "$tpu" --host-id "host$((i / 8))" --core "$((i % 8))" \
+                --trace-events 1024 2>"$logdir/worker.$n.$i.log" &
+        fi
         pids+=($!)
         wpids+=($!)
     done
@@ -109,7 +169,7 @@ for n in $n_list; do
     init_ok=1
     init_ms=$(for ((k = 0; k < inits; k++)); do
         a=$(ms_now)
-        if "$bin/tpuctl" --tpu "$tpu" --timeout-ms 60000 init --expect "$n" --timeout-ms 30000 \
+        if on 0 "$bin/tpuctl" --tpu "$tpu" --timeout-ms 60000 init --expect "$n" --timeout-ms 30000 \
                 >"$logdir/init.$n.$k.txt" 2>&1; then
             echo $(( $(ms_now) - a ))
         else
@@ -119,7 +179,7 @@ for n in $n_list; do
     [ "$init_ms" = "-" ] && init_ok=0
     cluster_ms=$(for ((k = 0; k < 5; k++)); do
         a=$(ms_now)
-        "$bin/tpuctl" --tpu "$tpu" --timeout-ms 30000 cluster >/dev/null 2>&1 && echo $(( $(ms_now) - a ))
+        on 0 "$bin/tpuctl" --tpu "$tpu" --timeout-ms 30000 cluster >/dev/null 2>&1 && echo $(( $(ms_now) - a ))
     done | median)
 
     c0=$(cpu_ticks "$rpid")
@@ -129,7 +189,7 @@ for n in $n_list; do
 
     ar="-" ar_ok="-" step="-" same="-"
     if [ $init_ok = 1 ]; then
-        if "$bin/bench_scale" --tpu "$tpu" --cores "$n" --steps "$steps" --batch 8 \
+        if on 0 "$bin/bench_scale" --tpu "$tpu" --cores "$n" --steps "$steps" --batch 8 \
                 >"$logdir/bench.$n.txt" 2>"$logdir/bench.$n.err"; then :; else
             echo "  bench_scale: $(tail -2 "$logdir/bench.$n.err")" >&2
         fi
