@@ -39,6 +39,7 @@ struct spreq {
     uint8_t *body;          /* its bytes, until written */
     size_t body_len;
     int closing;
+    int want_open;          /* spreq_connect: on_open or on_lost is owed */
     unsigned refs;          /* 1 for the owner + connections not yet let go */
 };
 
@@ -120,9 +121,10 @@ static void conn_break(struct conn *c, const char *why, int uvcode)
     c->state = C_DEAD;
     if (q && q->c == c) {
         q->c = NULL;
-        if (q->id && !q->closing) {
+        if ((q->id || q->want_open) && !q->closing) {
             err e;
             q->id = 0;
+            q->want_open = 0;
             free(q->body);
             q->body = NULL;
             if (uvcode)
@@ -288,6 +290,15 @@ static void on_connect(uv_connect_t *cr, int status)
         return;
     }
     write_body(c->q);
+    if (c->q && c->q->want_open && c->q->c == c) {
+        spreq *q = c->q;
+        q->want_open = 0;
+        if (q->cfg.on_open && !q->closing) {
+            q->refs++; /* on_open may send, cancel or close */
+            q->cfg.on_open(q);
+            unref(q);
+        }
+    }
 }
 
 static void on_resolved(uv_getaddrinfo_t *g, int status, struct addrinfo *res)
@@ -376,6 +387,58 @@ spreq *spreq_new(uv_loop_t *loop, const char *url, const struct spreq_cfg *cfg, 
     return q;
 }
 
+/* Sends the request (id, body) on an open connection with nothing queued
+ * from the caller's memory, as far as the socket takes it at once; the rest,
+ * if any, is copied and queued. 1 if that was done (or the connection broke
+ * trying), 0 if the request must be queued whole. A resolver resetting 1,024
+ * cores sends 1,024 large requests in one loop turn: copying each for the
+ * write queue held them all at once (100 MB of fresh pages, each a costly
+ * fault on a VM), where the kernel takes most of them on the spot. */
+static int write_now(spreq *q, const uint8_t *body, size_t len)
+{
+    struct conn *c = q->c;
+    uint8_t hdr[SP_HDR + 4];
+    uv_buf_t b[2];
+    size_t total = sizeof hdr + len, done, rest;
+    struct wreq *r;
+    int n;
+
+    if (!c || c->state != C_OPEN || len > UINT32_MAX)
+        return 0;
+    put_be64(hdr, (uint64_t)len + 4);
+    put_be32(hdr + SP_HDR, q->id);
+    b[0] = uv_buf_init((char *)hdr, sizeof hdr);
+    b[1] = uv_buf_init((char *)body, (unsigned)len);
+    n = uv_try_write((uv_stream_t *)&c->tcp, b, 2);
+    if (n == UV_EAGAIN || n == UV_ENOSYS)
+        return 0; /* a write is queued already (order), or nothing went */
+    if (n < 0) {
+        conn_break(c, "sending to", n);
+        return 1;
+    }
+    if ((done = (size_t)n) == total)
+        return 1;
+    rest = total - done;
+    if (!(r = calloc(1, sizeof *r)) || !(r->body = malloc(rest))) {
+        free(r);
+        conn_break(c, "out of memory sending to", 0);
+        return 1;
+    }
+    if (done < sizeof hdr) {
+        memcpy(r->body, hdr + done, sizeof hdr - done);
+        memcpy(r->body + sizeof hdr - done, body, len);
+    } else {
+        memcpy(r->body, body + (done - sizeof hdr), rest);
+    }
+    b[0] = uv_buf_init((char *)r->body, (unsigned)rest);
+    if (uv_write(&r->w, (uv_stream_t *)&c->tcp, b, 1, on_written) != 0) {
+        free(r->body);
+        free(r);
+        conn_break(c, "sending to", 0);
+    }
+    return 1;
+}
+
 int spreq_send(spreq *q, const void *body, size_t len, err *e)
 {
     uint8_t *copy;
@@ -383,13 +446,18 @@ int spreq_send(spreq *q, const void *body, size_t len, err *e)
 
     if (q->closing)
         return err_set(e, CODE_UNAVAILABLE, "the link to %s is closing", q->shown);
-    if (!(copy = malloc(len ? len : 1)))
-        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory sending to %s", q->shown);
-    memcpy(copy, body, len);
     free(q->body);
+    q->body = NULL;
+    q->id = 0x80000000u | (q->next_id++ & 0x7fffffffu);
+    if (write_now(q, body, len))
+        return CODE_OK;
+    if (!(copy = malloc(len ? len : 1))) {
+        q->id = 0;
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory sending to %s", q->shown);
+    }
+    memcpy(copy, body, len);
     q->body = copy;
     q->body_len = len;
-    q->id = 0x80000000u | (q->next_id++ & 0x7fffffffu);
     if (!q->c && (rc = start_conn(q, e)) != CODE_OK) {
         free(q->body);
         q->body = NULL;
@@ -400,10 +468,32 @@ int spreq_send(spreq *q, const void *body, size_t len, err *e)
     return CODE_OK;
 }
 
+int spreq_connect(spreq *q, err *e)
+{
+    if (q->closing)
+        return err_set(e, CODE_UNAVAILABLE, "the link to %s is closing", q->shown);
+    if (q->c && q->c->state == C_OPEN)
+        return CODE_OK;
+    q->want_open = 1;
+    if (!q->c) {
+        int rc = start_conn(q, e);
+        if (rc != CODE_OK)
+            q->want_open = 0;
+        return rc;
+    }
+    return CODE_OK;
+}
+
+int spreq_is_open(const spreq *q)
+{
+    return q->c && q->c->state == C_OPEN && !q->closing;
+}
+
 void spreq_cancel(spreq *q)
 {
     struct conn *c = q->c;
     q->id = 0;
+    q->want_open = 0;
     free(q->body);
     q->body = NULL;
     /* a connection not made yet may never be (a host that does not answer):

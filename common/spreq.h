@@ -34,6 +34,9 @@ struct spreq_cfg {
     /* the outstanding request will get no reply: its connection failed or
      * broke (e says how, naming the address) */
     void (*on_lost)(spreq *q, const err *e);
+    /* optional: the connection asked for by spreq_connect is made (the
+     * owner may send now, from memory of its own, with nothing copied) */
+    void (*on_open)(spreq *q);
     void *data; /* the owner's */
 };
 
@@ -42,6 +45,14 @@ struct spreq_cfg {
 spreq *spreq_new(uv_loop_t *loop, const char *url, const struct spreq_cfg *cfg, err *e);
 /* Sends body as a new request (copied); connects first if need be. */
 int spreq_send(spreq *q, const void *body, size_t len, err *e);
+/* Makes the connection if there is none, with nothing to send yet: on_open
+ * comes when it is made, on_lost if it cannot be. An owner that builds large
+ * requests sends them from on_open instead of having spreq_send copy each
+ * one for a connection still being made (a resolver resetting 1,024 cores
+ * held a copy of every reset at once). */
+int spreq_connect(spreq *q, err *e);
+/* Is the connection made (a send goes out at once)? */
+int spreq_is_open(const spreq *q);
 /* Forgets the outstanding request: its reply, if it comes, is dropped. */
 void spreq_cancel(spreq *q);
 void *spreq_data(const spreq *q);

@@ -62,6 +62,7 @@ static void pop_head(corelink *l, struct cl_call *out)
     memmove(&l->q[0], &l->q[1], (size_t)(l->qn - 1) * sizeof l->q[0]);
     l->qn--;
     l->inflight = 0;
+    l->opening = 0;
     l->nonce = 0;
     l->lost[0] = '\0';
     l->losses = 0;
@@ -83,6 +84,17 @@ static int send_head(corelink *l, err *e)
     if (c->deadline_ms <= now) {
         pop_head(l, &done);
         return err_set(e, CODE_DEADLINE_EXCEEDED, "its deadline passed while an earlier call to it waited");
+    }
+    if (!spreq_is_open(l->rq)) {
+        /* sealed once the connection is made (on_open): a reset is large, and
+         * one per core waiting for its connection would each be copied */
+        if ((rc = spreq_connect(l->rq, e)) != CODE_OK) {
+            pop_head(l, &done);
+            return rc;
+        }
+        l->inflight = 1;
+        l->opening = 1;
+        return CODE_OK;
     }
     if (c->is_probe) {
         m.body_case = TPUEMU__MESSAGE__BODY_PROBE_CORE;
@@ -128,6 +140,19 @@ void corelink_set_max_sockets(unsigned n)
 }
 
 static void on_timer(uv_timer_t *t);
+static void pump(corelink *l);
+
+/* The connection q[0] waited for is made: it goes on the wire now. */
+static void on_open(spreq *q)
+{
+    corelink *l = spreq_data(q);
+
+    if (!l->opening || l->closing || l->qn == 0)
+        return;
+    l->opening = 0;
+    l->inflight = 0;
+    pump(l);
+}
 
 /* Sends queued calls until one is on the wire; failures complete their call. */
 static void pump(corelink *l)
@@ -214,6 +239,7 @@ static void on_lost(spreq *q, const err *e)
     if (!l->inflight || l->closing || l->qn == 0)
         return;
     l->inflight = 0;
+    l->opening = 0;
     l->nonce = 0;
     snprintf(l->lost, sizeof l->lost, "%.*s", (int)sizeof l->lost - 1, e->msg);
     /* CORELINK_RETRY_MS, doubling with each loss of the same call: a core
@@ -249,7 +275,7 @@ corelink *corelink_new(uv_loop_t *loop, const auth *a, void *ctx, const char *ur
         free(l);
         return NULL;
     }
-    struct spreq_cfg qc = {.max_msg = WIRE_MAX_REPLY, .on_reply = on_reply, .on_lost = on_lost, .data = l};
+    struct spreq_cfg qc = {.max_msg = WIRE_MAX_REPLY, .on_reply = on_reply, .on_lost = on_lost, .on_open = on_open, .data = l};
     if (!(l->rq = spreq_new(loop, url, &qc, e))) {
         free(l);
         return NULL;

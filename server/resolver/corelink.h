@@ -75,6 +75,7 @@ typedef struct corelink {
     struct cl_call q[CORELINK_QUEUE];
     int qn;                  /* q[0] is on the wire when inflight */
     int inflight;
+    int opening;             /* inflight, but q[0] waits for the connection (not sealed yet) */
     uint64_t nonce;          /* of the call on the wire */
     char lost[200];          /* why the call's last send got no answer, or "" */
     unsigned losses;         /* of the call on the wire, so far */
