@@ -16,7 +16,11 @@
 #include "log.h"
 
 #define ABORT_MSG_MAX 600
-#define DIAL_MS_MAX 5000u
+/* Dialing a peer gets the failure bound (heartbeat x dead-after), at least
+ * DIAL_MS_MIN. It was capped at 5 s: with 1,024 workers on 2 CPUs (bound 32 s)
+ * a peer's loop took longer than that to accept, and the all-reduce failed
+ * with every core alive. */
+#define DIAL_MS_MAX 120000u
 #define DIAL_MS_MIN 1000u
 
 static const err ok_err = {CODE_OK, ""};
