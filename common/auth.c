@@ -117,11 +117,19 @@ struct entry {
     uint64_t sent_ms;
 };
 
-/* Unordered; every check scans the whole cache (dropping expired entries and
- * finding the oldest by send time), which is cheap at control-plane rates. */
+/* A min-heap of the remembered messages by send time (its root is the one
+ * sent first: the next to expire, and the one a full cache forgets) and a
+ * hash set of their nonces (open addressing, linear probing, deletion by
+ * backward shift; 0 marks a free slot, so a nonce 0 is kept as a flag). Each
+ * check is O(log n): the cache used to be scanned whole on every message,
+ * which at 1,024 cores heartbeating through a full 16,384-entry cache was a
+ * third of an idle resolver's CPU. */
 struct replay {
-    struct entry *v;
+    struct entry *heap;
     size_t cap, len;
+    uint64_t *set;     /* nonces; 0 = free */
+    size_t mask;       /* set size - 1 (a power of two, at least 2 x cap) */
+    int has_zero;      /* nonce 0 is remembered */
     uint64_t floor_ms; /* anything sent at or before this is refused */
     uint64_t start_ms; /* and anything sent at or before the owner's start */
 };
@@ -134,25 +142,136 @@ void replay_refuse_before(replay *r, uint64_t start_ms)
 replay *replay_new(size_t capacity)
 {
     replay *r = calloc(1, sizeof *r);
-    if (!r || capacity == 0) {
+    size_t n = 16;
+
+    if (!r || capacity == 0 || capacity > ((size_t)1 << 28)) {
         free(r);
         return NULL;
     }
-    r->v = calloc(capacity, sizeof *r->v);
-    if (!r->v) {
+    while (n < 2 * capacity)
+        n <<= 1;
+    r->heap = calloc(capacity, sizeof *r->heap);
+    r->set = calloc(n, sizeof *r->set);
+    if (!r->heap || !r->set) {
+        free(r->heap);
+        free(r->set);
         free(r);
         return NULL;
     }
     r->cap = capacity;
+    r->mask = n - 1;
     return r;
 }
 
 void replay_free(replay *r)
 {
     if (r) {
-        free(r->v);
+        free(r->heap);
+        free(r->set);
         free(r);
     }
+}
+
+static size_t slot_of(const replay *r, uint64_t x)
+{
+    x ^= x >> 33; /* a mix of the bits (murmur3's finalizer): nonces come from senders */
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return (size_t)x & r->mask;
+}
+
+static int set_has(const replay *r, uint64_t x)
+{
+    if (x == 0)
+        return r->has_zero;
+    for (size_t i = slot_of(r, x);; i = (i + 1) & r->mask) {
+        if (r->set[i] == x)
+            return 1;
+        if (r->set[i] == 0)
+            return 0;
+    }
+}
+
+static void set_add(replay *r, uint64_t x)
+{
+    size_t i;
+    if (x == 0) {
+        r->has_zero = 1;
+        return;
+    }
+    for (i = slot_of(r, x); r->set[i] != 0 && r->set[i] != x; i = (i + 1) & r->mask)
+        ;
+    r->set[i] = x;
+}
+
+static void set_del(replay *r, uint64_t x)
+{
+    size_t i, j;
+    if (x == 0) {
+        r->has_zero = 0;
+        return;
+    }
+    for (i = slot_of(r, x); r->set[i] != x; i = (i + 1) & r->mask)
+        if (r->set[i] == 0)
+            return;
+    /* backward shift: move up every later entry of the run whose home slot is
+     * not cyclically in (i, j], so no lookup stops early at the hole */
+    for (j = (i + 1) & r->mask; r->set[j] != 0; j = (j + 1) & r->mask) {
+        size_t k = slot_of(r, r->set[j]);
+        if (i <= j ? (i < k && k <= j) : (i < k || k <= j))
+            continue;
+        r->set[i] = r->set[j];
+        i = j;
+    }
+    r->set[i] = 0;
+}
+
+/* Heap order: send time, then nonce (a total order: which of two messages
+ * sent in the same millisecond goes first does not depend on arrival). */
+static int before(const struct entry *a, const struct entry *b)
+{
+    return a->sent_ms < b->sent_ms || (a->sent_ms == b->sent_ms && a->nonce < b->nonce);
+}
+
+static void heap_down(replay *r, size_t i)
+{
+    struct entry e = r->heap[i];
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= r->len)
+            break;
+        if (c + 1 < r->len && before(&r->heap[c + 1], &r->heap[c]))
+            c++;
+        if (!before(&r->heap[c], &e))
+            break;
+        r->heap[i] = r->heap[c];
+        i = c;
+    }
+    r->heap[i] = e;
+}
+
+static void heap_push(replay *r, uint64_t nonce, uint64_t sent_ms)
+{
+    size_t i = r->len++;
+    struct entry e = {nonce, sent_ms};
+    while (i > 0 && before(&e, &r->heap[(i - 1) / 2])) {
+        r->heap[i] = r->heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    r->heap[i].nonce = nonce;
+    r->heap[i].sent_ms = sent_ms;
+    set_add(r, nonce);
+}
+
+/* Forgets the message sent first (the root). */
+static void heap_pop(replay *r)
+{
+    set_del(r, r->heap[0].nonce);
+    r->heap[0] = r->heap[--r->len];
+    if (r->len > 0)
+        heap_down(r, 0);
 }
 
 static int refuse_full(uint64_t oldest_ms, uint64_t now_ms, err *e)
@@ -165,7 +284,6 @@ static int refuse_full(uint64_t oldest_ms, uint64_t now_ms, err *e)
 
 int replay_check(replay *r, uint64_t nonce, uint64_t sent_ms, uint64_t now_ms, err *e)
 {
-    size_t oldest = SIZE_MAX;
 
     if (sent_ms + AUTH_WINDOW_MS < now_ms || sent_ms > now_ms + AUTH_WINDOW_MS)
         return err_set(e, CODE_UNAUTHENTICATED,
@@ -190,23 +308,13 @@ int replay_check(replay *r, uint64_t nonce, uint64_t sent_ms, uint64_t now_ms, e
     if (sent_ms <= r->floor_ms)
         return err_set(e, CODE_UNAUTHENTICATED,
                        "message is older than the replay cache can vouch for; resend it");
-    for (size_t i = 0; i < r->len;) {
-        struct entry *en = &r->v[i];
-        if (en->sent_ms + AUTH_WINDOW_MS < now_ms) { /* expired: the window refuses it now */
-            *en = r->v[--r->len];
-            continue;
-        }
-        if (en->nonce == nonce)
-            return err_set(e, CODE_UNAUTHENTICATED, "message is a replay (nonce %016llx seen before)",
-                           (unsigned long long)nonce);
-        if (oldest == SIZE_MAX || en->sent_ms < r->v[oldest].sent_ms)
-            oldest = i;
-        i++;
-    }
+    while (r->len > 0 && r->heap[0].sent_ms + AUTH_WINDOW_MS < now_ms) /* expired: the window refuses them now */
+        heap_pop(r);
+    if (set_has(r, nonce))
+        return err_set(e, CODE_UNAUTHENTICATED, "message is a replay (nonce %016llx seen before)",
+                       (unsigned long long)nonce);
     if (r->len < r->cap) {
-        r->v[r->len].nonce = nonce;
-        r->v[r->len].sent_ms = sent_ms;
-        r->len++;
+        heap_push(r, nonce, sent_ms);
         return CODE_OK;
     }
     /* Full: forget the message sent first (the newcomer itself if it is that
@@ -214,17 +322,17 @@ int replay_check(replay *r, uint64_t nonce, uint64_t sent_ms, uint64_t now_ms, e
      * forgotten nonce can never come back. Evicting by send time, not by
      * arrival, keeps the floor below every message still remembered: one
      * message dated ahead cannot carry the floor past correctly dated ones. */
-    if (sent_ms <= r->v[oldest].sent_ms) {
+    if (sent_ms <= r->heap[0].sent_ms) {
         if (sent_ms > now_ms)
             return refuse_full(sent_ms, now_ms, e);
         r->floor_ms = sent_ms;
         return CODE_OK;
     }
-    if (r->v[oldest].sent_ms > now_ms)
-        return refuse_full(r->v[oldest].sent_ms, now_ms, e);
-    if (r->v[oldest].sent_ms > r->floor_ms)
-        r->floor_ms = r->v[oldest].sent_ms;
-    r->v[oldest].nonce = nonce;
-    r->v[oldest].sent_ms = sent_ms;
+    if (r->heap[0].sent_ms > now_ms)
+        return refuse_full(r->heap[0].sent_ms, now_ms, e);
+    if (r->heap[0].sent_ms > r->floor_ms)
+        r->floor_ms = r->heap[0].sent_ms;
+    heap_pop(r);
+    heap_push(r, nonce, sent_ms);
     return CODE_OK;
 }

@@ -293,3 +293,87 @@ Test(auth, replay_survives_the_clock_stepping_back)
     cr_assert_eq(replay_check(r, 21, back + 5, back + 5, &e), CODE_OK, "%s", e.msg);
     replay_free(r);
 }
+
+/* The cache's rules, written the plain way (every check scans every entry):
+ * what replay_check must decide, message for message. */
+struct ref_entry {
+    uint64_t nonce, sent_ms;
+};
+struct ref_cache {
+    struct ref_entry v[64];
+    size_t cap, len;
+    uint64_t floor_ms;
+};
+
+static int ref_check(struct ref_cache *r, uint64_t nonce, uint64_t sent_ms, uint64_t now_ms)
+{
+    size_t oldest = SIZE_MAX;
+    if (sent_ms + AUTH_WINDOW_MS < now_ms || sent_ms > now_ms + AUTH_WINDOW_MS)
+        return CODE_UNAUTHENTICATED;
+    if (r->floor_ms > now_ms)
+        r->floor_ms = now_ms > AUTH_WINDOW_MS ? now_ms - AUTH_WINDOW_MS : 0;
+    if (sent_ms <= r->floor_ms)
+        return CODE_UNAUTHENTICATED;
+    for (size_t i = 0; i < r->len;) {
+        if (r->v[i].sent_ms + AUTH_WINDOW_MS < now_ms) {
+            r->v[i] = r->v[--r->len];
+            continue;
+        }
+        if (r->v[i].nonce == nonce)
+            return CODE_UNAUTHENTICATED;
+        if (oldest == SIZE_MAX || r->v[i].sent_ms < r->v[oldest].sent_ms ||
+            (r->v[i].sent_ms == r->v[oldest].sent_ms && r->v[i].nonce < r->v[oldest].nonce))
+            oldest = i; /* of two sent in the same millisecond, the lower nonce */
+        i++;
+    }
+    if (r->len < r->cap) {
+        r->v[r->len++] = (struct ref_entry){nonce, sent_ms};
+        return CODE_OK;
+    }
+    if (sent_ms <= r->v[oldest].sent_ms) {
+        if (sent_ms > now_ms)
+            return CODE_UNAUTHENTICATED;
+        r->floor_ms = sent_ms;
+        return CODE_OK;
+    }
+    if (r->v[oldest].sent_ms > now_ms)
+        return CODE_UNAUTHENTICATED;
+    if (r->v[oldest].sent_ms > r->floor_ms)
+        r->floor_ms = r->v[oldest].sent_ms;
+    r->v[oldest] = (struct ref_entry){nonce, sent_ms};
+    return CODE_OK;
+}
+
+/* 200,000 messages from a seeded generator: nonces from a small set (replays
+ * and a nonce 0 included), send times around a clock that mostly moves on,
+ * sometimes jumps a window ahead and sometimes steps back, senders' clocks up
+ * to a window off: the cache (heap and hash set) decides as the plain rules
+ * do every time, and its floor refuses what theirs refuses. */
+Test(auth, replay_cache_decides_as_the_plain_rules)
+{
+    for (size_t cap = 1; cap <= 64; cap = cap * 3 + 1) {
+        replay *r = replay_new(cap);
+        struct ref_cache ref = {.cap = cap};
+        uint64_t now = 1700000000000ull, x = 0x9e3779b97f4a7c15ull ^ cap;
+        err e;
+        cr_assert_not_null(r);
+        for (int i = 0; i < 200000; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17; /* xorshift64 */
+            switch (x % 1000) {
+            case 0: now += AUTH_WINDOW_MS + 1; break; /* everything expires */
+            case 1: now -= 5000; break;               /* the clock steps back */
+            default: now += x % 50;
+            }
+            uint64_t nonce = (x >> 12) % (3 * cap + 2); /* 0 included */
+            uint64_t skew = (x >> 24) % (2 * AUTH_WINDOW_MS / 4 + 1);
+            uint64_t sent = now + skew - AUTH_WINDOW_MS / 4;
+            if ((x >> 40) % 64 == 0)
+                sent = now - AUTH_WINDOW_MS - 1 - (x >> 50) % 100; /* out of the window */
+            int want = ref_check(&ref, nonce, sent, now);
+            int got = replay_check(r, nonce, sent, now, &e);
+            cr_assert_eq(got, want, "capacity %zu, message %d: nonce %llu sent %lld ms from now: got %s, want %s",
+                         cap, i, (unsigned long long)nonce, (long long)(sent - now), code_name(got), code_name(want));
+        }
+        replay_free(r);
+    }
+}
