@@ -7,9 +7,10 @@ dataset-fashion-mnist"
 # What only the tests need beyond that: the viewer test's browser, web server,
 # download and checksum; network namespaces (viewer, multihost); the docker
 # test's engine, compose and base-image maker; the deploy checks' systemd,
-# YAML parser, strace, and Node.js and npm for the Kubernetes schema validator.
+# YAML parser, strace, and Node.js and npm for the Kubernetes schema validator;
+# systemd-nspawn for the systemd test's container.
 TPUEMU_TEST_PACKAGES="chromium python3 curl openssl iproute2 util-linux docker.io docker-compose debootstrap
-systemd python3-yaml strace nodejs npm"
+systemd python3-yaml strace nodejs npm systemd-container"
 
 install_packages() { # extra packages...
     local missing=()
