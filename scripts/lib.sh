@@ -8,9 +8,10 @@ dataset-fashion-mnist"
 # download and checksum; network namespaces (viewer, multihost); the docker
 # test's engine, compose and base-image maker; the deploy checks' systemd,
 # YAML parser, strace, and Node.js and npm for the Kubernetes schema validator;
-# systemd-nspawn for the systemd test's container.
+# systemd-nspawn for the systemd test's container; Prometheus (and promtool)
+# for the metrics test.
 TPUEMU_TEST_PACKAGES="chromium python3 curl openssl iproute2 util-linux docker.io docker-compose debootstrap
-systemd python3-yaml strace nodejs npm systemd-container"
+systemd python3-yaml strace nodejs npm systemd-container prometheus"
 
 install_packages() { # extra packages...
     local missing=()
