@@ -84,7 +84,7 @@ cleanup() {
     fi
     if [ -n "$work" ]; then
         grep -o " $work[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null; done
-        if [ "${TPUEMU_SYSTEMD_KEEP:-0}" = 1 ]; then echo "kept $work"; else rm -rf "$work"; fi
+        if [ "${TPUEMU_SYSTEMD_KEEP:-0}" = 1 ]; then echo "kept $work"; else rm -rf --one-file-system "$work"; fi
     fi
     exit $rc
 }
