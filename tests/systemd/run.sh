@@ -14,7 +14,7 @@
 #    /etc/tpuemu/token, which only root may read, and the resolver took the
 #    workers' signed registrations;
 #  - the hardening in effect on the running processes: a dynamic user (not
-#    root, one uid for every worker, its name resolved as tpuemu), no new
+#    root, one uid for every daemon, its name resolved as tpuemu), no new
 #    privileges, no capabilities, a seccomp filter, / read-only;
 #  - an all-reduce over the four cores (shared memory between them: the one
 #    dynamic user lets the links accept each other) and a short training
@@ -32,8 +32,8 @@
 # libraries added by apt-get inside it; that root is kept as a tarball of its
 # own beside it (build-docker/ or $TPUEMU_BASE_CACHE) for the next run.
 # Needs root, systemd-nspawn (systemd-container) and nsenter (util-linux).
-# About 15 s once both tarballs are there; making them takes about 80 s (the
-# base, debootstrap) and 25 s (systemd and the libraries) more.
+# About 15 s once both tarballs are there; making them took 49 s (the base,
+# debootstrap) and 11 s (systemd and the libraries) more in a fresh clone.
 #
 #   tests/systemd/run.sh [BUILD_DIR]          (default: build)
 #   TPUEMU_SYSTEMD_KEEP=1 tests/systemd/run.sh   keep the temp dir (logs)
@@ -235,13 +235,13 @@ for u in "${units[@]}"; do
     [[ ,$rootopts, == *,ro,* ]] || fail "$u: / is mounted '$rootopts' for it, not read-only (ProtectSystem=strict)"
     uid_of[$u]=$uid
 done
-for c in 1 2 3; do
-    [ "${uid_of[tpu-worker@$c]}" = "${uid_of[tpu-worker@0]}" ] ||
-        fail "tpu-worker@$c runs as uid ${uid_of[tpu-worker@$c]}, tpu-worker@0 as ${uid_of[tpu-worker@0]}: one user for every worker wanted"
+for u in tpu-worker@1 tpu-worker@2 tpu-worker@3 tpu-resolver; do
+    [ "${uid_of[$u]}" = "${uid_of[tpu-worker@0]}" ] ||
+        fail "$u runs as uid ${uid_of[$u]}, tpu-worker@0 as ${uid_of[tpu-worker@0]}: one user tpuemu for every daemon wanted"
 done
 name=$(sx getent passwd "${uid_of[tpu-worker@0]}" | cut -d: -f1)
 [ "$name" = tpuemu ] || fail "uid ${uid_of[tpu-worker@0]} is '$name', not the dynamic user tpuemu"
-ok "hardening in effect: dynamic user tpuemu (uid ${uid_of[tpu-worker@0]}, one for the 4 workers), NoNewPrivs, no capabilities, seccomp, / read-only"
+ok "hardening in effect: dynamic user tpuemu (uid ${uid_of[tpu-worker@0]}, one for the 5 daemons), NoNewPrivs, no capabilities, seccomp, / read-only"
 
 # ---- an all-reduce and a training run through them
 tpuctl bench allreduce --init --min 4K --max 1M --iters 2 --warmup 1 >"$work/bench.txt" 2>&1 ||
