@@ -7,14 +7,19 @@ dataset-fashion-mnist"
 # What only the tests need beyond that: the viewer test's browser, web server,
 # download and checksum; network namespaces (viewer, multihost); the docker
 # test's engine, compose and base-image maker; the deploy checks' systemd,
-# YAML parser and strace.
+# YAML parser, strace, and Node.js and npm for the Kubernetes schema validator;
+# systemd-nspawn for the systemd test's container; Prometheus (and promtool)
+# for the metrics test.
 TPUEMU_TEST_PACKAGES="chromium python3 curl openssl iproute2 util-linux docker.io docker-compose debootstrap
-systemd python3-yaml strace"
+systemd python3-yaml strace nodejs npm systemd-container prometheus"
 
 install_packages() { # extra packages...
     local missing=()
     for p in $TPUEMU_PACKAGES "$@"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" && continue
+        # a Node.js package that bundles npm (not Debian's) conflicts with Debian's npm
+        [ "$p" = npm ] && command -v npm >/dev/null && continue
+        missing+=("$p")
     done
     [ ${#missing[@]} -eq 0 ] && return 0
     echo "installing Debian packages: ${missing[*]}"

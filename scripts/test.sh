@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command: installs the build dependencies (Debian/Ubuntu), builds with
 # -Werror, runs every test, the profiler's files in real viewers, the cluster
-# over network namespaces and the checks of deploy/, again every test under
+# over network namespaces, the checks of deploy/, the units under a real
+# systemd in a container and a real Prometheus scraping a training cluster,
+# again every test under
 # ASan+UBSan, then fuzzes each decoder for a short while, then brings the
 # docker-compose test cluster up on a Docker engine of its own and kills one
 # of its workers mid-training. Exit status non-zero if anything failed.
@@ -71,6 +73,8 @@ if step "build (-Werror)" build build -DTPUEMU_WERROR=ON; then
     step "multihost" tests/multihost/run.sh
 fi
 step "deploy" tests/deploy/check.sh
+step "systemd" tests/systemd/run.sh build
+step "prometheus" tests/prometheus/run.sh build
 if step "build ASan+UBSan" build build-asan -DTPUEMU_SANITIZE=ON -DTPUEMU_WERROR=ON; then
     ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0} \
     UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \

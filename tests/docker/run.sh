@@ -13,6 +13,10 @@
 #    restarted and registers again (resolver log, tpuctl cluster), and the
 #    trainer re-initializes, restores the checkpoint and finishes (exit 0,
 #    test accuracy);
+#  - runs the compose file's prometheus service (profile monitoring, Debian's
+#    Prometheus with deploy/prometheus/compose.yml) beside them, and asks its
+#    HTTP API on a loopback port after the training: all 9 targets up, the
+#    cores by state 8 READY, every worker's steps above 0;
 #  - takes everything down (compose down -v, the engine, the temp dir) on
 #    every exit, also on failure.
 #
@@ -53,7 +57,7 @@ cleanup() {
             echo "--- resolver log (last lines)"
             dk logs --tail 15 "${project}_resolver_1" 2>&1
         fi
-        timeout 120 docker-compose -p "$project" -f deploy/docker-compose.yml down -v --remove-orphans -t 5 \
+        timeout 120 docker-compose -p "$project" -f deploy/docker-compose.yml --profile monitoring down -v --remove-orphans -t 5 \
             >"$work/down.log" 2>&1 || { echo "compose down failed:"; tail -5 "$work/down.log"; }
         kill -TERM "$dockerd_pid" 2>/dev/null
         for _ in $(seq 300); do kill -0 "$dockerd_pid" 2>/dev/null || break; sleep 0.1; done
@@ -72,8 +76,8 @@ trap 'exit 130' INT TERM
 
 # ---- the engine ----
 [ "$(id -u)" -eq 0 ] || fail "this test starts its own Docker engine, which needs root"
-for c in dockerd docker-compose "$DOCKER"; do
-    command -v "$c" >/dev/null || fail "no $c: apt-get install docker.io docker-compose debootstrap"
+for c in dockerd docker-compose "$DOCKER" curl python3; do
+    command -v "$c" >/dev/null || fail "no $c: apt-get install docker.io docker-compose debootstrap curl python3"
 done
 work=$(mktemp -d /tmp/tpuemu-docker.XXXXXX) || fail "cannot make a temp dir"
 chmod 755 "$work"
@@ -103,6 +107,9 @@ deploy/make-base-image.sh || fail "cannot make the base image"
 export TPUEMU_TOKEN_HOST_FILE=$work/token TPUEMU_IMAGE=tpuemu:test
 say "building the image"
 compose build >"$work/build.log" 2>&1 || { tail -30 "$work/build.log"; fail "docker-compose build failed"; }
+say "building the prometheus service's image"
+compose --profile monitoring build prometheus >>"$work/build.log" 2>&1 ||
+    { tail -30 "$work/build.log"; fail "docker-compose build of the prometheus service failed"; }
 dk image prune -f >/dev/null # the build stage: vfs keeps a full copy of every layer
 say "starting the resolver and 8 workers"
 workers=()
@@ -128,6 +135,13 @@ for s in resolver host0-core0; do # the image's unprivileged user, the uid deplo
     uid=$(dk exec "$(cname $s)" id -u 2>&1)
     [ "$uid" = 10001 ] || fail "$s runs as uid $uid, not the image's user tpuemu (10001)"
 done
+# Prometheus, published on a free loopback port of this machine
+prom_port=$((20000 + RANDOM % 12000))
+while (exec 3<>"/dev/tcp/127.0.0.1/$prom_port") 2>/dev/null; do prom_port=$((prom_port + 1)); done
+export TPUEMU_PROMETHEUS_PORT=$prom_port
+timeout 120 docker-compose -p "$project" -f deploy/docker-compose.yml --profile monitoring up -d prometheus \
+    >>"$work/up.log" 2>&1 || { tail -20 "$work/up.log"; fail "docker-compose --profile monitoring up prometheus failed"; }
+say "prometheus service started, on 127.0.0.1:$prom_port"
 tpuctl_in() { dk exec "$(cname resolver)" tpuctl --tpu 127.0.0.1:8470 "$@"; }
 tpuctl_in cluster >"$work/cluster0.txt" 2>&1 || fail "tpuctl cluster in the resolver's container: $(cat "$work/cluster0.txt")"
 [ "$(grep -cE '^host[01] +[0-3] +IDLE ' "$work/cluster0.txt")" -eq 8 ] ||
@@ -194,6 +208,25 @@ tpuctl_in cluster >"$work/cluster1.txt" 2>&1 || fail "tpuctl cluster after train
 [ "$(grep -cE '^host[01] +[0-3] +READY ' "$work/cluster1.txt")" -eq 8 ] ||
     fail "after training the resolver does not list 8 ready cores: $(cat "$work/cluster1.txt")"
 
+# what the prometheus service scraped (every 15 s: give it a few rounds)
+promq() { # query: "labels VALUE" lines
+    curl -fsS --max-time 10 --get --data-urlencode "query=$1" "http://127.0.0.1:$prom_port/api/v1/query" 2>/dev/null |
+        python3 -c '
+import json, sys
+for s in json.load(sys.stdin)["data"]["result"]:
+    print(",".join(f"{k}={v}" for k, v in sorted(s["metric"].items()) if k not in ("__name__", "instance")) or "-", s["value"][1])'
+}
+scraped=0
+for _ in $(seq 90); do # 90 s
+    up=$(promq 'up{job=~"tpuemu-.*"}' | awk '$2 == 1' | wc -l)
+    ready=$(promq 'sum by (state) (tpuemu_resolver_cores)' | awk '$1 == "state=READY" { print $2 }')
+    stepped=$(promq 'tpuemu_worker_train_steps_total > 0' | wc -l)
+    [ "$up" -eq 9 ] && [ "$ready" = 8 ] && [ "$stepped" -eq 8 ] && { scraped=1; break; }
+    sleep 1
+done
+[ $scraped -eq 1 ] || fail "the prometheus service does not show 9 targets up ($up), 8 READY cores ($ready) and 8 workers' steps ($stepped) within 90 s"
+say "prometheus service: 9 targets up, 8 cores READY, steps on all 8 workers"
+
 say "done"
 echo "1 passed, 0 failed: the compose cluster trained Fashion-MNIST to $acc through the kill of $victim_core" \
-    "(UNAVAILABLE after ${report_ms} ms, recovered from the checkpoint) in $(($(date +%s) - t_start)) s"
+    "(UNAVAILABLE after ${report_ms} ms, recovered from the checkpoint), its Prometheus scraped it, in $(($(date +%s) - t_start)) s"

@@ -14,8 +14,8 @@
 #   HOGS=N          CPU-bound processes beside the tests (default 2)
 #   JOBS=N          ctest -j (default 2)
 #   CTEST_ARGS=...  more ctest arguments (a -R or -L filter, say)
-#   SHELL_TESTS=... any of: multihost viewer deploy docker (default none; they
-#                   need root, and docker a few minutes a run)
+#   SHELL_TESTS=... any of: multihost viewer deploy docker systemd prometheus
+#                   (default none; they need root, and docker a few minutes a run)
 #   MAX_MINUTES=N   no round starts after N minutes (default 240): the whole is
 #                   bounded in time, and the hogs are killed when it ends, on
 #                   any exit
@@ -72,11 +72,13 @@ shell_test() { # name -> command line
     viewer) echo "$ROOT/tests/viewer/run.sh $build" ;;
     deploy) echo "env TPUEMU_BIN=$build/bin $ROOT/tests/deploy/check.sh" ;;
     docker) echo "$ROOT/tests/docker/run.sh" ;;
+    systemd) echo "$ROOT/tests/systemd/run.sh $build" ;;
+    prometheus) echo "$ROOT/tests/prometheus/run.sh $build" ;;
     *) return 1 ;;
     esac
 }
 for s in $SHELL_TESTS; do
-    shell_test "$s" >/dev/null || { echo "unknown shell test '$s' (multihost viewer deploy docker)" >&2; exit 2; }
+    shell_test "$s" >/dev/null || { echo "unknown shell test '$s' (multihost viewer deploy docker systemd prometheus)" >&2; exit 2; }
 done
 
 start=$(date +%s)
