@@ -76,15 +76,12 @@ free_port() {
     echo "$p"
 }
 ms_now() { echo $(( $(date +%s%N) / 1000000 )); }
-# on M cmd...: run a command on machine M (its namespace; with MACHINES unset, here)
-on() {
-    local m=$1
-    shift
-    if [ "$machines" -gt 0 ]; then ip netns exec "$pfx-$m" "$@"; else "$@"; fi
-}
-# prefix M: sets ON to the command prefix that runs on machine M; used for the
-# daemons started in the background, so that $! is the daemon itself
+# prefix M: sets ON to the command prefix that runs on machine M (its
+# namespace; with MACHINES unset, nothing: here). Daemons started in the
+# background use it directly, so that $! is the daemon itself.
 prefix() { ON=(); [ "$machines" -eq 0 ] || ON=(ip netns exec "$pfx-$1"); }
+# on M cmd...: run a command on machine M
+on() { prefix "$1"; shift; "${ON[@]}" "$@"; }
 machine_ip() { echo "10.214.$(( ($1 + 1) / 256 )).$(( ($1 + 1) % 256 ))"; }
 if [ "$machines" -gt 0 ]; then
     [ "$(id -u)" -eq 0 ] || { echo "MACHINES=$machines needs root (ip netns)" >&2; exit 2; }
