@@ -31,6 +31,7 @@ struct spconn {
     uint8_t head[8];
     size_t got;
     uint8_t *body;
+    int body_borrowed; /* body points into the read buffer: not ours to free */
     size_t blen;
     size_t big;            /* blen, when counted in sprep.untrusted_big */
     char peer[64];
@@ -75,8 +76,10 @@ static void body_free(struct spconn *c)
 {
     c->s->untrusted_big -= c->big;
     c->big = 0;
-    free(c->body);
+    if (!c->body_borrowed)
+        free(c->body);
     c->body = NULL;
+    c->body_borrowed = 0;
 }
 
 static void conn_unref(struct spconn *c)
@@ -383,6 +386,21 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
                 s->untrusted_big += c->big;
             }
             c->blen = (size_t)len;
+            if (n >= c->blen) {
+                /* the whole body came in this read: handed up from the read
+                 * buffer, not copied (on_msg keeps nothing past its return) */
+                int rc;
+                c->body = (uint8_t *)p;
+                c->body_borrowed = 1;
+                p += c->blen;
+                n -= c->blen;
+                c->rd = RD_LEN;
+                rc = deliver(c);
+                body_free(c);
+                if (rc < 0)
+                    break;
+                continue;
+            }
             if (!(c->body = malloc(c->blen ? c->blen : 1))) {
                 conn_close(c);
                 break;

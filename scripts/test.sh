@@ -50,7 +50,7 @@ run_ctest() {
 fuzz_all() {
     local dir=build-fuzz/bin f rc=0 work
     work=$(mktemp -d)
-    for f in wire_open frame addr bytes http; do
+    for f in wire_open frame addr bytes http peertab; do
         mkdir -p "$work/$f"
         echo "--- fuzz_$f for ${FUZZ_SECONDS} s"
         if ! "$dir/fuzz_$f" -max_total_time="$FUZZ_SECONDS" -print_final_stats=0 \

@@ -11,32 +11,21 @@
 #include "log.h"
 #include "wire.h"
 
-struct cl_peers *cl_peers_new(size_t n)
+struct cl_peers *cl_peers_new(const struct peertab_row *rows, size_t n, uint32_t heartbeat_ms,
+                              uint32_t dead_after, err *e)
 {
     struct cl_peers *p = calloc(1, sizeof *p);
-    if (!p)
+    if (!p) {
+        err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory listing %zu cores", n);
         return NULL;
+    }
     p->refs = 1;
     p->n = n;
-    if (n) {
-        p->v = calloc(n, sizeof *p->v);
-        p->pv = calloc(n, sizeof *p->pv);
-        p->host = calloc(n, sizeof *p->host);
-        p->data_addr = calloc(n, sizeof *p->data_addr);
-        p->shm_name = calloc(n, sizeof *p->shm_name);
-        p->control_addr = calloc(n, sizeof *p->control_addr);
-        if (!p->v || !p->pv || !p->host || !p->data_addr || !p->shm_name || !p->control_addr) {
-            cl_peers_unref(p);
-            return NULL;
-        }
-    }
-    for (size_t i = 0; i < n; i++) {
-        tpuemu__peer_info__init(&p->v[i]);
-        p->v[i].host_id = p->host[i];
-        p->v[i].data_addr = p->data_addr[i];
-        p->v[i].shm_name = p->shm_name[i];
-        p->v[i].control_addr = p->control_addr[i];
-        p->pv[i] = &p->v[i];
+    p->heartbeat_ms = heartbeat_ms;
+    p->dead_after = dead_after;
+    if (peertab_pack(rows, n, &p->table, &p->table_len, e) != CODE_OK) {
+        free(p);
+        return NULL;
     }
     return p;
 }
@@ -45,12 +34,7 @@ void cl_peers_unref(struct cl_peers *p)
 {
     if (!p || --p->refs > 0)
         return;
-    free(p->v);
-    free(p->pv);
-    free(p->host);
-    free(p->data_addr);
-    free(p->shm_name);
-    free(p->control_addr);
+    free(p->table);
     free(p);
 }
 
@@ -104,8 +88,8 @@ static int send_head(corelink *l, err *e)
         reset.replica_id = c->replica_id;
         reset.num_replicas = c->num_replicas;
         if (c->peers) {
-            reset.n_peers = c->peers->n;
-            reset.peers = c->peers->pv;
+            reset.peer_table.len = c->peers->table_len;
+            reset.peer_table.data = c->peers->table;
             reset.heartbeat_ms = c->peers->heartbeat_ms;
             reset.dead_after = c->peers->dead_after;
         }

@@ -19,6 +19,7 @@
 #include <uv.h>
 
 #include "auth.h"
+#include "peertab.h"
 #include "spreq.h"
 #include "tpuemu.pb-c.h"
 
@@ -30,22 +31,20 @@
 typedef void (*corelink_cb)(void *ctx, uint64_t tag, int idx, int code, const char *msg,
                             const Tpuemu__WorkerInfo *w);
 
-/* ResetCore.peers and the timeout settings, shared by the reset calls of one
- * initialize: refcounted, each queued call holds a reference until it is
- * popped. Owns its strings. */
+/* ResetCore.peer_table (packed once) and the timeout settings, shared by the
+ * reset calls of one initialize: refcounted, each queued call holds a
+ * reference until it is popped. */
 struct cl_peers {
     int refs;
     uint32_t heartbeat_ms, dead_after;
     size_t n;
-    Tpuemu__PeerInfo *v;
-    Tpuemu__PeerInfo **pv;
-    char (*host)[64];
-    char (*data_addr)[256];
-    char (*shm_name)[64];
-    char (*control_addr)[256];
+    uint8_t *table; /* a serialized PeerTable of n cores (peertab.h) */
+    size_t table_len;
 };
-/* n zeroed peers (strings point at the owned arrays) with one reference; NULL if out of memory. */
-struct cl_peers *cl_peers_new(size_t n);
+/* The table of rows[0..n) with one reference; NULL with e set when a row
+ * does not fit the table or memory ran out. */
+struct cl_peers *cl_peers_new(const struct peertab_row *rows, size_t n, uint32_t heartbeat_ms,
+                              uint32_t dead_after, err *e);
 void cl_peers_unref(struct cl_peers *p);
 
 struct cl_call {

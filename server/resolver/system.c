@@ -231,24 +231,25 @@ static void init_proceed(resolver *r, size_t n)
     log_debug("initialize: resetting cores", "epoch=%llu cores=%zu client=%s",
               (unsigned long long)op->epoch, k, log_q(op->client));
 
-    /* every chosen core learns all of them (ResetCore.peers, replica order)
-     * and the heartbeat settings its collective timeouts derive from */
-    peers = cl_peers_new(op->nchosen);
-    if (!peers) {
-        init_fail(r, CODE_RESOURCE_EXHAUSTED, "out of memory listing %zu cores", op->nchosen);
-        return;
-    }
-    peers->heartbeat_ms = r->heartbeat_ms;
-    peers->dead_after = r->dead_after;
-    for (size_t i = 0; i < op->nchosen; i++) {
-        const struct sys_chosen *c = &op->chosen[i];
-        peers->v[i].replica_id = (int32_t)i;
-        peers->v[i].core = c->core;
-        peers->v[i].incarnation = c->inc;
-        snprintf(peers->host[i], sizeof peers->host[i], "%s", c->host);
-        snprintf(peers->data_addr[i], sizeof peers->data_addr[i], "%s", c->data_addr);
-        snprintf(peers->shm_name[i], sizeof peers->shm_name[i], "%s", c->shm_name);
-        snprintf(peers->control_addr[i], sizeof peers->control_addr[i], "%s", c->control_addr);
+    /* every chosen core learns all of them (ResetCore.peer_table, replica
+     * order, packed once) and the heartbeat settings its collective timeouts
+     * derive from */
+    {
+        struct peertab_row *rows = calloc(op->nchosen ? op->nchosen : 1, sizeof *rows);
+        if (!rows) {
+            init_fail(r, CODE_RESOURCE_EXHAUSTED, "out of memory listing %zu cores", op->nchosen);
+            return;
+        }
+        for (size_t i = 0; i < op->nchosen; i++) {
+            const struct sys_chosen *c = &op->chosen[i];
+            rows[i] = (struct peertab_row){c->host, c->core, c->data_addr, c->control_addr, c->shm_name, c->inc};
+        }
+        peers = cl_peers_new(rows, op->nchosen, r->heartbeat_ms, r->dead_after, &e);
+        free(rows);
+        if (!peers) {
+            init_fail(r, e.code, "initialize: %s", e.msg);
+            return;
+        }
     }
 
     /* chosen cores first, in replica order; then every other alive core leaves */

@@ -253,8 +253,14 @@ static int m_failed(const void *self, uint64_t seq, err *e)
     return CODE_OK;
 }
 
-static const struct xport_ops mem_ops = {m_chan,   m_send,   m_recv, m_peer_name,  m_is_shm,
-                                         m_abort,  m_failed, m_fuse, m_recv_reduce};
+static int m_host(void *self, int replica)
+{
+    const struct mself *s = self;
+    return replica < 0 || replica >= s->net->n ? -1 : replica / s->net->per_host;
+}
+
+static const struct xport_ops mem_ops = {m_chan,   m_send,   m_recv, m_peer_name,   m_is_shm,
+                                         m_abort,  m_failed, m_fuse, m_recv_reduce, m_host};
 
 /* n replicas, per_host cores on each host (host of replica r: r / per_host). */
 static void mnet_init(struct mnet *net, int n, int per_host)

@@ -7,6 +7,7 @@
 
 #include <criterion/criterion.h>
 
+#include "peertab.h"
 #include "wire.h"
 
 #define TOKEN_A "0123456789abcdef-token-a"
@@ -381,30 +382,25 @@ static uint8_t *seal_reset(size_t n, size_t *len)
 {
     wire_msg m = TPUEMU__MESSAGE__INIT;
     Tpuemu__ResetCore r = TPUEMU__RESET_CORE__INIT;
-    Tpuemu__PeerInfo *v = calloc(n, sizeof *v), **pv = calloc(n, sizeof *pv);
+    struct peertab_row *v = calloc(n, sizeof *v);
     char (*addr)[32] = calloc(n, sizeof *addr);
-    uint8_t *buf;
+    uint8_t *buf, *table;
+    size_t tlen;
     err e;
 
     for (size_t i = 0; i < n; i++) {
-        tpuemu__peer_info__init(&v[i]);
         snprintf(addr[i], sizeof addr[i], "127.0.0.1:%zu", 20000 + i);
-        v[i].replica_id = (int32_t)i;
-        v[i].host_id = "h1";
-        v[i].core = (int32_t)(i % 8);
-        v[i].data_addr = addr[i];
-        v[i].shm_name = "";
-        v[i].control_addr = "tcp://127.0.0.1:1";
-        pv[i] = &v[i];
+        v[i] = (struct peertab_row){"h1", (int)(i % 8), addr[i], "tcp://127.0.0.1:1", "", 0};
     }
-    r.n_peers = n;
-    r.peers = pv;
+    cr_assert_eq(peertab_pack(v, n, &table, &tlen, &e), CODE_OK, "%s", e.msg);
+    r.peer_table.data = table;
+    r.peer_table.len = tlen;
     r.num_replicas = (uint32_t)n;
     m.body_case = TPUEMU__MESSAGE__BODY_RESET_CORE;
     m.reset_core = &r;
     cr_assert_eq(wire_seal(&ka, "resolver", &m, &buf, len, NULL, &e), CODE_OK, "%s", e.msg);
+    free(table);
     free(v);
-    free(pv);
     free(addr);
     return buf;
 }
@@ -428,11 +424,15 @@ Test(wire, messages_open_together_and_free_in_any_order)
         for (int k = 0; k < K; k++) {
             int j = (k * 5 + round) % K; /* a different order each round */
             Tpuemu__ResetCore *r = m[j]->reset_core;
-            char want[32];
-            cr_assert_eq(r->n_peers, sizes[j]);
+            struct peertab *t;
+            char want[32], got[PEERTAB_MAX_ADDR + 1];
+            cr_assert_eq(r->num_replicas, sizes[j]);
+            cr_assert_eq(peertab_open(r->peer_table.data, r->peer_table.len, sizes[j], &t, &e), CODE_OK, "%s",
+                         e.msg);
             snprintf(want, sizeof want, "127.0.0.1:%zu", 20000 + sizes[j] - 1);
-            cr_assert_str_eq(r->peers[sizes[j] - 1]->data_addr, want);
-            cr_assert_eq(r->peers[sizes[j] - 1]->core, (int32_t)((sizes[j] - 1) % 8));
+            cr_assert_str_eq(peertab_data_addr(t, sizes[j] - 1, got, sizeof got), want);
+            cr_assert_eq(peertab_core(t, sizes[j] - 1), (int)((sizes[j] - 1) % 8));
+            peertab_free(t);
             wire_msg_free(m[j]);
             m[j] = NULL;
             free(buf[j]);

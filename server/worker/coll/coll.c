@@ -177,42 +177,18 @@ uint64_t coll_plan_bytes(const Tpuemu__CollSpec *sp, int g)
     }
 }
 
-/* ---- topology: the host of every replica, from the links' names ---- */
+/* ---- topology: the host of every replica, from the transport ---- */
 
 /* host[i] = host index (0.. by first appearance) of group rank i. */
 static int coll_hosts(struct coll *c, const struct cop *op, int *host)
 {
     const struct core_ident *id = c->env.id;
     if (c->topo_epoch != id->epoch || !c->host) {
-        char (*names)[96] = calloc(id->num_replicas, sizeof *names);
-        int *h = malloc(sizeof(int) * id->num_replicas);
-        if (!names || !h) {
-            free(names), free(h);
+        int *h = malloc(sizeof(int) * (id->num_replicas ? id->num_replicas : 1));
+        if (!h)
             return -1;
-        }
-        for (uint32_t r = 0; r < id->num_replicas; r++) {
-            err e;
-            if ((int)r == id->replica_id) {
-                snprintf(names[r], sizeof names[r], "%s", id->host_id);
-                continue;
-            }
-            struct xport_chan *ch = c->env.x.ops->chan(c->env.x.self, (int)r, &e);
-            const char *n = ch ? c->env.x.ops->peer_name(ch) : "";
-            const char *slash = strrchr(n, '/');
-            size_t len = slash ? (size_t)(slash - n) : strlen(n);
-            if (len >= sizeof names[r])
-                len = sizeof names[r] - 1;
-            memcpy(names[r], n, len);
-        }
-        for (uint32_t r = 0; r < id->num_replicas; r++) {
-            h[r] = (int)r;
-            for (uint32_t q = 0; q < r; q++)
-                if (strcmp(names[q], names[r]) == 0) {
-                    h[r] = h[q];
-                    break;
-                }
-        }
-        free(names);
+        for (uint32_t r = 0; r < id->num_replicas; r++)
+            h[r] = c->env.x.ops->host(c->env.x.self, (int)r);
         free(c->host);
         c->host = h;
         c->nhost = id->num_replicas;

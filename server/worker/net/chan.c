@@ -113,8 +113,8 @@ struct chan *chan_new(struct peers *p, int r)
         return NULL;
     l->p = p;
     l->replica = r;
-    snprintf(l->name, sizeof l->name, "%s/%d", p->info[r].host, p->info[r].core);
-    snprintf(l->data_addr, sizeof l->data_addr, "%s", p->info[r].data_addr);
+    snprintf(l->name, sizeof l->name, "%s/%d", peertab_host(p->tab, (size_t)r), peertab_core(p->tab, (size_t)r));
+    peertab_data_addr(p->tab, (size_t)r, l->data_addr, sizeof l->data_addr);
     uv_timer_init(p->loop, &l->timer);
     l->timer.data = l;
     l->refs = 1;
@@ -407,11 +407,14 @@ static void on_probe(void *arg, int alive)
 /* Starts a probe of l's peer; 0 if it cannot start (the caller blames at once). */
 static int start_probe(struct chan *l)
 {
-    const struct peer_info *pi = &l->p->info[l->replica];
+    const struct peertab *t = l->p->tab;
+    size_t r = (size_t)l->replica;
+    char ctl[PEERTAB_MAX_ADDR + 1];
     err e;
 
-    l->probe = probe_start(l->p->loop, l->p->auth, l->p->id->sender, pi->control_addr, pi->host, pi->core,
-                           pi->incarnation, l->p->probe_ms, on_probe, l, &e);
+    l->probe = probe_start(l->p->loop, l->p->auth, l->p->id->sender, peertab_control_addr(t, r, ctl, sizeof ctl),
+                           peertab_host(t, r), peertab_core(t, r), peertab_incarnation(t, r), l->p->probe_ms,
+                           on_probe, l, &e);
     if (!l->probe) {
         log_warn("cannot probe a silent collective peer", "peer=%s reason=%s", log_q(l->name),
                  log_q(e.msg));
@@ -625,8 +628,7 @@ int chan_send(struct chan *l, const struct xport_chunk *c, const void *buf, size
         return CODE_OK;
     }
     /* first send (or the connection went away between collectives) */
-    if (!l->shm_tried && !l->p->tcp_only && l->p->shm && l->p->info[l->replica].shm_name[0] &&
-        strcmp(l->p->info[l->replica].host, l->p->info[l->p->self].host) == 0) {
+    if (!l->shm_tried && !l->p->tcp_only && l->p->shm && peers_same_host_shm(l->p, l->replica)) {
         l->shm_tried = 1;
         if (l->p->shmt->connect(l, &e) == CODE_OK)
             return CODE_OK;

@@ -22,6 +22,7 @@
 #include "dpconn.h"
 #include "ident.h"
 #include "trace.h"
+#include "peertab.h"
 #include "xport.h"
 
 #define PEERS_FAILED_MAX 8
@@ -131,18 +132,6 @@ struct chan {
     err *linger_err;
 };
 
-/* One peer of the current epoch. The strings live in the peers' one string
- * block (struct peers: strs), never NULL: at 1,024 cores a worker holds a list
- * of 1,024 of these, remade at every initialize, so they are kept small. */
-struct peer_info {
-    const char *host;
-    const char *data_addr;
-    const char *shm_name;
-    const char *control_addr;
-    uint64_t incarnation;
-    int core;
-};
-
 struct failed_seq {
     uint64_t seq;
     int used;
@@ -159,8 +148,7 @@ struct peers {
     uint64_t epoch;
     int self;                  /* own replica, -1: not in the system */
     uint32_t n;
-    struct peer_info *info;    /* n entries */
-    char *strs;                /* their strings, one block */
+    struct peertab *tab;       /* the n replicas (ResetCore.peer_table), NULL outside a system */
     struct chan **links;       /* n entries, lazily made */
     unsigned timeout_ms;       /* silence after which a peer is probed */
     unsigned probe_ms;         /* how long a probe waits for the answer */
@@ -195,6 +183,14 @@ struct peers {
 
 /* ---- chan.c: what every channel of the set shares ---- */
 /* CODE_OK, or the error collective seq already failed with here. e may be NULL. */
+/* 1 when replica r (not this core) runs on this core's host and offers
+ * shared memory. */
+static inline int peers_same_host_shm(const struct peers *p, int r)
+{
+    return p->tab && peertab_has_shm(p->tab, (size_t)r) &&
+           peertab_host_index(p->tab, (size_t)r) == peertab_host_index(p->tab, (size_t)p->self);
+}
+
 int chan_seq_failed(const struct peers *p, uint64_t seq, err *e);
 /* Queues op's callback (status from op->fail, OK when NULL) for the loop. */
 void chan_defer(struct peers *p, struct lop *op);

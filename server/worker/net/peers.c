@@ -118,8 +118,7 @@ void peers_free(struct peers *p)
     if (!p)
         return;
     /* every handle closed with the loop (peers_stop before it ran dry) */
-    free(p->info);
-    free(p->strs);
+    peertab_free(p->tab);
     free(p->links);
     free(p);
 }
@@ -129,37 +128,17 @@ const char *peers_shm_name(const struct peers *p)
     return p && !p->stopping ? p->shm_name : "";
 }
 
-/* The strings a peer_info keeps, with the longest each may be (the resolver
- * checked them at registration; longer is cut, as a fixed field would). */
-#define PEER_STRS 4
-static const char *peer_str(const Tpuemu__PeerInfo *pi, int f)
-{
-    const char *s = !pi ? NULL
-                    : f == 0 ? pi->host_id
-                    : f == 1 ? pi->data_addr
-                    : f == 2 ? pi->shm_name
-                             : pi->control_addr;
-    return s ? s : f == 0 ? "?" : "";
-}
-
-static size_t peer_str_len(const Tpuemu__PeerInfo *pi, int f)
-{
-    static const size_t cap[PEER_STRS] = {63, 255, 63, 255};
-    return strnlen(peer_str(pi, f), cap[f]);
-}
-
 void peers_reset(struct peers *p, const Tpuemu__ResetCore *r)
 {
     size_t n;
+    err e;
 
     if (!p || p->stopping)
         return;
     drop_all(p);
-    free(p->info);
-    free(p->strs);
+    peertab_free(p->tab);
     free(p->links);
-    p->info = NULL;
-    p->strs = NULL;
+    p->tab = NULL;
     p->links = NULL;
     p->n = 0;
     p->self = -1;
@@ -173,49 +152,25 @@ void peers_reset(struct peers *p, const Tpuemu__ResetCore *r)
                      (r->dead_after ? r->dead_after : DEFAULT_DEAD_AFTER);
         set_timeouts(p, t > TIMEOUT_MAX_MS ? TIMEOUT_MAX_MS : t);
     }
-    n = r->n_peers;
+    n = r->num_replicas;
     if (r->replica_id < 0 || n == 0)
         return;
-    if (n != r->num_replicas || (size_t)r->replica_id >= n) {
-        log_warn("reset without a usable peer list; collectives will fail", "peers=%zu replicas=%u",
-                 n, r->num_replicas);
+    if ((size_t)r->replica_id >= n) {
+        log_warn("reset without a usable peer list; collectives will fail", "replica=%d replicas=%zu",
+                 (int)r->replica_id, n);
         return;
     }
-    {
-        size_t total = 0;
-        for (size_t i = 0; i < n; i++)
-            for (int f = 0; f < PEER_STRS; f++)
-                total += peer_str_len(r->peers[i], f) + 1;
-        p->info = malloc(n * sizeof *p->info);
-        p->strs = malloc(total ? total : 1);
-        p->links = calloc(n, sizeof *p->links);
+    /* kept as it came (columns): a replica's fields are read when a channel to it is made */
+    if (peertab_open(r->peer_table.data, r->peer_table.len, n, &p->tab, &e) != CODE_OK) {
+        log_warn("reset without a usable peer list; collectives will fail", "replicas=%zu reason=%s", n,
+                 log_q(e.msg));
+        return;
     }
-    if (!p->info || !p->strs || !p->links) {
-        free(p->info);
-        free(p->strs);
-        free(p->links);
-        p->info = NULL;
-        p->strs = NULL;
-        p->links = NULL;
+    if (!(p->links = calloc(n, sizeof *p->links))) {
+        peertab_free(p->tab);
+        p->tab = NULL;
         log_error("out of memory for the peer list", "peers=%zu", n);
         return;
-    }
-    {
-        char *at = p->strs;
-        for (size_t i = 0; i < n; i++) {
-            const Tpuemu__PeerInfo *pi = r->peers[i];
-            struct peer_info *d = &p->info[i];
-            const char **dst[PEER_STRS] = {&d->host, &d->data_addr, &d->shm_name, &d->control_addr};
-            for (int f = 0; f < PEER_STRS; f++) {
-                size_t len = peer_str_len(pi, f);
-                memcpy(at, peer_str(pi, f), len);
-                at[len] = '\0';
-                *dst[f] = at;
-                at += len + 1;
-            }
-            d->core = pi ? pi->core : -1;
-            d->incarnation = pi ? pi->incarnation : 0;
-        }
     }
     p->n = (uint32_t)n;
     p->self = r->replica_id;
@@ -330,7 +285,7 @@ static int x_fuse(void *self, int replica, size_t len)
     if (!p || p->stopping || p->tcp_only || !p->shm || p->self < 0 || replica < 0 || (uint32_t)replica >= p->n ||
         replica == p->self || len < PEERS_FUSE_MIN || len > shm_ring_bytes() / 2)
         return 0;
-    return p->info[replica].shm_name[0] && strcmp(p->info[replica].host, p->info[p->self].host) == 0;
+    return peers_same_host_shm(p, replica);
 }
 
 static int x_recv_reduce(struct xport_chan *ch, const struct xport_chunk *c, void *buf, size_t len,
@@ -359,8 +314,16 @@ static int x_failed(const void *self, uint64_t seq, err *e)
     return chan_seq_failed(self, seq, e);
 }
 
-static const struct xport_ops peers_ops = {x_chan,  x_send,   x_recv, x_peer_name,  x_is_shm,
-                                           x_abort, x_failed, x_fuse, x_recv_reduce};
+static int x_host(void *self, int replica)
+{
+    const struct peers *p = self;
+    if (!p || p->stopping || !p->tab || replica < 0 || (uint32_t)replica >= p->n)
+        return -1;
+    return (int)peertab_host_index(p->tab, (size_t)replica);
+}
+
+static const struct xport_ops peers_ops = {x_chan,  x_send,   x_recv, x_peer_name,   x_is_shm,
+                                           x_abort, x_failed, x_fuse, x_recv_reduce, x_host};
 
 struct xport peers_xport(struct peers *p)
 {

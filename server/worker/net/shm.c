@@ -581,9 +581,10 @@ static int shm_connect(struct chan *l, err *er)
     struct sockaddr_un sa;
     socklen_t sl;
     struct dial *d;
-    const char *name = l->p->info[l->replica].shm_name;
+    char name[PEERTAB_MAX_SHM + 1];
     int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
+    peertab_shm_name(l->p->tab, (size_t)l->replica, name, sizeof name);
     if (abstract_addr(name, &sa, &sl) < 0)
         return err_set(er, CODE_INVALID_ARGUMENT, "'%s' is not a shared-memory socket name", name);
     if (!(d = calloc(1, sizeof *d)))

@@ -81,6 +81,11 @@ struct xport_ops {
     int (*fuse)(void *self, int replica, size_t len);
     int (*recv_reduce)(struct xport_chan *ch, const struct xport_chunk *c, void *buf, size_t len,
                        xport_reduce_fn red, void *red_arg, xport_cb cb, void *arg);
+    /* The host of replica r (this core's own too) as a number, equal for two
+     * replicas exactly when they run on one host; -1 when r is not a replica
+     * of the system. Makes no channel: the hierarchical schedule asks it of
+     * every replica. */
+    int (*host)(void *self, int replica);
 };
 
 /* A transport: its ops and the object they work on. */
