@@ -82,7 +82,7 @@ if step "build ASan+UBSan" build build-asan -DTPUEMU_SANITIZE=ON -DTPUEMU_WERROR
 fi
 fuzz_build() {
     CC=clang cmake -S . -B build-fuzz -DTPUEMU_FUZZ=ON -DBUILD_TESTING=ON &&
-        cmake --build build-fuzz -j"$JOBS" --target fuzz_wire_open fuzz_frame fuzz_addr fuzz_bytes fuzz_http
+        cmake --build build-fuzz -j"$JOBS" --target fuzz_wire_open fuzz_frame fuzz_addr fuzz_bytes fuzz_http fuzz_peertab
 }
 if step "build fuzzers (clang)" fuzz_build; then
     step "fuzz (${FUZZ_SECONDS} s each)" fuzz_all
