@@ -125,6 +125,37 @@ void corelink_set_max_sockets(unsigned n)
 
 static void on_timer(uv_timer_t *t);
 static void pump(corelink *l);
+static int enqueue(corelink *l, struct cl_call *c, uint32_t timeout_ms, err *e);
+
+/* tag: the link, for its first probe (made at registration); 0 for later ones */
+static void keepalive_done(void *ctx, uint64_t tag, int idx, int code, const char *msg,
+                           const Tpuemu__WorkerInfo *w)
+{
+    const corelink *l = (const corelink *)(uintptr_t)tag;
+    (void)ctx, (void)idx, (void)w;
+    if (code == CODE_OK || code == CODE_CANCELLED)
+        return;
+    if (l) /* an initialize would fail the same way: said now, with the address */
+        log_warn_limited("core's control port does not answer the resolver", "host=%s core=%d control=%s reason=%s",
+                         log_q(l->host), l->core, log_q(l->url), log_q(msg));
+    else
+        log_debug("keep-alive probe of core failed", "code=%d reason=%s", code, log_q(msg));
+}
+
+static void keepalive(corelink *l)
+{
+    struct cl_call c = {.is_probe = 1, .cb = keepalive_done, .tag = l->keepalives ? 0 : (uint64_t)(uintptr_t)l};
+    err e;
+    if (enqueue(l, &c, CORELINK_KEEPALIVE_TIMEOUT_MS, &e) == CODE_OK)
+        l->keepalives++;
+}
+
+/* The queue is empty: a kept link waits for its keep-alive. */
+static void idle(corelink *l)
+{
+    if (l->keep && !l->closing && l->qn == 0)
+        uv_timer_start(&l->timer, on_timer, l->keep_ms, 0);
+}
 
 /* The connection q[0] waited for is made: it goes on the wire now. */
 static void on_open(spreq *q)
@@ -150,6 +181,7 @@ static void pump(corelink *l)
         }
         c.cb(l->ctx, c.tag, c.idx, e.code, e.msg, NULL);
     }
+    idle(l);
 }
 
 /* The call's deadline, or the moment to send it again after its connection
@@ -161,8 +193,13 @@ static void on_timer(uv_timer_t *t)
     struct cl_call c;
     char msg[sizeof l->lost + 64];
 
-    if (l->qn == 0 || l->closing)
+    if (l->closing)
         return;
+    if (l->qn == 0) { /* a kept link idle for keep_ms */
+        if (l->keep && spreq_is_open(l->rq))
+            keepalive(l);
+        return;   /* not connected: the next call connects */
+    }
     if (l->q[0].deadline_ms > now) {
         if (!l->inflight)
             pump(l); /* the connection was lost: again, on a new one */
@@ -250,6 +287,11 @@ corelink *corelink_new(uv_loop_t *loop, const auth *a, void *ctx, const char *ur
     snprintf(l->host, sizeof l->host, "%s", host);
     l->core = core;
     l->incarnation = incarnation;
+    uint32_t h = 2166136261u; /* FNV-1a of the address and core: the jitter */
+    for (const char *p = url; *p; p++)
+        h = (h ^ (uint8_t)*p) * 16777619u;
+    h = (h ^ (uint32_t)core) * 16777619u;
+    l->keep_ms = CORELINK_KEEPALIVE_MS + h % CORELINK_KEEPALIVE_JITTER_MS;
     if (g_links >= g_max_links) {
         err_set(e, CODE_RESOURCE_EXHAUSTED,
                 "the resolver's open-file limit (%ld) leaves room for links to %u cores, and they are all in "
@@ -271,6 +313,20 @@ corelink *corelink_new(uv_loop_t *loop, const auth *a, void *ctx, const char *ur
     return l;
 }
 
+int corelink_is_open(const corelink *l)
+{
+    return !l->closing && spreq_is_open(l->rq);
+}
+
+void corelink_keep_open(corelink *l)
+{
+    if (l->keep || l->closing)
+        return;
+    l->keep = 1;
+    if (l->qn == 0)
+        keepalive(l);
+}
+
 static int enqueue(corelink *l, struct cl_call *c, uint32_t timeout_ms, err *e)
 {
     if (l->closing || l->qn >= CORELINK_QUEUE) {
@@ -283,8 +339,10 @@ static int enqueue(corelink *l, struct cl_call *c, uint32_t timeout_ms, err *e)
     l->q[l->qn++] = *c;
     if (!l->inflight) {
         int rc = send_head(l, e);
-        if (rc != CODE_OK)
+        if (rc != CODE_OK) {
+            idle(l);
             return rc;
+        }
         uv_timer_start(&l->timer, on_timer, timeout_ms, 0);
     }
     return CODE_OK;

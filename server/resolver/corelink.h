@@ -25,6 +25,13 @@
 
 #define CORELINK_QUEUE 4
 #define CORELINK_RETRY_MS 200
+/* A kept link (corelink_keep_open) is probed when it has been idle this long,
+ * plus up to CORELINK_KEEPALIVE_JITTER_MS (fixed per link, so the links made
+ * in one registration storm do not all probe at once): well inside the 120 s
+ * after which a worker closes a silent control connection (CTL_IDLE_MS). */
+#define CORELINK_KEEPALIVE_MS 50000u
+#define CORELINK_KEEPALIVE_JITTER_MS 20000u
+#define CORELINK_KEEPALIVE_TIMEOUT_MS 5000u
 
 /* code CODE_OK: w is the worker's report (valid during the call only).
  * Otherwise msg says what went wrong and w is NULL. */
@@ -79,6 +86,9 @@ typedef struct corelink {
     char lost[200];          /* why the call's last send got no answer, or "" */
     unsigned losses;         /* of the call on the wire, so far */
     int open_handles;        /* the timer; freed at 0 */
+    int keep;                /* corelink_keep_open: probed while idle */
+    uint32_t keep_ms;        /* idle time before that probe, jitter included */
+    uint64_t keepalives;     /* probes sent by it */
 } corelink;
 
 /* Connects (asynchronously) to url, the control socket of core host/core of
@@ -93,6 +103,18 @@ int corelink_probe(corelink *l, uint32_t timeout_ms, corelink_cb cb, uint64_t ta
 /* peers (may be NULL) is referenced by the call while it is queued. */
 int corelink_reset(corelink *l, uint64_t epoch, int32_t replica_id, uint32_t num_replicas,
                    struct cl_peers *peers, uint32_t timeout_ms, corelink_cb cb, uint64_t tag, int idx, err *e);
+
+/* Opens the connection now, with a probe (a worker closes a connection that
+ * sends nothing within seconds), and keeps it open by probing it whenever it
+ * has been idle for CORELINK_KEEPALIVE_MS and is still connected: the first
+ * call after a long silence, an initialize of the whole pod, does not wait
+ * for a connection (a TCP and SP handshake and the worker's first-touch of
+ * its buffers, for every core at once). A probe that fails is not an error:
+ * the next call connects again. Idempotent. */
+void corelink_keep_open(corelink *l);
+
+/* Is its connection made (and not closing)? */
+int corelink_is_open(const corelink *l);
 
 /* At most n links at once (each takes a descriptor); a link that would need
  * one more fails with RESOURCE_EXHAUSTED naming the open-file limit. Default:

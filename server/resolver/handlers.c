@@ -103,6 +103,14 @@ static struct claim *take_claim(resolver *r, uint64_t tag)
 
 static void accept_worker(resolver *r, rreq *req, rentry *en)
 {
+    struct corelink *l;
+    err e;
+
+    /* the control connection is made now and kept, not at the initialize
+     * that needs every core's at once; a link the open-file share does not
+     * allow is made (and refused, naming the limit) when a call needs it */
+    if ((l = rsv_link(r, en, &e)) != NULL)
+        corelink_keep_open(l);
     sys_note_worker(r, en);
     reply_heartbeat(r, req, en);
     sys_on_change(r);

@@ -5,12 +5,13 @@
 
 #include <stdio.h>
 
+#include "corelink.h"
 #include "resolver.h"
 
 static int render(void *user, hbuf *b)
 {
     resolver *r = user;
-    uint64_t by_state[4] = {0, 0, 0, 0};
+    uint64_t by_state[4] = {0, 0, 0, 0}, links = 0;
     static const struct {
         Tpuemu__CoreState st;
         const char *name;
@@ -24,6 +25,8 @@ static int render(void *user, hbuf *b)
         Tpuemu__CoreState st = sys_core_state(r, r->reg.v[i]);
         if ((int)st >= 0 && (int)st < 4)
             by_state[st]++;
+        if (r->reg.v[i]->link && corelink_is_open(r->reg.v[i]->link))
+            links++;
     }
     prom_family(b, "tpuemu_build_info", "gauge", "Version of the daemon serving these metrics.");
     prom_u64(b, "tpuemu_build_info", "daemon=\"resolver\",version=\"" TPUEMU_VERSION "\"", 1);
@@ -35,6 +38,10 @@ static int render(void *user, hbuf *b)
         snprintf(labels, sizeof labels, "state=\"%s\"", states[i].name);
         prom_u64(b, "tpuemu_resolver_cores", labels, by_state[states[i].st]);
     }
+    prom_family(b, "tpuemu_resolver_core_links_open", "gauge",
+                "Control connections from the resolver to cores that are open (made when a core registers and "
+                "kept, so an initialize does not wait for them).");
+    prom_u64(b, "tpuemu_resolver_core_links_open", NULL, links);
     prom_family(b, "tpuemu_resolver_max_cores", "gauge", "Most cores the resolver tracks (--max-cores).");
     prom_u64(b, "tpuemu_resolver_max_cores", NULL, r->max_cores);
     prom_family(b, "tpuemu_resolver_system_epoch", "gauge",

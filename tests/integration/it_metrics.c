@@ -620,10 +620,26 @@ static int counter_above(cluster *c, void *arg)
     return v > a->above;
 }
 
+static int gauge_is(cluster *c, void *arg)
+{
+    struct hb_arg *a = arg;
+    (void)c;
+    scrape *sc = scrape_port(a->port);
+    double v = mval(sc, a->name, NULL);
+    free(sc);
+    return v == a->above;
+}
+
 Test(metrics, numbers_follow_a_training_run, .timeout = 120)
 {
     mcluster *m = mc_start(2);
     scrape *r0, *r1, *w;
+
+    /* the resolver connects to each core's control port when it registers,
+     * not at the first initialize */
+    struct hb_arg links = {m->rport, "tpuemu_resolver_core_links_open", 2};
+    cr_assert(cluster_wait_until(gauge_is, m->c, &links, 10000),
+              "the resolver did not open a control connection to each registered core");
 
     /* before the system exists */
     r0 = scrape_port(m->rport);
@@ -666,6 +682,7 @@ Test(metrics, numbers_follow_a_training_run, .timeout = 120)
     r1 = scrape_port(m->rport);
     cr_assert_eq(mval(r1, "tpuemu_resolver_system_epoch", NULL), mval(r0, "tpuemu_resolver_system_epoch", NULL) + 1);
     cr_assert_eq(mval(r1, "tpuemu_resolver_system_initialized", NULL), 1);
+    cr_assert_eq(mval(r1, "tpuemu_resolver_core_links_open", NULL), 2, "the initialize did not reuse the connections");
     cr_assert_eq(mval(r1, "tpuemu_resolver_cores", "state=\"READY\""), 2);
     tpu_cluster_spec *spec = cluster_spec(m->c);
     cr_assert_not_null(spec);
