@@ -1,6 +1,7 @@
 /* tpuctl commands: cluster, init, shutdown, forget, health, version (bench: bench.c). Each parses its
  * own flags from a settings table, talks to the resolver through
  * libtpuclient only, and prints text or (--json) one JSON object. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -445,14 +446,29 @@ static int cmd_shutdown(const struct tpuctl *g, int argc, char **argv)
 
 /* ---- forget ---- */
 
+/* s as HOST/CORE (like h0/3) into host and *core; -1 with a message naming
+ * the command otherwise. */
+static int parse_core(const char *cmd, const char *s, char *host, size_t n, long *core)
+{
+    const char *slash = strrchr(s, '/');
+    char *end = NULL;
+
+    *core = slash ? strtol(slash + 1, &end, 10) : -1;
+    if (!slash || slash == s || (size_t)(slash - s) >= n || !slash[1] || *end || *core < 0 || *core > 1023) {
+        fprintf(stderr, "tpuctl %s: '%s' is not HOST/CORE (like h0/3)\n", cmd, s);
+        return -1;
+    }
+    snprintf(host, n, "%.*s", (int)(slash - s), s);
+    return 0;
+}
+
 static int cmd_forget(const struct tpuctl *g, int argc, char **argv)
 {
     static const char usage[] = "tpuctl forget HOST/CORE";
     struct opt none[1] = {{0}};
     tpu_resolver *r;
     tpu_cluster *c;
-    char host[128], *end;
-    const char *slash;
+    char host[128];
     long core;
     uint64_t silent = 0;
     int first = argc, rc;
@@ -470,14 +486,8 @@ static int cmd_forget(const struct tpuctl *g, int argc, char **argv)
                 usage);
         return EXIT_USAGE;
     }
-    slash = strrchr(argv[first], '/');
-    core = slash ? strtol(slash + 1, &end, 10) : -1;
-    if (!slash || slash == argv[first] || (size_t)(slash - argv[first]) >= sizeof host || !slash[1] ||
-        *end || core < 0 || core > 1023) {
-        fprintf(stderr, "tpuctl forget: '%s' is not HOST/CORE (like h0/3)\n", argv[first]);
+    if (parse_core("forget", argv[first], host, sizeof host, &core) != 0)
         return EXIT_USAGE;
-    }
-    snprintf(host, sizeof host, "%.*s", (int)(slash - argv[first]), argv[first]);
     if ((rc = connect_cluster(g, &r, &c)) >= 0)
         return rc;
     if (tpu_forget_core(c, host, (int)core, &silent) != TPU_OK) {
@@ -494,6 +504,109 @@ static int cmd_forget(const struct tpuctl *g, int argc, char **argv)
         json_end(&j);
     } else {
         printf("forgot core %s/%ld (last heartbeat %.1f s ago)\n", host, core, (double)silent / 1000.0);
+    }
+    disconnect(r, c);
+    return EXIT_OK;
+}
+
+/* ---- chaos ---- */
+
+/* s as a whole number in [lo, hi]; -1 if it is not one. */
+static long long whole(const char *s, long long lo, long long hi)
+{
+    char *end;
+    long long v;
+    if (!s || !*s || *s == '-' || *s == '+')
+        return -1;
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    return errno || *end || v < lo || v > hi ? -1 : v;
+}
+
+static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
+{
+    static const char usage[] = "tpuctl chaos kill HOST/CORE | pause HOST/CORE MS | slow HOST/CORE PCT [MS]";
+    struct opt none[1] = {{0}};
+    tpu_resolver *r;
+    tpu_cluster *c;
+    tpu_fault f = {0};
+    char host[128];
+    const char *target;
+    long core;
+    long long v;
+    int first = argc, rc, nargs;
+    err e;
+
+    rc = opt_parse(none, 0, argc, argv, &first, &e);
+    if (rc == CODE_CANCELLED) {
+        opt_usage(none, 0, usage, "Inject a fault into one core, for testing what a training job and cluster "
+                  "tooling do about it: kill (its worker dies at once, SIGKILL), pause MS (every thread of "
+                  "its worker stops for MS milliseconds, as a hung host), slow PCT [MS] (its training compute "
+                  "runs at PCT %% of its speed, for MS milliseconds or until the next slow; slow HOST/CORE "
+                  "100 ends it). The worker logs the fault and counts it in /metrics. Needs the cluster token "
+                  "when the cluster has one.");
+        return EXIT_OK;
+    }
+    nargs = argc - first;
+    if (rc != CODE_OK || nargs < 2) {
+        fprintf(stderr, "tpuctl chaos: %s (usage: %s)\n", rc != CODE_OK ? e.msg : "give a fault kind and HOST/CORE",
+                usage);
+        return EXIT_USAGE;
+    }
+    if (tpu_fault_kind_parse(argv[first], &f.kind) != TPU_OK) {
+        fprintf(stderr, "tpuctl chaos: %s (usage: %s)\n", tpu_last_error(), usage);
+        return EXIT_USAGE;
+    }
+    target = argv[first + 1];
+    if (parse_core("chaos", target, host, sizeof host, &core) != 0)
+        return EXIT_USAGE;
+    switch (f.kind) {
+    case TPU_FAULT_KILL:
+        if (nargs != 2) {
+            fprintf(stderr, "tpuctl chaos: kill takes no other argument (usage: %s)\n", usage);
+            return EXIT_USAGE;
+        }
+        break;
+    case TPU_FAULT_PAUSE:
+        if (nargs != 3 || (v = whole(argv[first + 2], 1, 600000)) < 0) {
+            fprintf(stderr, "tpuctl chaos: pause needs a duration in ms from 1 to 600000 (usage: %s)\n", usage);
+            return EXIT_USAGE;
+        }
+        f.duration_ms = (uint32_t)v;
+        break;
+    case TPU_FAULT_SLOW:
+        if (nargs < 3 || nargs > 4 || (v = whole(argv[first + 2], 1, 100)) < 0) {
+            fprintf(stderr, "tpuctl chaos: slow needs a percent of full speed from 1 to 100 (usage: %s)\n", usage);
+            return EXIT_USAGE;
+        }
+        f.percent = (uint32_t)v;
+        if (nargs == 4) {
+            if ((v = whole(argv[first + 3], 0, 600000)) < 0) {
+                fprintf(stderr, "tpuctl chaos: '%s' is not a duration in ms from 0 to 600000\n", argv[first + 3]);
+                return EXIT_USAGE;
+            }
+            f.duration_ms = (uint32_t)v;
+        }
+        break;
+    }
+    if ((rc = connect_cluster(g, &r, &c)) >= 0)
+        return rc;
+    if (tpu_inject_fault(c, host, (int)core, &f) != TPU_OK) {
+        rc = fail();
+        disconnect(r, c);
+        return rc;
+    }
+    if (g->json) {
+        json j;
+        json_init(&j, stdout);
+        json_obj(&j, NULL);
+        json_str(&j, "injected", tpu_fault_kind_name(f.kind));
+        json_str(&j, "core", target);
+        json_uint(&j, "duration_ms", f.duration_ms);
+        json_uint(&j, "percent", f.percent);
+        json_end(&j);
+    } else {
+        printf("injected %s into core %s\n", tpu_fault_kind_name(f.kind), target);
     }
     disconnect(r, c);
     return EXIT_OK;
@@ -734,6 +847,7 @@ const struct tpuctl_cmd tpuctl_cmds[] = {
     {"init", "initialize the TPU system and print its topology", cmd_init},
     {"shutdown", "shut the TPU system down", cmd_shutdown},
     {"forget", "forget a dead core: forget HOST/CORE", cmd_forget},
+    {"chaos", "inject a fault into a core: chaos kill|pause|slow HOST/CORE [ARGS]", cmd_chaos},
     {"health", "cluster and per-core health; exit 1 if any core is unhealthy", cmd_health},
     {"version", "print versions", cmd_version},
     {"profile", "record every core for N ms: trace file and step-time breakdown", cmd_profile},

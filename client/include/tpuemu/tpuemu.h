@@ -234,6 +234,37 @@ TPU_API tpu_status tpu_shutdown_system(tpu_cluster *c);
  * TPU_INVALID_ARGUMENT, TPU_UNAVAILABLE. */
 TPU_API tpu_status tpu_forget_core(tpu_cluster *c, const char *host_id, int core, uint64_t *silent_ms);
 
+/* ---- fault injection (`tpuctl chaos`) ---- */
+
+typedef enum tpu_fault_kind {
+    TPU_FAULT_KILL = 1,  /* the worker dies at once (SIGKILL): a crashed host */
+    TPU_FAULT_PAUSE = 2, /* every thread of the worker stops for duration_ms: a hung host */
+    TPU_FAULT_SLOW = 3,  /* its training compute runs at percent % of its speed for duration_ms
+                            (0: until the next TPU_FAULT_SLOW; percent 100 ends a slow-down) */
+} tpu_fault_kind;
+
+typedef struct tpu_fault {
+    tpu_fault_kind kind;
+    uint32_t duration_ms; /* PAUSE: 1..600000; SLOW: 0..600000; KILL: 0 */
+    uint32_t percent;     /* SLOW: 1..100; otherwise 0 */
+} tpu_fault;
+
+/* "kill", "pause", "slow"; NULL for a value that is not a kind. */
+TPU_API const char *tpu_fault_kind_name(tpu_fault_kind k);
+/* The kind named name; TPU_INVALID_ARGUMENT naming the kinds otherwise. */
+TPU_API tpu_status tpu_fault_kind_parse(const char *name, tpu_fault_kind *out);
+/* Injects f into core host_id/core, straight to its worker's control port
+ * (with the cluster token when the cluster has one: only a holder of the
+ * token can inject). The worker checks the whole fault first and refuses it
+ * (nothing injected) when a field is out of range; once it has answered,
+ * the fault takes effect (a kill or pause 50 ms later), is logged by that
+ * worker and counted in its /metrics (tpuemu_worker_faults_injected_total).
+ * Blocks up to the resolver handle's timeout. Errors: TPU_NOT_FOUND (no such
+ * core), TPU_INVALID_ARGUMENT (a bad fault), TPU_FAILED_PRECONDITION (a kill
+ * or pause already under way there), TPU_UNAVAILABLE (its worker did not
+ * answer), TPU_UNAUTHENTICATED. */
+TPU_API tpu_status tpu_inject_fault(tpu_cluster *c, const char *host_id, int core, const tpu_fault *f);
+
 /* ---- collectives: all-reduce, broadcast, all-gather, reduce-scatter ----
  *
  * Buffers are held by the caller, one per replica (bufs[r] for replica r, in

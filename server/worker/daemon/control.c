@@ -24,6 +24,13 @@ static int on_probe(struct control *ctl, const wire_msg *req, Tpuemu__CoreReport
     return CODE_OK;
 }
 
+static int on_fault(struct control *ctl, const wire_msg *req, Tpuemu__CoreReport *reply, err *e)
+{
+    (void)reply;
+    log_info("fault injection asked", "sender=%s", log_q(req->sender));
+    return ctl->env.fault(ctl->env.arg, req->inject_fault, e);
+}
+
 static const struct {
     Tpuemu__Message__BodyCase body;
     ctl_handler fn;
@@ -31,6 +38,7 @@ static const struct {
 } handlers[] = {
     {TPUEMU__MESSAGE__BODY_RESET_CORE, on_reset, "reset_core"},
     {TPUEMU__MESSAGE__BODY_PROBE_CORE, on_probe, "probe_core"},
+    {TPUEMU__MESSAGE__BODY_INJECT_FAULT, on_fault, "inject_fault"},
 };
 
 /* Answers the request of rq (consumed) with an error. */

@@ -29,6 +29,10 @@ struct ctl_env {
     /* ResetCore, already authenticated: CODE_OK, or an error code with e set
      * (the reply says so and nothing changed). */
     int (*reset)(void *arg, const Tpuemu__ResetCore *r, err *e);
+    /* InjectFault, already authenticated: CODE_OK once it is scheduled (it
+     * takes effect after the reply is on its way), else an error code with e
+     * set and nothing injected. */
+    int (*fault)(void *arg, const Tpuemu__InjectFault *f, err *e);
     /* Fills out (an initialized WorkerInfo) for a CoreReport. */
     void (*info)(void *arg, Tpuemu__WorkerInfo *out);
     void *arg;

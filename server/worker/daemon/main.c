@@ -43,6 +43,19 @@ static void worker_info(void *arg, Tpuemu__WorkerInfo *out)
     out->shm_name = (char *)peers_shm_name(w->peers);
 }
 
+/* InjectFault (control.h, fault.h). */
+static int worker_fault(void *arg, const Tpuemu__InjectFault *f, err *e)
+{
+    return fault_inject(&((struct worker *)arg)->fault, f, e);
+}
+
+static void set_throttle(void *arg, int pct)
+{
+    struct worker *w = arg;
+    if (w->train)
+        train_set_throttle(w->train, pct);
+}
+
 /* ResetCore from the resolver (control.h): the core joins system epoch
  * r->epoch as replica r->replica_id (-1: it leaves the system). Every layer
  * forgets the old epoch, bottom up. */
@@ -98,6 +111,7 @@ static void worker_stop(struct worker *w, int exit_code)
         hb_stop(&w->hb);
     wm_stop(&w->metrics);
     ctl_stop(&w->ctl);
+    fault_stop(&w->fault);
     dp_stop(&w->dp);
     peers_stop(w->peers);
     close_signal(&w->sigint);
@@ -329,17 +343,20 @@ static int configure(struct worker *w, int argc, char **argv)
 static int start(struct worker *w, err *e)
 {
     const struct hb_env hb = {w->loop, &w->auth, w->resolver_url, &w->id, worker_info, on_refused, w};
-    struct ctl_env ctl = {w->loop, &w->auth, NULL, w->listen, &w->id, worker_reset, worker_info, w};
+    struct ctl_env ctl = {.loop = w->loop, .auth = &w->auth, .listen = w->listen, .id = &w->id,
+                          .reset = worker_reset, .fault = worker_fault, .info = worker_info, .arg = w};
+    const struct fault_env fe = {w->loop, set_throttle, w, w->throttle_pct};
     const struct dp_env dp = {w->loop, &w->auth, w->listen, w->data_port, &w->id, &w->stopping,
                               NULL,    NULL,     NULL,      NULL,         &w->hbm, w->preset};
     const struct wm_env wm = {w->loop, w->listen, w->resolver_url, &w->id, &w->hbm, &w->coll_stats,
-                              &w->train_stats, &w->hb, &w->ctl, &w->dp, &w->stopping};
+                              &w->train_stats, &w->hb, &w->ctl, &w->dp, &w->fault, &w->stopping};
     struct peers_env pe = {w->loop, &w->auth, &w->id, NULL, w->tcp_only};
     struct coll_env ce;
     struct train_env te;
     int rc;
 
     hb_init(&w->hb, &hb);
+    fault_init(&w->fault, &fe);
     if (!(w->replay = replay_new(16384)))
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the replay cache");
     ctl.replay = w->replay;

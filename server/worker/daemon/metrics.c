@@ -58,6 +58,13 @@ static int render(void *user, hbuf *b)
     prom_u64(b, "tpuemu_worker_registered", id, registered(w->hb) ? 1 : 0);
     prom_family(b, "tpuemu_worker_system_epoch", "gauge", "System epoch of this core's last reset; 0: never reset.");
     prom_u64(b, "tpuemu_worker_system_epoch", id, w->id->epoch);
+    prom_family(b, "tpuemu_worker_faults_injected_total", "counter",
+                "Faults injected into this core (tpuctl chaos), by kind.");
+    for (int k = 1; k < FAULT_KINDS; k++) {
+        char labels[64];
+        snprintf(labels, sizeof labels, "kind=\"%s\"", fault_kind_name(k));
+        prom_u64(b, "tpuemu_worker_faults_injected_total", labels, prom_get(&w->fault->injected[k]));
+    }
     prom_family(b, "tpuemu_worker_replica_id", "gauge",
                 "This core's replica in the initialized system; -1 when it is not part of one.");
     prom_i64(b, "tpuemu_worker_replica_id", id, w->id->replica_id);

@@ -11,6 +11,7 @@
 #include "coll.h"
 #include "control.h"
 #include "dataplane.h"
+#include "fault.h"
 #include "hbm.h"
 #include "heartbeat.h"
 #include "httpd.h"
@@ -32,6 +33,7 @@ struct wm_env {
     struct heartbeat *hb;            /* counters, and registered or not */
     const struct control *ctl;       /* listening or not */
     const struct dataplane *dp;
+    struct fault *fault;             /* counters of injected faults */
     const int *stopping;
 };
 

@@ -19,6 +19,7 @@
 #include "hbm.h"
 #include "heartbeat.h"
 #include "ident.h"
+#include "fault.h"
 #include "metrics.h"
 #include "peers.h"
 #include "preset.h"
@@ -65,6 +66,7 @@ struct worker {
     struct control ctl;
     struct wmetrics metrics;  /* Prometheus counters and the HTTP server (metrics.h) */
     struct dataplane dp;
+    struct fault fault;       /* injected faults (fault.h) */
     uv_signal_t sigint, sigterm;
     int stopping;
     int exit_code;

@@ -88,9 +88,9 @@ static void pool_step(uv_work_t *req)
         s->correct = mt.correct;
         s->rows = rows;
         s->step = r->first_step + i;
-        if (t->env.throttle_pct < 100) { /* a slower chip: the step takes 100/pct as long */
-            uint64_t spent = uv_hrtime() - c0, extra = spent * (uint64_t)(100 - t->env.throttle_pct) /
-                                                        (uint64_t)t->env.throttle_pct;
+        int pct = atomic_load_explicit(&t->throttle_pct, memory_order_relaxed);
+        if (pct < 100) { /* a slower chip: the step takes 100/pct as long */
+            uint64_t spent = uv_hrtime() - c0, extra = spent * (uint64_t)(100 - pct) / (uint64_t)pct;
             struct timespec ts = {(time_t)(extra / 1000000000u), (long)(extra % 1000000000u)};
             nanosleep(&ts, NULL);
         }
@@ -126,7 +126,8 @@ static void run_step(struct train *t, struct treq *r)
     uint64_t last = r->i > 0 ? r->stats[r->i - 1].compute_ns : t->last_compute_ns;
 
     t->busy = 1;
-    if (last && last < inline_max_ns() && t->env.throttle_pct >= 100 && t->env.id->num_replicas >= 2 &&
+    if (last && last < inline_max_ns() && atomic_load_explicit(&t->throttle_pct, memory_order_relaxed) >= 100 &&
+        t->env.id->num_replicas >= 2 &&
         r->mode == TPUEMU__STEP_MODE__STEP_TRAIN) {
 #if defined(__SSE__)
         unsigned csr = _mm_getcsr(); /* pool_step flushes denormals: only for the step */

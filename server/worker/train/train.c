@@ -334,10 +334,21 @@ int train_new(const struct train_env *env, struct train **out)
         return e.code;
     }
     t->env = *env;
+    atomic_init(&t->throttle_pct, env->throttle_pct > 0 && env->throttle_pct <= 100 ? env->throttle_pct : 100);
     t->next = next;
     t->work.data = t;
     *out = t;
     return CODE_OK;
+}
+
+void train_set_throttle(struct train *t, int pct)
+{
+    atomic_store_explicit(&t->throttle_pct, pct < 1 ? 1 : pct > 100 ? 100 : pct, memory_order_relaxed);
+}
+
+int train_throttle(const struct train *t)
+{
+    return atomic_load_explicit(&((struct train *)t)->throttle_pct, memory_order_relaxed);
 }
 
 void train_free(struct train *t)

@@ -84,5 +84,8 @@ void train_on_client_close(struct train *t, dp_conn *c);
  * epoch): the model is dropped (once the step running on the thread pool, if
  * any, has come back). */
 void train_reset(struct train *t);
+/* From now on training compute runs at pct % (1..100) of its speed. */
+void train_set_throttle(struct train *t, int pct);
+int train_throttle(const struct train *t);
 
 #endif

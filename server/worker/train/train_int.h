@@ -10,6 +10,7 @@
 #ifndef TPUEMU_WORKER_TRAIN_TRAIN_INT_H
 #define TPUEMU_WORKER_TRAIN_TRAIN_INT_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -68,6 +69,9 @@ struct treq {
 
 struct train {
     struct train_env env;
+    /* env.throttle_pct, changed at run time by train_set_throttle (a fault)
+     * while a pool thread may read it */
+    atomic_int throttle_pct;
     /* The request in hand (cur) is done, answered or dropped: the queue
      * (train.c) takes the next. Set by train_new; the step machine calls it. */
     void (*next)(struct train *t);

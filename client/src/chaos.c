@@ -1,0 +1,137 @@
+/* Fault injection (tpu_inject_fault): an InjectFault sent straight to the
+ * core's control port, addressed to that core and process, over a REQ socket
+ * of its own for the one call. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nanomsg/nn.h>
+#include <nanomsg/reqrep.h>
+
+#include "client.h"
+#include "nnuv.h"
+#include "wire.h"
+
+static const char *const kind_names[] = {NULL, "kill", "pause", "slow"};
+
+const char *tpu_fault_kind_name(tpu_fault_kind k)
+{
+    return (int)k >= 1 && (int)k <= 3 ? kind_names[k] : NULL;
+}
+
+tpu_status tpu_fault_kind_parse(const char *name, tpu_fault_kind *out)
+{
+    for (int k = 1; k <= 3; k++)
+        if (name && !strcmp(name, kind_names[k])) {
+            *out = (tpu_fault_kind)k;
+            return TPU_OK;
+        }
+    return cli_failf(TPU_INVALID_ARGUMENT, "'%s' is not a fault kind (kill, pause, slow)", name ? name : "");
+}
+
+/* One sealed request to url and its reply, within timeout_ms. */
+static int call_core(tpu_cluster *c, const char *url, const char *name, wire_msg *req, uint32_t timeout_ms,
+                     wire_msg **reply, err *e)
+{
+    uint8_t *buf = NULL;
+    uint64_t nonce;
+    size_t len;
+    void *msg = NULL;
+    int s, n, to = (int)timeout_ms, rc;
+
+    *reply = NULL;
+    if ((rc = wire_seal(&c->r->auth, c->r->sender, req, &buf, &len, &nonce, e)) != CODE_OK)
+        return rc;
+    if ((s = nn_socket(AF_SP, NN_REQ)) < 0) {
+        free(buf);
+        return err_set(e, CODE_INTERNAL, "nanomsg socket: %s", nn_strerror(nn_errno()));
+    }
+    if ((rc = nnuv_sockopts(s, WIRE_MAX_REPLY, e)) != CODE_OK || (rc = nnuv_connect(s, url, e)) != CODE_OK)
+        goto out;
+    nn_setsockopt(s, NN_SOL_SOCKET, NN_SNDTIMEO, &to, sizeof to);
+    nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVTIMEO, &to, sizeof to);
+    if (nn_send(s, buf, len, 0) < 0) {
+        rc = err_set(e, CODE_UNAVAILABLE, "core %s at %s: sending: %s", name, url, nn_strerror(nn_errno()));
+        goto out;
+    }
+    if ((n = nn_recv(s, &msg, NN_MSG, 0)) < 0) {
+        int en = nn_errno();
+        rc = err_set(e, CODE_UNAVAILABLE, "core %s at %s did not answer%s%s", name, url,
+                     en == ETIMEDOUT ? " within the timeout" : ": ", en == ETIMEDOUT ? "" : nn_strerror(en));
+        goto out;
+    }
+    rc = wire_open(&c->r->auth, NULL, msg, (size_t)n, WIRE_MAX_REPLY, reply, e);
+    nn_freemsg(msg);
+    if (rc != CODE_OK) {
+        err_prefix(e, "the answer of core %s at %s", name, url);
+        goto out;
+    }
+    if ((*reply)->request_id != nonce) {
+        wire_msg_free(*reply);
+        *reply = NULL;
+        rc = err_set(e, CODE_UNAVAILABLE, "core %s at %s answered another request", name, url);
+        goto out;
+    }
+    if ((*reply)->body_case == TPUEMU__MESSAGE__BODY_ERROR) {
+        const Tpuemu__Status *st = (*reply)->error;
+        int code = st ? (int)st->code : CODE_UNKNOWN;
+        if (code <= CODE_OK || code > CODE_MAX)
+            code = CODE_UNKNOWN;
+        rc = err_set(e, code, "core %s refused: %s", name, st && st->message ? st->message : "no reason given");
+        wire_msg_free(*reply);
+        *reply = NULL;
+    }
+out:
+    nn_close(s);
+    free(buf);
+    return rc;
+}
+
+tpu_status tpu_inject_fault(tpu_cluster *c, const char *host_id, int core, const tpu_fault *f)
+{
+    wire_msg req = TPUEMU__MESSAGE__INIT, *m = NULL;
+    Tpuemu__InjectFault body = TPUEMU__INJECT_FAULT__INIT;
+    Tpuemu__CoreRef to = TPUEMU__CORE_REF__INIT;
+    const Tpuemu__WorkerInfo *w = NULL;
+    tpu_cluster_spec *spec;
+    char name[300], url[320];
+    err e;
+    int rc;
+
+    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    if (!host_id || !*host_id || core < 0 || !f)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_inject_fault: give a host id, a core index >= 0 and a fault");
+    if (!tpu_fault_kind_name(f->kind))
+        return cli_failf(TPU_INVALID_ARGUMENT, "fault kind %d is not kill (1), pause (2) or slow (3)", (int)f->kind);
+    snprintf(name, sizeof name, "%s/%d", host_id, core);
+    if (tpu_cluster_spec_get(c, &spec) != TPU_OK)
+        return tpu_last_status();
+    const Tpuemu__ClusterSpec *cs = spec->m->cluster_spec;
+    for (size_t i = 0; cs && i < cs->n_cores; i++) {
+        const Tpuemu__WorkerInfo *x = cs->cores[i]->worker;
+        if (x && x->host_id && !strcmp(x->host_id, host_id) && x->core == core)
+            w = x;
+    }
+    if (!w || !w->control_addr) {
+        size_t n = cs ? cs->n_cores : 0;
+        tpu_cluster_spec_free(spec);
+        return cli_failf(TPU_NOT_FOUND, "core %s is not in the cluster (the resolver knows %zu cores)", name, n);
+    }
+    snprintf(url, sizeof url, "%s", w->control_addr);
+    to.host_id = (char *)host_id;
+    to.core = core;
+    to.incarnation = w->incarnation;
+    body.kind = (Tpuemu__FaultKind)f->kind;
+    body.duration_ms = f->duration_ms;
+    body.percent = f->percent;
+    req.recipient = &to;
+    req.body_case = TPUEMU__MESSAGE__BODY_INJECT_FAULT;
+    req.inject_fault = &body;
+    rc = call_core(c, url, name, &req, c->r->timeout_ms, &m, &e);
+    tpu_cluster_spec_free(spec);
+    if (rc != CODE_OK)
+        return cli_fail(&e);
+    wire_msg_free(m);
+    return TPU_OK;
+}

@@ -1,0 +1,164 @@
+/* Injected faults (fault.h). */
+#include "fault.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+
+const char *fault_kind_name(int kind)
+{
+    switch (kind) {
+    case TPUEMU__FAULT_KIND__FAULT_KILL:
+        return "kill";
+    case TPUEMU__FAULT_KIND__FAULT_PAUSE:
+        return "pause";
+    case TPUEMU__FAULT_KIND__FAULT_SLOW:
+        return "slow";
+    default:
+        return "unknown";
+    }
+}
+
+void fault_init(struct fault *f, const struct fault_env *env)
+{
+    f->env = *env;
+    uv_timer_init(env->loop, &f->act);
+    uv_timer_init(env->loop, &f->slow);
+    uv_timer_init(env->loop, &f->reap);
+    f->act.data = f->slow.data = f->reap.data = f;
+    f->open_handles = 3;
+    for (int i = 0; i < FAULT_KINDS; i++)
+        atomic_init(&f->injected[i], 0);
+}
+
+/* The pause's helper has sent SIGCONT and exits: collected here, so it does
+ * not linger as a zombie. */
+static void on_reap(uv_timer_t *t)
+{
+    struct fault *f = t->data;
+    if (!f->helper)
+        return;
+    pid_t r = waitpid(f->helper, NULL, WNOHANG);
+    if (r == f->helper || (r < 0 && errno == ECHILD)) {
+        f->helper = 0;
+        log_info("fault over: the process runs again", "kind=pause");
+        return;
+    }
+    uv_timer_start(&f->reap, on_reap, 20, 0);
+}
+
+/* Stops this whole process for ms: a helper process sends SIGSTOP, sleeps,
+ * sends SIGCONT (the helper, not this process, since a stopped process runs
+ * nothing) and exits. Between fork and _exit the helper calls only
+ * async-signal-safe functions. */
+static void pause_now(struct fault *f, uint32_t ms)
+{
+    pid_t me = getpid(), child;
+
+    log_warn("fault injected: every thread of this worker stops", "kind=pause duration_ms=%u", ms);
+    log_flush_suppressed(1);
+    child = fork();
+    if (child == 0) {
+        struct timespec ts = {(time_t)(ms / 1000u), (long)(ms % 1000u) * 1000000L};
+        kill(me, SIGSTOP);
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+            ;
+        kill(me, SIGCONT);
+        _exit(0);
+    }
+    if (child < 0) {
+        log_error("pause not injected: no helper process", "reason=%s", log_q(strerror(errno)));
+        return;
+    }
+    f->helper = child;
+    uv_timer_start(&f->reap, on_reap, 20, 0); /* runs once this process is continued */
+}
+
+static void on_act(uv_timer_t *t)
+{
+    struct fault *f = t->data;
+    int kind = f->pending;
+
+    f->pending = 0;
+    if (kind == TPUEMU__FAULT_KIND__FAULT_KILL) {
+        log_warn("fault injected: this worker dies now (SIGKILL)", "kind=kill");
+        log_flush_suppressed(1);
+        raise(SIGKILL);
+    } else if (kind == TPUEMU__FAULT_KIND__FAULT_PAUSE) {
+        pause_now(f, f->pause_ms);
+    }
+}
+
+static void on_slow_over(uv_timer_t *t)
+{
+    struct fault *f = t->data;
+    f->env.set_throttle(f->env.arg, f->env.base_pct);
+    log_info("fault over: training compute at its own speed again", "kind=slow percent=%d", f->env.base_pct);
+}
+
+int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e)
+{
+    int kind = (int)req->kind;
+
+    switch (kind) {
+    case TPUEMU__FAULT_KIND__FAULT_KILL:
+        if (req->duration_ms || req->percent)
+            return err_set(e, CODE_INVALID_ARGUMENT, "fault 'kill' takes no duration or percent (got %u ms, %u %%)",
+                           req->duration_ms, req->percent);
+        break;
+    case TPUEMU__FAULT_KIND__FAULT_PAUSE:
+        if (req->duration_ms < 1 || req->duration_ms > FAULT_MAX_MS || req->percent)
+            return err_set(e, CODE_INVALID_ARGUMENT,
+                           "fault 'pause' needs a duration from 1 to %u ms and no percent (got %u ms, %u %%)",
+                           FAULT_MAX_MS, req->duration_ms, req->percent);
+        break;
+    case TPUEMU__FAULT_KIND__FAULT_SLOW:
+        if (req->percent < 1 || req->percent > 100 || req->duration_ms > FAULT_MAX_MS)
+            return err_set(e, CODE_INVALID_ARGUMENT,
+                           "fault 'slow' needs a percent of full speed from 1 to 100 and a duration up to %u ms "
+                           "(0: until the next 'slow'; got %u %%, %u ms)",
+                           FAULT_MAX_MS, req->percent, req->duration_ms);
+        break;
+    default:
+        return err_set(e, CODE_INVALID_ARGUMENT, "fault kind %d is not kill (1), pause (2) or slow (3)", kind);
+    }
+    if (kind != TPUEMU__FAULT_KIND__FAULT_SLOW && (f->pending || f->helper))
+        return err_set(e, CODE_FAILED_PRECONDITION, "a '%s' fault is already under way on this core",
+                       fault_kind_name(f->pending ? f->pending : TPUEMU__FAULT_KIND__FAULT_PAUSE));
+    prom_add(&f->injected[kind], 1);
+    if (kind == TPUEMU__FAULT_KIND__FAULT_SLOW) {
+        f->env.set_throttle(f->env.arg, (int)req->percent);
+        log_warn("fault injected: training compute slowed", "kind=slow percent=%u duration_ms=%u", req->percent,
+                 req->duration_ms);
+        if (req->duration_ms)
+            uv_timer_start(&f->slow, on_slow_over, req->duration_ms, 0);
+        else
+            uv_timer_stop(&f->slow);
+        return CODE_OK;
+    }
+    f->pending = kind;
+    f->pause_ms = req->duration_ms;
+    uv_timer_start(&f->act, on_act, FAULT_DELAY_MS, 0);
+    return CODE_OK;
+}
+
+static void on_closed(uv_handle_t *h)
+{
+    struct fault *f = h->data;
+    f->open_handles--;
+}
+
+void fault_stop(struct fault *f)
+{
+    if (f->open_handles != 3)
+        return;
+    f->pending = 0;
+    uv_close((uv_handle_t *)&f->act, on_closed);
+    uv_close((uv_handle_t *)&f->slow, on_closed);
+    uv_close((uv_handle_t *)&f->reap, on_closed);
+}

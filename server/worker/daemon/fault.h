@@ -1,0 +1,53 @@
+/* Injected faults (InjectFault on the control port: tpuctl chaos,
+ * tpu_inject_fault): the worker kills itself, stops every thread for a while,
+ * or runs its training compute slower, so that a training job and cluster
+ * tooling can be tested against what real pods do. A fault is checked whole
+ * before anything happens (an out-of-range field is refused, nothing
+ * injected), logged when it takes effect and counted by kind for /metrics.
+ * Kill and pause take effect FAULT_DELAY_MS after they are accepted, so the
+ * reply is on its way first. */
+#ifndef TPUEMU_WORKER_FAULT_H
+#define TPUEMU_WORKER_FAULT_H
+
+#include <sys/types.h>
+
+#include <uv.h>
+
+#include "prom.h"
+#include "status.h"
+#include "tpuemu.pb-c.h"
+
+#define FAULT_DELAY_MS 50u
+#define FAULT_MAX_MS 600000u /* the longest pause or slow-down: 10 minutes */
+#define FAULT_KINDS 4        /* FaultKind values, 0 unused */
+
+struct fault_env {
+    uv_loop_t *loop;
+    /* training compute at pct % of its speed from now on */
+    void (*set_throttle)(void *arg, int pct);
+    void *arg;
+    int base_pct;            /* --throttle-pct: what a slow-down returns to */
+};
+
+struct fault {
+    struct fault_env env;
+    uv_timer_t act;          /* a kill or pause, FAULT_DELAY_MS after it was accepted */
+    uv_timer_t slow;         /* the end of a slow-down */
+    uv_timer_t reap;         /* waits for a pause's helper process */
+    int pending;             /* the kill or pause act will do; 0: none */
+    uint32_t pause_ms;
+    pid_t helper;            /* of the pause in effect; 0: none */
+    int open_handles;
+    prom_counter injected[FAULT_KINDS]; /* by FaultKind */
+};
+
+void fault_init(struct fault *f, const struct fault_env *env);
+/* Checks f and schedules it: CODE_OK, or an error code with e set and
+ * nothing changed. */
+int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e);
+/* "kill", "pause", "slow" */
+const char *fault_kind_name(int kind);
+/* Cancels what is scheduled and closes the timers (the loop can then end). */
+void fault_stop(struct fault *f);
+
+#endif
