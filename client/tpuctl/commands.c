@@ -525,7 +525,8 @@ static long long whole(const char *s, long long lo, long long hi)
 
 static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
 {
-    static const char usage[] = "tpuctl chaos kill HOST/CORE | pause HOST/CORE MS | slow HOST/CORE PCT [MS]";
+    static const char usage[] =
+        "tpuctl chaos kill HOST/CORE | pause HOST/CORE MS | slow HOST/CORE PCT [MS] | hbm HOST/CORE PCT [MS]";
     struct opt none[1] = {{0}};
     tpu_resolver *r;
     tpu_cluster *c;
@@ -543,7 +544,8 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
                   "tooling do about it: kill (its worker dies at once, SIGKILL), pause MS (every thread of "
                   "its worker stops for MS milliseconds, as a hung host), slow PCT [MS] (its training compute "
                   "runs at PCT %% of its speed, for MS milliseconds or until the next slow; slow HOST/CORE "
-                  "100 ends it). The worker logs the fault and counts it in /metrics. Needs the cluster token "
+                  "100 ends it), hbm PCT [MS] (PCT %% of its HBM is taken, for MS milliseconds or until the next "
+                  "initialize). The worker logs the fault and counts it in /metrics. Needs the cluster token "
                   "when the cluster has one.");
         return EXIT_OK;
     }
@@ -575,8 +577,10 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
         f.duration_ms = (uint32_t)v;
         break;
     case TPU_FAULT_SLOW:
+    case TPU_FAULT_HBM:
         if (nargs < 3 || nargs > 4 || (v = whole(argv[first + 2], 1, 100)) < 0) {
-            fprintf(stderr, "tpuctl chaos: slow needs a percent of full speed from 1 to 100 (usage: %s)\n", usage);
+            fprintf(stderr, "tpuctl chaos: %s needs a percent from 1 to 100 (usage: %s)\n",
+                    tpu_fault_kind_name(f.kind), usage);
             return EXIT_USAGE;
         }
         f.percent = (uint32_t)v;
@@ -847,7 +851,7 @@ const struct tpuctl_cmd tpuctl_cmds[] = {
     {"init", "initialize the TPU system and print its topology", cmd_init},
     {"shutdown", "shut the TPU system down", cmd_shutdown},
     {"forget", "forget a dead core: forget HOST/CORE", cmd_forget},
-    {"chaos", "inject a fault into a core: chaos kill|pause|slow HOST/CORE [ARGS]", cmd_chaos},
+    {"chaos", "inject a fault into a core: chaos kill|pause|slow|hbm HOST/CORE [ARGS]", cmd_chaos},
     {"health", "cluster and per-core health; exit 1 if any core is unhealthy", cmd_health},
     {"version", "print versions", cmd_version},
     {"profile", "record every core for N ms: trace file and step-time breakdown", cmd_profile},

@@ -1,7 +1,8 @@
 /* Fault injection (tpu_inject_fault, tpuctl chaos) against real daemons: a
  * pause stops every thread of the worker (the kernel shows it stopped, the
  * resolver declares the core dead) and it comes back by itself; a kill ends
- * the worker with SIGKILL; a slow-down is logged and ends by itself; a fault
+ * the worker with SIGKILL; a slow-down is logged and ends by itself; HBM
+ * pressure shows in the core's HBM use and is given back by itself; a fault
  * with a bad field, of an unknown kind or for a core that is not there is
  * refused with an error naming what was wrong, and nothing is injected. */
 #include <signal.h>
@@ -118,6 +119,59 @@ Test(chaos, slow_down_is_logged_and_ends_by_itself, .timeout = 120)
     cr_assert(cl_wait_log(&c->workers[0], "percent=30 duration_ms=500", 1000));
     cr_assert(cl_wait_log(&c->workers[0], "fault over: training compute at its own speed again", 5000 * scale),
               "the slow-down did not end after 500 ms; see %s", c->workers[0].log);
+    cluster_free(c);
+}
+
+struct hbm_arg {
+    const char *host;
+    int core;
+    double lo, hi; /* share of the capacity in use, inclusive */
+};
+
+static int hbm_share_in(cluster *c, void *arg)
+{
+    struct hbm_arg *a = arg;
+    tpu_cluster_spec *s = cluster_spec(c);
+    tpu_core_info ci;
+    int ok = 0;
+    if (s && cluster_find_core(s, a->host, a->core, &ci) && ci.hbm_capacity) {
+        double share = (double)ci.hbm_used / (double)ci.hbm_capacity;
+        ok = share >= a->lo && share <= a->hi;
+    }
+    tpu_cluster_spec_free(s);
+    return ok;
+}
+
+Test(chaos, hbm_pressure_takes_memory_and_gives_it_back, .timeout = 120)
+{
+    cluster *c = start2();
+    tpu_resolver *r;
+    tpu_cluster *tc;
+    int scale = cl_time_scale();
+
+    cr_assert_eq(cluster_connect(c, &r, &tc), TPU_OK, "%s", tpu_last_error());
+    tpu_fault f = {TPU_FAULT_HBM, 0, 90};
+    cr_assert_eq(tpu_inject_fault(tc, "h0", 0, &f), TPU_OK, "%s", tpu_last_error());
+    struct hbm_arg taken = {"h0", 0, 0.89, 0.91};
+    cr_assert(cluster_wait_until(hbm_share_in, c, &taken, 5000 * scale), "h0/0 does not show 90 %% of its HBM in use");
+    struct hbm_arg other = {"h0", 1, 0.0, 0.0};
+    cr_assert(hbm_share_in(c, &other), "h0/1's HBM was taken too");
+    /* a new pressure replaces the old one, for 1 s */
+    f.percent = 60;
+    f.duration_ms = 1000;
+    cr_assert_eq(tpu_inject_fault(tc, "h0", 0, &f), TPU_OK, "%s", tpu_last_error());
+    struct hbm_arg less = {"h0", 0, 0.59, 0.61};
+    cr_assert(cluster_wait_until(hbm_share_in, c, &less, 5000 * scale), "h0/0 does not show 60 %% in use");
+    struct hbm_arg none = {"h0", 0, 0.0, 0.0};
+    cr_assert(cluster_wait_until(hbm_share_in, c, &none, 10000 * scale), "h0/0's HBM was not given back");
+    cr_assert(cl_wait_log(&c->workers[0], "fault over: HBM pressure released", 1000), "see %s", c->workers[0].log);
+    /* out of range: refused, nothing taken */
+    f.percent = 0;
+    cr_assert_eq(tpu_inject_fault(tc, "h0", 0, &f), TPU_INVALID_ARGUMENT);
+    cr_assert(strstr(tpu_last_error(), "'hbm' needs a percent"), "%s", tpu_last_error());
+    cr_assert(hbm_share_in(c, &none));
+    tpu_cluster_free(tc);
+    tpu_resolver_free(r);
     cluster_free(c);
 }
 

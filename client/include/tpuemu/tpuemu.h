@@ -241,15 +241,18 @@ typedef enum tpu_fault_kind {
     TPU_FAULT_PAUSE = 2, /* every thread of the worker stops for duration_ms: a hung host */
     TPU_FAULT_SLOW = 3,  /* its training compute runs at percent % of its speed for duration_ms
                             (0: until the next TPU_FAULT_SLOW; percent 100 ends a slow-down) */
+    TPU_FAULT_HBM = 4,   /* percent % of its HBM is taken for duration_ms (0: until the next
+                            initialize): a compile that no longer fits fails with the OOM error,
+                            which lists the pressure by name */
 } tpu_fault_kind;
 
 typedef struct tpu_fault {
     tpu_fault_kind kind;
-    uint32_t duration_ms; /* PAUSE: 1..600000; SLOW: 0..600000; KILL: 0 */
-    uint32_t percent;     /* SLOW: 1..100; otherwise 0 */
+    uint32_t duration_ms; /* PAUSE: 1..600000; SLOW, HBM: 0..600000; KILL: 0 */
+    uint32_t percent;     /* SLOW, HBM: 1..100; otherwise 0 */
 } tpu_fault;
 
-/* "kill", "pause", "slow"; NULL for a value that is not a kind. */
+/* "kill", "pause", "slow", "hbm"; NULL for a value that is not a kind. */
 TPU_API const char *tpu_fault_kind_name(tpu_fault_kind k);
 /* The kind named name; TPU_INVALID_ARGUMENT naming the kinds otherwise. */
 TPU_API tpu_status tpu_fault_kind_parse(const char *name, tpu_fault_kind *out);

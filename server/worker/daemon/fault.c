@@ -21,6 +21,8 @@ const char *fault_kind_name(int kind)
         return "pause";
     case TPUEMU__FAULT_KIND__FAULT_SLOW:
         return "slow";
+    case TPUEMU__FAULT_KIND__FAULT_HBM:
+        return "hbm";
     default:
         return "unknown";
     }
@@ -32,8 +34,9 @@ void fault_init(struct fault *f, const struct fault_env *env)
     uv_timer_init(env->loop, &f->act);
     uv_timer_init(env->loop, &f->slow);
     uv_timer_init(env->loop, &f->reap);
-    f->act.data = f->slow.data = f->reap.data = f;
-    f->open_handles = 3;
+    uv_timer_init(env->loop, &f->hbm_end);
+    f->act.data = f->slow.data = f->reap.data = f->hbm_end.data = f;
+    f->open_handles = 4;
     for (int i = 0; i < FAULT_KINDS; i++)
         atomic_init(&f->injected[i], 0);
 }
@@ -114,6 +117,52 @@ static void on_slow_over(uv_timer_t *t)
     log_info("fault over: training compute at its own speed again", "kind=slow percent=%d", f->env.base_pct);
 }
 
+/* Gives back the pressure's HBM; an initialize may have emptied HBM already
+ * (the id is then not live, and nothing is taken twice). */
+static void hbm_give_back(struct fault *f)
+{
+    err ignored;
+    if (f->hbm_id && hbm_release(f->env.hbm, f->hbm_id, &ignored) == CODE_OK)
+        log_info("fault over: HBM pressure released", "kind=hbm");
+    f->hbm_id = 0;
+}
+
+static void on_hbm_end(uv_timer_t *t)
+{
+    hbm_give_back(t->data);
+}
+
+/* Takes percent % of the core's capacity (the pressure before it given back
+ * first); RESOURCE_EXHAUSTED with nothing changed if that is not free. */
+static int hbm_press(struct fault *f, const Tpuemu__InjectFault *req, err *e)
+{
+    hbm *h = f->env.hbm;
+    uint64_t want = h->capacity / 100u * req->percent, had = 0;
+    int64_t dims[1];
+    uint32_t id;
+    err ignored;
+
+    if (f->hbm_id && hbm_release(h, f->hbm_id, &ignored) == CODE_OK)
+        had = 1;
+    f->hbm_id = 0;
+    dims[0] = (int64_t)want;
+    if (hbm_alloc(h, HBM_OTHER, FAULT_HBM_NAME, "u8", dims, 1, &id, e) != CODE_OK) {
+        uv_timer_stop(&f->hbm_end);
+        return err_set(e, CODE_RESOURCE_EXHAUSTED,
+                       "HBM pressure of %u %% (%llu bytes) does not fit: %llu of %llu bytes are free%s", req->percent,
+                       (unsigned long long)want, (unsigned long long)hbm_free_bytes(h),
+                       (unsigned long long)h->capacity, had ? " (the earlier pressure was released)" : "");
+    }
+    f->hbm_id = id;
+    log_warn("fault injected: HBM taken", "kind=hbm percent=%u bytes=%llu duration_ms=%u", req->percent,
+             (unsigned long long)want, req->duration_ms);
+    if (req->duration_ms)
+        uv_timer_start(&f->hbm_end, on_hbm_end, req->duration_ms, 0);
+    else
+        uv_timer_stop(&f->hbm_end);
+    return CODE_OK;
+}
+
 int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e)
 {
     int kind = (int)req->kind;
@@ -137,8 +186,22 @@ int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e)
                            "(0: until the next 'slow'; got %u %%, %u ms)",
                            FAULT_MAX_MS, req->percent, req->duration_ms);
         break;
+    case TPUEMU__FAULT_KIND__FAULT_HBM:
+        if (req->percent < 1 || req->percent > 100 || req->duration_ms > FAULT_MAX_MS)
+            return err_set(e, CODE_INVALID_ARGUMENT,
+                           "fault 'hbm' needs a percent of the core's HBM from 1 to 100 and a duration up to %u ms "
+                           "(0: until the next initialize; got %u %%, %u ms)",
+                           FAULT_MAX_MS, req->percent, req->duration_ms);
+        break;
     default:
-        return err_set(e, CODE_INVALID_ARGUMENT, "fault kind %d is not kill (1), pause (2) or slow (3)", kind);
+        return err_set(e, CODE_INVALID_ARGUMENT, "fault kind %d is not kill (1), pause (2), slow (3) or hbm (4)",
+                       kind);
+    }
+    if (kind == TPUEMU__FAULT_KIND__FAULT_HBM) {
+        int rc = hbm_press(f, req, e);
+        if (rc == CODE_OK)
+            prom_add(&f->injected[kind], 1);
+        return rc;
     }
     if (kind != TPUEMU__FAULT_KIND__FAULT_SLOW && (f->pending || f->helper))
         return err_set(e, CODE_FAILED_PRECONDITION, "a '%s' fault is already under way on this core",
@@ -168,9 +231,10 @@ static void on_closed(uv_handle_t *h)
 
 void fault_stop(struct fault *f)
 {
-    if (f->open_handles != 3)
+    if (f->open_handles != 4)
         return;
     f->pending = 0;
+    uv_close((uv_handle_t *)&f->hbm_end, on_closed);
     uv_close((uv_handle_t *)&f->act, on_closed);
     uv_close((uv_handle_t *)&f->slow, on_closed);
     uv_close((uv_handle_t *)&f->reap, on_closed);

@@ -4,6 +4,8 @@
  * tooling can be tested against what real pods do. A fault is checked whole
  * before anything happens (an out-of-range field is refused, nothing
  * injected), logged when it takes effect and counted by kind for /metrics.
+ * HBM pressure is an allocation in the core's HBM table, listed by name in
+ * the out-of-memory errors it causes; an initialize empties HBM, and it.
  * Kill and pause take effect FAULT_DELAY_MS after they are accepted, so the
  * reply is on its way first. */
 #ifndef TPUEMU_WORKER_FAULT_H
@@ -13,13 +15,15 @@
 
 #include <uv.h>
 
+#include "hbm.h"
 #include "prom.h"
 #include "status.h"
 #include "tpuemu.pb-c.h"
 
 #define FAULT_DELAY_MS 50u
 #define FAULT_MAX_MS 600000u /* the longest pause or slow-down: 10 minutes */
-#define FAULT_KINDS 4        /* FaultKind values, 0 unused */
+#define FAULT_KINDS 5        /* FaultKind values, 0 unused */
+#define FAULT_HBM_NAME "chaos: HBM pressure (tpuctl chaos hbm)"
 
 struct fault_env {
     uv_loop_t *loop;
@@ -27,6 +31,7 @@ struct fault_env {
     void (*set_throttle)(void *arg, int pct);
     void *arg;
     int base_pct;            /* --throttle-pct: what a slow-down returns to */
+    hbm *hbm;                /* the core's, for HBM pressure (loop thread only) */
 };
 
 struct fault {
@@ -34,6 +39,8 @@ struct fault {
     uv_timer_t act;          /* a kill or pause, FAULT_DELAY_MS after it was accepted */
     uv_timer_t slow;         /* the end of a slow-down */
     uv_timer_t reap;         /* waits for a pause's helper process */
+    uv_timer_t hbm_end;      /* the end of HBM pressure */
+    uint32_t hbm_id;         /* its allocation; 0: none */
     int pending;             /* the kill or pause act will do; 0: none */
     uint32_t pause_ms;
     pid_t helper;            /* of the pause in effect; 0: none */

@@ -345,7 +345,7 @@ static int start(struct worker *w, err *e)
     const struct hb_env hb = {w->loop, &w->auth, w->resolver_url, &w->id, worker_info, on_refused, w};
     struct ctl_env ctl = {.loop = w->loop, .auth = &w->auth, .listen = w->listen, .id = &w->id,
                           .reset = worker_reset, .fault = worker_fault, .info = worker_info, .arg = w};
-    const struct fault_env fe = {w->loop, set_throttle, w, w->throttle_pct};
+    const struct fault_env fe = {w->loop, set_throttle, w, w->throttle_pct, &w->hbm};
     const struct dp_env dp = {w->loop, &w->auth, w->listen, w->data_port, &w->id, &w->stopping,
                               NULL,    NULL,     NULL,      NULL,         &w->hbm, w->preset};
     const struct wm_env wm = {w->loop, w->listen, w->resolver_url, &w->id, &w->hbm, &w->coll_stats,
