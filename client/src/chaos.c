@@ -125,6 +125,8 @@ tpu_status tpu_inject_fault(tpu_cluster *c, const char *host_id, int core, const
     body.kind = (Tpuemu__FaultKind)f->kind;
     body.duration_ms = f->duration_ms;
     body.percent = f->percent;
+    body.delay_ms = f->delay_ms;
+    body.at_step = f->at_step;
     req.recipient = &to;
     req.body_case = TPUEMU__MESSAGE__BODY_INJECT_FAULT;
     req.inject_fault = &body;

@@ -525,9 +525,14 @@ static long long whole(const char *s, long long lo, long long hi)
 
 static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
 {
-    static const char usage[] =
-        "tpuctl chaos kill HOST/CORE | pause HOST/CORE MS | slow HOST/CORE PCT [MS] | hbm HOST/CORE PCT [MS]";
-    struct opt none[1] = {{0}};
+    static const char usage[] = "tpuctl chaos [--delay-ms MS | --at-step N] kill HOST/CORE | pause HOST/CORE MS "
+                                "| slow HOST/CORE PCT [MS] | hbm HOST/CORE PCT [MS]";
+    long long delay = 0, at_step = 0;
+    struct opt opts[] = {
+        {"delay-ms", NULL, OPT_INT, "0", 0, 3600000, "MS", "inject it MS milliseconds from now", &delay},
+        {"at-step", NULL, OPT_INT, "0", 0, LLONG_MAX, "N", "inject it once the core has finished training step N",
+         &at_step},
+    };
     tpu_resolver *r;
     tpu_cluster *c;
     tpu_fault f = {0};
@@ -538,14 +543,14 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
     int first = argc, rc, nargs;
     err e;
 
-    rc = opt_parse(none, 0, argc, argv, &first, &e);
+    rc = opt_parse(opts, 2, argc, argv, &first, &e);
     if (rc == CODE_CANCELLED) {
-        opt_usage(none, 0, usage, "Inject a fault into one core, for testing what a training job and cluster "
+        opt_usage(opts, 2, usage, "Inject a fault into one core, for testing what a training job and cluster "
                   "tooling do about it: kill (its worker dies at once, SIGKILL), pause MS (every thread of "
                   "its worker stops for MS milliseconds, as a hung host), slow PCT [MS] (its training compute "
                   "runs at PCT %% of its speed, for MS milliseconds or until the next slow; slow HOST/CORE "
                   "100 ends it), hbm PCT [MS] (PCT %% of its HBM is taken, for MS milliseconds or until the next "
-                  "initialize). The worker logs the fault and counts it in /metrics. Needs the cluster token "
+                  "initialize). --delay-ms or --at-step make the fault wait (the worker checks it now). The worker logs the fault and counts it in /metrics. Needs the cluster token "
                   "when the cluster has one.");
         return EXIT_OK;
     }
@@ -593,6 +598,12 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
         }
         break;
     }
+    if (delay && at_step) {
+        fprintf(stderr, "tpuctl chaos: give --delay-ms or --at-step, not both\n");
+        return EXIT_USAGE;
+    }
+    f.delay_ms = (uint32_t)delay;
+    f.at_step = (uint64_t)at_step;
     if ((rc = connect_cluster(g, &r, &c)) >= 0)
         return rc;
     if (tpu_inject_fault(c, host, (int)core, &f) != TPU_OK) {
@@ -608,9 +619,16 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
         json_str(&j, "core", target);
         json_uint(&j, "duration_ms", f.duration_ms);
         json_uint(&j, "percent", f.percent);
+        json_uint(&j, "delay_ms", f.delay_ms);
+        json_uint(&j, "at_step", f.at_step);
         json_end(&j);
     } else {
-        printf("injected %s into core %s\n", tpu_fault_kind_name(f.kind), target);
+        if (f.delay_ms || f.at_step)
+            printf("scheduled %s on core %s (%s %llu)\n", tpu_fault_kind_name(f.kind), target,
+                   f.delay_ms ? "in ms:" : "after step", f.delay_ms ? (unsigned long long)f.delay_ms
+                                                                    : (unsigned long long)f.at_step);
+        else
+            printf("injected %s into core %s\n", tpu_fault_kind_name(f.kind), target);
     }
     disconnect(r, c);
     return EXIT_OK;

@@ -15,6 +15,8 @@
 #include <criterion/criterion.h>
 
 #include "cluster.h"
+#include <tpuemu/data.h>
+#include <tpuemu/model.h>
 
 /* The state letter of /proc/PID/stat ('T': stopped), or 0. */
 static char proc_state(pid_t pid)
@@ -62,7 +64,7 @@ Test(chaos, pause_stops_the_worker_and_it_comes_back, .timeout = 120)
     int scale = cl_time_scale();
 
     cr_assert_eq(cluster_connect(c, &r, &tc), TPU_OK, "%s", tpu_last_error());
-    tpu_fault f = {TPU_FAULT_PAUSE, 4000u * (uint32_t)scale, 0};
+    tpu_fault f = {.kind = TPU_FAULT_PAUSE, .duration_ms = 4000u * (uint32_t)scale, .percent = 0};
     cr_assert_eq(tpu_inject_fault(tc, "h0", 1, &f), TPU_OK, "%s", tpu_last_error());
     cr_assert(wait_state(pid, 'T', 2000 * scale), "worker h0/1 (pid %d) was not stopped by the pause (state '%c')",
               (int)pid, proc_state(pid));
@@ -92,7 +94,7 @@ Test(chaos, kill_ends_the_worker_at_once, .timeout = 120)
     int scale = cl_time_scale();
 
     cr_assert_eq(cluster_connect(c, &r, &tc), TPU_OK, "%s", tpu_last_error());
-    tpu_fault f = {TPU_FAULT_KILL, 0, 0};
+    tpu_fault f = {.kind = TPU_FAULT_KILL, .duration_ms = 0, .percent = 0};
     cr_assert_eq(tpu_inject_fault(tc, "h0", 0, &f), TPU_OK, "%s", tpu_last_error());
     cr_assert(cluster_wait_exit(&c->workers[0], 5000 * scale), "h0/0 is still running after the kill");
     cr_assert(WIFSIGNALED(c->workers[0].status) && WTERMSIG(c->workers[0].status) == SIGKILL,
@@ -150,7 +152,7 @@ Test(chaos, hbm_pressure_takes_memory_and_gives_it_back, .timeout = 120)
     int scale = cl_time_scale();
 
     cr_assert_eq(cluster_connect(c, &r, &tc), TPU_OK, "%s", tpu_last_error());
-    tpu_fault f = {TPU_FAULT_HBM, 0, 90};
+    tpu_fault f = {.kind = TPU_FAULT_HBM, .duration_ms = 0, .percent = 90};
     cr_assert_eq(tpu_inject_fault(tc, "h0", 0, &f), TPU_OK, "%s", tpu_last_error());
     struct hbm_arg taken = {"h0", 0, 0.89, 0.91};
     cr_assert(cluster_wait_until(hbm_share_in, c, &taken, 5000 * scale), "h0/0 does not show 90 %% of its HBM in use");
@@ -190,11 +192,11 @@ Test(chaos, bad_faults_are_refused_and_nothing_is_injected, .timeout = 120)
         tpu_fault f;
         const char *says;
     } bad[] = {
-        {{TPU_FAULT_PAUSE, 0, 0}, "'pause' needs a duration"},
-        {{TPU_FAULT_PAUSE, 600001, 0}, "'pause' needs a duration"},
-        {{TPU_FAULT_SLOW, 1000, 0}, "'slow' needs a percent"},
-        {{TPU_FAULT_SLOW, 1000, 101}, "'slow' needs a percent"},
-        {{TPU_FAULT_KILL, 5, 0}, "'kill' takes no duration"},
+        {{.kind = TPU_FAULT_PAUSE, .duration_ms = 0, .percent = 0}, "'pause' needs a duration"},
+        {{.kind = TPU_FAULT_PAUSE, .duration_ms = 600001, .percent = 0}, "'pause' needs a duration"},
+        {{.kind = TPU_FAULT_SLOW, .duration_ms = 1000, .percent = 0}, "'slow' needs a percent"},
+        {{.kind = TPU_FAULT_SLOW, .duration_ms = 1000, .percent = 101}, "'slow' needs a percent"},
+        {{.kind = TPU_FAULT_KILL, .duration_ms = 5, .percent = 0}, "'kill' takes no duration"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         cr_assert_eq(tpu_inject_fault(tc, "h0", 0, &bad[i].f), TPU_INVALID_ARGUMENT, "case %zu: %s", i,
@@ -203,10 +205,10 @@ Test(chaos, bad_faults_are_refused_and_nothing_is_injected, .timeout = 120)
                   tpu_last_error());
     }
     /* refused by the library: a kind that is not one, a core that is not there */
-    tpu_fault nokind = {(tpu_fault_kind)9, 0, 0};
+    tpu_fault nokind = {.kind = (tpu_fault_kind)9, .duration_ms = 0, .percent = 0};
     cr_assert_eq(tpu_inject_fault(tc, "h0", 0, &nokind), TPU_INVALID_ARGUMENT);
     cr_assert(strstr(tpu_last_error(), "fault kind 9"), "%s", tpu_last_error());
-    tpu_fault kill = {TPU_FAULT_KILL, 0, 0};
+    tpu_fault kill = {.kind = TPU_FAULT_KILL, .duration_ms = 0, .percent = 0};
     cr_assert_eq(tpu_inject_fault(tc, "h0", 7, &kill), TPU_NOT_FOUND);
     cr_assert(strstr(tpu_last_error(), "h0/7"), "%s", tpu_last_error());
     cr_assert_eq(tpu_inject_fault(tc, "h9", 0, &kill), TPU_NOT_FOUND);
@@ -217,7 +219,7 @@ Test(chaos, bad_faults_are_refused_and_nothing_is_injected, .timeout = 120)
     cr_assert_neq(proc_state(pid), 'T');
     cr_assert_not(cl_wait_log(&c->workers[0], "fault injected", 100), "see %s", c->workers[0].log);
     /* one kill or pause at a time */
-    tpu_fault p = {TPU_FAULT_PAUSE, 1000, 0};
+    tpu_fault p = {.kind = TPU_FAULT_PAUSE, .duration_ms = 1000, .percent = 0};
     cr_assert_eq(tpu_inject_fault(tc, "h0", 1, &p), TPU_OK, "%s", tpu_last_error());
     cr_assert_eq(tpu_inject_fault(tc, "h0", 1, &p), TPU_FAILED_PRECONDITION, "%s", tpu_last_error());
     cr_assert(strstr(tpu_last_error(), "already under way"), "%s", tpu_last_error());
@@ -232,6 +234,93 @@ Test(chaos, bad_faults_are_refused_and_nothing_is_injected, .timeout = 120)
     cr_assert(strstr(rr.err, "pause needs a duration"), "%s", rr.err);
     run_result_free(&rr);
     cr_assert(cluster_alive(&c->workers[0]));
+    tpu_cluster_free(tc);
+    tpu_resolver_free(r);
+    cluster_free(c);
+}
+
+Test(chaos, a_fault_waits_for_its_delay, .timeout = 120)
+{
+    cluster *c = start2();
+    tpu_resolver *r;
+    tpu_cluster *tc;
+    int scale = cl_time_scale();
+
+    cr_assert_eq(cluster_connect(c, &r, &tc), TPU_OK, "%s", tpu_last_error());
+    tpu_fault f = {.kind = TPU_FAULT_KILL, .delay_ms = 3000u * (uint32_t)scale};
+    int64_t t0 = cl_now_ms();
+    cr_assert_eq(tpu_inject_fault(tc, "h0", 1, &f), TPU_OK, "%s", tpu_last_error());
+    cr_assert(cl_wait_log(&c->workers[1], "fault scheduled", 2000 * scale), "see %s", c->workers[1].log);
+    if (cl_now_ms() - t0 < 2500 * scale) /* not yet: the kill waits for its 3 s */
+        cr_assert(cluster_alive(&c->workers[1]), "h0/1 died before its fault's delay");
+    cr_assert(cluster_wait_exit(&c->workers[1], 15000 * scale), "h0/1 still runs long after its fault's delay");
+    cr_assert_geq(cl_now_ms() - t0, 3000 * scale, "h0/1 died before its fault's delay");
+    cr_assert(WIFSIGNALED(c->workers[1].status) && WTERMSIG(c->workers[1].status) == SIGKILL);
+    cr_assert(cl_wait_log(&c->workers[1], "when=\"delay\"", 1000), "see %s", c->workers[1].log);
+    /* both a delay and a step: refused */
+    tpu_fault both = {.kind = TPU_FAULT_KILL, .delay_ms = 10, .at_step = 3};
+    cr_assert_eq(tpu_inject_fault(tc, "h0", 0, &both), TPU_INVALID_ARGUMENT);
+    cr_assert(strstr(tpu_last_error(), "not both"), "%s", tpu_last_error());
+    tpu_cluster_free(tc);
+    tpu_resolver_free(r);
+    cluster_free(c);
+}
+
+#define DIM 16
+#define ROWS 256
+#define BATCH 32 /* 8 steps an epoch */
+
+Test(chaos, a_fault_waits_for_its_training_step, .timeout = 180)
+{
+    static float x[ROWS * DIM];
+    static int32_t y[ROWS];
+    cluster *c = start2();
+    tpu_resolver *r;
+    tpu_cluster *tc;
+    tpu_topology *topo;
+    tpu_strategy *s;
+    tpu_dataset *ds;
+    tpu_model *m;
+    tpu_compile_options co;
+    tpu_fit_options fo;
+    tpu_history *h = NULL;
+    int scale = cl_time_scale();
+
+    cr_assert_eq(cluster_connect(c, &r, &tc), TPU_OK, "%s", tpu_last_error());
+    tpu_init_options io = {.expect = 2, .timeout_ms = 10000 * scale};
+    cr_assert_eq(tpu_initialize_system(tc, &io, &topo), TPU_OK, "%s", tpu_last_error());
+    tpu_topology_free(topo);
+    /* h0/1 dies once it has finished step 6 of the 8 x 4 this fit would run */
+    tpu_fault f = {.kind = TPU_FAULT_KILL, .at_step = 6};
+    cr_assert_eq(tpu_inject_fault(tc, "h0", 1, &f), TPU_OK, "%s", tpu_last_error());
+    for (size_t i = 0; i < ROWS; i++) {
+        y[i] = (int32_t)(i % 4);
+        for (size_t j = 0; j < DIM; j++)
+            x[i * DIM + j] = (float)((i * 7 + j * 13) % 17) / 17.0f;
+    }
+    cr_assert_eq(tpu_strategy_new(tc, &s), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_dataset_from_tensor_slices(x, ROWS, DIM, y, TPU_LABELS_SPARSE, 1, 0, &ds), TPU_OK);
+    cr_assert_eq(tpu_dataset_batch(ds, BATCH, 1), TPU_OK);
+    cr_assert_eq(tpu_model_new(s, DIM, &m), TPU_OK);
+    cr_assert_eq(tpu_model_add_dense(m, 16, TPU_ACT_RELU), TPU_OK);
+    cr_assert_eq(tpu_model_add_dense(m, 4, TPU_ACT_SOFTMAX), TPU_OK);
+    tpu_compile_options_init(&co);
+    co.optimizer = tpu_optimizer_adam(0.001f);
+    co.batch_size = BATCH;
+    cr_assert_eq(tpu_model_compile(m, &co), TPU_OK, "%s", tpu_last_error());
+    memset(&fo, 0, sizeof fo);
+    fo.epochs = 4;
+    tpu_status st = tpu_model_fit(m, ds, &fo, &h);
+    cr_assert_neq(st, TPU_OK, "the fit went on through the kill of h0/1");
+    cr_assert(strstr(tpu_last_error(), "h0/1"), "the error does not name h0/1: %s", tpu_last_error());
+    cr_assert(cluster_wait_exit(&c->workers[1], 10000 * scale), "h0/1 still runs");
+    cr_assert(WIFSIGNALED(c->workers[1].status) && WTERMSIG(c->workers[1].status) == SIGKILL);
+    cr_assert(cl_wait_log(&c->workers[1], "when=\"after step 6\"", 1000), "see %s", c->workers[1].log);
+    cr_assert_leq(tpu_model_step(m), 6, "the client saw %llu steps done", (unsigned long long)tpu_model_step(m));
+    tpu_history_free(h);
+    tpu_model_free(m);
+    tpu_dataset_free(ds);
+    tpu_strategy_free(s);
     tpu_cluster_free(tc);
     tpu_resolver_free(r);
     cluster_free(c);

@@ -250,6 +250,12 @@ typedef struct tpu_fault {
     tpu_fault_kind kind;
     uint32_t duration_ms; /* PAUSE: 1..600000; SLOW, HBM: 0..600000; KILL: 0 */
     uint32_t percent;     /* SLOW, HBM: 1..100; otherwise 0 */
+    /* When (at most one of the two; both 0: at once): delay_ms (up to an hour)
+     * after the worker accepts it, or once that core has finished training
+     * step at_step (1-based, as tpu_model_step counts). At most 16 faults wait
+     * on a core at once. */
+    uint32_t delay_ms;
+    uint64_t at_step;
 } tpu_fault;
 
 /* "kill", "pause", "slow", "hbm"; NULL for a value that is not a kind. */

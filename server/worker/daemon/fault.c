@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -36,7 +37,13 @@ void fault_init(struct fault *f, const struct fault_env *env)
     uv_timer_init(env->loop, &f->reap);
     uv_timer_init(env->loop, &f->hbm_end);
     f->act.data = f->slow.data = f->reap.data = f->hbm_end.data = f;
-    f->open_handles = 4;
+    for (int i = 0; i < FAULT_MAX_SCHEDULED; i++) {
+        uv_timer_init(env->loop, &f->sched[i].timer);
+        f->sched[i].timer.data = &f->sched[i];
+        f->sched[i].f = f;
+        f->sched[i].kind = 0;
+    }
+    f->open_handles = 4 + FAULT_MAX_SCHEDULED;
     for (int i = 0; i < FAULT_KINDS; i++)
         atomic_init(&f->injected[i], 0);
 }
@@ -134,10 +141,10 @@ static void on_hbm_end(uv_timer_t *t)
 
 /* Takes percent % of the core's capacity (the pressure before it given back
  * first); RESOURCE_EXHAUSTED with nothing changed if that is not free. */
-static int hbm_press(struct fault *f, const Tpuemu__InjectFault *req, err *e)
+static int hbm_press(struct fault *f, uint32_t percent, uint32_t duration_ms, err *e)
 {
     hbm *h = f->env.hbm;
-    uint64_t want = h->capacity / 100u * req->percent, had = 0;
+    uint64_t want = h->capacity / 100u * percent, had = 0;
     int64_t dims[1];
     uint32_t id;
     err ignored;
@@ -149,21 +156,22 @@ static int hbm_press(struct fault *f, const Tpuemu__InjectFault *req, err *e)
     if (hbm_alloc(h, HBM_OTHER, FAULT_HBM_NAME, "u8", dims, 1, &id, e) != CODE_OK) {
         uv_timer_stop(&f->hbm_end);
         return err_set(e, CODE_RESOURCE_EXHAUSTED,
-                       "HBM pressure of %u %% (%llu bytes) does not fit: %llu of %llu bytes are free%s", req->percent,
+                       "HBM pressure of %u %% (%llu bytes) does not fit: %llu of %llu bytes are free%s", percent,
                        (unsigned long long)want, (unsigned long long)hbm_free_bytes(h),
                        (unsigned long long)h->capacity, had ? " (the earlier pressure was released)" : "");
     }
     f->hbm_id = id;
-    log_warn("fault injected: HBM taken", "kind=hbm percent=%u bytes=%llu duration_ms=%u", req->percent,
-             (unsigned long long)want, req->duration_ms);
-    if (req->duration_ms)
-        uv_timer_start(&f->hbm_end, on_hbm_end, req->duration_ms, 0);
+    log_warn("fault injected: HBM taken", "kind=hbm percent=%u bytes=%llu duration_ms=%u", percent,
+             (unsigned long long)want, duration_ms);
+    if (duration_ms)
+        uv_timer_start(&f->hbm_end, on_hbm_end, duration_ms, 0);
     else
         uv_timer_stop(&f->hbm_end);
     return CODE_OK;
 }
 
-int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e)
+/* Checks a fault's fields: CODE_OK, or INVALID_ARGUMENT naming what is wrong. */
+static int check(const Tpuemu__InjectFault *req, err *e)
 {
     int kind = (int)req->kind;
 
@@ -197,8 +205,21 @@ int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e)
         return err_set(e, CODE_INVALID_ARGUMENT, "fault kind %d is not kill (1), pause (2), slow (3) or hbm (4)",
                        kind);
     }
+    if (req->delay_ms && req->at_step)
+        return err_set(e, CODE_INVALID_ARGUMENT, "a fault waits for a delay or for a step, not both (got %u ms and "
+                       "step %llu)", req->delay_ms, (unsigned long long)req->at_step);
+    if (req->delay_ms > FAULT_MAX_DELAY_MS)
+        return err_set(e, CODE_INVALID_ARGUMENT, "a fault's delay is at most %u ms (got %u)", FAULT_MAX_DELAY_MS,
+                       req->delay_ms);
+    return CODE_OK;
+}
+
+/* Makes the fault happen now; kill and pause at once unless deferred (then
+ * FAULT_DELAY_MS later, after the reply). */
+static int apply(struct fault *f, int kind, uint32_t duration_ms, uint32_t percent, int deferred, err *e)
+{
     if (kind == TPUEMU__FAULT_KIND__FAULT_HBM) {
-        int rc = hbm_press(f, req, e);
+        int rc = hbm_press(f, percent, duration_ms, e);
         if (rc == CODE_OK)
             prom_add(&f->injected[kind], 1);
         return rc;
@@ -208,19 +229,78 @@ int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e)
                        fault_kind_name(f->pending ? f->pending : TPUEMU__FAULT_KIND__FAULT_PAUSE));
     prom_add(&f->injected[kind], 1);
     if (kind == TPUEMU__FAULT_KIND__FAULT_SLOW) {
-        f->env.set_throttle(f->env.arg, (int)req->percent);
-        log_warn("fault injected: training compute slowed", "kind=slow percent=%u duration_ms=%u", req->percent,
-                 req->duration_ms);
-        if (req->duration_ms)
-            uv_timer_start(&f->slow, on_slow_over, req->duration_ms, 0);
+        f->env.set_throttle(f->env.arg, (int)percent);
+        log_warn("fault injected: training compute slowed", "kind=slow percent=%u duration_ms=%u", percent,
+                 duration_ms);
+        if (duration_ms)
+            uv_timer_start(&f->slow, on_slow_over, duration_ms, 0);
         else
             uv_timer_stop(&f->slow);
         return CODE_OK;
     }
     f->pending = kind;
-    f->pause_ms = req->duration_ms;
-    uv_timer_start(&f->act, on_act, FAULT_DELAY_MS, 0);
+    f->pause_ms = duration_ms;
+    if (deferred)
+        uv_timer_start(&f->act, on_act, FAULT_DELAY_MS, 0);
+    else
+        on_act(&f->act);
     return CODE_OK;
+}
+
+static void fire(struct fault_sched *sc, const char *why)
+{
+    struct fault *f = sc->f;
+    int kind = sc->kind;
+    err e;
+
+    sc->kind = 0;
+    uv_timer_stop(&sc->timer);
+    log_info("scheduled fault due", "kind=%s when=%s", fault_kind_name(kind), log_q(why));
+    if (apply(f, kind, sc->duration_ms, sc->percent, 0, &e) != CODE_OK)
+        log_warn("scheduled fault not injected", "kind=%s reason=%s", fault_kind_name(kind), log_q(e.msg));
+}
+
+static void on_sched_timer(uv_timer_t *t)
+{
+    struct fault_sched *sc = t->data;
+    if (sc->kind)
+        fire(sc, "delay");
+}
+
+void fault_on_step(struct fault *f, uint64_t step)
+{
+    char why[48];
+    for (int i = 0; i < FAULT_MAX_SCHEDULED; i++)
+        if (f->sched[i].kind && f->sched[i].at_step && step >= f->sched[i].at_step) {
+            snprintf(why, sizeof why, "after step %llu", (unsigned long long)step);
+            fire(&f->sched[i], why);
+        }
+}
+
+int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e)
+{
+    int rc;
+
+    if ((rc = check(req, e)) != CODE_OK)
+        return rc;
+    if (!req->delay_ms && !req->at_step)
+        return apply(f, (int)req->kind, req->duration_ms, req->percent, 1, e);
+    for (int i = 0; i < FAULT_MAX_SCHEDULED; i++) {
+        struct fault_sched *sc = &f->sched[i];
+        if (sc->kind)
+            continue;
+        sc->kind = (int)req->kind;
+        sc->duration_ms = req->duration_ms;
+        sc->percent = req->percent;
+        sc->at_step = req->at_step;
+        if (req->delay_ms)
+            uv_timer_start(&sc->timer, on_sched_timer, req->delay_ms, 0);
+        log_warn("fault scheduled", "kind=%s delay_ms=%u at_step=%llu duration_ms=%u percent=%u",
+                 fault_kind_name(sc->kind), req->delay_ms, (unsigned long long)req->at_step, req->duration_ms,
+                 req->percent);
+        return CODE_OK;
+    }
+    return err_set(e, CODE_RESOURCE_EXHAUSTED, "%d faults are already scheduled on this core", FAULT_MAX_SCHEDULED);
 }
 
 static void on_closed(uv_handle_t *h)
@@ -231,9 +311,14 @@ static void on_closed(uv_handle_t *h)
 
 void fault_stop(struct fault *f)
 {
-    if (f->open_handles != 4)
+    if (f->open_handles != 4 + FAULT_MAX_SCHEDULED)
         return;
     f->pending = 0;
+    for (int i = 0; i < FAULT_MAX_SCHEDULED; i++) {
+        f->sched[i].kind = 0;
+        f->sched[i].timer.data = f;
+        uv_close((uv_handle_t *)&f->sched[i].timer, on_closed);
+    }
     uv_close((uv_handle_t *)&f->hbm_end, on_closed);
     uv_close((uv_handle_t *)&f->act, on_closed);
     uv_close((uv_handle_t *)&f->slow, on_closed);

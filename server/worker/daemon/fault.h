@@ -7,7 +7,10 @@
  * HBM pressure is an allocation in the core's HBM table, listed by name in
  * the out-of-memory errors it causes; an initialize empties HBM, and it.
  * Kill and pause take effect FAULT_DELAY_MS after they are accepted, so the
- * reply is on its way first. */
+ * reply is on its way first. A fault may instead wait (FAULT_MAX_SCHEDULED
+ * at once) for a delay or for the end of a training step of this core: it is
+ * checked when it is accepted, and applied (or logged as not applicable, such
+ * as HBM pressure that no longer fits) when its time comes. */
 #ifndef TPUEMU_WORKER_FAULT_H
 #define TPUEMU_WORKER_FAULT_H
 
@@ -23,6 +26,8 @@
 #define FAULT_DELAY_MS 50u
 #define FAULT_MAX_MS 600000u /* the longest pause or slow-down: 10 minutes */
 #define FAULT_KINDS 5        /* FaultKind values, 0 unused */
+#define FAULT_MAX_SCHEDULED 16
+#define FAULT_MAX_DELAY_MS 3600000u /* an hour */
 #define FAULT_HBM_NAME "chaos: HBM pressure (tpuctl chaos hbm)"
 
 struct fault_env {
@@ -34,8 +39,18 @@ struct fault_env {
     hbm *hbm;                /* the core's, for HBM pressure (loop thread only) */
 };
 
+/* A fault waiting for its time or its step. */
+struct fault_sched {
+    uv_timer_t timer;        /* delay_ms */
+    struct fault *f;
+    int kind;                /* 0: the slot is free */
+    uint32_t duration_ms, percent;
+    uint64_t at_step;        /* 0: by time */
+};
+
 struct fault {
     struct fault_env env;
+    struct fault_sched sched[FAULT_MAX_SCHEDULED];
     uv_timer_t act;          /* a kill or pause, FAULT_DELAY_MS after it was accepted */
     uv_timer_t slow;         /* the end of a slow-down */
     uv_timer_t reap;         /* waits for a pause's helper process */
@@ -52,7 +67,9 @@ void fault_init(struct fault *f, const struct fault_env *env);
 /* Checks f and schedules it: CODE_OK, or an error code with e set and
  * nothing changed. */
 int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e);
-/* "kill", "pause", "slow" */
+/* Fires the faults scheduled for step (loop thread, after the step). */
+void fault_on_step(struct fault *f, uint64_t step);
+/* "kill", "pause", "slow", "hbm" */
 const char *fault_kind_name(int kind);
 /* Cancels what is scheduled and closes the timers (the loop can then end). */
 void fault_stop(struct fault *f);

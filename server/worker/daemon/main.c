@@ -49,6 +49,11 @@ static int worker_fault(void *arg, const Tpuemu__InjectFault *f, err *e)
     return fault_inject(&((struct worker *)arg)->fault, f, e);
 }
 
+static void on_step(void *arg, uint64_t step)
+{
+    fault_on_step(&((struct worker *)arg)->fault, step);
+}
+
 static void set_throttle(void *arg, int pct)
 {
     struct worker *w = arg;
@@ -382,7 +387,7 @@ static int start(struct worker *w, err *e)
     if (!(w->coll = coll_new(&ce)))
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the collectives engine");
     te = (struct train_env){w->loop, &w->id, &w->hbm, w->trace, w->preset, w->throttle_pct, w->coll,
-                            &w->train_stats};
+                            &w->train_stats, on_step, w};
     if ((rc = train_new(&te, &w->train)) != CODE_OK)
         return err_set(e, rc, "cannot start the training service (no matrix unit)");
     /* the data plane routes to them from the first frame on (the loop has not run yet) */

@@ -274,6 +274,8 @@ static void on_allreduce(void *arg, const err *e, const uint8_t *out, size_t out
     prom_hist_observe_ns(&t->env.stats->step_seconds, now - r->t_step0);
     tm->pending = 1;
     tm->pending_scale = 1.0f / (float)r->global_rows[r->i];
+    if (t->env.on_step)
+        t->env.on_step(t->env.on_step_arg, r->first_step + r->i);
     if (++r->i < r->steps) {
         run_step(t, r);
         return;

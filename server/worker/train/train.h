@@ -58,6 +58,10 @@ struct train_env {
     int throttle_pct;                /* compute runs at this % of its speed (100: full) */
     struct coll *coll;               /* all-reduces the gradients */
     struct train_stats *stats;       /* initialized by train_stats_init */
+    /* called on the loop thread once a training step (its global number,
+     * 1-based) has finished on this core; may be NULL */
+    void (*on_step)(void *arg, uint64_t step);
+    void *on_step_arg;
 };
 
 void train_stats_init(struct train_stats *s);
