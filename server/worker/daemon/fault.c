@@ -144,23 +144,26 @@ static void on_hbm_end(uv_timer_t *t)
 static int hbm_press(struct fault *f, uint32_t percent, uint32_t duration_ms, err *e)
 {
     hbm *h = f->env.hbm;
-    uint64_t want = h->capacity / 100u * percent, had = 0;
-    int64_t dims[1];
+    uint64_t want = h->capacity / 100u * percent;
+    int64_t dims[1] = {(int64_t)want}, old_dims[1] = {(int64_t)f->hbm_bytes};
     uint32_t id;
+    int had = 0;
     err ignored;
 
     if (f->hbm_id && hbm_release(h, f->hbm_id, &ignored) == CODE_OK)
-        had = 1;
+        had = 1; /* else an initialize emptied HBM, and it */
     f->hbm_id = 0;
-    dims[0] = (int64_t)want;
     if (hbm_alloc(h, HBM_OTHER, FAULT_HBM_NAME, "u8", dims, 1, &id, e) != CODE_OK) {
-        uv_timer_stop(&f->hbm_end);
-        return err_set(e, CODE_RESOURCE_EXHAUSTED,
-                       "HBM pressure of %u %% (%llu bytes) does not fit: %llu of %llu bytes are free%s", percent,
-                       (unsigned long long)want, (unsigned long long)hbm_free_bytes(h),
-                       (unsigned long long)h->capacity, had ? " (the earlier pressure was released)" : "");
+        err_set(e, CODE_RESOURCE_EXHAUSTED, "HBM pressure of %u %% (%llu bytes) does not fit: %llu of %llu bytes "
+                "are free", percent, (unsigned long long)want, (unsigned long long)hbm_free_bytes(h),
+                (unsigned long long)h->capacity);
+        /* nothing changed: the earlier pressure is taken again (it fitted a moment ago) */
+        if (had && hbm_alloc(h, HBM_OTHER, FAULT_HBM_NAME, "u8", old_dims, 1, &f->hbm_id, &ignored) != CODE_OK)
+            f->hbm_id = 0;
+        return e->code;
     }
     f->hbm_id = id;
+    f->hbm_bytes = want;
     log_warn("fault injected: HBM taken", "kind=hbm percent=%u bytes=%llu duration_ms=%u", percent,
              (unsigned long long)want, duration_ms);
     if (duration_ms)

@@ -56,6 +56,7 @@ struct fault {
     uv_timer_t reap;         /* waits for a pause's helper process */
     uv_timer_t hbm_end;      /* the end of HBM pressure */
     uint32_t hbm_id;         /* its allocation; 0: none */
+    uint64_t hbm_bytes;      /* its size */
     int pending;             /* the kill or pause act will do; 0: none */
     uint32_t pause_ms;
     pid_t helper;            /* of the pause in effect; 0: none */
