@@ -270,10 +270,35 @@ Test(chaos, a_fault_waits_for_its_delay, .timeout = 120)
 #define ROWS 256
 #define BATCH 32 /* 8 steps an epoch */
 
-Test(chaos, a_fault_waits_for_its_training_step, .timeout = 180)
+/* A small model and its dataset, on the initialized system of tc. */
+static void build_model(tpu_cluster *tc, tpu_strategy **s, tpu_dataset **ds, tpu_model **m)
 {
     static float x[ROWS * DIM];
     static int32_t y[ROWS];
+    for (size_t i = 0; i < ROWS; i++) {
+        y[i] = (int32_t)(i % 4);
+        for (size_t j = 0; j < DIM; j++)
+            x[i * DIM + j] = (float)((i * 7 + j * 13) % 17) / 17.0f;
+    }
+    cr_assert_eq(tpu_strategy_new(tc, s), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_dataset_from_tensor_slices(x, ROWS, DIM, y, TPU_LABELS_SPARSE, 1, 0, ds), TPU_OK);
+    cr_assert_eq(tpu_dataset_batch(*ds, BATCH, 1), TPU_OK);
+    cr_assert_eq(tpu_model_new(*s, DIM, m), TPU_OK);
+    cr_assert_eq(tpu_model_add_dense(*m, 16, TPU_ACT_RELU), TPU_OK);
+    cr_assert_eq(tpu_model_add_dense(*m, 4, TPU_ACT_SOFTMAX), TPU_OK);
+}
+
+static tpu_status compile_model(tpu_model *m)
+{
+    tpu_compile_options co;
+    tpu_compile_options_init(&co);
+    co.optimizer = tpu_optimizer_adam(0.001f);
+    co.batch_size = BATCH;
+    return tpu_model_compile(m, &co);
+}
+
+Test(chaos, hbm_pressure_makes_a_compile_fail_naming_it, .timeout = 120)
+{
     cluster *c = start2();
     tpu_resolver *r;
     tpu_cluster *tc;
@@ -281,7 +306,35 @@ Test(chaos, a_fault_waits_for_its_training_step, .timeout = 180)
     tpu_strategy *s;
     tpu_dataset *ds;
     tpu_model *m;
-    tpu_compile_options co;
+    int scale = cl_time_scale();
+
+    cr_assert_eq(cluster_connect(c, &r, &tc), TPU_OK, "%s", tpu_last_error());
+    tpu_init_options io = {.expect = 2, .timeout_ms = 10000 * scale};
+    cr_assert_eq(tpu_initialize_system(tc, &io, &topo), TPU_OK, "%s", tpu_last_error());
+    tpu_topology_free(topo);
+    tpu_fault f = {.kind = TPU_FAULT_HBM, .percent = 100};
+    cr_assert_eq(tpu_inject_fault(tc, "h0", 1, &f), TPU_OK, "%s", tpu_last_error());
+    build_model(tc, &s, &ds, &m);
+    cr_assert_eq(compile_model(m), TPU_RESOURCE_EXHAUSTED, "the compile fitted in a full HBM: %s", tpu_last_error());
+    cr_assert(strstr(tpu_last_error(), "h0/1") && strstr(tpu_last_error(), "chaos: HBM pressure"),
+              "the out-of-memory error does not name the core and the pressure: %s", tpu_last_error());
+    tpu_model_free(m);
+    tpu_dataset_free(ds);
+    tpu_strategy_free(s);
+    tpu_cluster_free(tc);
+    tpu_resolver_free(r);
+    cluster_free(c);
+}
+
+Test(chaos, a_fault_waits_for_its_training_step, .timeout = 180)
+{
+    cluster *c = start2();
+    tpu_resolver *r;
+    tpu_cluster *tc;
+    tpu_topology *topo;
+    tpu_strategy *s;
+    tpu_dataset *ds;
+    tpu_model *m;
     tpu_fit_options fo;
     tpu_history *h = NULL;
     int scale = cl_time_scale();
@@ -293,21 +346,8 @@ Test(chaos, a_fault_waits_for_its_training_step, .timeout = 180)
     /* h0/1 dies once it has finished step 6 of the 8 x 4 this fit would run */
     tpu_fault f = {.kind = TPU_FAULT_KILL, .at_step = 6};
     cr_assert_eq(tpu_inject_fault(tc, "h0", 1, &f), TPU_OK, "%s", tpu_last_error());
-    for (size_t i = 0; i < ROWS; i++) {
-        y[i] = (int32_t)(i % 4);
-        for (size_t j = 0; j < DIM; j++)
-            x[i * DIM + j] = (float)((i * 7 + j * 13) % 17) / 17.0f;
-    }
-    cr_assert_eq(tpu_strategy_new(tc, &s), TPU_OK, "%s", tpu_last_error());
-    cr_assert_eq(tpu_dataset_from_tensor_slices(x, ROWS, DIM, y, TPU_LABELS_SPARSE, 1, 0, &ds), TPU_OK);
-    cr_assert_eq(tpu_dataset_batch(ds, BATCH, 1), TPU_OK);
-    cr_assert_eq(tpu_model_new(s, DIM, &m), TPU_OK);
-    cr_assert_eq(tpu_model_add_dense(m, 16, TPU_ACT_RELU), TPU_OK);
-    cr_assert_eq(tpu_model_add_dense(m, 4, TPU_ACT_SOFTMAX), TPU_OK);
-    tpu_compile_options_init(&co);
-    co.optimizer = tpu_optimizer_adam(0.001f);
-    co.batch_size = BATCH;
-    cr_assert_eq(tpu_model_compile(m, &co), TPU_OK, "%s", tpu_last_error());
+    build_model(tc, &s, &ds, &m);
+    cr_assert_eq(compile_model(m), TPU_OK, "%s", tpu_last_error());
     memset(&fo, 0, sizeof fo);
     fo.epochs = 4;
     tpu_status st = tpu_model_fit(m, ds, &fo, &h);
