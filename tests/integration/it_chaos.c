@@ -288,6 +288,16 @@ static void build_model(tpu_cluster *tc, tpu_strategy **s, tpu_dataset **ds, tpu
     cr_assert_eq(tpu_model_add_dense(*m, 4, TPU_ACT_SOFTMAX), TPU_OK);
 }
 
+/* A client of c, with the system initialized on both cores. */
+static void connect_init(cluster *c, tpu_resolver **r, tpu_cluster **tc)
+{
+    tpu_topology *topo;
+    tpu_init_options io = {.expect = 2, .timeout_ms = 10000u * (uint32_t)cl_time_scale()};
+    cr_assert_eq(cluster_connect(c, r, tc), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_initialize_system(*tc, &io, &topo), TPU_OK, "%s", tpu_last_error());
+    tpu_topology_free(topo);
+}
+
 static tpu_status compile_model(tpu_model *m)
 {
     tpu_compile_options co;
@@ -302,16 +312,11 @@ Test(chaos, hbm_pressure_makes_a_compile_fail_naming_it, .timeout = 120)
     cluster *c = start2();
     tpu_resolver *r;
     tpu_cluster *tc;
-    tpu_topology *topo;
     tpu_strategy *s;
     tpu_dataset *ds;
     tpu_model *m;
-    int scale = cl_time_scale();
 
-    cr_assert_eq(cluster_connect(c, &r, &tc), TPU_OK, "%s", tpu_last_error());
-    tpu_init_options io = {.expect = 2, .timeout_ms = 10000 * scale};
-    cr_assert_eq(tpu_initialize_system(tc, &io, &topo), TPU_OK, "%s", tpu_last_error());
-    tpu_topology_free(topo);
+    connect_init(c, &r, &tc);
     tpu_fault f = {.kind = TPU_FAULT_HBM, .percent = 100};
     cr_assert_eq(tpu_inject_fault(tc, "h0", 1, &f), TPU_OK, "%s", tpu_last_error());
     build_model(tc, &s, &ds, &m);
@@ -331,7 +336,6 @@ Test(chaos, a_fault_waits_for_its_training_step, .timeout = 180)
     cluster *c = start2();
     tpu_resolver *r;
     tpu_cluster *tc;
-    tpu_topology *topo;
     tpu_strategy *s;
     tpu_dataset *ds;
     tpu_model *m;
@@ -339,10 +343,7 @@ Test(chaos, a_fault_waits_for_its_training_step, .timeout = 180)
     tpu_history *h = NULL;
     int scale = cl_time_scale();
 
-    cr_assert_eq(cluster_connect(c, &r, &tc), TPU_OK, "%s", tpu_last_error());
-    tpu_init_options io = {.expect = 2, .timeout_ms = 10000 * scale};
-    cr_assert_eq(tpu_initialize_system(tc, &io, &topo), TPU_OK, "%s", tpu_last_error());
-    tpu_topology_free(topo);
+    connect_init(c, &r, &tc);
     /* h0/1 dies once it has finished step 6 of the 8 x 4 this fit would run */
     tpu_fault f = {.kind = TPU_FAULT_KILL, .at_step = 6};
     cr_assert_eq(tpu_inject_fault(tc, "h0", 1, &f), TPU_OK, "%s", tpu_last_error());
