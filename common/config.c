@@ -8,6 +8,21 @@
 #include <string.h>
 #include <strings.h>
 
+int opt_parse_int(const char *s, long long lo, long long hi, long long *out)
+{
+    char *end;
+    long long v;
+
+    if (!s || !*s)
+        return -1;
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (errno || *end || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
 int opt_parse_bytes(const char *s, long long *out)
 {
     char *end;
@@ -66,17 +81,13 @@ static int apply(const struct opt *o, const char *val, const char *origin, err *
     case OPT_INT:
     case OPT_BYTES: {
         long long v;
-        char *end;
         if (o->type == OPT_BYTES) {
             if (opt_parse_bytes(val, &v) < 0)
                 return err_set(e, CODE_INVALID_ARGUMENT,
                                "%s: '%s' is not a byte count (examples: 1048576, 512M, 16GiB)",
                                origin, val);
-        } else {
-            errno = 0;
-            v = strtoll(val, &end, 10);
-            if (errno || end == val || *end)
-                return err_set(e, CODE_INVALID_ARGUMENT, "%s: '%s' is not an integer", origin, val);
+        } else if (opt_parse_int(val, LLONG_MIN, LLONG_MAX, &v) < 0) {
+            return err_set(e, CODE_INVALID_ARGUMENT, "%s: '%s' is not an integer", origin, val);
         }
         if (v < o->min || v > o->max)
             return err_set(e, CODE_INVALID_ARGUMENT, "%s: %s is out of range (%lld..%lld)",

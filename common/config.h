@@ -36,6 +36,10 @@ int opt_parse(const struct opt *table, size_t n, int argc, char **argv, int *fir
 /* Prints "usage" and one line per row, with env var and default, to stdout. */
 void opt_usage(const struct opt *table, size_t n, const char *usage, const char *about);
 
+/* A whole decimal number in [lo, hi] -> *out. Returns 0 on success, -1 if
+ * malformed or out of range. */
+int opt_parse_int(const char *s, long long lo, long long hi, long long *out);
+
 /* "64M" -> 67108864. Returns 0 on success, -1 if malformed or overflowing. */
 int opt_parse_bytes(const char *s, long long *out);
 

@@ -514,13 +514,8 @@ static int cmd_forget(const struct tpuctl *g, int argc, char **argv)
 /* s as a whole number in [lo, hi]; -1 if it is not one. */
 static long long whole(const char *s, long long lo, long long hi)
 {
-    char *end;
     long long v;
-    if (!s || !*s || *s == '-' || *s == '+')
-        return -1;
-    errno = 0;
-    v = strtoll(s, &end, 10);
-    return errno || *end || v < lo || v > hi ? -1 : v;
+    return opt_parse_int(s, lo, hi, &v) == 0 ? v : -1;
 }
 
 static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)

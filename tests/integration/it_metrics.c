@@ -610,24 +610,24 @@ struct hb_arg {
     double above;
 };
 
-static int counter_above(cluster *c, void *arg)
+static double scraped(const struct hb_arg *a)
 {
-    struct hb_arg *a = arg;
-    (void)c;
     scrape *sc = scrape_port(a->port);
     double v = mval(sc, a->name, NULL);
     free(sc);
-    return v > a->above;
+    return v;
+}
+
+static int counter_above(cluster *c, void *arg)
+{
+    (void)c;
+    return scraped(arg) > ((struct hb_arg *)arg)->above;
 }
 
 static int gauge_is(cluster *c, void *arg)
 {
-    struct hb_arg *a = arg;
     (void)c;
-    scrape *sc = scrape_port(a->port);
-    double v = mval(sc, a->name, NULL);
-    free(sc);
-    return v == a->above;
+    return scraped(arg) == ((struct hb_arg *)arg)->above;
 }
 
 Test(metrics, numbers_follow_a_training_run, .timeout = 120)
@@ -638,7 +638,7 @@ Test(metrics, numbers_follow_a_training_run, .timeout = 120)
     /* the resolver connects to each core's control port when it registers,
      * not at the first initialize */
     struct hb_arg links = {m->rport, "tpuemu_resolver_core_links_open", 2};
-    cr_assert(cluster_wait_until(gauge_is, m->c, &links, 10000),
+    cr_assert(cluster_wait_until(gauge_is, m->c, &links, 10000 * cl_time_scale()),
               "the resolver did not open a control connection to each registered core");
 
     /* before the system exists */

@@ -43,13 +43,13 @@ void fault_init(struct fault *f, const struct fault_env *env)
         f->sched[i].f = f;
         f->sched[i].kind = 0;
     }
-    f->open_handles = 4 + FAULT_MAX_SCHEDULED;
+    f->started = 1;
     for (int i = 0; i < FAULT_KINDS; i++)
         atomic_init(&f->injected[i], 0);
 }
 
-/* The pause's helper has sent SIGCONT and exits: collected here, so it does
- * not linger as a zombie. */
+/* The pause is over (its grace too): its helper, which has sent SIGCONT and
+ * exited, is collected so that it does not linger as a zombie. */
 static void on_reap(uv_timer_t *t)
 {
     struct fault *f = t->data;
@@ -99,7 +99,11 @@ static void pause_now(struct fault *f, uint32_t ms)
         return;
     }
     f->helper = child;
-    uv_timer_start(&f->reap, on_reap, 20, 0); /* runs once this process is continued */
+    /* after the pause and its grace: a request that waited in a socket while
+     * this process was stopped is handled before it, as one made during the
+     * pause (another kill or pause is refused), however soon this process
+     * runs again */
+    uv_timer_start(&f->reap, on_reap, (uint64_t)ms + FAULT_PAUSE_GRACE_MS, 0);
 }
 
 static void on_act(uv_timer_t *t)
@@ -306,24 +310,18 @@ int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e)
     return err_set(e, CODE_RESOURCE_EXHAUSTED, "%d faults are already scheduled on this core", FAULT_MAX_SCHEDULED);
 }
 
-static void on_closed(uv_handle_t *h)
-{
-    struct fault *f = h->data;
-    f->open_handles--;
-}
-
 void fault_stop(struct fault *f)
 {
-    if (f->open_handles != 4 + FAULT_MAX_SCHEDULED)
+    if (!f->started)
         return;
+    f->started = 0;
     f->pending = 0;
     for (int i = 0; i < FAULT_MAX_SCHEDULED; i++) {
         f->sched[i].kind = 0;
-        f->sched[i].timer.data = f;
-        uv_close((uv_handle_t *)&f->sched[i].timer, on_closed);
+        uv_close((uv_handle_t *)&f->sched[i].timer, NULL);
     }
-    uv_close((uv_handle_t *)&f->hbm_end, on_closed);
-    uv_close((uv_handle_t *)&f->act, on_closed);
-    uv_close((uv_handle_t *)&f->slow, on_closed);
-    uv_close((uv_handle_t *)&f->reap, on_closed);
+    uv_close((uv_handle_t *)&f->hbm_end, NULL);
+    uv_close((uv_handle_t *)&f->act, NULL);
+    uv_close((uv_handle_t *)&f->slow, NULL);
+    uv_close((uv_handle_t *)&f->reap, NULL);
 }

@@ -25,6 +25,10 @@
 
 #define FAULT_DELAY_MS 50u
 #define FAULT_MAX_MS 600000u /* the longest pause or slow-down: 10 minutes */
+/* A pause counts as under way until this long after it ends (another kill or
+ * pause is refused until then), so that requests sent while the worker was
+ * stopped are answered alike however soon it runs again. */
+#define FAULT_PAUSE_GRACE_MS 1000u
 #define FAULT_KINDS 5        /* FaultKind values, 0 unused */
 #define FAULT_MAX_SCHEDULED 16
 #define FAULT_MAX_DELAY_MS 3600000u /* an hour */
@@ -60,7 +64,7 @@ struct fault {
     int pending;             /* the kill or pause act will do; 0: none */
     uint32_t pause_ms;
     pid_t helper;            /* of the pause in effect; 0: none */
-    int open_handles;
+    int started;             /* fault_init done, fault_stop not yet */
     prom_counter injected[FAULT_KINDS]; /* by FaultKind */
 };
 

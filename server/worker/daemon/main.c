@@ -409,19 +409,16 @@ static int start(struct worker *w, err *e)
 static size_t prefault_kb(void)
 {
     const char *v = getenv("TPUEMU_HEAP_PREFAULT_KB");
-    char *end;
-    unsigned long kb;
+    long long kb;
 
     if (!v || !*v)
         return HEAP_PREFAULT_KB;
-    errno = 0;
-    kb = strtoul(v, &end, 10);
-    if (errno || *end || kb > 2048) {
+    if (opt_parse_int(v, 0, 2048, &kb) < 0) {
         log_warn("TPUEMU_HEAP_PREFAULT_KB is not a number of KiB from 0 to 2048; using the default",
                  "value=%s default=%d", log_q(v), HEAP_PREFAULT_KB);
         return HEAP_PREFAULT_KB;
     }
-    return kb;
+    return (size_t)kb;
 }
 
 /* Touches the heap's next bytes now, once the worker has started, and keeps

@@ -346,11 +346,6 @@ void train_set_throttle(struct train *t, int pct)
     atomic_store_explicit(&t->throttle_pct, pct < 1 ? 1 : pct > 100 ? 100 : pct, memory_order_relaxed);
 }
 
-int train_throttle(const struct train *t)
-{
-    return atomic_load_explicit(&((struct train *)t)->throttle_pct, memory_order_relaxed);
-}
-
 void train_free(struct train *t)
 {
     if (!t)

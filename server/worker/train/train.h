@@ -90,6 +90,5 @@ void train_on_client_close(struct train *t, dp_conn *c);
 void train_reset(struct train *t);
 /* From now on training compute runs at pct % (1..100) of its speed. */
 void train_set_throttle(struct train *t, int pct);
-int train_throttle(const struct train *t);
 
 #endif
