@@ -67,15 +67,14 @@ trap 'exit 1' INT TERM
 lc_start_resolver "$bin" "$work/resolver.log" --heartbeat-ms 500
 resolver_pid=${_lc_pids[-1]}
 rport=${tpu#*:}
-proxy_rport=$(lc_free_port)
+lc_claim_port proxy_rport
 forwards=("--forward" "$proxy_rport=127.0.0.1:$rport")
 dports=() mports=()
 for h in 0 1; do
     for c in 0 1 2 3; do
-        d=$(lc_free_port)
-        p=$(lc_free_port)
-        while [ "$p" = "$d" ] || [ "$p" = "$proxy_rport" ]; do p=$(lc_free_port); done
-        m=$(lc_free_port)
+        lc_claim_port d
+        lc_claim_port p
+        lc_claim_port m
         forwards+=("--forward" "$p=127.0.0.1:$d")
         "$bin/tpu-worker" --resolver "127.0.0.1:$proxy_rport" --host-id "host$h" --core "$c" \
             --data-port "$d" --advertise-data "127.0.0.1:$p" --metrics-port "$m" \

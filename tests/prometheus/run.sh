@@ -70,14 +70,13 @@ done
 ok "promtool check config: deploy/prometheus/local.yml and compose.yml are valid"
 
 # ---- the cluster, every daemon with a metrics port
-rmp=$(lc_free_port)
+lc_claim_port rmp
 lc_start_resolver "$bin" "$work/resolver.log" --metrics-port "$rmp"
 declare -a wmp=() wpid=()
 i=0
 for h in 0 1; do
     for c in 0 1; do
-        p=$(lc_free_port)
-        while [ "$p" = "$rmp" ] || [[ " ${wmp[*]} " == *" $p "* ]]; do p=$((p + 1)); done
+        lc_claim_port p
         wmp+=("$p")
         "$bin/tpu-worker" --resolver "$tpu" --host-id "host$h" --core "$c" --metrics-port "$p" \
             2>"$work/worker-$h-$c.log" &
@@ -88,8 +87,7 @@ for h in 0 1; do
 done
 
 # ---- Prometheus with deploy/prometheus/local.yml, its ports mapped to the test's
-pp=$(lc_free_port)
-while [ "$pp" = "$rmp" ] || [[ " ${wmp[*]} " == *" $pp "* ]]; do pp=$((pp + 1)); done
+lc_claim_port pp
 python3 - deploy/prometheus/local.yml "$work/prometheus.yml" "$rmp" "${wmp[@]}" <<'PYEOF' || fail "deploy/prometheus/local.yml is not the configuration the test expects (see above)"
 import sys, yaml
 src, dst, rmp, *wmp = sys.argv[1:]

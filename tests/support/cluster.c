@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -224,11 +225,42 @@ int cl_wait_log(const cl_proc *p, const char *s, int timeout_ms)
     }
 }
 
-int cl_free_port(void)
+/* The kernel's ephemeral range: where it takes ports for outgoing
+ * connections and bind(0). */
+static void ephemeral_range(int *lo, int *hi)
+{
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    *lo = 32768;
+    *hi = 60999;
+    if (f) {
+        if (fscanf(f, "%d %d", lo, hi) != 2) {
+            *lo = 32768;
+            *hi = 60999;
+        }
+        fclose(f);
+    }
+}
+
+static int bindable(int port)
+{
+    struct sockaddr_in sa;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), ok;
+    cr_assert_geq(fd, 0);
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sa.sin_port = htons((uint16_t)port);
+    ok = bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+    close(fd);
+    return ok;
+}
+
+/* A port the kernel gives out, free when asked: the fallback. */
+static int kernel_port(void)
 {
     struct sockaddr_in sa;
     socklen_t len = sizeof sa;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port;
     cr_assert_geq(fd, 0);
     memset(&sa, 0, sizeof sa);
     sa.sin_family = AF_INET;
@@ -238,6 +270,41 @@ int cl_free_port(void)
     port = ntohs(sa.sin_port);
     close(fd);
     return port;
+}
+
+/* A port below the ephemeral range, so that no outgoing connection (of this
+ * test's daemons or of a test beside it) takes it between now and the
+ * daemon's bind; and claimed with a lock on a file named after it, held until
+ * this test process ends, so that no other test picks it too. */
+int cl_free_port(void)
+{
+    static unsigned seed;
+    int lo, hi;
+    ephemeral_range(&lo, &hi);
+    (void)hi;
+    int first = lo - 12000 < 10000 ? 10000 : lo - 12000, span = lo - first;
+    if (span < 1000)
+        return kernel_port();
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/tpuemu-test-ports-%u", (unsigned)getuid());
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+        return kernel_port();
+    if (!seed)
+        seed = (unsigned)getpid() ^ (unsigned)cl_now_ms();
+    for (int attempt = 0; attempt < 1000; attempt++) {
+        int port = first + (int)(rand_r(&seed) % (unsigned)span);
+        char path[96];
+        snprintf(path, sizeof path, "%s/%d", dir, port);
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (fd < 0)
+            return kernel_port();
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0 || !bindable(port)) {
+            close(fd);
+            continue;
+        }
+        return port; /* fd stays open: the claim lasts as long as this process */
+    }
+    return kernel_port();
 }
 
 static int tcp_accepts(int port)

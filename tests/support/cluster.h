@@ -122,7 +122,8 @@ extern const char *const CL_RESOLVER;
 extern const char *const CL_WORKER;
 extern const char *const CL_TPUCTL;
 
-/* A loopback TCP port nobody listens on right now. */
+/* A loopback TCP port nobody has bound, below the kernel's ephemeral range,
+ * claimed against other tests until this test process ends. */
 int cl_free_port(void);
 /* Reads the whole log file (malloc'd, NUL-terminated, "" if missing). */
 char *cl_read_file(const char *path);

@@ -17,20 +17,33 @@ lc_cleanup() {
     [ -n "$_lc_work" ] && rm -rf "$_lc_work"
 }
 
-# A port below the ephemeral range (32768-60999), so that no outgoing
-# connection of a test running beside this one takes it between the check and
-# the bind.
-lc_free_port() {
-    local p=$((20000 + RANDOM % 12000))
-    while (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; do p=$((p + 1)); done
-    echo "$p"
+# lc_claim_port VAR sets VAR to a port below the ephemeral range (32768-60999),
+# so that no outgoing connection of a test running beside this one takes it
+# between the check and the bind; claimed, like the C tests' ports, by a lock
+# on a file named after it, which this shell holds until it exits (so call it
+# in this shell, not in $(...)).
+lc_claim_port() {
+    local _lcp _lcdir=/tmp/tpuemu-test-ports-$(id -u) _lcfd _lctry # names no caller uses
+    mkdir -p "$_lcdir"
+    for ((_lctry = 0; _lctry < 1000; _lctry++)); do
+        _lcp=$((20000 + RANDOM % 12000))
+        exec {_lcfd}>>"$_lcdir/$_lcp" || continue
+        if flock -n "$_lcfd" && ! (exec 3<>"/dev/tcp/127.0.0.1/$_lcp") 2>/dev/null; then
+            printf -v "$1" %s "$_lcp"
+            return 0
+        fi
+        exec {_lcfd}>&-
+    done
+    echo "FAIL: no free loopback port in 20000-31999" >&2
+    exit 1
 }
 
 lc_start_resolver() { # bin, log, extra args...
-    local bin=$1 log=$2 try t pid
+    local bin=$1 log=$2 try t pid port
     shift 2
-    for try in 1 2 3 4 5; do # another test may still take the port first
-        tpu=127.0.0.1:$(lc_free_port)
+    for try in 1 2 3 4 5; do # a program outside the tests may still take the port first
+        lc_claim_port port
+        tpu=127.0.0.1:$port
         "$bin/tpu-resolver" --listen "$tpu" "$@" 2>>"$log" &
         pid=$!
         for ((t = 0; t < 100; t++)); do
