@@ -86,8 +86,19 @@ void rsv_leave(resolver *r, rreq *req, const Tpuemu__Leave *q)
                         "(pid %u) now; nothing changed", name, en->w.pid);
         return;
     }
-    log_info("core left", "host=%s core=%d pid=%u", log_q(en->w.host_id), en->w.core, en->w.pid);
-    rsv_forget(r, en, FORGET_LEFT);
+    if (q->preempted) {
+        /* listed PREEMPTED, as Cloud TPU lists a preempted node, until a new
+         * process registers on its key or it is forgotten */
+        log_warn("core preempted", "host=%s core=%d pid=%u", log_q(en->w.host_id), en->w.core, en->w.pid);
+        en->preempted = 1;
+        en->w.notice_kind = 0;
+        if (!en->dead)
+            reg_set_dead(&r->reg, en, 1);
+        rsv_drop_link(en);
+    } else {
+        log_info("core left", "host=%s core=%d pid=%u", log_q(en->w.host_id), en->w.core, en->w.pid);
+        rsv_forget(r, en, FORGET_LEFT);
+    }
     m.body_case = TPUEMU__MESSAGE__BODY_LEAVE_REPLY;
     m.leave_reply = &lr;
     rsv_reply(r, req, &m);
@@ -99,6 +110,7 @@ void rsv_forget_core(resolver *r, rreq *req, const Tpuemu__ForgetCore *q)
     wire_msg m = TPUEMU__MESSAGE__INIT;
     Tpuemu__ForgetCoreReply fr = TPUEMU__FORGET_CORE_REPLY__INIT;
     Tpuemu__WorkerInfo wi;
+    Tpuemu__Notice nb;
     char name[300];
     rentry *en;
     winfo w;
@@ -116,7 +128,8 @@ void rsv_forget_core(resolver *r, rreq *req, const Tpuemu__ForgetCore *q)
         return;
     }
     silent = wire_now_ms() - en->last_hb_ms;
-    if (!en->dead) {
+    if (!en->dead || (en->w.notice_under_way && !en->preempted &&
+                      silent <= (uint64_t)r->dead_after * r->heartbeat_ms)) {
         rsv_reply_error(r, req, CODE_FAILED_PRECONDITION, "forget: core %s is alive (pid %u, last "
                         "heartbeat %.1f s ago): its next heartbeat would register it again; stop its "
                         "worker instead (SIGTERM: it leaves by itself)", name, en->w.pid,
@@ -127,7 +140,7 @@ void rsv_forget_core(resolver *r, rreq *req, const Tpuemu__ForgetCore *q)
     log_info("core forgotten on request", "host=%s core=%d client=%s", log_q(w.host_id), w.core,
              log_q(q->client_id && *q->client_id ? q->client_id : "?"));
     rsv_forget(r, en, FORGET_OPERATOR);
-    reg_winfo_view(&w, &wi);
+    reg_winfo_view(&w, &wi, &nb, wire_now_ms());
     fr.worker = &wi;
     fr.silent_ms = silent;
     m.body_case = TPUEMU__MESSAGE__BODY_FORGET_CORE_REPLY;

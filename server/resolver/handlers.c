@@ -38,7 +38,13 @@ static void refresh(resolver *r, rentry *en, const winfo *w, uint64_t now)
         en->w.replica_id = replica;
     }
     en->last_hb_ms = now;
-    if (en->dead) {
+    if (w->notice_under_way && !en->dead) {
+        /* kept out of initializes until it is back; calls waiting on it fail now */
+        reg_set_dead(&r->reg, en, 1);
+        rsv_drop_link(en);
+        log_warn("core down for maintenance", "host=%s core=%d pid=%u window_ms=%u", log_q(w->host_id), w->core,
+                 w->pid, w->notice_window_ms);
+    } else if (!w->notice_under_way && en->dead) {
         reg_set_dead(&r->reg, en, 0);
         log_info("core back", "host=%s core=%d pid=%u", log_q(w->host_id), w->core, w->pid);
     }
@@ -59,6 +65,7 @@ static void replace(resolver *r, rentry *en, const winfo *w, uint64_t now)
     prom_add(&r->metrics.registrations, 1);
     en->w = *w;
     en->last_hb_ms = en->registered_ms = now;
+    en->preempted = 0;
     reg_set_dead(&r->reg, en, 0);
 }
 
@@ -210,7 +217,7 @@ static void h_heartbeat(resolver *r, rreq *req, const wire_msg *m)
         rsv_reply_error(r, req, e.code, "heartbeat: %s", e.msg);
         return;
     }
-    reg_winfo_copy(&w, wi);
+    reg_winfo_copy(&w, wi, now);
     if (rsv_left_lately(r, w.incarnation)) {
         rsv_reply_error(r, req, CODE_ABORTED, "this worker (pid %u) left the cluster; a worker that "
                         "starts again registers anew", w.pid);
@@ -260,17 +267,18 @@ static void h_cluster_spec(resolver *r, rreq *req, const wire_msg *m)
     Tpuemu__CoreInfo *ci = calloc(n ? n : 1, sizeof *ci);
     Tpuemu__CoreInfo **cip = calloc(n ? n : 1, sizeof *cip);
     Tpuemu__WorkerInfo *wi = calloc(n ? n : 1, sizeof *wi);
+    Tpuemu__Notice *nb = calloc(n ? n : 1, sizeof *nb);
     uint64_t now = wire_now_ms();
     (void)m;
 
-    if (!ci || !cip || !wi) {
+    if (!ci || !cip || !wi || !nb) {
         rsv_reply_error(r, req, CODE_RESOURCE_EXHAUSTED, "out of memory listing %zu cores", n);
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
         const rentry *en = r->reg.v[i];
         tpuemu__core_info__init(&ci[i]);
-        reg_winfo_view(&en->w, &wi[i]);
+        reg_winfo_view(&en->w, &wi[i], &nb[i], now);
         ci[i].worker = &wi[i];
         ci[i].state = sys_core_state(r, en);
         ci[i].heartbeat_age_ms = now - en->last_hb_ms;
@@ -292,6 +300,7 @@ out:
     free(ci);
     free(cip);
     free(wi);
+    free(nb);
 }
 
 /* ---- system ---- */

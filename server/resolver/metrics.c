@@ -11,7 +11,7 @@
 static int render(void *user, hbuf *b)
 {
     resolver *r = user;
-    uint64_t by_state[4] = {0, 0, 0, 0}, links = 0;
+    uint64_t by_state[6] = {0, 0, 0, 0, 0, 0}, links = 0;
     static const struct {
         Tpuemu__CoreState st;
         const char *name;
@@ -19,11 +19,13 @@ static int render(void *user, hbuf *b)
         {TPUEMU__CORE_STATE__CORE_READY, "READY"},
         {TPUEMU__CORE_STATE__CORE_IDLE, "IDLE"},
         {TPUEMU__CORE_STATE__CORE_DEAD, "DEAD"},
+        {TPUEMU__CORE_STATE__CORE_PREEMPTED, "PREEMPTED"},
+        {TPUEMU__CORE_STATE__CORE_MAINTENANCE, "MAINTENANCE"},
     };
 
     for (size_t i = 0; i < r->reg.n; i++) {
         Tpuemu__CoreState st = sys_core_state(r, r->reg.v[i]);
-        if ((int)st >= 0 && (int)st < 4)
+        if ((int)st >= 0 && (int)st < 6)
             by_state[st]++;
         if (r->reg.v[i]->link && corelink_is_open(r->reg.v[i]->link))
             links++;
@@ -32,7 +34,8 @@ static int render(void *user, hbuf *b)
     prom_u64(b, "tpuemu_build_info", "daemon=\"resolver\",version=\"" TPUEMU_VERSION "\"", 1);
     prom_family(b, "tpuemu_resolver_cores", "gauge",
                 "Cores the resolver tracks, by state (READY: in the initialized system; IDLE: alive, not in it; "
-                "DEAD: missed its heartbeats).");
+                "DEAD: missed its heartbeats; PREEMPTED: terminated by a preemption; MAINTENANCE: down for a "
+                "maintenance event).");
     for (size_t i = 0; i < sizeof states / sizeof states[0]; i++) {
         char labels[32];
         snprintf(labels, sizeof labels, "state=\"%s\"", states[i].name);

@@ -62,10 +62,17 @@ int reg_validate(const Tpuemu__WorkerInfo *w, err *e)
         return err_set(e, CODE_INVALID_ARGUMENT, "tpu_type must be one of %s", slice_type_names());
     if (w->hbm_capacity == 0)
         return err_set(e, CODE_INVALID_ARGUMENT, "hbm_capacity must be greater than 0");
+    if (w->notice && (w->notice->kind < TPUEMU__NOTICE_KIND__NOTICE_NONE ||
+                      w->notice->kind > TPUEMU__NOTICE_KIND__NOTICE_MAINTENANCE))
+        return err_set(e, CODE_INVALID_ARGUMENT, "notice: kind %d is not none (0), preemption (1) or maintenance (2)",
+                       (int)w->notice->kind);
+    if (w->notice && w->notice->event_in_ms > 86400000u)
+        return err_set(e, CODE_INVALID_ARGUMENT, "notice: an event %llu ms away is more than a day away",
+                       (unsigned long long)w->notice->event_in_ms);
     return CODE_OK;
 }
 
-void reg_winfo_copy(winfo *d, const Tpuemu__WorkerInfo *s)
+void reg_winfo_copy(winfo *d, const Tpuemu__WorkerInfo *s, uint64_t now_ms)
 {
     snprintf(d->host_id, sizeof d->host_id, "%s", s->host_id ? s->host_id : "");
     d->core = s->core;
@@ -81,9 +88,14 @@ void reg_winfo_copy(winfo *d, const Tpuemu__WorkerInfo *s)
     d->epoch = s->epoch;
     d->replica_id = s->replica_id;
     snprintf(d->shm_name, sizeof d->shm_name, "%s", s->shm_name ? s->shm_name : "");
+    d->hbm_ooms = s->hbm_ooms;
+    d->notice_kind = s->notice ? (int)s->notice->kind : 0;
+    d->notice_at_ms = s->notice ? now_ms + s->notice->event_in_ms : 0;
+    d->notice_window_ms = s->notice ? s->notice->window_ms : 0;
+    d->notice_under_way = s->notice && s->notice->under_way;
 }
 
-void reg_winfo_view(const winfo *w, Tpuemu__WorkerInfo *o)
+void reg_winfo_view(const winfo *w, Tpuemu__WorkerInfo *o, Tpuemu__Notice *nbuf, uint64_t now_ms)
 {
     tpuemu__worker_info__init(o);
     o->host_id = (char *)w->host_id;
@@ -100,6 +112,15 @@ void reg_winfo_view(const winfo *w, Tpuemu__WorkerInfo *o)
     o->version = (char *)w->version;
     o->epoch = w->epoch;
     o->replica_id = w->replica_id;
+    o->hbm_ooms = w->hbm_ooms;
+    if (w->notice_kind) {
+        tpuemu__notice__init(nbuf);
+        nbuf->kind = (Tpuemu__NoticeKind)w->notice_kind;
+        nbuf->event_in_ms = w->notice_at_ms > now_ms ? w->notice_at_ms - now_ms : 0;
+        nbuf->window_ms = w->notice_window_ms;
+        nbuf->under_way = w->notice_under_way != 0;
+        o->notice = nbuf;
+    }
 }
 
 static int key_cmp(const char *h1, int c1, const char *h2, int c2)

@@ -37,13 +37,21 @@ typedef struct winfo {
     uint64_t epoch;
     int32_t replica_id;
     char shm_name[REG_SHM_MAX]; /* same-host shared-memory socket, "" if none */
+    uint32_t hbm_ooms;
+    /* its notice (preemption, maintenance): kind 0 none; the event at
+     * notice_at_ms on this resolver's monotonic clock */
+    int notice_kind;
+    uint64_t notice_at_ms;
+    uint32_t notice_window_ms;
+    int notice_under_way;   /* down for maintenance: listed MAINTENANCE, kept out of initializes */
 } winfo;
 
 typedef struct rentry {
     winfo w;
     uint64_t last_hb_ms;    /* monotonic */
     uint64_t registered_ms; /* monotonic, when this incarnation registered */
-    int dead;
+    int dead;               /* silent, preempted or down for maintenance: not given to an initialize */
+    int preempted;          /* it left preempted (PREEMPTED until a new process registers) */
     uint64_t probe_tag;     /* != 0 while a claim on this key waits for a probe */
     struct corelink *link;  /* REQ socket to w.control_addr, made lazily */
 } rentry;
@@ -60,10 +68,11 @@ void reg_free(registry *g);
 
 /* Checks a worker's self-description; INVALID_ARGUMENT naming the field. */
 int reg_validate(const Tpuemu__WorkerInfo *w, err *e);
-/* Copies a validated WorkerInfo into owned storage. */
-void reg_winfo_copy(winfo *dst, const Tpuemu__WorkerInfo *src);
-/* Points a protobuf WorkerInfo at w's strings (valid while w is). */
-void reg_winfo_view(const winfo *w, Tpuemu__WorkerInfo *out);
+/* Copies a validated WorkerInfo, received at now_ms, into owned storage. */
+void reg_winfo_copy(winfo *dst, const Tpuemu__WorkerInfo *src, uint64_t now_ms);
+/* Points a protobuf WorkerInfo at w's strings (valid while w is), its notice
+ * as of now_ms written to *nbuf. */
+void reg_winfo_view(const winfo *w, Tpuemu__WorkerInfo *out, Tpuemu__Notice *nbuf, uint64_t now_ms);
 
 rentry *reg_lookup(const registry *g, const char *host, int core);
 /* Index of the first entry of host (or where it would go) and the count. */

@@ -33,6 +33,11 @@ static resolver *of_sys(rsys *s)
 
 Tpuemu__CoreState sys_core_state(const resolver *r, const rentry *en)
 {
+    if (en->dead && en->preempted)
+        return TPUEMU__CORE_STATE__CORE_PREEMPTED;
+    if (en->dead && en->w.notice_under_way &&
+        wire_now_ms() - en->last_hb_ms <= (uint64_t)r->dead_after * r->heartbeat_ms)
+        return TPUEMU__CORE_STATE__CORE_MAINTENANCE;
     if (en->dead)
         return TPUEMU__CORE_STATE__CORE_DEAD;
     if (r->sys.initialized && en->w.epoch == r->sys.epoch && en->w.replica_id >= 0)
@@ -131,8 +136,14 @@ static void build_missing(resolver *r, size_t need)
                 break;
             }
             if (en && en->dead) {
-                add_missing(op, &cap, "%s/%d (dead: no heartbeat for %.1f s)", host, c,
-                            (double)(now - en->last_hb_ms) / 1000.0);
+                Tpuemu__CoreState st = sys_core_state(r, en);
+                if (st == TPUEMU__CORE_STATE__CORE_PREEMPTED)
+                    add_missing(op, &cap, "%s/%d (preempted)", host, c);
+                else if (st == TPUEMU__CORE_STATE__CORE_MAINTENANCE)
+                    add_missing(op, &cap, "%s/%d (down for maintenance)", host, c);
+                else
+                    add_missing(op, &cap, "%s/%d (dead: no heartbeat for %.1f s)", host, c,
+                                (double)(now - en->last_hb_ms) / 1000.0);
                 listed++;
             } else if (!en && op->expect) {
                 add_missing(op, &cap, "%s/%d (never registered)", host, c);

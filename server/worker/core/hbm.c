@@ -35,6 +35,7 @@ void hbm_reset(hbm *h)
 {
     h->used = 0;
     h->peak = 0;
+    h->ooms = 0;
     h->nblocks = 0;
     memset(h->by_kind, 0, sizeof h->by_kind);
 }
@@ -176,8 +177,10 @@ int hbm_alloc(hbm *h, enum hbm_kind kind, const char *name, const char *dtype, c
                            b.name);
         b.bytes *= (uint64_t)dims[i];
     }
-    if (b.bytes > hbm_free_bytes(h))
+    if (b.bytes > hbm_free_bytes(h)) {
+        h->ooms++;
         return exhausted(h, &b, e);
+    }
     if (h->nblocks == h->cap) {
         size_t ncap = h->cap ? h->cap * 2 : 16;
         struct hbm_block *nb = realloc(h->blocks, ncap * sizeof *nb);

@@ -46,6 +46,7 @@ typedef struct hbm {
     struct hbm_block *blocks;     /* owned */
     size_t nblocks, cap;
     uint32_t next_id;
+    uint32_t ooms;                /* allocations refused for want of room since hbm_init/hbm_reset */
 } hbm;
 
 /* An empty HBM of capacity bytes. Owns nothing until the first allocation. */

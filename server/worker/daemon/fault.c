@@ -24,6 +24,10 @@ const char *fault_kind_name(int kind)
         return "slow";
     case TPUEMU__FAULT_KIND__FAULT_HBM:
         return "hbm";
+    case TPUEMU__FAULT_KIND__FAULT_PREEMPT:
+        return "preempt";
+    case TPUEMU__FAULT_KIND__FAULT_MAINTENANCE:
+        return "maintenance";
     default:
         return "unknown";
     }
@@ -36,7 +40,9 @@ void fault_init(struct fault *f, const struct fault_env *env)
     uv_timer_init(env->loop, &f->slow);
     uv_timer_init(env->loop, &f->reap);
     uv_timer_init(env->loop, &f->hbm_end);
-    f->act.data = f->slow.data = f->reap.data = f->hbm_end.data = f;
+    uv_timer_init(env->loop, &f->event);
+    uv_timer_init(env->loop, &f->window);
+    f->act.data = f->slow.data = f->reap.data = f->hbm_end.data = f->event.data = f->window.data = f;
     for (int i = 0; i < FAULT_MAX_SCHEDULED; i++) {
         uv_timer_init(env->loop, &f->sched[i].timer);
         f->sched[i].timer.data = &f->sched[i];
@@ -157,7 +163,8 @@ static int hbm_press(struct fault *f, uint32_t percent, uint32_t duration_ms, er
     if (f->hbm_id && hbm_release(h, f->hbm_id, &ignored) == CODE_OK)
         had = 1; /* else an initialize emptied HBM, and it */
     f->hbm_id = 0;
-    if (hbm_alloc(h, HBM_OTHER, FAULT_HBM_NAME, "u8", dims, 1, &id, e) != CODE_OK) {
+    /* checked first: a refusal here is not an out-of-memory of the core's (hbm.ooms) */
+    if (want > hbm_free_bytes(h) || hbm_alloc(h, HBM_OTHER, FAULT_HBM_NAME, "u8", dims, 1, &id, e) != CODE_OK) {
         err_set(e, CODE_RESOURCE_EXHAUSTED, "HBM pressure of %u %% (%llu bytes) does not fit: %llu of %llu bytes "
                 "are free", percent, (unsigned long long)want, (unsigned long long)hbm_free_bytes(h),
                 (unsigned long long)h->capacity);
@@ -208,10 +215,26 @@ static int check(const Tpuemu__InjectFault *req, err *e)
                            "(0: until the next initialize; got %u %%, %u ms)",
                            FAULT_MAX_MS, req->percent, req->duration_ms);
         break;
+    case TPUEMU__FAULT_KIND__FAULT_PREEMPT:
+        if (req->duration_ms || req->percent || req->notice_ms > FAULT_MAX_MS)
+            return err_set(e, CODE_INVALID_ARGUMENT,
+                           "fault 'preempt' takes a notice up to %u ms and no duration or percent (got notice "
+                           "%u ms, %u ms, %u %%)", FAULT_MAX_MS, req->notice_ms, req->duration_ms, req->percent);
+        break;
+    case TPUEMU__FAULT_KIND__FAULT_MAINTENANCE:
+        if (req->duration_ms < 1 || req->duration_ms > FAULT_MAX_MS || req->percent || req->notice_ms > FAULT_MAX_MS)
+            return err_set(e, CODE_INVALID_ARGUMENT,
+                           "fault 'maintenance' needs a duration (the window) from 1 to %u ms, a notice up to %u ms "
+                           "and no percent (got %u ms, notice %u ms, %u %%)",
+                           FAULT_MAX_MS, FAULT_MAX_MS, req->duration_ms, req->notice_ms, req->percent);
+        break;
     default:
-        return err_set(e, CODE_INVALID_ARGUMENT, "fault kind %d is not kill (1), pause (2), slow (3) or hbm (4)",
-                       kind);
+        return err_set(e, CODE_INVALID_ARGUMENT, "fault kind %d is not kill (1), pause (2), slow (3), hbm (4), "
+                       "preempt (5) or maintenance (6)", kind);
     }
+    if (req->notice_ms && kind != TPUEMU__FAULT_KIND__FAULT_PREEMPT && kind != TPUEMU__FAULT_KIND__FAULT_MAINTENANCE)
+        return err_set(e, CODE_INVALID_ARGUMENT, "fault '%s' takes no notice (got %u ms): only preempt and "
+                       "maintenance come with one", fault_kind_name(kind), req->notice_ms);
     if (req->delay_ms && req->at_step)
         return err_set(e, CODE_INVALID_ARGUMENT, "a fault waits for a delay or for a step, not both (got %u ms and "
                        "step %llu)", req->delay_ms, (unsigned long long)req->at_step);
@@ -221,10 +244,71 @@ static int check(const Tpuemu__InjectFault *req, err *e)
     return CODE_OK;
 }
 
+/* ---- notices: preemption and maintenance ---- */
+
+static void on_window_end(uv_timer_t *t)
+{
+    struct fault *f = t->data;
+    memset(f->env.notice, 0, sizeof *f->env.notice);
+    log_info("maintenance over: the core is back, restarted (initialize the system again)", "kind=maintenance");
+    f->env.maintenance(f->env.arg, 0);
+    f->env.notified(f->env.arg);
+}
+
+static void on_event(uv_timer_t *t)
+{
+    struct fault *f = t->data;
+    struct notice *n = f->env.notice;
+
+    if (n->kind == TPUEMU__NOTICE_KIND__NOTICE_PREEMPTION) {
+        log_warn("preempted: this core terminates now", "kind=preempt");
+        log_flush_suppressed(1);
+        f->env.preempted(f->env.arg);
+    } else if (n->kind == TPUEMU__NOTICE_KIND__NOTICE_MAINTENANCE) {
+        n->under_way = 1;
+        log_warn("maintenance event: this core leaves its system and is down", "kind=maintenance window_ms=%u",
+                 n->window_ms);
+        f->env.maintenance(f->env.arg, 1);
+        f->env.notified(f->env.arg);
+        uv_timer_start(&f->window, on_window_end, n->window_ms, 0);
+    }
+}
+
+/* A notice now, its event notice_ms later: FAILED_PRECONDITION while another
+ * notice is pending or its maintenance under way. */
+static int give_notice(struct fault *f, int kind, uint32_t notice_ms, uint32_t window_ms, err *e)
+{
+    struct notice *n = f->env.notice;
+    uint64_t now = uv_now(f->env.loop);
+
+    if (n->kind)
+        return err_set(e, CODE_FAILED_PRECONDITION, "a %s notice is already %s on this core (one at a time)",
+                       n->kind == TPUEMU__NOTICE_KIND__NOTICE_PREEMPTION ? "preemption" : "maintenance",
+                       n->under_way ? "under way" : "pending");
+    n->kind = kind == TPUEMU__FAULT_KIND__FAULT_PREEMPT ? TPUEMU__NOTICE_KIND__NOTICE_PREEMPTION
+                                                      : TPUEMU__NOTICE_KIND__NOTICE_MAINTENANCE;
+    n->event_ms = now + notice_ms;
+    n->window_ms = window_ms;
+    n->under_way = 0;
+    prom_add(&f->injected[kind], 1);
+    if (kind == TPUEMU__FAULT_KIND__FAULT_PREEMPT)
+        log_warn("preemption notice: this core is terminated when it runs out", "kind=preempt notice_ms=%u",
+                 notice_ms);
+    else
+        log_warn("maintenance notice: this core goes down for a maintenance event when it runs out",
+                 "kind=maintenance notice_ms=%u window_ms=%u", notice_ms, window_ms);
+    f->env.notified(f->env.arg);
+    uv_timer_start(&f->event, on_event, notice_ms, 0);
+    return CODE_OK;
+}
+
 /* Makes the fault happen now; kill and pause at once unless deferred (then
  * FAULT_DELAY_MS later, after the reply). */
-static int apply(struct fault *f, int kind, uint32_t duration_ms, uint32_t percent, int deferred, err *e)
+static int apply(struct fault *f, int kind, uint32_t duration_ms, uint32_t percent, uint32_t notice_ms, int deferred,
+                 err *e)
 {
+    if (kind == TPUEMU__FAULT_KIND__FAULT_PREEMPT || kind == TPUEMU__FAULT_KIND__FAULT_MAINTENANCE)
+        return give_notice(f, kind, notice_ms, duration_ms, e);
     if (kind == TPUEMU__FAULT_KIND__FAULT_HBM) {
         int rc = hbm_press(f, percent, duration_ms, e);
         if (rc == CODE_OK)
@@ -263,7 +347,7 @@ static void fire(struct fault_sched *sc, const char *why)
     sc->kind = 0;
     uv_timer_stop(&sc->timer);
     log_info("scheduled fault due", "kind=%s when=%s", fault_kind_name(kind), log_q(why));
-    if (apply(f, kind, sc->duration_ms, sc->percent, 0, &e) != CODE_OK)
+    if (apply(f, kind, sc->duration_ms, sc->percent, sc->notice_ms, 0, &e) != CODE_OK)
         log_warn("scheduled fault not injected", "kind=%s reason=%s", fault_kind_name(kind), log_q(e.msg));
 }
 
@@ -291,7 +375,7 @@ int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e)
     if ((rc = check(req, e)) != CODE_OK)
         return rc;
     if (!req->delay_ms && !req->at_step)
-        return apply(f, (int)req->kind, req->duration_ms, req->percent, 1, e);
+        return apply(f, (int)req->kind, req->duration_ms, req->percent, req->notice_ms, 1, e);
     for (int i = 0; i < FAULT_MAX_SCHEDULED; i++) {
         struct fault_sched *sc = &f->sched[i];
         if (sc->kind)
@@ -299,12 +383,13 @@ int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e)
         sc->kind = (int)req->kind;
         sc->duration_ms = req->duration_ms;
         sc->percent = req->percent;
+        sc->notice_ms = req->notice_ms;
         sc->at_step = req->at_step;
         if (req->delay_ms)
             uv_timer_start(&sc->timer, on_sched_timer, req->delay_ms, 0);
-        log_warn("fault scheduled", "kind=%s delay_ms=%u at_step=%llu duration_ms=%u percent=%u",
+        log_warn("fault scheduled", "kind=%s delay_ms=%u at_step=%llu duration_ms=%u percent=%u notice_ms=%u",
                  fault_kind_name(sc->kind), req->delay_ms, (unsigned long long)req->at_step, req->duration_ms,
-                 req->percent);
+                 req->percent, req->notice_ms);
         return CODE_OK;
     }
     return err_set(e, CODE_RESOURCE_EXHAUSTED, "%d faults are already scheduled on this core", FAULT_MAX_SCHEDULED);
@@ -321,6 +406,8 @@ void fault_stop(struct fault *f)
         uv_close((uv_handle_t *)&f->sched[i].timer, NULL);
     }
     uv_close((uv_handle_t *)&f->hbm_end, NULL);
+    uv_close((uv_handle_t *)&f->event, NULL);
+    uv_close((uv_handle_t *)&f->window, NULL);
     uv_close((uv_handle_t *)&f->act, NULL);
     uv_close((uv_handle_t *)&f->slow, NULL);
     uv_close((uv_handle_t *)&f->reap, NULL);

@@ -10,7 +10,13 @@
  * reply is on its way first. A fault may instead wait (FAULT_MAX_SCHEDULED
  * at once) for a delay or for the end of a training step of this core: it is
  * checked when it is accepted, and applied (or logged as not applicable, such
- * as HBM pressure that no longer fits) when its time comes. */
+ * as HBM pressure that no longer fits) when its time comes.
+ *
+ * Preemption and maintenance come as Cloud TPU's do: a notice first (in the
+ * core's struct notice, which the heartbeat and every training answer carry),
+ * then, notice_ms later, the event: a preempted core terminates (the resolver
+ * lists it PREEMPTED); a core in maintenance leaves its system, refuses work
+ * for the window, then is back, restarted. One notice at a time. */
 #ifndef TPUEMU_WORKER_FAULT_H
 #define TPUEMU_WORKER_FAULT_H
 
@@ -19,6 +25,7 @@
 #include <uv.h>
 
 #include "hbm.h"
+#include "notice.h"
 #include "prom.h"
 #include "status.h"
 #include "tpuemu.pb-c.h"
@@ -29,7 +36,7 @@
  * pause is refused until then), so that requests sent while the worker was
  * stopped are answered alike however soon it runs again. */
 #define FAULT_PAUSE_GRACE_MS 1000u
-#define FAULT_KINDS 5        /* FaultKind values, 0 unused */
+#define FAULT_KINDS 7        /* FaultKind values, 0 unused */
 #define FAULT_MAX_SCHEDULED 16
 #define FAULT_MAX_DELAY_MS 3600000u /* an hour */
 #define FAULT_HBM_NAME "chaos: HBM pressure (tpuctl chaos hbm)"
@@ -41,6 +48,13 @@ struct fault_env {
     void *arg;
     int base_pct;            /* --throttle-pct: what a slow-down returns to */
     hbm *hbm;                /* the core's, for HBM pressure (loop thread only) */
+    struct notice *notice;   /* the core's, set here */
+    /* a notice was given or is over: tell the resolver now */
+    void (*notified)(void *arg);
+    /* the preemption has come: terminate */
+    void (*preempted)(void *arg);
+    /* the maintenance window begins (1: leave the system, refuse work) or ends (0) */
+    void (*maintenance)(void *arg, int begin);
 };
 
 /* A fault waiting for its time or its step. */
@@ -48,7 +62,7 @@ struct fault_sched {
     uv_timer_t timer;        /* delay_ms */
     struct fault *f;
     int kind;                /* 0: the slot is free */
-    uint32_t duration_ms, percent;
+    uint32_t duration_ms, percent, notice_ms;
     uint64_t at_step;        /* 0: by time */
 };
 
@@ -59,6 +73,8 @@ struct fault {
     uv_timer_t slow;         /* the end of a slow-down */
     uv_timer_t reap;         /* waits for a pause's helper process */
     uv_timer_t hbm_end;      /* the end of HBM pressure */
+    uv_timer_t event;        /* a notice's event: the preemption, the start of maintenance */
+    uv_timer_t window;       /* the end of maintenance */
     uint32_t hbm_id;         /* its allocation; 0: none */
     uint64_t hbm_bytes;      /* its size */
     int pending;             /* the kill or pause act will do; 0: none */
@@ -74,7 +90,7 @@ void fault_init(struct fault *f, const struct fault_env *env);
 int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e);
 /* Fires the faults scheduled for step (loop thread, after the step). */
 void fault_on_step(struct fault *f, uint64_t step);
-/* "kill", "pause", "slow", "hbm" */
+/* "kill", "pause", "slow", "hbm", "preempt", "maintenance" */
 const char *fault_kind_name(int kind);
 /* Cancels what is scheduled and closes the timers (the loop can then end). */
 void fault_stop(struct fault *f);

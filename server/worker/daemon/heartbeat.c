@@ -312,7 +312,15 @@ void hb_stop(struct heartbeat *hb)
     close_sock(hb);
 }
 
-void hb_leave(struct heartbeat *hb)
+void hb_beat_now(struct heartbeat *hb)
+{
+    /* a heartbeat in flight carries the news at the next beat: one sent now
+     * would count it as unanswered */
+    if (hb->started && !hb->leaving && hb->registered && !hb->last_nonce)
+        uv_timer_start(&hb->timer, tick, 0, 0);
+}
+
+void hb_leave(struct heartbeat *hb, int preempted)
 {
     wire_msg m = TPUEMU__MESSAGE__INIT;
     Tpuemu__Leave body = TPUEMU__LEAVE__INIT;
@@ -335,6 +343,7 @@ void hb_leave(struct heartbeat *hb)
     ref.core = id->core;
     ref.incarnation = id->incarnation;
     body.core = &ref;
+    body.preempted = preempted != 0;
     m.body_case = TPUEMU__MESSAGE__BODY_LEAVE;
     m.leave = &body;
     if ((!hb->rq && open_sock(hb, &e) != CODE_OK) ||

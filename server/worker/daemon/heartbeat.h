@@ -72,9 +72,13 @@ void hb_init(struct heartbeat *hb, const struct hb_env *env);
 /* Connects to env->resolver_url and sends the first heartbeat at once. */
 int hb_start(struct heartbeat *hb, err *e);
 void hb_stop(struct heartbeat *hb);
+/* Sends the next heartbeat now (news for the resolver, such as a notice),
+ * unless one is in flight: the news then goes with the next beat. */
+void hb_beat_now(struct heartbeat *hb);
 /* Stops heartbeating and tells the resolver this core leaves (when it was
- * registered and the resolver answers); the handles close by themselves after
- * the answer or HB_LEAVE_MS. hb_stop() may still be called after it. */
-void hb_leave(struct heartbeat *hb);
+ * registered and the resolver answers), preempted or stopped; the handles
+ * close by themselves after the answer or HB_LEAVE_MS. hb_stop() may still
+ * be called after it. */
+void hb_leave(struct heartbeat *hb, int preempted);
 
 #endif

@@ -19,6 +19,7 @@
 #include "worker.h"
 
 #define EXIT_USAGE 2
+#define EXIT_PREEMPTED 4 /* an injected preemption terminated this core */
 #define RUN (-1) /* configure(): start the daemon */
 #define MAX_REPLICAS 4096
 
@@ -41,6 +42,10 @@ static void worker_info(void *arg, Tpuemu__WorkerInfo *out)
     out->epoch = w->id.epoch;
     out->replica_id = w->id.replica_id;
     out->shm_name = (char *)peers_shm_name(w->peers);
+    out->hbm_ooms = w->hbm.ooms;
+    tpuemu__notice__init(&w->notice_pb);
+    if (notice_fill(&w->notice, uv_now(w->loop), &w->notice_pb))
+        out->notice = &w->notice_pb;
 }
 
 /* InjectFault (control.h, fault.h). */
@@ -52,6 +57,38 @@ static int worker_fault(void *arg, const Tpuemu__InjectFault *f, err *e)
 static void on_step(void *arg, uint64_t step)
 {
     fault_on_step(&((struct worker *)arg)->fault, step);
+}
+
+static void notified(void *arg)
+{
+    hb_beat_now(&((struct worker *)arg)->hb);
+}
+
+static void worker_stop(struct worker *w, int exit_code);
+
+static void preempted(void *arg)
+{
+    worker_stop(arg, EXIT_PREEMPTED);
+}
+
+/* The maintenance window begins: the core leaves its system (as a reset to
+ * no replica: the model, HBM and the links to its peers go, and every
+ * collective in flight fails naming this core) and refuses work until the
+ * window ends; then it is back, as a restarted core, idle. */
+static void maintenance(void *arg, int begin)
+{
+    struct worker *w = arg;
+    if (!begin)
+        return;
+    Tpuemu__ResetCore r = TPUEMU__RESET_CORE__INIT;
+    r.epoch = w->id.epoch;
+    r.replica_id = -1;
+    w->id.replica_id = -1;
+    w->id.num_replicas = 0;
+    hbm_reset(&w->hbm);
+    peers_reset(w->peers, &r);
+    coll_reset(w->coll);
+    train_reset(w->train);
 }
 
 static void set_throttle(void *arg, int pct)
@@ -68,6 +105,12 @@ static int worker_reset(void *arg, const Tpuemu__ResetCore *r, err *e)
 {
     struct worker *w = arg;
 
+    if (w->notice.under_way)
+        return err_set(e, CODE_UNAVAILABLE, "core %s/%d is down for a maintenance event for %llu more ms",
+                       w->id.host_id, w->id.core,
+                       (unsigned long long)(w->notice.event_ms + w->notice.window_ms > uv_now(w->loop)
+                                                ? w->notice.event_ms + w->notice.window_ms - uv_now(w->loop)
+                                                : 0));
     if (r->epoch < w->id.epoch)
         return err_set(e, CODE_FAILED_PRECONDITION, "stale reset for epoch %llu, core is in epoch %llu",
                        (unsigned long long)r->epoch, (unsigned long long)w->id.epoch);
@@ -110,8 +153,8 @@ static void worker_stop(struct worker *w, int exit_code)
     log_info("stopping", "host=%s core=%d", log_q(w->id.host_id), w->id.core);
     /* a clean stop tells the resolver (it forgets the core at once); a refusal
      * for good does not: the core is another process's, or never was ours */
-    if (exit_code == 0)
-        hb_leave(&w->hb);
+    if (exit_code == 0 || exit_code == EXIT_PREEMPTED)
+        hb_leave(&w->hb, exit_code == EXIT_PREEMPTED);
     else
         hb_stop(&w->hb);
     wm_stop(&w->metrics);
@@ -350,7 +393,8 @@ static int start(struct worker *w, err *e)
     const struct hb_env hb = {w->loop, &w->auth, w->resolver_url, &w->id, worker_info, on_refused, w};
     struct ctl_env ctl = {.loop = w->loop, .auth = &w->auth, .listen = w->listen, .id = &w->id,
                           .reset = worker_reset, .fault = worker_fault, .info = worker_info, .arg = w};
-    const struct fault_env fe = {w->loop, set_throttle, w, w->throttle_pct, &w->hbm};
+    const struct fault_env fe = {w->loop,   set_throttle, w,        w->throttle_pct, &w->hbm,
+                                 &w->notice, notified,    preempted, maintenance};
     const struct dp_env dp = {w->loop, &w->auth, w->listen, w->data_port, &w->id, &w->stopping,
                               NULL,    NULL,     NULL,      NULL,         &w->hbm, w->preset};
     const struct wm_env wm = {w->loop, w->listen, w->resolver_url, &w->id, &w->hbm, &w->coll_stats,
@@ -387,7 +431,7 @@ static int start(struct worker *w, err *e)
     if (!(w->coll = coll_new(&ce)))
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the collectives engine");
     te = (struct train_env){w->loop, &w->id, &w->hbm, w->trace, w->preset, w->throttle_pct, w->coll,
-                            &w->train_stats, on_step, w};
+                            &w->train_stats, on_step, w, &w->notice};
     if ((rc = train_new(&te, &w->train)) != CODE_OK)
         return err_set(e, rc, "cannot start the training service (no matrix unit)");
     /* the data plane routes to them from the first frame on (the loop has not run yet) */

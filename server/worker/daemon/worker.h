@@ -21,6 +21,7 @@
 #include "ident.h"
 #include "fault.h"
 #include "metrics.h"
+#include "notice.h"
 #include "peers.h"
 #include "preset.h"
 #include "trace.h"
@@ -50,6 +51,8 @@ struct worker {
     int data_port;            /* --data-port; 0: the kernel's choice */
     hbm hbm;
     struct trace *trace;
+    struct notice notice;     /* what is coming to it: preemption, maintenance (fault.h) */
+    Tpuemu__Notice notice_pb; /* its wire form, for the heartbeat */
 
     /* the layers below the daemon, bottom up: the links to the other
      * replicas of this epoch's system (net/), the engine that runs

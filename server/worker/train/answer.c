@@ -32,6 +32,7 @@ void treq_answer(struct train *t, struct treq *r, const err *e)
     Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
     Tpuemu__Status st = TPUEMU__STATUS__INIT;
     Tpuemu__StepStat *sp[TRAIN_MAX_STEPS];
+    Tpuemu__Notice nt = TPUEMU__NOTICE__INIT;
     int ok = e->code == CODE_OK;
 
     if (!r->conn) {
@@ -46,6 +47,8 @@ void treq_answer(struct train *t, struct treq *r, const err *e)
     h.status = &st;
     h.hbm_used = t->env.hbm->used;
     h.hbm_capacity = t->env.hbm->capacity;
+    if (notice_fill(t->env.notice, uv_now(t->env.loop), &nt))
+        h.notice = &nt;
     if (ok && r->kind == KIND(STEPS)) {
         for (uint32_t i = 0; i < r->steps; i++)
             sp[i] = &r->stats[i];

@@ -224,6 +224,13 @@ void train_on_client_frame(struct train *t, dp_conn *c, const Tpuemu__FrameHeade
     r->epoch = h->epoch;
     r->payload = payload;
     (void)len; /* checked against the model by train_check_payload */
+    if (t->env.notice && t->env.notice->under_way) {
+        uint64_t now = uv_now(t->env.loop), end = t->env.notice->event_ms + t->env.notice->window_ms;
+        treq_answerf(t, r, CODE_UNAVAILABLE, "core %s/%d is down for a maintenance event for %llu more ms; "
+                     "initialize the TPU system again once it is back", t->env.id->host_id, t->env.id->core,
+                     (unsigned long long)(end > now ? end - now : 0));
+        return;
+    }
     if (h->kind == KIND(COMPILE)) {
         if (!h->model) {
             treq_answerf(t, r, CODE_INVALID_ARGUMENT, "COMPILE without a model");

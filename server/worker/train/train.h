@@ -30,6 +30,7 @@
 #include "coll.h"
 #include "dpconn.h"
 #include "hbm.h"
+#include "notice.h"
 #include "ident.h"
 #include "preset.h"
 #include "prom.h"
@@ -62,6 +63,9 @@ struct train_env {
      * 1-based) has finished on this core; may be NULL */
     void (*on_step)(void *arg, uint64_t step);
     void *on_step_arg;
+    /* what is coming to this core, carried in every answer; while its
+     * maintenance is under way, work is refused. May be NULL. */
+    const struct notice *notice;
 };
 
 void train_stats_init(struct train_stats *s);
