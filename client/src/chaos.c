@@ -13,21 +13,22 @@
 #include "nnuv.h"
 #include "wire.h"
 
-static const char *const kind_names[] = {NULL, "kill", "pause", "slow", "hbm"};
+static const char *const kind_names[] = {NULL, "kill", "pause", "slow", "hbm", "preempt", "maintenance"};
+#define NKINDS 6
 
 const char *tpu_fault_kind_name(tpu_fault_kind k)
 {
-    return (int)k >= 1 && (int)k <= 4 ? kind_names[k] : NULL;
+    return (int)k >= 1 && (int)k <= NKINDS ? kind_names[k] : NULL;
 }
 
 tpu_status tpu_fault_kind_parse(const char *name, tpu_fault_kind *out)
 {
-    for (int k = 1; k <= 4; k++)
+    for (int k = 1; k <= NKINDS; k++)
         if (name && !strcmp(name, kind_names[k])) {
             *out = (tpu_fault_kind)k;
             return TPU_OK;
         }
-    return cli_failf(TPU_INVALID_ARGUMENT, "'%s' is not a fault kind (kill, pause, slow, hbm)", name ? name : "");
+    return cli_failf(TPU_INVALID_ARGUMENT, "'%s' is not a fault kind (kill, pause, slow, hbm, preempt, maintenance)", name ? name : "");
 }
 
 /* One sealed request to url and its reply, within timeout_ms. */
@@ -103,7 +104,8 @@ tpu_status tpu_inject_fault(tpu_cluster *c, const char *host_id, int core, const
     if (!host_id || !*host_id || core < 0 || !f)
         return cli_failf(TPU_INVALID_ARGUMENT, "tpu_inject_fault: give a host id, a core index >= 0 and a fault");
     if (!tpu_fault_kind_name(f->kind))
-        return cli_failf(TPU_INVALID_ARGUMENT, "fault kind %d is not kill (1), pause (2), slow (3) or hbm (4)", (int)f->kind);
+        return cli_failf(TPU_INVALID_ARGUMENT, "fault kind %d is not kill (1), pause (2), slow (3), hbm (4), "
+                         "preempt (5) or maintenance (6)", (int)f->kind);
     snprintf(name, sizeof name, "%s/%d", host_id, core);
     if (tpu_cluster_spec_get(c, &spec) != TPU_OK)
         return tpu_last_status();
@@ -127,6 +129,7 @@ tpu_status tpu_inject_fault(tpu_cluster *c, const char *host_id, int core, const
     body.percent = f->percent;
     body.delay_ms = f->delay_ms;
     body.at_step = f->at_step;
+    body.notice_ms = f->notice_ms;
     req.recipient = &to;
     req.body_case = TPUEMU__MESSAGE__BODY_INJECT_FAULT;
     req.inject_fault = &body;

@@ -64,6 +64,8 @@ void cli_check_magic(const void *h, uint32_t magic, const char *what);
 
 /* Records e as this thread's last error and returns its code. */
 tpu_status cli_fail(const err *e);
+/* *out from a wire Notice (NULL: none) (health.c). */
+void cli_notice_from(const Tpuemu__Notice *n, tpu_notice *out);
 tpu_status cli_failf(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* One request/reply with the cluster's endpoint: seal req, send, wait up to

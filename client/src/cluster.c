@@ -120,6 +120,10 @@ const char *tpu_core_state_name(tpu_core_state s)
         return "READY";
     case TPU_CORE_DEAD:
         return "DEAD";
+    case TPU_CORE_PREEMPTED:
+        return "PREEMPTED";
+    case TPU_CORE_MAINTENANCE:
+        return "MAINTENANCE";
     default:
         return "UNKNOWN";
     }
@@ -187,13 +191,15 @@ tpu_status tpu_cluster_spec_core(const tpu_cluster_spec *s, size_t i, tpu_core_i
     out->hbm_capacity = w->hbm_capacity;
     out->hbm_used = w->hbm_used;
     out->hbm_peak = w->hbm_peak;
-    out->state = ci->state >= TPUEMU__CORE_STATE__CORE_IDLE && ci->state <= TPUEMU__CORE_STATE__CORE_DEAD
+    out->state = ci->state >= TPUEMU__CORE_STATE__CORE_IDLE && ci->state <= TPUEMU__CORE_STATE__CORE_MAINTENANCE
                      ? (tpu_core_state)ci->state
                      : TPU_CORE_UNKNOWN;
     out->heartbeat_age_ms = ci->heartbeat_age_ms;
     out->replica_id = out->state == TPU_CORE_READY ? w->replica_id : -1;
     out->pid = w->pid;
     out->version = w->version;
+    out->hbm_ooms = w->hbm_ooms;
+    cli_notice_from(w->notice, &out->notice);
     return TPU_OK;
 }
 

@@ -118,7 +118,7 @@ static int parse_select(const char *cmd, const char *hosts, const char *states, 
 #define SELECT_FLAGS(hosts, states)                                                                   \
     {"host", NULL, OPT_STRING, NULL, 0, 0, "H[,H...]",                                                \
      "only cores of these hosts; shell patterns work ('h1*')", &(hosts)},                             \
-    {"state", NULL, OPT_STRING, NULL, 0, 0, "S[,S...]", "only cores in these states: READY, IDLE, DEAD", \
+    {"state", NULL, OPT_STRING, NULL, 0, 0, "S[,S...]", "only cores in these states: READY, IDLE, DEAD, PREEMPTED, MAINTENANCE", \
      &(states)}
 
 /* "showing 8 of 1024 cores" when a selection hides some. */
@@ -131,7 +131,7 @@ static void print_shown(size_t shown, size_t n, const char *hosts, const char *s
 }
 
 static void cluster_json_head(json *j, tpu_cluster *c, const tpu_cluster_spec *s, size_t n,
-                              const size_t cnt[4])
+                              const size_t cnt[TPU_CORE_STATES])
 {
     json_init(j, stdout);
     json_obj(j, NULL);
@@ -140,6 +140,8 @@ static void cluster_json_head(json *j, tpu_cluster *c, const tpu_cluster_spec *s
     json_uint(j, "ready", cnt[TPU_CORE_READY]);
     json_uint(j, "idle", cnt[TPU_CORE_IDLE]);
     json_uint(j, "dead", cnt[TPU_CORE_DEAD]);
+    json_uint(j, "preempted", cnt[TPU_CORE_PREEMPTED]);
+    json_uint(j, "maintenance", cnt[TPU_CORE_MAINTENANCE]);
     json_uint(j, "num_hosts", count_hosts(s));
     json_uint(j, "epoch", tpu_cluster_spec_epoch(s));
     json_bool(j, "initialized", tpu_cluster_spec_initialized(s));
@@ -249,7 +251,7 @@ static int cmd_cluster(const struct tpuctl *g, int argc, char **argv)
     tpu_cluster_spec *s;
     tpu_core_info ci;
     core_select sel;
-    size_t n, shown = 0, cnt[4] = {0};
+    size_t n, shown = 0, cnt[TPU_CORE_STATES] = {0};
     int rc = cmd_flags(flags, sizeof flags / sizeof flags[0], argc, argv,
                        "tpuctl cluster [--host H[,H...]] [--state S[,S...]] [--summary]",
                        "Every core the resolver knows: state, replica, HBM, heartbeat age. The first "
@@ -261,7 +263,7 @@ static int cmd_cluster(const struct tpuctl *g, int argc, char **argv)
     n = tpu_cluster_spec_num_cores(s);
     for (size_t i = 0; i < n; i++) {
         tpu_cluster_spec_core(s, i, &ci);
-        cnt[ci.state & 3]++;
+        cnt[(unsigned)ci.state < TPU_CORE_STATES ? ci.state : TPU_CORE_UNKNOWN]++;
         shown += select_match(&sel, &ci);
     }
     if (g->json) {
@@ -280,9 +282,13 @@ static int cmd_cluster(const struct tpuctl *g, int argc, char **argv)
         }
         json_end(&j);
     } else {
-        printf("cluster: %zu cores (%zu ready, %zu idle, %zu dead) on %zu hosts, epoch %llu, "
+        char more[64] = "";
+        if (cnt[TPU_CORE_PREEMPTED] || cnt[TPU_CORE_MAINTENANCE])
+            snprintf(more, sizeof more, ", %zu preempted, %zu in maintenance", cnt[TPU_CORE_PREEMPTED],
+                     cnt[TPU_CORE_MAINTENANCE]);
+        printf("cluster: %zu cores (%zu ready, %zu idle, %zu dead%s) on %zu hosts, epoch %llu, "
                "initialized %s, heartbeat %u ms\n",
-               n, cnt[TPU_CORE_READY], cnt[TPU_CORE_IDLE], cnt[TPU_CORE_DEAD], count_hosts(s),
+               n, cnt[TPU_CORE_READY], cnt[TPU_CORE_IDLE], cnt[TPU_CORE_DEAD], more, count_hosts(s),
                (unsigned long long)tpu_cluster_spec_epoch(s),
                tpu_cluster_spec_initialized(s) ? "yes" : "no", tpu_cluster_spec_heartbeat_ms(s));
         print_shown(shown, n, hosts, states);
@@ -518,40 +524,88 @@ static long long whole(const char *s, long long lo, long long hi)
     return opt_parse_int(s, lo, hi, &v) == 0 ? v : -1;
 }
 
+/* The cores a chaos TARGET names: HOST/CORE, HOST (its every core: a host's
+ * preemption or maintenance) or "all" (every core not dead: the slice's).
+ * Fills keys (host, core) from the spec; the count, or -1 with the error
+ * printed. */
+#define CHAOS_MAX_TARGETS 4096
+struct chaos_target {
+    char host[128];
+    int core;
+};
+static int chaos_targets(tpu_cluster *c, const char *target, struct chaos_target *out, int max)
+{
+    tpu_cluster_spec *s;
+    tpu_core_info ci;
+    char host[128];
+    long core = -1;
+    int n = 0, all = !strcmp(target, "all");
+
+    if (strchr(target, '/') && parse_core("chaos", target, host, sizeof host, &core) != 0)
+        return -1;
+    if (!strchr(target, '/'))
+        snprintf(host, sizeof host, "%s", target);
+    if (tpu_cluster_spec_get(c, &s) != TPU_OK) {
+        fail();
+        return -1;
+    }
+    for (size_t i = 0; i < tpu_cluster_spec_num_cores(s) && n < max; i++) {
+        tpu_cluster_spec_core(s, i, &ci);
+        if (ci.state != TPU_CORE_IDLE && ci.state != TPU_CORE_READY && (all || core < 0))
+            continue; /* a host's or the slice's: the cores alive */
+        if (all || (!strcmp(ci.host_id, host) && (core < 0 || ci.core == core))) {
+            snprintf(out[n].host, sizeof out[n].host, "%s", ci.host_id);
+            out[n++].core = ci.core;
+        }
+    }
+    if (!n)
+        fprintf(stderr, "NOT_FOUND: %s%s%s matches no %score of the %zu the resolver knows\n",
+                all ? "" : core < 0 ? "host " : "core ", all ? "the target all" : target, "",
+                core < 0 ? "live " : "", tpu_cluster_spec_num_cores(s));
+    tpu_cluster_spec_free(s);
+    return n ? n : -1;
+}
+
 static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
 {
-    static const char usage[] = "tpuctl chaos [--delay-ms MS | --at-step N] kill HOST/CORE | pause HOST/CORE MS "
-                                "| slow HOST/CORE PCT [MS] | hbm HOST/CORE PCT [MS]";
-    long long delay = 0, at_step = 0;
+    static const char usage[] = "tpuctl chaos [--delay-ms MS | --at-step N] [--notice-ms MS] kill T | pause T MS | "
+                                "slow T PCT [MS] | hbm T PCT [MS] | preempt T | maintenance T MS  "
+                                "(T: HOST/CORE, HOST or all)";
+    long long delay = 0, at_step = 0, notice = -1;
     struct opt opts[] = {
         {"delay-ms", NULL, OPT_INT, "0", 0, 3600000, "MS", "inject it MS milliseconds from now", &delay},
         {"at-step", NULL, OPT_INT, "0", 0, LLONG_MAX, "N", "inject it once the core has finished training step N",
          &at_step},
+        {"notice-ms", NULL, OPT_INT, NULL, 0, 600000, "MS",
+         "preempt, maintenance: from the notice to the event (default 30000 for preempt, 60000 for maintenance, "
+         "as Compute Engine gives)", &notice},
     };
     tpu_resolver *r;
     tpu_cluster *c;
     tpu_fault f = {0};
-    char host[128];
+    struct chaos_target *tg = NULL;
     const char *target;
-    long core;
     long long v;
-    int first = argc, rc, nargs;
+    int first = argc, rc, nargs, nt, done = 0;
     err e;
 
-    rc = opt_parse(opts, 2, argc, argv, &first, &e);
+    rc = opt_parse(opts, 3, argc, argv, &first, &e);
     if (rc == CODE_CANCELLED) {
-        opt_usage(opts, 2, usage, "Inject a fault into one core, for testing what a training job and cluster "
-                  "tooling do about it: kill (its worker dies at once, SIGKILL), pause MS (every thread of "
-                  "its worker stops for MS milliseconds, as a hung host), slow PCT [MS] (its training compute "
-                  "runs at PCT %% of its speed, for MS milliseconds or until the next slow; slow HOST/CORE "
-                  "100 ends it), hbm PCT [MS] (PCT %% of its HBM is taken, for MS milliseconds or until the next "
-                  "initialize). --delay-ms or --at-step make the fault wait (the worker checks it now). The worker logs the fault and counts it in /metrics. Needs the cluster token "
-                  "when the cluster has one.");
+        opt_usage(opts, 3, usage, "Inject a fault, for testing what a training job and cluster tooling do about "
+                  "it: kill (the worker dies at once, SIGKILL), pause MS (every thread of the worker stops for MS "
+                  "milliseconds, as a hung host), slow PCT [MS] (training compute at PCT %% of its speed, for MS "
+                  "milliseconds or until the next slow; slow T 100 ends it), hbm PCT [MS] (PCT %% of the core's "
+                  "HBM is taken, for MS milliseconds or until the next initialize), preempt (a preemption notice, "
+                  "then, --notice-ms later, the worker terminates and the core is PREEMPTED), maintenance MS (a "
+                  "maintenance notice, then the core is down for MS milliseconds and comes back restarted). The "
+                  "target is one core (HOST/CORE), every live core of a host (HOST) or of the cluster (all). "
+                  "--delay-ms or --at-step make the fault wait (the worker checks it now). Each worker logs the "
+                  "fault and counts it in /metrics. Needs the cluster token when the cluster has one.");
         return EXIT_OK;
     }
     nargs = argc - first;
     if (rc != CODE_OK || nargs < 2) {
-        fprintf(stderr, "tpuctl chaos: %s (usage: %s)\n", rc != CODE_OK ? e.msg : "give a fault kind and HOST/CORE",
+        fprintf(stderr, "tpuctl chaos: %s (usage: %s)\n", rc != CODE_OK ? e.msg : "give a fault kind and a target",
                 usage);
         return EXIT_USAGE;
     }
@@ -560,18 +614,29 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
         return EXIT_USAGE;
     }
     target = argv[first + 1];
-    if (parse_core("chaos", target, host, sizeof host, &core) != 0)
+    if (strchr(target, '/')) {
+        char host[128];
+        long core;
+        if (parse_core("chaos", target, host, sizeof host, &core) != 0)
+            return EXIT_USAGE;
+    } else if (!*target) {
+        fprintf(stderr, "tpuctl chaos: give a target: HOST/CORE, HOST or all (usage: %s)\n", usage);
         return EXIT_USAGE;
+    }
     switch (f.kind) {
     case TPU_FAULT_KILL:
+    case TPU_FAULT_PREEMPT:
         if (nargs != 2) {
-            fprintf(stderr, "tpuctl chaos: kill takes no other argument (usage: %s)\n", usage);
+            fprintf(stderr, "tpuctl chaos: %s takes no other argument (usage: %s)\n", tpu_fault_kind_name(f.kind),
+                    usage);
             return EXIT_USAGE;
         }
         break;
     case TPU_FAULT_PAUSE:
+    case TPU_FAULT_MAINTENANCE:
         if (nargs != 3 || (v = whole(argv[first + 2], 1, 600000)) < 0) {
-            fprintf(stderr, "tpuctl chaos: pause needs a duration in ms from 1 to 600000 (usage: %s)\n", usage);
+            fprintf(stderr, "tpuctl chaos: %s needs a duration in ms from 1 to 600000 (usage: %s)\n",
+                    tpu_fault_kind_name(f.kind), usage);
             return EXIT_USAGE;
         }
         f.duration_ms = (uint32_t)v;
@@ -597,53 +662,78 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
         fprintf(stderr, "tpuctl chaos: give --delay-ms or --at-step, not both\n");
         return EXIT_USAGE;
     }
+    if (notice >= 0 && f.kind != TPU_FAULT_PREEMPT && f.kind != TPU_FAULT_MAINTENANCE) {
+        fprintf(stderr, "tpuctl chaos: --notice-ms is for preempt and maintenance, not %s\n",
+                tpu_fault_kind_name(f.kind));
+        return EXIT_USAGE;
+    }
+    if (f.kind == TPU_FAULT_PREEMPT || f.kind == TPU_FAULT_MAINTENANCE)
+        f.notice_ms = notice >= 0 ? (uint32_t)notice : f.kind == TPU_FAULT_PREEMPT ? 30000u : 60000u;
     f.delay_ms = (uint32_t)delay;
     f.at_step = (uint64_t)at_step;
     if ((rc = connect_cluster(g, &r, &c)) >= 0)
         return rc;
-    if (tpu_inject_fault(c, host, (int)core, &f) != TPU_OK) {
-        rc = fail();
+    if (!(tg = calloc(CHAOS_MAX_TARGETS, sizeof *tg)) || (nt = chaos_targets(c, target, tg, CHAOS_MAX_TARGETS)) < 0) {
+        free(tg);
         disconnect(r, c);
-        return rc;
+        return EXIT_ERROR;
     }
+    rc = EXIT_OK;
+    json j;
     if (g->json) {
-        json j;
         json_init(&j, stdout);
         json_obj(&j, NULL);
         json_str(&j, "injected", tpu_fault_kind_name(f.kind));
-        json_str(&j, "core", target);
+        json_str(&j, "target", target);
         json_uint(&j, "duration_ms", f.duration_ms);
         json_uint(&j, "percent", f.percent);
+        json_uint(&j, "notice_ms", f.notice_ms);
         json_uint(&j, "delay_ms", f.delay_ms);
         json_uint(&j, "at_step", f.at_step);
-        json_end(&j);
-    } else {
-        if (f.delay_ms || f.at_step)
-            printf("scheduled %s on core %s (%s %llu)\n", tpu_fault_kind_name(f.kind), target,
+        json_arr(&j, "cores");
+    }
+    for (int i = 0; i < nt; i++) {
+        char name[160];
+        snprintf(name, sizeof name, "%s/%d", tg[i].host, tg[i].core);
+        if (tpu_inject_fault(c, tg[i].host, tg[i].core, &f) != TPU_OK) {
+            /* the worker refused it whole: nothing of it there; the cores before have it */
+            fprintf(stderr, "%s: %s%s\n", tpu_status_name(tpu_last_status()), tpu_last_error(),
+                    done ? " (the cores listed before have it)" : "");
+            rc = EXIT_ERROR;
+            break;
+        }
+        done++;
+        if (g->json)
+            json_str(&j, NULL, name);
+        else if (f.delay_ms || f.at_step)
+            printf("scheduled %s on core %s (%s %llu)\n", tpu_fault_kind_name(f.kind), name,
                    f.delay_ms ? "in ms:" : "after step", f.delay_ms ? (unsigned long long)f.delay_ms
                                                                     : (unsigned long long)f.at_step);
+        else if (f.notice_ms || f.kind == TPU_FAULT_PREEMPT || f.kind == TPU_FAULT_MAINTENANCE)
+            printf("injected %s into core %s (notice %u ms)\n", tpu_fault_kind_name(f.kind), name, f.notice_ms);
         else
-            printf("injected %s into core %s\n", tpu_fault_kind_name(f.kind), target);
+            printf("injected %s into core %s\n", tpu_fault_kind_name(f.kind), name);
     }
+    if (g->json) {
+        json_end(&j);
+        json_end(&j);
+    }
+    fflush(stdout);
+    free(tg);
     disconnect(r, c);
-    return EXIT_OK;
+    return rc;
 }
 
 /* ---- health ---- */
 
-/* A core's health, Cloud TPU's names; sym: the symptom ("" when healthy). */
-static const char *core_health(const tpu_core_info *ci, uint64_t epoch, int init, char *sym, size_t len)
+/* What the SYMPTOMS column shows: "SYMPTOM: details", the details alone, or "". */
+static const char *symptom_text(const tpu_core_health *h, char *buf, size_t len)
 {
-    sym[0] = 0;
-    if (ci->state == TPU_CORE_DEAD) {
-        snprintf(sym, len, "HEARTBEAT_MISSED: no heartbeat for %.1f s", (double)ci->heartbeat_age_ms / 1000.0);
-        return "TIMEOUT";
-    }
-    if (ci->state == TPU_CORE_IDLE && init) {
-        snprintf(sym, len, "RESTARTED: not part of initialized system epoch %llu", (unsigned long long)epoch);
-        return "UNHEALTHY_TENSORFLOW";
-    }
-    return "HEALTHY";
+    if (h->symptom != TPU_SYMPTOM_NONE)
+        snprintf(buf, len, "%s: %s", tpu_symptom_name(h->symptom), h->details);
+    else
+        snprintf(buf, len, "%s", h->details);
+    return buf;
 }
 
 static int cmd_health(const struct tpuctl *g, int argc, char **argv)
@@ -661,10 +751,9 @@ static int cmd_health(const struct tpuctl *g, int argc, char **argv)
     tpu_core_info ci;
     core_select sel;
     size_t n, shown = 0, bad = 0, dead = 0, wl = 0;
-    char why[2048] = "", sym[128];
-    const char *state, *health, *h;
-    uint64_t epoch;
-    int init;
+    char why[2048] = "", sym[256];
+    const char *state, *health;
+    tpu_core_health h;
     int rc = cmd_flags(flags, sizeof flags / sizeof flags[0], argc, argv,
                        "tpuctl health [--host H[,H...]] [--state S[,S...]] [--unhealthy]",
                        "Health of the cluster and of every core, shaped like Cloud TPU's. "
@@ -674,34 +763,35 @@ static int cmd_health(const struct tpuctl *g, int argc, char **argv)
         (rc = connect_spec(g, &r, &c, &s)) >= 0)
         return rc;
     n = tpu_cluster_spec_num_cores(s);
-    epoch = tpu_cluster_spec_epoch(s);
-    init = tpu_cluster_spec_initialized(s);
+    int preempted = 0;
     for (size_t i = 0; i < n; i++) {
         tpu_cluster_spec_core(s, i, &ci);
+        preempted |= ci.state == TPU_CORE_PREEMPTED;
         if (!select_match(&sel, &ci))
             continue;
         shown++;
-        core_health(&ci, epoch, init, sym, sizeof sym);
-        dead += ci.state == TPU_CORE_DEAD;
-        if (sym[0]) {
+        tpu_cluster_spec_core_health(s, i, &h);
+        dead += h.health == TPU_HEALTH_TIMEOUT;
+        if (h.health != TPU_HEALTHY) {
             if (bad < 10 && wl < sizeof why)
-                wl += (size_t)snprintf(why + wl, sizeof why - wl, "%s%s/%d (%s)", bad ? ", " : "",
-                                       ci.host_id, ci.core, strchr(sym, ':') + 2);
+                wl += (size_t)snprintf(why + wl, sizeof why - wl, "%s%s/%d (%s: %s)", bad ? ", " : "",
+                                       ci.host_id, ci.core, tpu_health_name(h.health), h.details);
             bad++;
         }
     }
     if (bad > 10 && wl < sizeof why)
         snprintf(why + wl, sizeof why - wl, ", and %zu more", bad - 10);
-    state = n ? "READY" : "CREATING";
-    health = !shown ? (n ? "HEALTH_UNSPECIFIED" : "TIMEOUT") : dead == shown ? "TIMEOUT" : bad ? "UNHEALTHY_TENSORFLOW" : "HEALTHY";
+    /* the Node's state and health, as Cloud TPU lists them */
+    state = !n ? "CREATING" : preempted ? "PREEMPTED" : "READY";
+    health = !shown ? (n ? "HEALTH_UNSPECIFIED" : "TIMEOUT") : tpu_health_name(tpu_cluster_spec_health(s));
     if (g->json) {
         json j;
         json_init(&j, stdout);
         json_obj(&j, NULL);
         json_str(&j, "state", state);
         json_str(&j, "health", health);
-        json_uint(&j, "epoch", epoch);
-        json_bool(&j, "initialized", init);
+        json_uint(&j, "epoch", tpu_cluster_spec_epoch(s));
+        json_bool(&j, "initialized", tpu_cluster_spec_initialized(s));
         json_uint(&j, "num_cores", shown);
         json_uint(&j, "unhealthy", bad);
         json_arr(&j, "cores");
@@ -709,18 +799,27 @@ static int cmd_health(const struct tpuctl *g, int argc, char **argv)
             tpu_cluster_spec_core(s, i, &ci);
             if (!select_match(&sel, &ci))
                 continue;
-            h = core_health(&ci, epoch, init, sym, sizeof sym);
-            if (only_bad && !sym[0])
+            tpu_cluster_spec_core_health(s, i, &h);
+            if (only_bad && h.health == TPU_HEALTHY)
                 continue;
             json_obj(&j, NULL);
             json_str(&j, "host", ci.host_id);
             json_int(&j, "core", ci.core);
             json_str(&j, "state", tpu_core_state_name(ci.state));
-            json_str(&j, "health", h);
+            json_str(&j, "health", tpu_health_name(h.health));
             json_arr(&j, "symptoms");
-            if (sym[0])
-                json_str(&j, NULL, sym);
+            if (h.symptom != TPU_SYMPTOM_NONE)
+                json_str(&j, NULL, tpu_symptom_name(h.symptom));
             json_end(&j);
+            json_str(&j, "details", h.details);
+            if (ci.notice.kind != TPU_NOTICE_NONE) {
+                json_obj(&j, "notice");
+                json_str(&j, "kind", tpu_notice_kind_name(ci.notice.kind));
+                json_uint(&j, "event_in_ms", ci.notice.event_in_ms);
+                json_uint(&j, "window_ms", ci.notice.window_ms);
+                json_bool(&j, "under_way", ci.notice.under_way);
+                json_end(&j);
+            }
             json_uint(&j, "heartbeat_age_ms", ci.heartbeat_age_ms);
             json_end(&j);
         }
@@ -738,12 +837,13 @@ static int cmd_health(const struct tpuctl *g, int argc, char **argv)
             tpu_cluster_spec_core(s, i, &ci);
             if (!select_match(&sel, &ci))
                 continue;
-            h = core_health(&ci, epoch, init, sym, sizeof sym);
-            if (only_bad && !sym[0])
+            tpu_cluster_spec_core_health(s, i, &h);
+            if (only_bad && h.health == TPU_HEALTHY)
                 continue;
+            symptom_text(&h, sym, sizeof sym);
             table_cell(&t, "%s/%d", ci.host_id, ci.core);
             table_cell(&t, "%s", tpu_core_state_name(ci.state));
-            table_cell(&t, "%s", h);
+            table_cell(&t, "%s", tpu_health_name(h.health));
             table_cell(&t, "%s", sym[0] ? sym : "-");
             rows++;
         }

@@ -11,7 +11,9 @@
 static const struct {
     const char *name;
     tpu_core_state st;
-} state_names[] = {{"READY", TPU_CORE_READY}, {"IDLE", TPU_CORE_IDLE}, {"DEAD", TPU_CORE_DEAD}};
+} state_names[] = {{"READY", TPU_CORE_READY},         {"IDLE", TPU_CORE_IDLE},
+                   {"DEAD", TPU_CORE_DEAD},           {"PREEMPTED", TPU_CORE_PREEMPTED},
+                   {"MAINTENANCE", TPU_CORE_MAINTENANCE}};
 
 static int parse_states(core_select *s, const char *states, char *msg, size_t msg_len)
 {
@@ -22,7 +24,7 @@ static int parse_states(core_select *s, const char *states, char *msg, size_t ms
             if (len == strlen(state_names[i].name) && strncasecmp(p, state_names[i].name, len) == 0)
                 break;
         if (i == sizeof state_names / sizeof state_names[0]) {
-            snprintf(msg, msg_len, "--state: '%.*s' is not a core state (READY, IDLE or DEAD)",
+            snprintf(msg, msg_len, "--state: '%.*s' is not a core state (READY, IDLE, DEAD, PREEMPTED or MAINTENANCE)",
                      (int)(len > 64 ? 64 : len), p);
             return -1;
         }
@@ -32,7 +34,7 @@ static int parse_states(core_select *s, const char *states, char *msg, size_t ms
             p++;
     }
     if (!s->states) {
-        snprintf(msg, msg_len, "--state: give READY, IDLE or DEAD (a comma list)");
+        snprintf(msg, msg_len, "--state: give READY, IDLE, DEAD, PREEMPTED or MAINTENANCE (a comma list)");
         return -1;
     }
     return 0;
@@ -107,7 +109,7 @@ size_t select_by_host(const core_select *sel, const tpu_cluster_spec *s, host_su
             h[nh++].host = ci.host_id;
         host_sum *x = &h[nh - 1];
         x->cores++;
-        x->state[ci.state & 3]++;
+        x->state[(unsigned)ci.state < TPU_CORE_STATES ? ci.state : TPU_CORE_UNKNOWN]++;
         x->hbm_used += ci.hbm_used;
         x->hbm_capacity += ci.hbm_capacity;
         if (ci.heartbeat_age_ms > x->max_heartbeat_age_ms)

@@ -29,7 +29,7 @@ int select_match(const core_select *s, const tpu_core_info *ci);
 /* One host's cores, as `tpuctl cluster --summary` shows them. */
 typedef struct host_sum {
     const char *host; /* points into the snapshot */
-    size_t cores, state[4];
+    size_t cores, state[TPU_CORE_STATES];
     uint64_t hbm_used, hbm_capacity, max_heartbeat_age_ms;
 } host_sum;
 

@@ -118,8 +118,29 @@ typedef enum tpu_core_state {
     TPU_CORE_IDLE = 1,  /* alive, not part of the initialized system */
     TPU_CORE_READY = 2, /* alive and part of the initialized system */
     TPU_CORE_DEAD = 3,  /* missed too many heartbeats */
+    TPU_CORE_PREEMPTED = 4,   /* terminated by a preemption (until its worker registers again) */
+    TPU_CORE_MAINTENANCE = 5, /* down for a maintenance event; back, restarted, when it ends */
 } tpu_core_state;
+#define TPU_CORE_STATES 6 /* values of tpu_core_state */
 TPU_API const char *tpu_core_state_name(tpu_core_state s); /* "READY" */
+
+/* A notice of what is coming to a core, as Cloud TPU gives one (tpuctl chaos
+ * preempt, maintenance). A training loop learns of it from the answers of the
+ * steps it runs (tpu_model_notice), without asking the resolver; fit stops
+ * at a step boundary and saves a checkpoint (tpu_fit_options.preemption). */
+typedef enum tpu_notice_kind {
+    TPU_NOTICE_NONE = 0,
+    TPU_NOTICE_PREEMPTION = 1,  /* the core is terminated at the event */
+    TPU_NOTICE_MAINTENANCE = 2, /* the core is down for window_ms from the event, then back, restarted */
+} tpu_notice_kind;
+typedef struct tpu_notice {
+    tpu_notice_kind kind;
+    uint64_t event_in_ms; /* until the event, as of when the notice was read; under way: until its end */
+    uint32_t window_ms;   /* maintenance: how long the core is down */
+    int under_way;        /* maintenance: the window has begun */
+} tpu_notice;
+/* "PREEMPTION", "MAINTENANCE", "NONE" */
+TPU_API const char *tpu_notice_kind_name(tpu_notice_kind k);
 
 /* One core as the resolver sees it. Strings are owned by the spec. */
 typedef struct tpu_core_info {
@@ -136,6 +157,8 @@ typedef struct tpu_core_info {
     uint32_t pid;
     const char *version;
     uint64_t hbm_peak;        /* bytes: the most in use since the last initialize */
+    tpu_notice notice;        /* what is coming to it (kind NONE: nothing) */
+    uint32_t hbm_ooms;        /* compiles refused for want of HBM since the last initialize */
 } tpu_core_info;
 
 typedef struct tpu_cluster_spec tpu_cluster_spec;
@@ -154,6 +177,41 @@ TPU_API uint32_t tpu_cluster_spec_dead_after(const tpu_cluster_spec *s);
 TPU_API const char *tpu_cluster_spec_owner(const tpu_cluster_spec *s);
 /* Software version of the resolver. Owned by s. */
 TPU_API const char *tpu_cluster_spec_resolver_version(const tpu_cluster_spec *s);
+
+/* Health, with Cloud TPU's names (the Node's health and its symptoms). */
+typedef enum tpu_health {
+    TPU_HEALTH_UNSPECIFIED = 0,    /* no cores, or none of them answers for itself (preempted) */
+    TPU_HEALTHY = 1,
+    TPU_HEALTH_TIMEOUT = 2,        /* it stopped answering: missed heartbeats */
+    TPU_UNHEALTHY_TENSORFLOW = 3,  /* the program cannot run on it: restarted out of the initialized system */
+    TPU_UNHEALTHY_MAINTENANCE = 4, /* down for a maintenance event */
+} tpu_health;
+typedef enum tpu_symptom {
+    TPU_SYMPTOM_NONE = 0,
+    TPU_SYMPTOM_LOW_MEMORY = 1,        /* 90 % or more of its HBM in use */
+    TPU_SYMPTOM_OUT_OF_MEMORY = 2,     /* (not emulated: the host's memory) */
+    TPU_SYMPTOM_EXECUTE_TIMED_OUT = 3, /* (not emulated) */
+    TPU_SYMPTOM_MESH_BUILD_FAIL = 4,   /* (not emulated) */
+    TPU_SYMPTOM_HBM_OUT_OF_MEMORY = 5, /* a compile was refused for want of HBM since the last initialize */
+} tpu_symptom;
+typedef struct tpu_core_health {
+    tpu_health health;
+    tpu_symptom symptom; /* the most telling one; NONE when there is none */
+    char details[192];   /* what happened, in words ("" when healthy with nothing to tell) */
+} tpu_core_health;
+/* "HEALTHY", "TIMEOUT", "UNHEALTHY_TENSORFLOW", "UNHEALTHY_MAINTENANCE", "HEALTH_UNSPECIFIED" */
+TPU_API const char *tpu_health_name(tpu_health h);
+/* "LOW_MEMORY", "HBM_OUT_OF_MEMORY", ...; "" for NONE */
+TPU_API const char *tpu_symptom_name(tpu_symptom s);
+/* Core i's health: DEAD is TIMEOUT, MAINTENANCE is UNHEALTHY_MAINTENANCE, an
+ * IDLE core while a system is initialized (restarted) UNHEALTHY_TENSORFLOW,
+ * PREEMPTED HEALTH_UNSPECIFIED; a pending notice is told in details. */
+TPU_API tpu_status tpu_cluster_spec_core_health(const tpu_cluster_spec *s, size_t i, tpu_core_health *out);
+/* The cluster's (the Node's): HEALTHY when every core is; TIMEOUT when every
+ * core is silent; UNHEALTHY_MAINTENANCE when one is down for maintenance,
+ * else UNHEALTHY_TENSORFLOW when one is not healthy; HEALTH_UNSPECIFIED
+ * without cores. */
+TPU_API tpu_health tpu_cluster_spec_health(const tpu_cluster_spec *s);
 
 /* num_accelerators(): live (IDLE or READY) cores. */
 TPU_API tpu_status tpu_num_accelerators(tpu_cluster *c, int *out);
@@ -244,11 +302,16 @@ typedef enum tpu_fault_kind {
     TPU_FAULT_HBM = 4,   /* percent % of its HBM is taken for duration_ms (0: until the next
                             initialize): a compile that no longer fits fails with the OOM error,
                             which lists the pressure by name */
+    TPU_FAULT_PREEMPT = 5,     /* a preemption notice now; notice_ms later the worker terminates
+                                  (exit status 4) and the core is listed PREEMPTED */
+    TPU_FAULT_MAINTENANCE = 6, /* a maintenance notice now; notice_ms later the core leaves its
+                                  system and is down (MAINTENANCE) for duration_ms, then back,
+                                  restarted (IDLE) */
 } tpu_fault_kind;
 
 typedef struct tpu_fault {
     tpu_fault_kind kind;
-    uint32_t duration_ms; /* PAUSE: 1..600000; SLOW, HBM: 0..600000; KILL: 0 */
+    uint32_t duration_ms; /* PAUSE, MAINTENANCE: 1..600000; SLOW, HBM: 0..600000; KILL, PREEMPT: 0 */
     uint32_t percent;     /* SLOW, HBM: 1..100; otherwise 0 */
     /* When (at most one of the two; both 0: at once): delay_ms (up to an hour)
      * after the worker accepts it, or once that core has finished training
@@ -256,9 +319,10 @@ typedef struct tpu_fault {
      * on a core at once. */
     uint32_t delay_ms;
     uint64_t at_step;
+    uint32_t notice_ms;   /* PREEMPT, MAINTENANCE: from the notice to the event, 0..600000; otherwise 0 */
 } tpu_fault;
 
-/* "kill", "pause", "slow", "hbm"; NULL for a value that is not a kind. */
+/* "kill", "pause", "slow", "hbm", "preempt", "maintenance"; NULL for a value that is not a kind. */
 TPU_API const char *tpu_fault_kind_name(tpu_fault_kind k);
 /* The kind named name; TPU_INVALID_ARGUMENT naming the kinds otherwise. */
 TPU_API tpu_status tpu_fault_kind_parse(const char *name, tpu_fault_kind *out);
