@@ -12,7 +12,12 @@
  * with --recover it survives a core that dies: on UNAVAILABLE it waits for
  * the cluster to be whole again, re-initializes the TPU system, compiles the
  * model onto the new system, loads the last checkpoint and goes on, as the
- * README's "Checkpoints" describes.
+ * README's "Checkpoints" describes. With --checkpoint it also acts on a
+ * preemption or maintenance notice as TensorFlow's PreemptionCheckpointHandler
+ * does: every replica stops at the same step, the checkpoint is saved, and
+ * the program exits with status 42 (EXIT_PREEMPTED, TensorFlow's restartable
+ * exit code); started again with the same flags, it loads that checkpoint
+ * and goes on from that step.
  *
  * It uses only the public API (tpuemu/model.h, tpuemu/data.h). */
 #include <math.h>
@@ -27,6 +32,7 @@
 #include <tpuemu/tpuemu.h>
 
 #define DEFAULT_DATA "/usr/share/datasets/fashion-mnist"
+#define EXIT_PREEMPTED 42 /* TensorFlow's failure_handling: _RESTARTABLE_EXIT_CODE */
 
 static int fail(const char *what)
 {
@@ -328,6 +334,14 @@ int main(int argc, char **argv)
     fo.epochs = epochs;
     fo.callbacks = cbs;
     fo.num_callbacks = ncb;
+    fo.preemption_checkpoint = ckpt;
+    if (ckpt && access(ckpt, F_OK) == 0) { /* started again after a preemption (or any stop) */
+        if (tpu_model_load_checkpoint(model, ckpt) != TPU_OK)
+            return fail("loading the checkpoint to resume from");
+        fo.resume = 1;
+        printf("resuming from %s: epoch %d, batch %zu, step %llu\n", ckpt, tpu_model_epoch(model) + 1,
+               tpu_model_batch_in_epoch(model), (unsigned long long)tpu_model_step(model));
+    }
 
     double loss, accuracy;
     for (int recoveries = 0;;) {
@@ -340,6 +354,10 @@ int main(int argc, char **argv)
         if (st == TPU_OK)
             break;
         fail(what); /* UNAVAILABLE names the core: "core host1/3 ..." */
+        if (st == TPU_PREEMPTED) {
+            printf("preempted: exiting with status %d; start again with the same flags to go on\n", EXIT_PREEMPTED);
+            return EXIT_PREEMPTED;
+        }
         do {
             if (st != TPU_UNAVAILABLE || recoveries >= recover_max)
                 return 1;

@@ -262,9 +262,18 @@ static int finish_oldest(struct run *u, uint64_t *t_last, err *e)
         s.input_wait_ns = x->input_wait_ns / x->nb;
         m->last = s;
     }
-    for (size_t r = 0; r < u->n; r++)
+    m->notice.kind = TPU_NOTICE_NONE;
+    m->notice_replica = -1;
+    for (size_t r = 0; r < u->n; r++) {
         if (x->ans[r].hbm_used > m->hbm_used)
             m->hbm_used = x->ans[r].hbm_used;
+        /* the soonest event of any replica's notice */
+        if (x->ans[r].notice.kind != TPU_NOTICE_NONE &&
+            (m->notice.kind == TPU_NOTICE_NONE || x->ans[r].notice.event_in_ms < m->notice.event_in_ms)) {
+            m->notice = x->ans[r].notice;
+            m->notice_replica = (int)r;
+        }
+    }
     *t_last = now;
     u->batches_done += x->nb;
     exec_release(u, x);
@@ -407,6 +416,13 @@ static int run_epoch(tpu_model *m, tpu_dataset *ds, int mode, int epoch, size_t 
             break;
         if ((rc = finish_oldest(&u, &tl, e)) != CODE_OK)
             break;
+        /* a notice: no more steps are posted; those in flight finish on every
+         * replica alike, so all of them stop at the same step boundary */
+        if (mode == TPUEMU__STEP_MODE__STEP_TRAIN && o->preemption_checkpoint && m->notice.kind != TPU_NOTICE_NONE &&
+            !*stop) {
+            *stop = 2;
+            u.eof = 1;
+        }
         logs->loss = u.rows ? u.loss_sum / (double)u.rows : NAN;
         logs->accuracy = nan_or(acc && u.rows, u.rows ? (double)u.correct / (double)u.rows : 0);
         logs->batch = u.batches_done;
@@ -524,6 +540,8 @@ tpu_status tpu_model_fit(tpu_model *m, tpu_dataset *ds, const tpu_fit_options *o
                        &e);
         if (rc != CODE_OK)
             break;
+        if (stop == 2)
+            break; /* a notice: the checkpoint is saved below */
         if (o->validation_data) {
             tpu_logs vl;
             memset(&vl, 0, sizeof vl);
@@ -552,6 +570,24 @@ tpu_status tpu_model_fit(tpu_model *m, tpu_dataset *ds, const tpu_fit_options *o
         if ((rc = callbacks_call(o, m, 2, ep, &logs, &stop, &e)) != CODE_OK)
             break;
     }
+    if (rc == CODE_OK && stop == 2) {
+        char who[DPIO_HOST_MAX + 16] = "?";
+        tpu_notice nt = m->notice;
+        const struct cli_coll *cc = m->s->c->coll;
+        if (cc && m->notice_replica >= 0 && (size_t)m->notice_replica < cc->n)
+            snprintf(who, sizeof who, "%s/%d", cc->peers[m->notice_replica].host, cc->peers[m->notice_replica].core);
+        if (tpu_model_save_checkpoint(m, o->preemption_checkpoint) != TPU_OK)
+            rc = err_set(&e, (int)tpu_last_status(), "a %s notice came from core %s and the checkpoint could not be "
+                         "saved: %s", nt.kind == TPU_NOTICE_PREEMPTION ? "preemption" : "maintenance", who,
+                         tpu_last_error());
+        else
+            rc = err_set(&e, TPU_PREEMPTED, "a %s notice came from core %s (the event in %.1f s): every replica "
+                         "stopped after step %llu (epoch %d, batch %zu) and the checkpoint is saved in %s; start "
+                         "again with it (resume) once the cluster is whole",
+                         nt.kind == TPU_NOTICE_PREEMPTION ? "preemption" : "maintenance", who,
+                         (double)nt.event_in_ms / 1000.0, (unsigned long long)m->step, m->cur_epoch + 1,
+                         m->cur_batch, o->preemption_checkpoint);
+    }
     if (rc == CODE_OK) {
         int ignored_stop = 0;
         rc = callbacks_call(o, m, 3, m->cur_epoch, &logs, &ignored_stop, &e);
@@ -561,6 +597,17 @@ tpu_status tpu_model_fit(tpu_model *m, tpu_dataset *ds, const tpu_fit_options *o
     else
         tpu_history_free(h);
     return rc == CODE_OK ? TPU_OK : cli_fail(&e);
+}
+
+tpu_status tpu_model_notice(const tpu_model *m, tpu_notice *out, int *replica)
+{
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    if (!out)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_model_notice: out is NULL");
+    *out = m->notice;
+    if (replica)
+        *replica = m->notice_replica;
+    return TPU_OK;
 }
 
 tpu_status tpu_model_evaluate(tpu_model *m, tpu_dataset *ds, double *loss, double *accuracy)

@@ -135,6 +135,7 @@ tpu_status tpu_model_new(tpu_strategy *s, size_t input_dim, tpu_model **out)
     if (!(m = calloc(1, sizeof *m)))
         return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
     m->magic = MAGIC_MODEL;
+    m->notice_replica = -1;
     m->s = s;
     m->id = auth_random64();
     m->in_dim = input_dim;

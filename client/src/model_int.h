@@ -37,6 +37,8 @@ struct tpu_model {
     size_t n;             /* replicas it is compiled on */
     size_t batch_per_core;/* compiled for */
     uint64_t hbm_used, hbm_capacity;
+    tpu_notice notice;        /* the last notice a training answer carried (tpu_model_notice) */
+    int notice_replica;       /* from which replica; -1: none */
     /* where training is */
     uint64_t step;
     int cur_epoch;

@@ -14,7 +14,7 @@ static _Thread_local struct {
 
 const char *tpu_status_name(tpu_status s)
 {
-    return code_name((int)s);
+    return s == TPU_PREEMPTED ? "PREEMPTED" : code_name((int)s);
 }
 
 tpu_status tpu_last_status(void)

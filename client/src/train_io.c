@@ -150,6 +150,7 @@ static int on_header(void *arg, size_t r, Tpuemu__FrameHeader *h, void **dst)
     }
     a->hbm_used = h->hbm_used;
     a->hbm_capacity = h->hbm_capacity;
+    cli_notice_from(h->notice, &a->notice);
     s->cur = a;
     s->ph = (s->ph + 1) % TIO_MAX_PEND;
     s->pn--;

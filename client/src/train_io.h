@@ -31,6 +31,7 @@ struct tio_ans {
         uint64_t compute_ns, matmul_ns, allreduce_ns, optimizer_ns, infeed_wait_ns;
     } stats[TIO_MAX_STEPS];
     uint64_t hbm_used, hbm_capacity;
+    tpu_notice notice;      /* what is coming to the core (kind NONE: nothing) */
     uint64_t num_params, iterations;
     uint32_t num_slots;
 };

@@ -203,6 +203,14 @@ typedef struct tpu_fit_options {
     tpu_dataset *validation_data;     /* evaluated after each epoch; may be NULL */
     const tpu_callback *callbacks;
     size_t num_callbacks;
+    /* Like TensorFlow's PreemptionCheckpointHandler: when a training answer
+     * carries a preemption or maintenance notice (tpu_model_notice), no more
+     * steps are sent, every replica stops at the same step boundary (the last
+     * one sent), the model is saved to this path (atomically, as
+     * tpu_model_save_checkpoint) and fit returns TPU_PREEMPTED. Started again
+     * with resume after loading it, fit goes on from that step. NULL: fit
+     * does not watch for notices. */
+    const char *preemption_checkpoint;
 } tpu_fit_options;
 
 typedef struct tpu_history tpu_history;
@@ -221,6 +229,12 @@ TPU_API tpu_status tpu_model_evaluate(tpu_model *m, tpu_dataset *ds, double *los
 /* model.predict(dataset): the last layer's outputs, rows x units floats, into out
  * (room for out_rows rows). TPU_OUT_OF_RANGE if the dataset has more rows. */
 TPU_API tpu_status tpu_model_predict(tpu_model *m, tpu_dataset *ds, float *out, size_t out_rows, size_t *rows);
+
+/* The notice (preemption, maintenance) the last training answers carried:
+ * of all replicas, the one whose event comes soonest; kind TPU_NOTICE_NONE
+ * when none did. *replica (may be NULL) gets its replica, -1 for none. A
+ * training loop learns of a notice this way, without asking the resolver. */
+TPU_API tpu_status tpu_model_notice(const tpu_model *m, tpu_notice *out, int *replica);
 
 /* Where training is: the global step, and the epoch and batch the next fit
  * with resume starts at. */

@@ -57,6 +57,9 @@ typedef enum tpu_status {
     TPU_UNAVAILABLE = 14,
     TPU_DATA_LOSS = 15,
     TPU_UNAUTHENTICATED = 16,
+    /* not a gRPC code: fit stopped for a preemption or maintenance notice
+     * after saving its checkpoint (tpu_fit_options.preemption_checkpoint) */
+    TPU_PREEMPTED = 17,
 } tpu_status;
 
 /* "UNAVAILABLE". Never NULL. */
