@@ -4,7 +4,11 @@
  * the worker with SIGKILL; a slow-down is logged and ends by itself; HBM
  * pressure shows in the core's HBM use and is given back by itself; a fault
  * with a bad field, of an unknown kind or for a core that is not there is
- * refused with an error naming what was wrong, and nothing is injected. */
+ * refused with an error naming what was wrong, and nothing is injected.
+ * Preemption and maintenance as Cloud TPU shows them: a notice listed on the
+ * core while it still runs, then PREEMPTED (the worker exits 4 when the
+ * notice runs out), or MAINTENANCE (UNHEALTHY_MAINTENANCE, kept out of
+ * initializes) and back, restarted; one notice at a time. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -370,6 +374,192 @@ Test(chaos, a_fault_waits_for_its_training_step, .timeout = 180)
     tpu_model_free(m);
     tpu_dataset_free(ds);
     tpu_strategy_free(s);
+    tpu_cluster_free(tc);
+    tpu_resolver_free(r);
+    cluster_free(c);
+}
+
+/* ---- preemption and maintenance, with Cloud TPU's health names ---- */
+
+/* Core host/core's info and health from a fresh spec: 1 if listed. */
+static int core_health_of(cluster *c, const char *host, int core, tpu_core_info *ci, tpu_core_health *h,
+                          tpu_health *node)
+{
+    tpu_cluster_spec *s = cluster_spec(c);
+    int found = 0;
+    cr_assert_not_null(s, "no cluster spec");
+    for (size_t i = 0; i < tpu_cluster_spec_num_cores(s) && !found; i++) {
+        tpu_cluster_spec_core(s, i, ci);
+        if (!strcmp(ci->host_id, host) && ci->core == core) {
+            cr_assert_eq(tpu_cluster_spec_core_health(s, i, h), TPU_OK, "%s", tpu_last_error());
+            found = 1;
+        }
+    }
+    if (node)
+        *node = tpu_cluster_spec_health(s);
+    ci->host_id = NULL; /* the spec's strings go with it */
+    tpu_cluster_spec_free(s);
+    return found;
+}
+
+static void init_system(tpu_cluster *tc, uint32_t expect)
+{
+    tpu_topology *tp;
+    tpu_init_options io = {expect, 15000, 0};
+    cr_assert_eq(tpu_initialize_system(tc, &io, &tp), TPU_OK, "%s", tpu_last_error());
+    tpu_topology_free(tp);
+}
+
+/* Cloud TPU: a preemptible node gets a notice, then is terminated; the node
+ * lists state PREEMPTED. */
+Test(chaos, preempt_gives_a_notice_then_the_core_is_preempted, .timeout = 120)
+{
+    cluster *c = start2();
+    tpu_resolver *r;
+    tpu_cluster *tc;
+    tpu_core_info ci;
+    tpu_core_health h;
+    tpu_health node;
+    int scale = cl_time_scale();
+    uint32_t notice = 4000u * (uint32_t)scale;
+
+    cr_assert_eq(cluster_connect(c, &r, &tc), TPU_OK, "%s", tpu_last_error());
+    init_system(tc, 2);
+    int64_t t0 = cl_now_ms();
+    tpu_fault f = {.kind = TPU_FAULT_PREEMPT, .notice_ms = notice};
+    cr_assert_eq(tpu_inject_fault(tc, "h0", 1, &f), TPU_OK, "%s", tpu_last_error());
+    /* the notice reaches the resolver by the worker's next heartbeat (at
+     * once), while the core still runs: seen long before it runs out */
+    do
+        cr_assert(core_health_of(c, "h0", 1, &ci, &h, NULL));
+    while (ci.state == TPU_CORE_READY && ci.notice.kind == TPU_NOTICE_NONE && cl_now_ms() - t0 < (int64_t)notice);
+    cr_assert_eq(ci.state, TPU_CORE_READY, "h0/1 is %s before its notice was listed", tpu_core_state_name(ci.state));
+    cr_assert_eq(ci.notice.kind, TPU_NOTICE_PREEMPTION, "h0/1 lists no preemption notice");
+    cr_assert_leq(ci.notice.event_in_ms, notice);
+    cr_assert_eq(h.health, TPU_HEALTHY, "%s", tpu_health_name(h.health));
+    cr_assert(strstr(h.details, "preemption notice: terminated in "), "%s", h.details);
+    /* the worker terminates when the notice runs out, not before, with status 4 */
+    cr_assert(cluster_wait_exit(&c->workers[1], (int)notice + 10000), "h0/1's worker still runs");
+    cr_assert_geq(cl_now_ms() - t0, (int64_t)notice, "h0/1's worker ended before its notice ran out");
+    cr_assert(WIFEXITED(c->workers[1].status) && WEXITSTATUS(c->workers[1].status) == 4,
+              "h0/1's worker ended with status %#x, not exit 4", c->workers[1].status);
+    cr_assert(cl_log_contains(&c->workers[1], "preemption notice: this core is terminated"), "see %s",
+              c->workers[1].log);
+    cr_assert(cl_log_contains(&c->workers[1], "preempted: this core terminates now"), "see %s", c->workers[1].log);
+    /* listed PREEMPTED at once (it said so when it left), not forgotten, not DEAD */
+    cr_assert(cluster_wait_core_state(c, "h0", 1, TPU_CORE_PREEMPTED, 2000), "h0/1 is not listed PREEMPTED");
+    cr_assert(core_health_of(c, "h0", 1, &ci, &h, &node));
+    cr_assert_eq(h.health, TPU_HEALTH_UNSPECIFIED, "%s", tpu_health_name(h.health));
+    cr_assert(strstr(h.details, "preempted"), "%s", h.details);
+    cr_assert_neq(node, TPU_HEALTHY);
+    cr_assert_eq(cluster_core_state(c, "h0", 0, NULL), TPU_CORE_READY, "the other core was hit too");
+    /* an initialize that needs it names it */
+    tpu_topology *tp = NULL;
+    tpu_init_options io = {2, 300, 0};
+    cr_assert_eq(tpu_initialize_system(tc, &io, &tp), TPU_UNAVAILABLE);
+    cr_assert(strstr(tpu_last_error(), "h0/1 (preempted)"), "%s", tpu_last_error());
+    /* a worker started again on the key takes it over */
+    cluster_restart_worker(c, 1);
+    cr_assert(cluster_wait_core_state(c, "h0", 1, TPU_CORE_IDLE, 10000 * scale), "h0/1 did not come back");
+    init_system(tc, 2);
+    cr_assert(core_health_of(c, "h0", 1, &ci, &h, &node));
+    cr_assert_eq(h.health, TPU_HEALTHY, "%s: %s", tpu_health_name(h.health), h.details);
+    cr_assert_eq(node, TPU_HEALTHY);
+    tpu_cluster_free(tc);
+    tpu_resolver_free(r);
+    cluster_free(c);
+}
+
+/* Cloud TPU: a maintenance event comes with a notice; during it the node is
+ * UNHEALTHY_MAINTENANCE; afterwards its cores have restarted. */
+Test(chaos, maintenance_takes_the_core_down_and_it_comes_back_restarted, .timeout = 120)
+{
+    cluster *c = start2();
+    tpu_resolver *r;
+    tpu_cluster *tc;
+    tpu_core_info ci;
+    tpu_core_health h;
+    tpu_health node;
+    int scale = cl_time_scale();
+    uint32_t pid0 = (uint32_t)c->workers[0].pid, pid = 0;
+
+    cr_assert_eq(cluster_connect(c, &r, &tc), TPU_OK, "%s", tpu_last_error());
+    init_system(tc, 2);
+    tpu_fault f = {.kind = TPU_FAULT_MAINTENANCE, .notice_ms = 300, .duration_ms = 6000u * (uint32_t)scale};
+    cr_assert_eq(tpu_inject_fault(tc, "h0", 0, &f), TPU_OK, "%s", tpu_last_error());
+    int64_t end = cl_now_ms() + 5000 * scale;
+    do
+        cr_assert(core_health_of(c, "h0", 0, &ci, &h, &node));
+    while (ci.state != TPU_CORE_MAINTENANCE && cl_now_ms() < end);
+    cr_assert_eq(ci.state, TPU_CORE_MAINTENANCE, "h0/0 was not listed MAINTENANCE (%s)", tpu_core_state_name(ci.state));
+    cr_assert_eq(h.health, TPU_UNHEALTHY_MAINTENANCE, "%s", tpu_health_name(h.health));
+    cr_assert_eq(node, TPU_UNHEALTHY_MAINTENANCE, "%s", tpu_health_name(node));
+    cr_assert(ci.notice.under_way && ci.notice.kind == TPU_NOTICE_MAINTENANCE);
+    cr_assert(strstr(h.details, "maintenance event: down for "), "%s", h.details);
+    /* work is refused while it is down */
+    tpu_topology *tp = NULL;
+    tpu_init_options io = {2, 300, 0};
+    cr_assert_eq(tpu_initialize_system(tc, &io, &tp), TPU_UNAVAILABLE, "an initialize used the core in maintenance");
+    cr_assert(strstr(tpu_last_error(), "h0/0 (down for maintenance)"), "%s", tpu_last_error());
+    cr_assert(cl_wait_log(&c->workers[0], "maintenance event: this core leaves its system", 2000), "see %s",
+              c->workers[0].log);
+    /* back by itself, the same process, restarted: out of the initialized system */
+    cr_assert(cluster_wait_core_state(c, "h0", 0, TPU_CORE_IDLE, 15000 * scale), "h0/0 did not come back");
+    cluster_core_state(c, "h0", 0, &pid);
+    cr_assert_eq(pid, pid0, "h0/0 came back as another process");
+    cr_assert(core_health_of(c, "h0", 0, &ci, &h, &node));
+    cr_assert_eq(h.health, TPU_UNHEALTHY_TENSORFLOW, "%s: %s", tpu_health_name(h.health), h.details);
+    cr_assert(strstr(h.details, "restarted"), "%s", h.details);
+    cr_assert_eq(ci.notice.kind, TPU_NOTICE_NONE, "the notice is still listed after the maintenance");
+    cr_assert(cl_log_contains(&c->workers[0], "maintenance over: the core is back, restarted"));
+    /* initialized again, everything is healthy */
+    init_system(tc, 2);
+    cr_assert(core_health_of(c, "h0", 0, &ci, &h, &node));
+    cr_assert_eq(node, TPU_HEALTHY, "%s", tpu_health_name(node));
+    tpu_cluster_free(tc);
+    tpu_resolver_free(r);
+    cluster_free(c);
+}
+
+Test(chaos, bad_notices_are_refused_whole, .timeout = 60)
+{
+    cluster *c = start2();
+    tpu_resolver *r;
+    tpu_cluster *tc;
+    tpu_core_info ci;
+    tpu_core_health h;
+
+    cr_assert_eq(cluster_connect(c, &r, &tc), TPU_OK, "%s", tpu_last_error());
+    struct {
+        tpu_fault f;
+        tpu_status want;
+        const char *says;
+    } bad[] = {
+        {{.kind = TPU_FAULT_PREEMPT, .duration_ms = 10}, TPU_INVALID_ARGUMENT, "fault 'preempt' takes a notice"},
+        {{.kind = TPU_FAULT_PREEMPT, .notice_ms = 600001}, TPU_INVALID_ARGUMENT, "fault 'preempt' takes a notice"},
+        {{.kind = TPU_FAULT_MAINTENANCE, .notice_ms = 10}, TPU_INVALID_ARGUMENT, "needs a duration (the window)"},
+        {{.kind = TPU_FAULT_KILL, .notice_ms = 10}, TPU_INVALID_ARGUMENT, "fault 'kill' takes no notice"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq(tpu_inject_fault(tc, "h0", 0, &bad[i].f), bad[i].want, "case %zu: %s", i, tpu_last_error());
+        cr_assert(strstr(tpu_last_error(), bad[i].says), "case %zu: %s", i, tpu_last_error());
+    }
+    /* one notice at a time: a second is refused, the first stays */
+    tpu_fault first = {.kind = TPU_FAULT_MAINTENANCE, .notice_ms = 600000, .duration_ms = 1000};
+    tpu_fault second = {.kind = TPU_FAULT_PREEMPT, .notice_ms = 1000};
+    cr_assert_eq(tpu_inject_fault(tc, "h0", 0, &first), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_inject_fault(tc, "h0", 0, &second), TPU_FAILED_PRECONDITION, "%s", tpu_last_error());
+    cr_assert(strstr(tpu_last_error(), "a maintenance notice is already pending"), "%s", tpu_last_error());
+    /* nothing of the refused ones: h0/1 has no notice, h0/0 only the maintenance one */
+    int64_t end = cl_now_ms() + 5000 * cl_time_scale();
+    do {
+        cr_assert(core_health_of(c, "h0", 0, &ci, &h, NULL));
+    } while (ci.notice.kind == TPU_NOTICE_NONE && cl_now_ms() < end);
+    cr_assert_eq(ci.notice.kind, TPU_NOTICE_MAINTENANCE);
+    cr_assert(core_health_of(c, "h0", 1, &ci, &h, NULL));
+    cr_assert_eq(ci.notice.kind, TPU_NOTICE_NONE);
+    cr_assert(cl_wait_log(&c->workers[0], "maintenance notice", 1000));
+    cr_assert_not(cl_log_contains(&c->workers[0], "preemption notice"), "a refused notice was given");
     tpu_cluster_free(tc);
     tpu_resolver_free(r);
     cluster_free(c);
