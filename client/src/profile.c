@@ -560,7 +560,17 @@ static void write_event(gzFile f, const tpu_profile *p, const struct pev *e, int
     case TK(EVAL): snprintf(name, sizeof name, "eval step %" PRIu64, e->step); break;
     case TK(CLIENT_INPUT): snprintf(name, sizeof name, "dataset wait"); cat = "input"; break;
     case TK(CLIENT_INFEED): snprintf(name, sizeof name, "infeed from step %" PRIu64, e->step); cat = "infeed"; break;
+    case TK(FAULT): snprintf(name, sizeof name, "chaos: %s", e->algo); cat = "fault"; break;
     default: snprintf(name, sizeof name, "event %u", e->kind); cat = "other"; break;
+    }
+    if (e->kind == TK(FAULT)) { /* an instant on the core's thread: what hit it, and when */
+        gzprintf(f, "%s\n{\"ph\":\"i\",\"s\":\"t\",\"cat\":\"%s\",\"name\":", *first ? "" : ",", cat);
+        jstr(f, name);
+        gzprintf(f, ",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"args\":{\"fault\":", pid, tid, us(p, t0));
+        jstr(f, e->algo);
+        gzprintf(f, ",\"duration_ms\":%" PRIu64 ",\"percent\":%" PRIu64 "}}", e->n, e->m);
+        *first = 0;
+        return;
     }
     gzprintf(f, "%s\n{\"ph\":\"X\",\"cat\":\"%s\",\"name\":", *first ? "" : ",", cat);
     jstr(f, name);

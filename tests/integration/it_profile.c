@@ -732,3 +732,69 @@ Test(profile, profiler_callback_writes_the_batches_asked_for, .timeout = 120)
     tpu_model_free(m);
     ct_free(t);
 }
+
+/* Injected faults are in the trace, where they hit: an instant on the core's
+ * thread named "chaos: KIND", with the fault's duration and percent. */
+Test(profile, injected_faults_are_in_the_trace, .timeout = 120)
+{
+    colltest *t = ct_start(1, (int[]){2}, NULL, HB_MS);
+    tpu_fault slow = {.kind = TPU_FAULT_SLOW, .percent = 50, .duration_ms = 0};
+    tpu_fault hbm = {.kind = TPU_FAULT_HBM, .percent = 10, .duration_ms = 600000};
+    tpu_fault notice = {.kind = TPU_FAULT_MAINTENANCE, .notice_ms = 600000, .duration_ms = 1000};
+    CALL_OK(tpu_inject_fault(t->c, "h0", 1, &slow));
+    CALL_OK(tpu_inject_fault(t->c, "h0", 1, &notice));
+    tpu_model *m = train(t, 256, 128, 1);
+    CALL_OK(tpu_inject_fault(t->c, "h0", 0, &hbm)); /* after the compile, which empties HBM */
+    tpu_profile *p;
+    char logdir[512], path[4600], why[512], err[256];
+
+    CALL_OK(tpu_profile_capture(t->c, 0, &p));
+    snprintf(logdir, sizeof logdir, "%s/logs", cl_tmpdir());
+    CALL_OK(tpu_profile_write(p, logdir, path, sizeof path));
+    cr_assert_eq(trace_check_file(path, why, sizeof why, NULL), 0, "%s: %s", path, why);
+    json *tr = json_parse_file(path, err, sizeof err);
+    cr_assert_not_null(tr, "%s: %s", path, err);
+    const json *ev = json_get(tr, "traceEvents");
+    /* the thread of each core, by its name "core C (replica ...)" (not its sends' or receives') */
+    long long tid_of[2] = {-1, -1};
+    for (size_t i = 0; i < json_len(ev); i++) {
+        const json *e = json_at(ev, i);
+        const char *name = json_str(json_get(e, "name")), *tn = json_str(json_get(json_get(e, "args"), "name"));
+        long long tid;
+        if (name && tn && !strcmp(name, "thread_name") && !json_int(json_get(e, "tid"), &tid) &&
+            !strncmp(tn, "core ", 5) && (tn[5] == '0' || tn[5] == '1') && !strncmp(tn + 6, " (replica", 9))
+            tid_of[tn[5] - '0'] = tid;
+    }
+    cr_assert(tid_of[0] >= 0 && tid_of[1] >= 0, "no thread for core 0 or 1");
+    struct {
+        const char *name;
+        int core;
+        double duration_ms, percent;
+        int seen;
+    } want[] = {{"chaos: slow", 1, 0, 50, 0}, {"chaos: maint-notice", 1, 600000, 0, 0}, {"chaos: hbm", 0, 600000, 10, 0}};
+    for (size_t i = 0; i < json_len(ev); i++) {
+        const json *e = json_at(ev, i), *args = json_get(e, "args");
+        const char *name = json_str(json_get(e, "name")), *ph = json_str(json_get(e, "ph"));
+        long long tid;
+        double d, pc;
+        if (!name || strncmp(name, "chaos: ", 7))
+            continue;
+        cr_assert(ph && !strcmp(ph, "i"), "%s is not an instant event", name);
+        cr_assert_eq(json_int(json_get(e, "tid"), &tid), 0);
+        cr_assert_eq(json_num(json_get(args, "duration_ms"), &d), 0, "%s without duration_ms", name);
+        cr_assert_eq(json_num(json_get(args, "percent"), &pc), 0, "%s without percent", name);
+        for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
+            if (!strcmp(name, want[k].name)) {
+                cr_assert_eq(tid, tid_of[want[k].core], "%s is on thread %lld, not core %d's", name, tid,
+                             want[k].core);
+                cr_assert(d == want[k].duration_ms && pc == want[k].percent, "%s: %.0f ms, %.0f %%", name, d, pc);
+                want[k].seen++;
+            }
+    }
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
+        cr_assert_eq(want[k].seen, 1, "%s is in the trace %d times", want[k].name, want[k].seen);
+    json_free(tr);
+    tpu_profile_free(p);
+    tpu_model_free(m);
+    ct_free(t);
+}

@@ -33,6 +33,22 @@ const char *fault_kind_name(int kind)
     }
 }
 
+/* The fault in the profiler's ring, so that a profile shows when it hit. */
+static void record(struct fault *f, int kind, const char *what, uint32_t duration_ms, uint32_t percent)
+{
+    struct trace_ev ev;
+    if (!f->env.trace)
+        return;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = TPUEMU__TRACE_KIND__TRACE_FAULT;
+    ev.t0 = uv_hrtime();
+    ev.op = (uint32_t)kind;
+    ev.n = duration_ms;
+    ev.m = percent;
+    snprintf(ev.algo, sizeof ev.algo, "%s", what);
+    trace_add(f->env.trace, &ev);
+}
+
 void fault_init(struct fault *f, const struct fault_env *env)
 {
     f->env = *env;
@@ -79,6 +95,7 @@ static void pause_now(struct fault *f, uint32_t ms)
     pid_t me = getpid(), child;
 
     log_warn("fault injected: every thread of this worker stops", "kind=pause duration_ms=%u", ms);
+    record(f, TPUEMU__FAULT_KIND__FAULT_PAUSE, "pause", ms, 0);
     log_flush_suppressed(1);
     child = fork();
     if (child == 0) {
@@ -120,6 +137,7 @@ static void on_act(uv_timer_t *t)
     f->pending = 0;
     if (kind == TPUEMU__FAULT_KIND__FAULT_KILL) {
         log_warn("fault injected: this worker dies now (SIGKILL)", "kind=kill");
+        record(f, kind, "kill", 0, 0);
         log_flush_suppressed(1);
         raise(SIGKILL);
     } else if (kind == TPUEMU__FAULT_KIND__FAULT_PAUSE) {
@@ -177,6 +195,7 @@ static int hbm_press(struct fault *f, uint32_t percent, uint32_t duration_ms, er
     f->hbm_bytes = want;
     log_warn("fault injected: HBM taken", "kind=hbm percent=%u bytes=%llu duration_ms=%u", percent,
              (unsigned long long)want, duration_ms);
+    record(f, TPUEMU__FAULT_KIND__FAULT_HBM, "hbm", duration_ms, percent);
     if (duration_ms)
         uv_timer_start(&f->hbm_end, on_hbm_end, duration_ms, 0);
     else
@@ -262,12 +281,14 @@ static void on_event(uv_timer_t *t)
 
     if (n->kind == TPUEMU__NOTICE_KIND__NOTICE_PREEMPTION) {
         log_warn("preempted: this core terminates now", "kind=preempt");
+        record(f, TPUEMU__FAULT_KIND__FAULT_PREEMPT, "preempted", 0, 0);
         log_flush_suppressed(1);
         f->env.preempted(f->env.arg);
     } else if (n->kind == TPUEMU__NOTICE_KIND__NOTICE_MAINTENANCE) {
         n->under_way = 1;
         log_warn("maintenance event: this core leaves its system and is down", "kind=maintenance window_ms=%u",
                  n->window_ms);
+        record(f, TPUEMU__FAULT_KIND__FAULT_MAINTENANCE, "maintenance", n->window_ms, 0);
         f->env.maintenance(f->env.arg, 1);
         f->env.notified(f->env.arg);
         uv_timer_start(&f->window, on_window_end, n->window_ms, 0);
@@ -297,6 +318,7 @@ static int give_notice(struct fault *f, int kind, uint32_t notice_ms, uint32_t w
     else
         log_warn("maintenance notice: this core goes down for a maintenance event when it runs out",
                  "kind=maintenance notice_ms=%u window_ms=%u", notice_ms, window_ms);
+    record(f, kind, kind == TPUEMU__FAULT_KIND__FAULT_PREEMPT ? "preempt-notice" : "maint-notice", notice_ms, 0);
     f->env.notified(f->env.arg);
     uv_timer_start(&f->event, on_event, notice_ms, 0);
     return CODE_OK;
@@ -323,6 +345,7 @@ static int apply(struct fault *f, int kind, uint32_t duration_ms, uint32_t perce
         f->env.set_throttle(f->env.arg, (int)percent);
         log_warn("fault injected: training compute slowed", "kind=slow percent=%u duration_ms=%u", percent,
                  duration_ms);
+        record(f, kind, "slow", duration_ms, percent);
         if (duration_ms)
             uv_timer_start(&f->slow, on_slow_over, duration_ms, 0);
         else

@@ -26,6 +26,7 @@
 
 #include "hbm.h"
 #include "notice.h"
+#include "trace.h"
 #include "prom.h"
 #include "status.h"
 #include "tpuemu.pb-c.h"
@@ -49,6 +50,7 @@ struct fault_env {
     int base_pct;            /* --throttle-pct: what a slow-down returns to */
     hbm *hbm;                /* the core's, for HBM pressure (loop thread only) */
     struct notice *notice;   /* the core's, set here */
+    struct trace *trace;     /* the profiler's ring: each fault is an event in it (may be NULL) */
     /* a notice was given or is over: tell the resolver now */
     void (*notified)(void *arg);
     /* the preemption has come: terminate */

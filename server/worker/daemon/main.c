@@ -394,7 +394,7 @@ static int start(struct worker *w, err *e)
     struct ctl_env ctl = {.loop = w->loop, .auth = &w->auth, .listen = w->listen, .id = &w->id,
                           .reset = worker_reset, .fault = worker_fault, .info = worker_info, .arg = w};
     const struct fault_env fe = {w->loop,   set_throttle, w,        w->throttle_pct, &w->hbm,
-                                 &w->notice, notified,    preempted, maintenance};
+                                 &w->notice, NULL,        notified, preempted, maintenance};
     const struct dp_env dp = {w->loop, &w->auth, w->listen, w->data_port, &w->id, &w->stopping,
                               NULL,    NULL,     NULL,      NULL,         &w->hbm, w->preset};
     const struct wm_env wm = {w->loop, w->listen, w->resolver_url, &w->id, &w->hbm, &w->coll_stats,
@@ -425,6 +425,7 @@ static int start(struct worker *w, err *e)
     if (!(w->trace = trace_new(w->trace_cap)))
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for %zu profiler events", w->trace_cap);
     pe.trace = w->trace;
+    w->fault.env.trace = w->trace;
     if ((rc = peers_new(&pe, &w->peers, e)) != CODE_OK) /* its shm socket is named after the incarnation */
         return rc;
     ce = (struct coll_env){&w->id, &w->hbm, peers_xport(w->peers), &w->coll_stats};
