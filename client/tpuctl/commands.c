@@ -750,7 +750,7 @@ static int cmd_health(const struct tpuctl *g, int argc, char **argv)
     tpu_cluster_spec *s;
     tpu_core_info ci;
     core_select sel;
-    size_t n, shown = 0, bad = 0, dead = 0, wl = 0;
+    size_t n, shown = 0, bad = 0, dead = 0, silent = 0, maint = 0, wl = 0;
     char why[2048] = "", sym[256];
     const char *state, *health;
     tpu_core_health h;
@@ -772,6 +772,8 @@ static int cmd_health(const struct tpuctl *g, int argc, char **argv)
         shown++;
         tpu_cluster_spec_core_health(s, i, &h);
         dead += h.health == TPU_HEALTH_TIMEOUT;
+        silent += h.health == TPU_HEALTH_TIMEOUT || h.health == TPU_HEALTH_UNSPECIFIED;
+        maint += h.health == TPU_UNHEALTHY_MAINTENANCE;
         if (h.health != TPU_HEALTHY) {
             if (bad < 10 && wl < sizeof why)
                 wl += (size_t)snprintf(why + wl, sizeof why - wl, "%s%s/%d (%s: %s)", bad ? ", " : "",
@@ -783,7 +785,12 @@ static int cmd_health(const struct tpuctl *g, int argc, char **argv)
         snprintf(why + wl, sizeof why - wl, ", and %zu more", bad - 10);
     /* the Node's state and health, as Cloud TPU lists them */
     state = !n ? "CREATING" : preempted ? "PREEMPTED" : "READY";
-    health = !shown ? (n ? "HEALTH_UNSPECIFIED" : "TIMEOUT") : tpu_health_name(tpu_cluster_spec_health(s));
+    /* over the cores picked, as tpu_cluster_spec_health() over all */
+    health = !shown ? (n ? "HEALTH_UNSPECIFIED" : "TIMEOUT")
+             : silent == shown ? "TIMEOUT"
+             : maint          ? "UNHEALTHY_MAINTENANCE"
+             : bad            ? "UNHEALTHY_TENSORFLOW"
+                              : "HEALTHY";
     if (g->json) {
         json j;
         json_init(&j, stdout);

@@ -231,7 +231,7 @@ Test(cli, listings_pick_hosts_and_states, .timeout = 60)
 
     cluster_tpuctl(c, &r, 5000, "cluster", "--state", "asleep", NULL);
     cr_assert_eq(r.code, 2, SHOW(r));
-    cr_assert(strstr(r.err, "--state: 'asleep' is not a core state (READY, IDLE or DEAD)"), SHOW(r));
+    cr_assert(strstr(r.err, "--state: 'asleep' is not a core state (READY, IDLE, DEAD, PREEMPTED or MAINTENANCE)"), SHOW(r));
     run_result_free(&r);
     cluster_free(c);
 }
