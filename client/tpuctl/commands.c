@@ -5,9 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "config.h"
 #include "json.h"
+#include "scenario.h"
 #include "select.h"
 #include "table.h"
 #include "tpuctl.h"
@@ -518,11 +520,6 @@ static int cmd_forget(const struct tpuctl *g, int argc, char **argv)
 /* ---- chaos ---- */
 
 /* s as a whole number in [lo, hi]; -1 if it is not one. */
-static long long whole(const char *s, long long lo, long long hi)
-{
-    long long v;
-    return opt_parse_int(s, lo, hi, &v) == 0 ? v : -1;
-}
 
 /* The cores a chaos TARGET names: HOST/CORE, HOST (its every core: a host's
  * preemption or maintenance) or "all" (every core not dead: the slice's).
@@ -566,12 +563,101 @@ static int chaos_targets(tpu_cluster *c, const char *target, struct chaos_target
     return n ? n : -1;
 }
 
+/* tpuctl chaos --scenario FILE [--seed N]: the whole file checked, every
+ * target resolved (random ones with the seed), the plan printed, then each
+ * fault injected (the workers hold the timed ones). */
+static int chaos_scenario(const struct tpuctl *g, const char *path, long long seed_opt)
+{
+    static struct scenario sc;
+    static struct chaos_core live[CHAOS_MAX_TARGETS];
+    static char picked[SCENARIO_MAX][128];
+    tpu_resolver *r;
+    tpu_cluster *c;
+    tpu_cluster_spec *s;
+    tpu_core_info ci;
+    struct chaos_target *tg;
+    char msg[600];
+    int nlive = 0, rc;
+    uint32_t seed, rng;
+    size_t injected = 0;
+
+    if (scenario_load(path, &sc, msg, sizeof msg) != 0) {
+        fprintf(stderr, "tpuctl chaos: %s\n", msg);
+        return EXIT_USAGE;
+    }
+    seed = seed_opt >= 0 ? (uint32_t)seed_opt : sc.has_seed ? sc.seed : (uint32_t)time(NULL);
+    if ((rc = connect_cluster(g, &r, &c)) >= 0)
+        return rc;
+    if (tpu_cluster_spec_get(c, &s) != TPU_OK) {
+        rc = fail();
+        disconnect(r, c);
+        return rc;
+    }
+    for (size_t i = 0; i < tpu_cluster_spec_num_cores(s) && nlive < CHAOS_MAX_TARGETS; i++) {
+        tpu_cluster_spec_core(s, i, &ci);
+        if (ci.state == TPU_CORE_IDLE || ci.state == TPU_CORE_READY) {
+            snprintf(live[nlive].host, sizeof live[nlive].host, "%s", ci.host_id);
+            live[nlive++].core = ci.core;
+        }
+    }
+    tpu_cluster_spec_free(s);
+    rng = seed;
+    for (size_t i = 0; i < sc.n; i++)
+        if (scenario_pick(sc.v[i].target, live, nlive, &rng, picked[i], sizeof picked[i]) != 0) {
+            fprintf(stderr, "NOT_FOUND: %s:%d: no live core to pick %s from\n", path, sc.v[i].line, sc.v[i].target);
+            disconnect(r, c);
+            return EXIT_ERROR;
+        }
+    /* every target must name live cores before anything is injected */
+    if (!(tg = calloc(CHAOS_MAX_TARGETS, sizeof *tg))) {
+        disconnect(r, c);
+        return EXIT_ERROR;
+    }
+    for (size_t i = 0; i < sc.n; i++)
+        if (chaos_targets(c, picked[i], tg, CHAOS_MAX_TARGETS) < 0) {
+            fprintf(stderr, "  (%s:%d)\n", path, sc.v[i].line);
+            free(tg);
+            disconnect(r, c);
+            return EXIT_ERROR;
+        }
+    printf("scenario %s, seed %u: %zu faults\n", path, seed, sc.n);
+    rc = EXIT_OK;
+    for (size_t i = 0; i < sc.n && rc == EXIT_OK; i++) {
+        const tpu_fault *f = &sc.v[i].f;
+        int nt = chaos_targets(c, picked[i], tg, CHAOS_MAX_TARGETS);
+        for (int k = 0; k < nt; k++) {
+            if (tpu_inject_fault(c, tg[k].host, tg[k].core, f) != TPU_OK) {
+                fprintf(stderr, "%s: %s:%d: %s (%zu faults injected before it)\n",
+                        tpu_status_name(tpu_last_status()), path, sc.v[i].line, tpu_last_error(), injected);
+                rc = EXIT_ERROR;
+                break;
+            }
+            injected++;
+            printf("line %d: %s on core %s/%d, %s %llu", sc.v[i].line, tpu_fault_kind_name(f->kind), tg[k].host,
+                   tg[k].core, f->at_step ? "after step" : "in ms:",
+                   f->at_step ? (unsigned long long)f->at_step : (unsigned long long)f->delay_ms);
+            if (f->duration_ms)
+                printf(", %u ms", f->duration_ms);
+            if (f->percent)
+                printf(", %u %%", f->percent);
+            if (f->notice_ms)
+                printf(", notice %u ms", f->notice_ms);
+            printf("\n");
+        }
+    }
+    fflush(stdout);
+    free(tg);
+    disconnect(r, c);
+    return rc;
+}
+
 static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
 {
     static const char usage[] = "tpuctl chaos [--delay-ms MS | --at-step N] [--notice-ms MS] kill T | pause T MS | "
                                 "slow T PCT [MS] | hbm T PCT [MS] | preempt T | maintenance T MS  "
                                 "(T: HOST/CORE, HOST or all)";
-    long long delay = 0, at_step = 0, notice = -1;
+    long long delay = 0, at_step = 0, notice = -1, seed = -1;
+    const char *scen = NULL;
     struct opt opts[] = {
         {"delay-ms", NULL, OPT_INT, "0", 0, 3600000, "MS", "inject it MS milliseconds from now", &delay},
         {"at-step", NULL, OPT_INT, "0", 0, LLONG_MAX, "N", "inject it once the core has finished training step N",
@@ -579,19 +665,22 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
         {"notice-ms", NULL, OPT_INT, NULL, 0, 600000, "MS",
          "preempt, maintenance: from the notice to the event (default 30000 for preempt, 60000 for maintenance, "
          "as Compute Engine gives)", &notice},
+        {"scenario", NULL, OPT_STRING, NULL, 0, 0, "FILE",
+         "inject the faults a scenario file lists (README: scenario files), all checked first", &scen},
+        {"seed", NULL, OPT_INT, NULL, 0, 4294967295LL, "N",
+         "the seed for a scenario's random targets (default: its 'seed' line, else one chosen and printed)", &seed},
     };
     tpu_resolver *r;
     tpu_cluster *c;
     tpu_fault f = {0};
     struct chaos_target *tg = NULL;
     const char *target;
-    long long v;
     int first = argc, rc, nargs, nt, done = 0;
     err e;
 
-    rc = opt_parse(opts, 3, argc, argv, &first, &e);
+    rc = opt_parse(opts, 5, argc, argv, &first, &e);
     if (rc == CODE_CANCELLED) {
-        opt_usage(opts, 3, usage, "Inject a fault, for testing what a training job and cluster tooling do about "
+        opt_usage(opts, 5, usage, "Inject a fault, for testing what a training job and cluster tooling do about "
                   "it: kill (the worker dies at once, SIGKILL), pause MS (every thread of the worker stops for MS "
                   "milliseconds, as a hung host), slow PCT [MS] (training compute at PCT %% of its speed, for MS "
                   "milliseconds or until the next slow; slow T 100 ends it), hbm PCT [MS] (PCT %% of the core's "
@@ -604,6 +693,18 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
         return EXIT_OK;
     }
     nargs = argc - first;
+    if (rc == CODE_OK && scen) {
+        if (nargs || delay || at_step || notice >= 0) {
+            fprintf(stderr, "tpuctl chaos: --scenario takes no fault on the command line (the file gives them, "
+                    "with their times and notices)\n");
+            return EXIT_USAGE;
+        }
+        return chaos_scenario(g, scen, seed);
+    }
+    if (rc == CODE_OK && seed >= 0) {
+        fprintf(stderr, "tpuctl chaos: --seed is for --scenario\n");
+        return EXIT_USAGE;
+    }
     if (rc != CODE_OK || nargs < 2) {
         fprintf(stderr, "tpuctl chaos: %s (usage: %s)\n", rc != CODE_OK ? e.msg : "give a fault kind and a target",
                 usage);
@@ -623,40 +724,12 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
         fprintf(stderr, "tpuctl chaos: give a target: HOST/CORE, HOST or all (usage: %s)\n", usage);
         return EXIT_USAGE;
     }
-    switch (f.kind) {
-    case TPU_FAULT_KILL:
-    case TPU_FAULT_PREEMPT:
-        if (nargs != 2) {
-            fprintf(stderr, "tpuctl chaos: %s takes no other argument (usage: %s)\n", tpu_fault_kind_name(f.kind),
-                    usage);
+    {
+        char why[300];
+        if (chaos_fault_args(&f, argv + first + 2, nargs - 2, why, sizeof why) != 0) {
+            fprintf(stderr, "tpuctl chaos: %s (usage: %s)\n", why, usage);
             return EXIT_USAGE;
         }
-        break;
-    case TPU_FAULT_PAUSE:
-    case TPU_FAULT_MAINTENANCE:
-        if (nargs != 3 || (v = whole(argv[first + 2], 1, 600000)) < 0) {
-            fprintf(stderr, "tpuctl chaos: %s needs a duration in ms from 1 to 600000 (usage: %s)\n",
-                    tpu_fault_kind_name(f.kind), usage);
-            return EXIT_USAGE;
-        }
-        f.duration_ms = (uint32_t)v;
-        break;
-    case TPU_FAULT_SLOW:
-    case TPU_FAULT_HBM:
-        if (nargs < 3 || nargs > 4 || (v = whole(argv[first + 2], 1, 100)) < 0) {
-            fprintf(stderr, "tpuctl chaos: %s needs a percent from 1 to 100 (usage: %s)\n",
-                    tpu_fault_kind_name(f.kind), usage);
-            return EXIT_USAGE;
-        }
-        f.percent = (uint32_t)v;
-        if (nargs == 4) {
-            if ((v = whole(argv[first + 3], 0, 600000)) < 0) {
-                fprintf(stderr, "tpuctl chaos: '%s' is not a duration in ms from 0 to 600000\n", argv[first + 3]);
-                return EXIT_USAGE;
-            }
-            f.duration_ms = (uint32_t)v;
-        }
-        break;
     }
     if (delay && at_step) {
         fprintf(stderr, "tpuctl chaos: give --delay-ms or --at-step, not both\n");

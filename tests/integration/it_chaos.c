@@ -564,3 +564,72 @@ Test(chaos, bad_notices_are_refused_whole, .timeout = 60)
     tpu_resolver_free(r);
     cluster_free(c);
 }
+
+/* ---- scenario files ---- */
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "cannot write %s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The "line N: ..." lines of tpuctl chaos --scenario's output, as one string. */
+static void plan_of(const char *out, char *plan, size_t n)
+{
+    size_t len = 0;
+    plan[0] = 0;
+    for (const char *p = strstr(out, "line "); p && len < n; p = strstr(p + 1, "\nline ")) {
+        const char *s = *p == '\n' ? p + 1 : p, *e = strchr(s, '\n');
+        int k = snprintf(plan + len, n - len, "%.*s\n", (int)(e ? e - s : (long)strlen(s)), s);
+        len += k > 0 ? (size_t)k : 0;
+    }
+}
+
+Test(chaos, scenario_is_checked_whole_and_replays_with_its_seed, .timeout = 120)
+{
+    cluster_opts o = {.hosts = 2, .cores_per_host = 2};
+    cluster *c = cluster_start(&o);
+    char path[600], bad[600], plan1[4096], plan2[4096];
+    run_result r;
+
+    snprintf(path, sizeof path, "%s/scenario.txt", cl_tmpdir());
+    snprintf(bad, sizeof bad, "%s/bad.txt", cl_tmpdir());
+    /* far in the future: scheduled now, nothing happens during the test */
+    write_file(path, "# replayable\nseed 11\n"
+                     "at 600000ms slow random-core 50 1000\n"
+                     "at step 1000000 preempt random-host notice=4000\n"
+                     "at 3600000ms maintenance random-core 2000 notice=500\n");
+    /* a bad line anywhere: refused naming it, nothing injected, not even the good lines before it */
+    write_file(bad, "at 600000ms slow h0/0 50\nat 600000ms pause h0/1\n");
+    cluster_tpuctl(c, &r, 10000, "chaos", "--scenario", bad, NULL);
+    cr_assert_eq(r.code, 2, "exit %d: %s", r.code, r.err);
+    cr_assert(strstr(r.err, "bad.txt:2: pause needs one duration in ms"), "%s", r.err);
+    run_result_free(&r);
+    for (int i = 0; i < 4; i++)
+        cr_assert_not(cl_log_contains(&c->workers[i], "fault scheduled"), "a fault of a refused scenario was injected");
+
+    cluster_tpuctl(c, &r, 10000, "chaos", "--scenario", path, NULL);
+    cr_assert_eq(r.code, 0, "exit %d: %s %s", r.code, r.out, r.err);
+    cr_assert(strstr(r.out, "seed 11: 3 faults"), "%s", r.out);
+    plan_of(r.out, plan1, sizeof plan1);
+    run_result_free(&r);
+    /* a random host's cores are one host's: two lines for the preempt */
+    cr_assert(strstr(plan1, "line 4: preempt on core h0/0") ? strstr(plan1, "line 4: preempt on core h0/1") != NULL
+                                                              : strstr(plan1, "line 4: preempt on core h1/1") != NULL,
+              "%s", plan1);
+    /* the same seed on the same cluster: the same cores (the workers refuse nothing: the slow and the notices wait) */
+    cluster_tpuctl(c, &r, 10000, "chaos", "--scenario", path, "--seed", "11", NULL);
+    plan_of(r.out, plan2, sizeof plan2);
+    int code = r.code;
+    run_result_free(&r);
+    cr_assert_eq(code, 0);
+    cr_assert_str_eq(plan1, plan2, "the replay picked other cores");
+    /* every fault is on its worker's schedule */
+    int scheduled = 0;
+    for (int i = 0; i < 4; i++)
+        scheduled += cl_log_contains(&c->workers[i], "fault scheduled");
+    cr_assert_geq(scheduled, 2, "%d workers logged a scheduled fault", scheduled);
+    cluster_free(c);
+}

@@ -1,0 +1,246 @@
+/* tpuctl chaos: a fault's arguments, and scenario files (scenario.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "scenario.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+
+static int num(const char *s, long long lo, long long hi, long long *v)
+{
+    return opt_parse_int(s, lo, hi, v);
+}
+
+int chaos_fault_args(tpu_fault *f, char *const *args, int nargs, char *why, size_t errn)
+{
+    long long v;
+    const char *k = tpu_fault_kind_name(f->kind);
+
+    switch (f->kind) {
+    case TPU_FAULT_KILL:
+    case TPU_FAULT_PREEMPT:
+        if (nargs != 0) {
+            snprintf(why, errn, "%s takes no other argument (got '%s')", k, args[0]);
+            return -1;
+        }
+        return 0;
+    case TPU_FAULT_PAUSE:
+    case TPU_FAULT_MAINTENANCE:
+        if (nargs != 1 || num(args[0], 1, 600000, &v) != 0) {
+            snprintf(why, errn, "%s needs one duration in ms from 1 to 600000%s%s%s", k, nargs ? " (got '" : "",
+                     nargs ? args[0] : "", nargs ? "')" : "");
+            return -1;
+        }
+        f->duration_ms = (uint32_t)v;
+        return 0;
+    case TPU_FAULT_SLOW:
+    case TPU_FAULT_HBM:
+        if (nargs < 1 || nargs > 2 || num(args[0], 1, 100, &v) != 0) {
+            snprintf(why, errn, "%s needs a percent from 1 to 100 and at most a duration in ms%s%s%s", k,
+                     nargs ? " (got '" : "", nargs ? args[0] : "", nargs ? "')" : "");
+            return -1;
+        }
+        f->percent = (uint32_t)v;
+        if (nargs == 2) {
+            if (num(args[1], 0, 600000, &v) != 0) {
+                snprintf(why, errn, "'%s' is not a duration in ms from 0 to 600000", args[1]);
+                return -1;
+            }
+            f->duration_ms = (uint32_t)v;
+        }
+        return 0;
+    }
+    snprintf(why, errn, "fault kind %d is not one", (int)f->kind);
+    return -1;
+}
+
+#define MAX_WORDS 16
+
+/* Splits line (changed in place) at blanks, a '#' starting a comment. */
+static int words(char *line, char **w)
+{
+    int n = 0;
+    char *save = NULL, *hash = strchr(line, '#');
+    if (hash)
+        *hash = '\0';
+    for (char *t = strtok_r(line, " \t\r\n", &save); t; t = strtok_r(NULL, " \t\r\n", &save)) {
+        if (n == MAX_WORDS)
+            return -1;
+        w[n++] = t;
+    }
+    return n;
+}
+
+/* One "at ..." line into *sf: 0, or -1 with why naming the field. */
+static int parse_fault(char **w, int n, struct scen_fault *sf, char *why, size_t errn)
+{
+    long long v;
+    int i = 1, nargs;
+    char *args[MAX_WORDS];
+    size_t len;
+
+    memset(sf, 0, sizeof *sf);
+    if (i < n && !strcmp(w[i], "step")) { /* at step N */
+        if (i + 1 >= n || num(w[i + 1], 1, 1000000000000LL, &v) != 0) {
+            snprintf(why, errn, "'at step' needs a step number from 1 (got '%s')", i + 1 < n ? w[i + 1] : "");
+            return -1;
+        }
+        sf->f.at_step = (uint64_t)v;
+        i += 2;
+    } else if (i < n && (len = strlen(w[i])) > 2 && !strcmp(w[i] + len - 2, "ms")) { /* at Nms */
+        w[i][len - 2] = '\0';
+        if (num(w[i], 0, 3600000, &v) != 0) {
+            snprintf(why, errn, "'at %sms' is not a time from 0ms to 3600000ms", w[i]);
+            return -1;
+        }
+        sf->f.delay_ms = (uint32_t)v;
+        i++;
+    } else {
+        snprintf(why, errn, "after 'at' give a time ('at 2000ms') or a step ('at step 30'), not '%s'",
+                 i < n ? w[i] : "");
+        return -1;
+    }
+    if (i >= n || tpu_fault_kind_parse(w[i], &sf->f.kind) != TPU_OK) {
+        snprintf(why, errn, "'%s' is not a fault kind (kill, pause, slow, hbm, preempt, maintenance)",
+                 i < n ? w[i] : "");
+        return -1;
+    }
+    i++;
+    if (i >= n) {
+        snprintf(why, errn, "%s needs a target (HOST/CORE, HOST, all, random-core or random-host)",
+                 tpu_fault_kind_name(sf->f.kind));
+        return -1;
+    }
+    if (strlen(w[i]) >= sizeof sf->target) {
+        snprintf(why, errn, "target '%.40s...' is too long", w[i]);
+        return -1;
+    }
+    snprintf(sf->target, sizeof sf->target, "%s", w[i++]);
+    nargs = 0;
+    int notice = -1;
+    for (; i < n; i++) {
+        if (!strncmp(w[i], "notice=", 7)) {
+            if (num(w[i] + 7, 0, 600000, &v) != 0) {
+                snprintf(why, errn, "'%s' is not notice=MS with MS from 0 to 600000", w[i]);
+                return -1;
+            }
+            notice = (int)v;
+        } else if (strchr(w[i], '=')) {
+            snprintf(why, errn, "'%s': the only named argument is notice=MS", w[i]);
+            return -1;
+        } else {
+            args[nargs++] = w[i];
+        }
+    }
+    if (chaos_fault_args(&sf->f, args, nargs, why, errn) != 0)
+        return -1;
+    if (notice >= 0 && sf->f.kind != TPU_FAULT_PREEMPT && sf->f.kind != TPU_FAULT_MAINTENANCE) {
+        snprintf(why, errn, "notice= is for preempt and maintenance, not %s", tpu_fault_kind_name(sf->f.kind));
+        return -1;
+    }
+    if (sf->f.kind == TPU_FAULT_PREEMPT || sf->f.kind == TPU_FAULT_MAINTENANCE)
+        sf->f.notice_ms = notice >= 0 ? (uint32_t)notice : sf->f.kind == TPU_FAULT_PREEMPT ? 30000u : 60000u;
+    return 0;
+}
+
+int scenario_load(const char *path, struct scenario *s, char *why, size_t errn)
+{
+    FILE *fp = fopen(path, "r");
+    char line[1024], msg[400], *w[MAX_WORDS];
+    int lineno = 0, n;
+
+    memset(s, 0, sizeof *s);
+    if (!fp) {
+        snprintf(why, errn, "cannot read scenario %s", path);
+        return -1;
+    }
+    while (fgets(line, sizeof line, fp)) {
+        lineno++;
+        if (!strchr(line, '\n') && !feof(fp)) {
+            snprintf(why, errn, "%s:%d: the line is longer than %zu characters", path, lineno, sizeof line - 2);
+            goto bad;
+        }
+        if ((n = words(line, w)) < 0) {
+            snprintf(why, errn, "%s:%d: more than %d words", path, lineno, MAX_WORDS);
+            goto bad;
+        }
+        if (n == 0)
+            continue;
+        if (!strcmp(w[0], "seed")) {
+            long long v;
+            if (n != 2 || num(w[1], 0, 4294967295LL, &v) != 0) {
+                snprintf(why, errn, "%s:%d: 'seed' takes one number from 0 to 4294967295", path, lineno);
+                goto bad;
+            }
+            s->seed = (uint32_t)v;
+            s->has_seed = 1;
+        } else if (!strcmp(w[0], "at")) {
+            if (s->n == SCENARIO_MAX) {
+                snprintf(why, errn, "%s:%d: more than %d faults", path, lineno, SCENARIO_MAX);
+                goto bad;
+            }
+            if (parse_fault(w, n, &s->v[s->n], msg, sizeof msg) != 0) {
+                snprintf(why, errn, "%s:%d: %s", path, lineno, msg);
+                goto bad;
+            }
+            s->v[s->n++].line = lineno;
+        } else {
+            snprintf(why, errn, "%s:%d: a line is 'seed N' or 'at WHEN KIND TARGET [ARGS]', not '%s ...'", path,
+                     lineno, w[0]);
+            goto bad;
+        }
+    }
+    if (ferror(fp)) {
+        snprintf(why, errn, "cannot read scenario %s", path);
+        goto bad;
+    }
+    fclose(fp);
+    if (!s->n) {
+        snprintf(why, errn, "%s has no faults ('at WHEN KIND TARGET [ARGS]' lines)", path);
+        return -1;
+    }
+    return 0;
+bad:
+    fclose(fp);
+    return -1;
+}
+
+/* xorshift32: the same picks for the same seed on every machine. */
+static uint32_t next(uint32_t *x)
+{
+    uint32_t v = *x ? *x : 0x9e3779b9u;
+    v ^= v << 13;
+    v ^= v >> 17;
+    v ^= v << 5;
+    return *x = v;
+}
+
+int scenario_pick(const char *target, const struct chaos_core *live, int nlive, uint32_t *rng, char *out,
+                  size_t outn)
+{
+    if (!strcmp(target, "random-core")) {
+        if (!nlive)
+            return -1;
+        const struct chaos_core *c = &live[next(rng) % (uint32_t)nlive];
+        snprintf(out, outn, "%s/%d", c->host, c->core);
+        return 0;
+    }
+    if (!strcmp(target, "random-host")) {
+        int hosts = 0, k;
+        for (int i = 0; i < nlive; i++)
+            hosts += i == 0 || strcmp(live[i].host, live[i - 1].host) != 0;
+        if (!hosts)
+            return -1;
+        k = (int)(next(rng) % (uint32_t)hosts);
+        for (int i = 0; i < nlive; i++)
+            if ((i == 0 || strcmp(live[i].host, live[i - 1].host) != 0) && k-- == 0) {
+                snprintf(out, outn, "%s", live[i].host);
+                return 0;
+            }
+        return -1;
+    }
+    snprintf(out, outn, "%s", target);
+    return 0;
+}
