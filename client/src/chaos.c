@@ -140,3 +140,26 @@ tpu_status tpu_inject_fault(tpu_cluster *c, const char *host_id, int core, const
     wire_msg_free(m);
     return TPU_OK;
 }
+
+tpu_status tpu_inject_resolver_fault(tpu_cluster *c, const tpu_fault *f)
+{
+    wire_msg req = TPUEMU__MESSAGE__INIT, *m = NULL;
+    Tpuemu__InjectFault body = TPUEMU__INJECT_FAULT__INIT;
+    err e;
+
+    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    if (!f)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_inject_resolver_fault: no fault");
+    body.kind = (Tpuemu__FaultKind)f->kind;
+    body.duration_ms = f->duration_ms;
+    body.percent = f->percent;
+    body.delay_ms = f->delay_ms;
+    body.at_step = f->at_step;
+    body.notice_ms = f->notice_ms;
+    req.body_case = TPUEMU__MESSAGE__BODY_INJECT_FAULT;
+    req.inject_fault = &body;
+    if (call_do(c, &req, TPUEMU__MESSAGE__BODY_INJECT_FAULT_REPLY, c->r->timeout_ms, &m, &e) != CODE_OK)
+        return cli_fail(&e);
+    wire_msg_free(m);
+    return TPU_OK;
+}

@@ -655,7 +655,7 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
 {
     static const char usage[] = "tpuctl chaos [--delay-ms MS | --at-step N] [--notice-ms MS] kill T | pause T MS | "
                                 "slow T PCT [MS] | hbm T PCT [MS] | preempt T | maintenance T MS  "
-                                "(T: HOST/CORE, HOST or all)";
+                                "(T: HOST/CORE, HOST, all; kill and pause also resolver)";
     long long delay = 0, at_step = 0, notice = -1, seed = -1;
     const char *scen = NULL;
     struct opt opts[] = {
@@ -687,7 +687,8 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
                   "HBM is taken, for MS milliseconds or until the next initialize), preempt (a preemption notice, "
                   "then, --notice-ms later, the worker terminates and the core is PREEMPTED), maintenance MS (a "
                   "maintenance notice, then the core is down for MS milliseconds and comes back restarted). The "
-                  "target is one core (HOST/CORE), every live core of a host (HOST) or of the cluster (all). "
+                  "target is one core (HOST/CORE), every live core of a host (HOST) or of the cluster (all); kill and "
+                  "pause may also hit the resolver itself (resolver). "
                   "--delay-ms or --at-step make the fault wait (the worker checks it now). Each worker logs the "
                   "fault and counts it in /metrics. Needs the cluster token when the cluster has one.");
         return EXIT_OK;
@@ -746,6 +747,17 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
     f.at_step = (uint64_t)at_step;
     if ((rc = connect_cluster(g, &r, &c)) >= 0)
         return rc;
+    if (!strcmp(target, "resolver")) { /* the resolver itself: kill or pause */
+        if (tpu_inject_resolver_fault(c, &f) != TPU_OK) {
+            rc = fail();
+        } else {
+            printf("injected %s into the resolver\n", tpu_fault_kind_name(f.kind));
+            fflush(stdout);
+            rc = EXIT_OK;
+        }
+        disconnect(r, c);
+        return rc;
+    }
     if (!(tg = calloc(CHAOS_MAX_TARGETS, sizeof *tg)) || (nt = chaos_targets(c, target, tg, CHAOS_MAX_TARGETS)) < 0) {
         free(tg);
         disconnect(r, c);

@@ -333,6 +333,11 @@ static void h_forget_core(resolver *r, rreq *req, const wire_msg *m)
     rsv_forget_core(r, req, m->forget_core);
 }
 
+static void h_inject_fault(resolver *r, rreq *req, const wire_msg *m)
+{
+    rsv_inject_fault(r, req, m->inject_fault);
+}
+
 /* ---- dispatch ---- */
 
 static const struct {
@@ -347,6 +352,7 @@ static const struct {
     {TPUEMU__MESSAGE__BODY_SYSTEM_CHECK, h_system_check, "system_check"},
     {TPUEMU__MESSAGE__BODY_LEAVE, h_leave, "leave"},
     {TPUEMU__MESSAGE__BODY_FORGET_CORE, h_forget_core, "forget_core"},
+    {TPUEMU__MESSAGE__BODY_INJECT_FAULT, h_inject_fault, "inject_fault"},
 };
 
 /* protobuf-c leaves a oneof's message pointer NULL only on broken input; guard anyway */
@@ -359,6 +365,7 @@ static int body_present(const wire_msg *m)
     case TPUEMU__MESSAGE__BODY_SYSTEM_CHECK: return m->system_check != NULL;
     case TPUEMU__MESSAGE__BODY_LEAVE: return m->leave != NULL;
     case TPUEMU__MESSAGE__BODY_FORGET_CORE: return m->forget_core != NULL;
+    case TPUEMU__MESSAGE__BODY_INJECT_FAULT: return m->inject_fault != NULL;
     default: return 1;
     }
 }

@@ -126,6 +126,8 @@ static void on_signal(uv_signal_t *h, int signum)
     log_info("stopping", "signal=%d", signum);
     uv_timer_stop(&r->dead_timer);
     uv_close((uv_handle_t *)&r->dead_timer, NULL);
+    uv_timer_stop(&r->fault_timer);
+    uv_close((uv_handle_t *)&r->fault_timer, NULL);
     sys_stop(r);
     rm_stop(r);
     rsv_stop_claims(r);
@@ -250,6 +252,8 @@ int main(int argc, char **argv)
     /* stage 3: timers and signals */
     uv_timer_init(&loop, &r.dead_timer);
     r.dead_timer.data = &r;
+    uv_timer_init(&loop, &r.fault_timer);
+    r.fault_timer.data = &r;
     uv_timer_start(&r.dead_timer, on_dead_timer, r.heartbeat_ms / 2, r.heartbeat_ms / 2);
     sys_start(&r);
     uv_signal_init(&loop, &r.sigint);

@@ -5,6 +5,7 @@
 #define TPUEMU_RESOLVER_RESOLVER_H
 
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <uv.h>
 
@@ -65,6 +66,12 @@ typedef struct resolver {
     uint64_t next_tag;   /* tags pending operations so late callbacks find nothing */
     struct rmetrics metrics;
     int stopping;
+    /* a fault injected into the resolver itself (chaos.c) */
+    uv_timer_t fault_timer;
+    int fault_kind;          /* the kill or pause about to be done; 0: none */
+    uint32_t fault_ms;
+    pid_t fault_helper;      /* of the pause in effect; 0: none */
+    uint64_t fault_until_ms; /* uv_now when the pause and its grace are over */
 } resolver;
 
 /* Seals m as the reply to req and sends it; consumes req->ctl. */
@@ -92,6 +99,8 @@ int rsv_left_lately(const resolver *r, uint64_t inc);
 /* Leave (a worker stopping) and ForgetCore (an operator) requests. */
 void rsv_leave(resolver *r, rreq *req, const Tpuemu__Leave *q);
 void rsv_forget_core(resolver *r, rreq *req, const Tpuemu__ForgetCore *q);
+/* InjectFault aimed at the resolver: kill or pause (chaos.c). */
+void rsv_inject_fault(resolver *r, rreq *req, const Tpuemu__InjectFault *q);
 /* The dead-check timer: forgets cores dead for longer than forget_after_ms. */
 void rsv_expire(resolver *r);
 

@@ -633,3 +633,57 @@ Test(chaos, scenario_is_checked_whole_and_replays_with_its_seed, .timeout = 120)
     cr_assert_geq(scheduled, 2, "%d workers logged a scheduled fault", scheduled);
     cluster_free(c);
 }
+
+/* ---- the resolver itself ---- */
+
+Test(chaos, resolver_pause_and_kill, .timeout = 120)
+{
+    cluster *c = start2();
+    tpu_resolver *r;
+    tpu_cluster *tc;
+    int scale = cl_time_scale();
+    pid_t rpid = c->resolver.pid;
+
+    cr_assert_eq(cluster_connect(c, &r, &tc), TPU_OK, "%s", tpu_last_error());
+    init_system(tc, 2);
+    /* only kill and pause, at once */
+    tpu_fault bad = {.kind = TPU_FAULT_SLOW, .percent = 50};
+    cr_assert_eq(tpu_inject_resolver_fault(tc, &bad), TPU_INVALID_ARGUMENT);
+    cr_assert(strstr(tpu_last_error(), "the resolver takes the faults kill and pause"), "%s", tpu_last_error());
+    tpu_fault later = {.kind = TPU_FAULT_KILL, .delay_ms = 1000};
+    cr_assert_eq(tpu_inject_resolver_fault(tc, &later), TPU_INVALID_ARGUMENT);
+    cr_assert_eq(proc_state(rpid) == 'T' || !cluster_alive(&c->resolver), 0, "a refused fault was done");
+
+    /* a hung resolver: stopped, then the same process answers again, the system still initialized */
+    tpu_fault pause = {.kind = TPU_FAULT_PAUSE, .duration_ms = 3000u * (uint32_t)scale};
+    cr_assert_eq(tpu_inject_resolver_fault(tc, &pause), TPU_OK, "%s", tpu_last_error());
+    cr_assert(wait_state(rpid, 'T', 2000 * scale), "the resolver (pid %d) was not stopped (state '%c')", (int)rpid,
+              proc_state(rpid));
+    cr_assert(cl_wait_log(&c->resolver, "fault injected: every thread of the resolver stops", 1000));
+    int64_t end = cl_now_ms() + 15000 * scale;
+    while (proc_state(rpid) == 'T' && cl_now_ms() < end) {
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    cr_assert_neq(proc_state(rpid), 'T', "the resolver is still stopped");
+    cr_assert(cluster_wait_count(c, TPU_CORE_READY, 2, 10000 * scale), "the cores are not READY after the pause");
+    cr_assert_eq(c->resolver.pid, rpid);
+
+    /* a crashed resolver: SIGKILL; started again, the workers register by their next heartbeats */
+    tpu_fault kill = {.kind = TPU_FAULT_KILL};
+    end = cl_now_ms() + 5000 * scale; /* the pause's grace: a second fault waits for it */
+    tpu_status st;
+    while ((st = tpu_inject_resolver_fault(tc, &kill)) == TPU_FAILED_PRECONDITION && cl_now_ms() < end) {
+        struct timespec ts = {0, 100 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    cr_assert_eq(st, TPU_OK, "%s", tpu_last_error());
+    cr_assert(cluster_wait_exit(&c->resolver, 5000 * scale), "the resolver still runs after the kill");
+    cr_assert(WIFSIGNALED(c->resolver.status) && WTERMSIG(c->resolver.status) == SIGKILL,
+              "the resolver ended with status %#x, not by SIGKILL", c->resolver.status);
+    cluster_restart_resolver(c);
+    cr_assert(cluster_wait_count(c, TPU_CORE_READY, 2, 10000 * scale), "the cores did not come back to the resolver");
+    tpu_cluster_free(tc);
+    tpu_resolver_free(r);
+    cluster_free(c);
+}

@@ -340,6 +340,14 @@ TPU_API tpu_status tpu_fault_kind_parse(const char *name, tpu_fault_kind *out);
  * or pause already under way there), TPU_UNAVAILABLE (its worker did not
  * answer), TPU_UNAUTHENTICATED. */
 TPU_API tpu_status tpu_inject_fault(tpu_cluster *c, const char *host_id, int core, const tpu_fault *f);
+/* Injects f into the resolver itself (tpuctl chaos kill|pause resolver): a
+ * kill (it dies at once, SIGKILL: restart it, and the workers register again
+ * by their next heartbeats) or a pause of 1..600000 ms (every thread stops,
+ * as a hung resolver), at once (no delay, step, percent or notice), 50 ms
+ * after it answers. Errors: TPU_INVALID_ARGUMENT (another kind or field),
+ * TPU_FAILED_PRECONDITION (a pause under way), TPU_UNAVAILABLE,
+ * TPU_UNAUTHENTICATED. */
+TPU_API tpu_status tpu_inject_resolver_fault(tpu_cluster *c, const tpu_fault *f);
 
 /* ---- collectives: all-reduce, broadcast, all-gather, reduce-scatter ----
  *

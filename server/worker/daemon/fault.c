@@ -5,13 +5,12 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "log.h"
+#include "selfpause.h"
 
 const char *fault_kind_name(int kind)
 {
@@ -86,37 +85,15 @@ static void on_reap(uv_timer_t *t)
     uv_timer_start(&f->reap, on_reap, 20, 0);
 }
 
-/* Stops this whole process for ms: a helper process sends SIGSTOP, sleeps,
- * sends SIGCONT (the helper, not this process, since a stopped process runs
- * nothing) and exits. Between fork and _exit the helper calls only
- * async-signal-safe functions. */
+/* Stops this whole process for ms (selfpause.h). */
 static void pause_now(struct fault *f, uint32_t ms)
 {
-    pid_t me = getpid(), child;
+    pid_t child;
 
     log_warn("fault injected: every thread of this worker stops", "kind=pause duration_ms=%u", ms);
     record(f, TPUEMU__FAULT_KIND__FAULT_PAUSE, "pause", ms, 0);
     log_flush_suppressed(1);
-    child = fork();
-    if (child == 0) {
-        struct timespec ts = {(time_t)(ms / 1000u), (long)(ms % 1000u) * 1000000L};
-        /* the worker's sockets are not the helper's to keep: a worker killed
-         * while paused must close its connections and ports at once; and the
-         * helper goes with it */
-#ifdef SYS_close_range
-        if (syscall(SYS_close_range, 3u, ~0u, 0u) != 0)
-#endif
-            for (int fd = 3; fd < 65536; fd++)
-                close(fd);
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != me)
-            _exit(0);
-        kill(me, SIGSTOP);
-        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-            ;
-        kill(me, SIGCONT);
-        _exit(0);
-    }
+    child = self_pause(ms);
     if (child < 0) {
         log_error("pause not injected: no helper process", "reason=%s", log_q(strerror(errno)));
         return;
