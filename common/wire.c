@@ -185,11 +185,18 @@ static struct arena *arena_of(const wire_msg *m)
     return a;
 }
 
+static _Atomic int64_t clock_skew_ms;
+
+void wire_set_clock_skew_ms(int64_t skew_ms)
+{
+    clock_skew_ms = skew_ms;
+}
+
 uint64_t wire_now_unix_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return (uint64_t)((int64_t)((uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u) + clock_skew_ms);
 }
 
 uint64_t wire_now_ms(void)

@@ -23,7 +23,10 @@
 
 typedef Tpuemu__Message wire_msg;
 
-uint64_t wire_now_unix_ms(void); /* CLOCK_REALTIME, for the replay window */
+uint64_t wire_now_unix_ms(void); /* CLOCK_REALTIME (plus the skew below), for the replay window */
+/* Makes this process's wall clock, as the wire sees it (message dates and the
+ * replay window), skew_ms off (an injected clock skew; 0: right again). */
+void wire_set_clock_skew_ms(int64_t skew_ms);
 uint64_t wire_now_ms(void);      /* CLOCK_MONOTONIC, for ages and deadlines */
 
 /* Fills m's nonce (fresh random), sent_unix_ms and sender, then packs it into a

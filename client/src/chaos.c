@@ -13,8 +13,8 @@
 #include "nnuv.h"
 #include "wire.h"
 
-static const char *const kind_names[] = {NULL, "kill", "pause", "slow", "hbm", "preempt", "maintenance"};
-#define NKINDS 6
+static const char *const kind_names[] = {NULL, "kill", "pause", "slow", "hbm", "preempt", "maintenance", "skew"};
+#define NKINDS 7
 
 const char *tpu_fault_kind_name(tpu_fault_kind k)
 {
@@ -28,7 +28,7 @@ tpu_status tpu_fault_kind_parse(const char *name, tpu_fault_kind *out)
             *out = (tpu_fault_kind)k;
             return TPU_OK;
         }
-    return cli_failf(TPU_INVALID_ARGUMENT, "'%s' is not a fault kind (kill, pause, slow, hbm, preempt, maintenance)", name ? name : "");
+    return cli_failf(TPU_INVALID_ARGUMENT, "'%s' is not a fault kind (kill, pause, slow, hbm, preempt, maintenance, skew)", name ? name : "");
 }
 
 /* One sealed request to url and its reply, within timeout_ms. */
@@ -105,7 +105,7 @@ tpu_status tpu_inject_fault(tpu_cluster *c, const char *host_id, int core, const
         return cli_failf(TPU_INVALID_ARGUMENT, "tpu_inject_fault: give a host id, a core index >= 0 and a fault");
     if (!tpu_fault_kind_name(f->kind))
         return cli_failf(TPU_INVALID_ARGUMENT, "fault kind %d is not kill (1), pause (2), slow (3), hbm (4), "
-                         "preempt (5) or maintenance (6)", (int)f->kind);
+                         "preempt (5), maintenance (6) or skew (7)", (int)f->kind);
     snprintf(name, sizeof name, "%s/%d", host_id, core);
     if (tpu_cluster_spec_get(c, &spec) != TPU_OK)
         return tpu_last_status();
@@ -130,6 +130,7 @@ tpu_status tpu_inject_fault(tpu_cluster *c, const char *host_id, int core, const
     body.delay_ms = f->delay_ms;
     body.at_step = f->at_step;
     body.notice_ms = f->notice_ms;
+    body.skew_ms = f->skew_ms;
     req.recipient = &to;
     req.body_case = TPUEMU__MESSAGE__BODY_INJECT_FAULT;
     req.inject_fault = &body;
@@ -156,6 +157,7 @@ tpu_status tpu_inject_resolver_fault(tpu_cluster *c, const tpu_fault *f)
     body.delay_ms = f->delay_ms;
     body.at_step = f->at_step;
     body.notice_ms = f->notice_ms;
+    body.skew_ms = f->skew_ms;
     req.body_case = TPUEMU__MESSAGE__BODY_INJECT_FAULT;
     req.inject_fault = &body;
     if (call_do(c, &req, TPUEMU__MESSAGE__BODY_INJECT_FAULT_REPLY, c->r->timeout_ms, &m, &e) != CODE_OK)

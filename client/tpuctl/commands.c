@@ -654,7 +654,7 @@ static int chaos_scenario(const struct tpuctl *g, const char *path, long long se
 static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
 {
     static const char usage[] = "tpuctl chaos [--delay-ms MS | --at-step N] [--notice-ms MS] kill T | pause T MS | "
-                                "slow T PCT [MS] | hbm T PCT [MS] | preempt T | maintenance T MS  "
+                                "slow T PCT [MS] | hbm T PCT [MS] | preempt T | maintenance T MS | skew T MS [DURATION]  "
                                 "(T: HOST/CORE, HOST, all; kill and pause also resolver)";
     long long delay = 0, at_step = 0, notice = -1, seed = -1;
     const char *scen = NULL;
@@ -686,7 +686,9 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
                   "milliseconds or until the next slow; slow T 100 ends it), hbm PCT [MS] (PCT %% of the core's "
                   "HBM is taken, for MS milliseconds or until the next initialize), preempt (a preemption notice, "
                   "then, --notice-ms later, the worker terminates and the core is PREEMPTED), maintenance MS (a "
-                  "maintenance notice, then the core is down for MS milliseconds and comes back restarted). The "
+                  "maintenance notice, then the core is down for MS milliseconds and comes back restarted), skew MS "
+                  "[DURATION] (the worker's wall clock is MS milliseconds off, negative for slow, for DURATION ms or "
+                  "until the next skew; with a cluster token, beyond 60 s its messages are refused). The "
                   "target is one core (HOST/CORE), every live core of a host (HOST) or of the cluster (all); kill and "
                   "pause may also hit the resolver itself (resolver). "
                   "--delay-ms or --at-step make the fault wait (the worker checks it now). Each worker logs the "

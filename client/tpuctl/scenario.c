@@ -29,11 +29,26 @@ int chaos_fault_args(tpu_fault *f, char *const *args, int nargs, char *why, size
     case TPU_FAULT_PAUSE:
     case TPU_FAULT_MAINTENANCE:
         if (nargs != 1 || num(args[0], 1, 600000, &v) != 0) {
-            snprintf(why, errn, "%s needs one duration in ms from 1 to 600000%s%s%s", k, nargs ? " (got '" : "",
+            snprintf(why, errn, "%s needs a duration in ms from 1 to 600000%s%s%s", k, nargs ? " (got '" : "",
                      nargs ? args[0] : "", nargs ? "')" : "");
             return -1;
         }
         f->duration_ms = (uint32_t)v;
+        return 0;
+    case TPU_FAULT_SKEW:
+        if (nargs < 1 || nargs > 2 || num(args[0], -3600000, 3600000, &v) != 0) {
+            snprintf(why, errn, "skew needs a skew in ms from -3600000 to 3600000 and at most a duration in ms%s%s%s",
+                     nargs ? " (got '" : "", nargs ? args[0] : "", nargs ? "')" : "");
+            return -1;
+        }
+        f->skew_ms = (int32_t)v;
+        if (nargs == 2) {
+            if (num(args[1], 0, 600000, &v) != 0) {
+                snprintf(why, errn, "'%s' is not a duration in ms from 0 to 600000", args[1]);
+                return -1;
+            }
+            f->duration_ms = (uint32_t)v;
+        }
         return 0;
     case TPU_FAULT_SLOW:
     case TPU_FAULT_HBM:
@@ -103,7 +118,7 @@ static int parse_fault(char **w, int n, struct scen_fault *sf, char *why, size_t
         return -1;
     }
     if (i >= n || tpu_fault_kind_parse(w[i], &sf->f.kind) != TPU_OK) {
-        snprintf(why, errn, "'%s' is not a fault kind (kill, pause, slow, hbm, preempt, maintenance)",
+        snprintf(why, errn, "'%s' is not a fault kind (kill, pause, slow, hbm, preempt, maintenance, skew)",
                  i < n ? w[i] : "");
         return -1;
     }

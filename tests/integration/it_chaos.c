@@ -605,7 +605,7 @@ Test(chaos, scenario_is_checked_whole_and_replays_with_its_seed, .timeout = 120)
     write_file(bad, "at 600000ms slow h0/0 50\nat 600000ms pause h0/1\n");
     cluster_tpuctl(c, &r, 10000, "chaos", "--scenario", bad, NULL);
     cr_assert_eq(r.code, 2, "exit %d: %s", r.code, r.err);
-    cr_assert(strstr(r.err, "bad.txt:2: pause needs one duration in ms"), "%s", r.err);
+    cr_assert(strstr(r.err, "bad.txt:2: pause needs a duration in ms"), "%s", r.err);
     run_result_free(&r);
     for (int i = 0; i < 4; i++)
         cr_assert_not(cl_log_contains(&c->workers[i], "fault scheduled"), "a fault of a refused scenario was injected");
@@ -683,6 +683,44 @@ Test(chaos, resolver_pause_and_kill, .timeout = 120)
               "the resolver ended with status %#x, not by SIGKILL", c->resolver.status);
     cluster_restart_resolver(c);
     cr_assert(cluster_wait_count(c, TPU_CORE_READY, 2, 10000 * scale), "the cores did not come back to the resolver");
+    tpu_cluster_free(tc);
+    tpu_resolver_free(r);
+    cluster_free(c);
+}
+
+/* ---- clock skew ---- */
+
+/* With a cluster token, messages carry their sender's wall clock and a
+ * daemon refuses those more than 60 s off (auth.h): a worker whose clock is
+ * 2 minutes fast is refused by the resolver and goes dead, then comes back
+ * when its clock is right again;10 s fast changes nothing. */
+Test(chaos, clock_skew_beyond_the_window_cuts_a_core_off, .timeout = 120)
+{
+    cluster_opts o = {.hosts = 1, .cores_per_host = 2, .token = 1};
+    cluster *c = cluster_start(&o);
+    tpu_resolver *r;
+    tpu_cluster *tc;
+    int scale = cl_time_scale();
+    run_result rr;
+
+    cr_assert_eq(cluster_connect(c, &r, &tc), TPU_OK, "%s", tpu_last_error());
+    tpu_fault bad = {.kind = TPU_FAULT_SKEW, .skew_ms = 3600001};
+    cr_assert_eq(tpu_inject_fault(tc, "h0", 1, &bad), TPU_INVALID_ARGUMENT);
+    cr_assert(strstr(tpu_last_error(), "fault 'skew' needs a skew from"), "%s", tpu_last_error());
+    /* within the window (fast: a slow clock would date its messages before the resolver started) nothing changes */
+    cluster_tpuctl(c, &rr, 10000, "chaos", "skew", "h0/0", "10000", NULL);
+    cr_assert_eq(rr.code, 0, "exit %d: %s", rr.code, rr.err);
+    run_result_free(&rr);
+    /* beyond it, for a while */
+    tpu_fault skew = {.kind = TPU_FAULT_SKEW, .skew_ms = 120000, .duration_ms = 4000u * (uint32_t)scale};
+    cr_assert_eq(tpu_inject_fault(tc, "h0", 1, &skew), TPU_OK, "%s", tpu_last_error());
+    cr_assert(cluster_wait_core_state(c, "h0", 1, TPU_CORE_DEAD, 4000 * scale),
+              "the resolver did not cut off h0/1, whose clock is 2 minutes fast");
+    cr_assert(cl_wait_log(&c->workers[1], "heartbeat refused", 2000), "see %s", c->workers[1].log);
+    cr_assert(cl_log_contains(&c->workers[1], "fault injected: this worker's clock is off"));
+    cr_assert(cluster_wait_core_state(c, "h0", 1, TPU_CORE_IDLE, 15000 * scale), "h0/1 did not come back");
+    cr_assert(cl_log_contains(&c->workers[1], "fault over: this worker's clock is right again"));
+    cr_assert_eq(cluster_core_state(c, "h0", 0, NULL), TPU_CORE_IDLE, "h0/0, 10 s fast, was cut off too");
     tpu_cluster_free(tc);
     tpu_resolver_free(r);
     cluster_free(c);

@@ -310,6 +310,9 @@ typedef enum tpu_fault_kind {
     TPU_FAULT_MAINTENANCE = 6, /* a maintenance notice now; notice_ms later the core leaves its
                                   system and is down (MAINTENANCE) for duration_ms, then back,
                                   restarted (IDLE) */
+    TPU_FAULT_SKEW = 7,        /* its wall clock (message dates, the replay window) is skew_ms off for
+                                  duration_ms (0: until the next skew; skew_ms 0 ends it): with a
+                                  cluster token, beyond 60 s its messages are refused as replays */
 } tpu_fault_kind;
 
 typedef struct tpu_fault {
@@ -323,9 +326,10 @@ typedef struct tpu_fault {
     uint32_t delay_ms;
     uint64_t at_step;
     uint32_t notice_ms;   /* PREEMPT, MAINTENANCE: from the notice to the event, 0..600000; otherwise 0 */
+    int32_t skew_ms;      /* SKEW: -3600000..3600000; otherwise 0 */
 } tpu_fault;
 
-/* "kill", "pause", "slow", "hbm", "preempt", "maintenance"; NULL for a value that is not a kind. */
+/* "kill", "pause", "slow", "hbm", "preempt", "maintenance", "skew"; NULL for a value that is not a kind. */
 TPU_API const char *tpu_fault_kind_name(tpu_fault_kind k);
 /* The kind named name; TPU_INVALID_ARGUMENT naming the kinds otherwise. */
 TPU_API tpu_status tpu_fault_kind_parse(const char *name, tpu_fault_kind *out);

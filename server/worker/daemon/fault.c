@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "wire.h"
 #include "selfpause.h"
 
 const char *fault_kind_name(int kind)
@@ -27,6 +28,8 @@ const char *fault_kind_name(int kind)
         return "preempt";
     case TPUEMU__FAULT_KIND__FAULT_MAINTENANCE:
         return "maintenance";
+    case TPUEMU__FAULT_KIND__FAULT_SKEW:
+        return "skew";
     default:
         return "unknown";
     }
@@ -57,7 +60,9 @@ void fault_init(struct fault *f, const struct fault_env *env)
     uv_timer_init(env->loop, &f->hbm_end);
     uv_timer_init(env->loop, &f->event);
     uv_timer_init(env->loop, &f->window);
+    uv_timer_init(env->loop, &f->skew_end);
     f->act.data = f->slow.data = f->reap.data = f->hbm_end.data = f->event.data = f->window.data = f;
+    f->skew_end.data = f;
     for (int i = 0; i < FAULT_MAX_SCHEDULED; i++) {
         uv_timer_init(env->loop, &f->sched[i].timer);
         f->sched[i].timer.data = &f->sched[i];
@@ -224,10 +229,21 @@ static int check(const Tpuemu__InjectFault *req, err *e)
                            "and no percent (got %u ms, notice %u ms, %u %%)",
                            FAULT_MAX_MS, FAULT_MAX_MS, req->duration_ms, req->notice_ms, req->percent);
         break;
+    case TPUEMU__FAULT_KIND__FAULT_SKEW:
+        if (req->skew_ms < -FAULT_MAX_SKEW_MS || req->skew_ms > FAULT_MAX_SKEW_MS || req->percent ||
+            req->duration_ms > FAULT_MAX_MS)
+            return err_set(e, CODE_INVALID_ARGUMENT,
+                           "fault 'skew' needs a skew from -%d to %d ms, a duration up to %u ms (0: until the next "
+                           "skew) and no percent (got %d ms, %u ms, %u %%)", FAULT_MAX_SKEW_MS, FAULT_MAX_SKEW_MS,
+                           FAULT_MAX_MS, req->skew_ms, req->duration_ms, req->percent);
+        break;
     default:
         return err_set(e, CODE_INVALID_ARGUMENT, "fault kind %d is not kill (1), pause (2), slow (3), hbm (4), "
-                       "preempt (5) or maintenance (6)", kind);
+                       "preempt (5), maintenance (6) or skew (7)", kind);
     }
+    if (req->skew_ms && kind != TPUEMU__FAULT_KIND__FAULT_SKEW)
+        return err_set(e, CODE_INVALID_ARGUMENT, "fault '%s' takes no skew (got %d ms)", fault_kind_name(kind),
+                       req->skew_ms);
     if (req->notice_ms && kind != TPUEMU__FAULT_KIND__FAULT_PREEMPT && kind != TPUEMU__FAULT_KIND__FAULT_MAINTENANCE)
         return err_set(e, CODE_INVALID_ARGUMENT, "fault '%s' takes no notice (got %u ms): only preempt and "
                        "maintenance come with one", fault_kind_name(kind), req->notice_ms);
@@ -303,9 +319,28 @@ static int give_notice(struct fault *f, int kind, uint32_t notice_ms, uint32_t w
 
 /* Makes the fault happen now; kill and pause at once unless deferred (then
  * FAULT_DELAY_MS later, after the reply). */
-static int apply(struct fault *f, int kind, uint32_t duration_ms, uint32_t percent, uint32_t notice_ms, int deferred,
-                 err *e)
+static void on_skew_end(uv_timer_t *t)
 {
+    (void)t;
+    wire_set_clock_skew_ms(0);
+    log_info("fault over: this worker's clock is right again", "kind=skew");
+}
+
+static int apply(struct fault *f, int kind, uint32_t duration_ms, uint32_t percent, uint32_t notice_ms,
+                 int32_t skew_ms, int deferred, err *e)
+{
+    if (kind == TPUEMU__FAULT_KIND__FAULT_SKEW) {
+        wire_set_clock_skew_ms(skew_ms);
+        prom_add(&f->injected[kind], 1);
+        log_warn("fault injected: this worker's clock is off", "kind=skew skew_ms=%d duration_ms=%u", skew_ms,
+                 duration_ms);
+        record(f, kind, "skew", duration_ms, 0);
+        if (duration_ms && skew_ms)
+            uv_timer_start(&f->skew_end, on_skew_end, duration_ms, 0);
+        else
+            uv_timer_stop(&f->skew_end);
+        return CODE_OK;
+    }
     if (kind == TPUEMU__FAULT_KIND__FAULT_PREEMPT || kind == TPUEMU__FAULT_KIND__FAULT_MAINTENANCE)
         return give_notice(f, kind, notice_ms, duration_ms, e);
     if (kind == TPUEMU__FAULT_KIND__FAULT_HBM) {
@@ -347,7 +382,7 @@ static void fire(struct fault_sched *sc, const char *why)
     sc->kind = 0;
     uv_timer_stop(&sc->timer);
     log_info("scheduled fault due", "kind=%s when=%s", fault_kind_name(kind), log_q(why));
-    if (apply(f, kind, sc->duration_ms, sc->percent, sc->notice_ms, 0, &e) != CODE_OK)
+    if (apply(f, kind, sc->duration_ms, sc->percent, sc->notice_ms, sc->skew_ms, 0, &e) != CODE_OK)
         log_warn("scheduled fault not injected", "kind=%s reason=%s", fault_kind_name(kind), log_q(e.msg));
 }
 
@@ -375,7 +410,7 @@ int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e)
     if ((rc = check(req, e)) != CODE_OK)
         return rc;
     if (!req->delay_ms && !req->at_step)
-        return apply(f, (int)req->kind, req->duration_ms, req->percent, req->notice_ms, 1, e);
+        return apply(f, (int)req->kind, req->duration_ms, req->percent, req->notice_ms, req->skew_ms, 1, e);
     for (int i = 0; i < FAULT_MAX_SCHEDULED; i++) {
         struct fault_sched *sc = &f->sched[i];
         if (sc->kind)
@@ -384,6 +419,7 @@ int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e)
         sc->duration_ms = req->duration_ms;
         sc->percent = req->percent;
         sc->notice_ms = req->notice_ms;
+        sc->skew_ms = req->skew_ms;
         sc->at_step = req->at_step;
         if (req->delay_ms)
             uv_timer_start(&sc->timer, on_sched_timer, req->delay_ms, 0);
@@ -408,6 +444,7 @@ void fault_stop(struct fault *f)
     uv_close((uv_handle_t *)&f->hbm_end, NULL);
     uv_close((uv_handle_t *)&f->event, NULL);
     uv_close((uv_handle_t *)&f->window, NULL);
+    uv_close((uv_handle_t *)&f->skew_end, NULL);
     uv_close((uv_handle_t *)&f->act, NULL);
     uv_close((uv_handle_t *)&f->slow, NULL);
     uv_close((uv_handle_t *)&f->reap, NULL);

@@ -37,7 +37,8 @@
  * pause is refused until then), so that requests sent while the worker was
  * stopped are answered alike however soon it runs again. */
 #define FAULT_PAUSE_GRACE_MS 1000u
-#define FAULT_KINDS 7        /* FaultKind values, 0 unused */
+#define FAULT_KINDS 8        /* FaultKind values, 0 unused */
+#define FAULT_MAX_SKEW_MS 3600000
 #define FAULT_MAX_SCHEDULED 16
 #define FAULT_MAX_DELAY_MS 3600000u /* an hour */
 #define FAULT_HBM_NAME "chaos: HBM pressure (tpuctl chaos hbm)"
@@ -65,6 +66,7 @@ struct fault_sched {
     struct fault *f;
     int kind;                /* 0: the slot is free */
     uint32_t duration_ms, percent, notice_ms;
+    int32_t skew_ms;
     uint64_t at_step;        /* 0: by time */
 };
 
@@ -77,6 +79,7 @@ struct fault {
     uv_timer_t hbm_end;      /* the end of HBM pressure */
     uv_timer_t event;        /* a notice's event: the preemption, the start of maintenance */
     uv_timer_t window;       /* the end of maintenance */
+    uv_timer_t skew_end;     /* the end of a clock skew */
     uint32_t hbm_id;         /* its allocation; 0: none */
     uint64_t hbm_bytes;      /* its size */
     int pending;             /* the kill or pause act will do; 0: none */
@@ -92,7 +95,7 @@ void fault_init(struct fault *f, const struct fault_env *env);
 int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e);
 /* Fires the faults scheduled for step (loop thread, after the step). */
 void fault_on_step(struct fault *f, uint64_t step);
-/* "kill", "pause", "slow", "hbm", "preempt", "maintenance" */
+/* "kill", "pause", "slow", "hbm", "preempt", "maintenance", "skew" */
 const char *fault_kind_name(int kind);
 /* Cancels what is scheduled and closes the timers (the loop can then end). */
 void fault_stop(struct fault *f);
