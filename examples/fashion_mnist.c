@@ -343,7 +343,8 @@ int main(int argc, char **argv)
                tpu_model_batch_in_epoch(model), (unsigned long long)tpu_model_step(model));
     }
 
-    double loss, accuracy;
+    double loss = 0, accuracy = 0;
+    int exit_code = 0;
     for (int recoveries = 0;;) {
         tpu_status st = tpu_model_fit(model, train, &fo, NULL);
         const char *what = "training";
@@ -356,7 +357,8 @@ int main(int argc, char **argv)
         fail(what); /* UNAVAILABLE names the core: "core host1/3 ..." */
         if (st == TPU_PREEMPTED) {
             printf("preempted: exiting with status %d; start again with the same flags to go on\n", EXIT_PREEMPTED);
-            return EXIT_PREEMPTED;
+            exit_code = EXIT_PREEMPTED; /* after the clean-up below */
+            break;
         }
         do {
             if (st != TPU_UNAVAILABLE || recoveries >= recover_max)
@@ -370,11 +372,12 @@ int main(int argc, char **argv)
                 return fail("making the profiler callback");
         }
     }
-    if (*tpu_callback_profiler_dir(&cbs[1]))
+    if (!exit_code && *tpu_callback_profiler_dir(&cbs[1]))
         printf("profile of batches 10-20 in %s (the .trace.json.gz opens in Perfetto, chrome://tracing or "
                "speedscope; steps.svg in a browser)\n",
                tpu_callback_profiler_dir(&cbs[1]));
-    printf("test loss: %.4f\ntest accuracy: %.4f\n", loss, accuracy);
+    if (!exit_code)
+        printf("test loss: %.4f\ntest accuracy: %.4f\n", loss, accuracy);
 
     for (size_t i = 0; i < ncb; i++)
         tpu_callback_free(&cbs[i]);
@@ -386,5 +389,5 @@ int main(int argc, char **argv)
     tpu_cluster_free(cluster);
     tpu_resolver_free(resolver);
     free(x_train), free(y_train), free(x_test), free(y_test);
-    return 0;
+    return exit_code;
 }
