@@ -7,6 +7,7 @@
  *
  *   fashion_mnist [--tpu ADDR] [--epochs N] [--data DIR] [--logdir DIR]
  *                 [--checkpoint FILE [--checkpoint-every N]] [--recover N [--recover-wait S]]
+ *                 [--elastic N [--elastic-wait S] [--elastic-batch global|per-replica]]
  *
  * With --checkpoint it saves the model after every epoch (or every N steps);
  * with --recover it survives a core that dies: on UNAVAILABLE it waits for
@@ -18,6 +19,12 @@
  * the program exits with status 42 (EXIT_PREEMPTED, TensorFlow's restartable
  * exit code); started again with the same flags, it loads that checkpoint
  * and goes on from that step.
+ *
+ * With --elastic it trains elastically instead (tpu_fit_options.elastic):
+ * fit itself goes on when cores are lost, with all of them if they come back
+ * within --elastic-wait seconds, else with the survivors, from the newest
+ * state (the checkpoint or fit's snapshot in memory); a notice does not stop
+ * it. It prints the history's events at the end.
  *
  * It uses only the public API (tpuemu/model.h, tpuemu/data.h). */
 #include <math.h>
@@ -46,6 +53,7 @@ static int usage(const char *why)
         fprintf(stderr, "fashion_mnist: %s\n", why);
     fprintf(stderr, "usage: fashion_mnist [--tpu ADDR] [--epochs N] [--data DIR] [--logdir DIR]\n"
                     "                     [--checkpoint FILE [--checkpoint-every N]] [--recover N [--recover-wait S]]\n"
+                    "                     [--elastic N [--elastic-wait S] [--elastic-batch global|per-replica]]\n"
                     "  --tpu ADDR    the TPU resolver, HOST:PORT (default $TPU_NAME, else 127.0.0.1:8470)\n"
                     "  --epochs N    epochs to train (default 10)\n"
                     "  --data DIR    the Fashion-MNIST IDX files (default " DEFAULT_DATA ",\n"
@@ -56,7 +64,12 @@ static int usage(const char *why)
                     "  --checkpoint-every N  ... every N steps instead (1..1000000)\n"
                     "  --recover N   when a core fails (UNAVAILABLE), up to N times (1..100): wait for\n"
                     "                the cluster to be whole, re-initialize, load FILE and go on\n"
-                    "  --recover-wait S  the longest to wait for the cluster each time (default 120 s)\n");
+                    "  --recover-wait S  the longest to wait for the cluster each time (default 120 s)\n"
+                    "  --elastic N   elastic training: go on through up to N lost cores (1..1000), with\n"
+                    "                the survivors when they are not back in time\n"
+                    "  --elastic-wait S  how long to wait for lost cores to come back (default 30 s)\n"
+                    "  --elastic-batch global|per-replica  keep the global batch (default) or each\n"
+                    "                replica's batch when the replicas change\n");
     return 2;
 }
 
@@ -205,7 +218,8 @@ static tpu_status recover(tpu_cluster *c, tpu_topology **topology, tpu_model *m,
 int main(int argc, char **argv)
 {
     const char *tpu = NULL, *data = DEFAULT_DATA, *logdir = "logs", *ckpt = NULL;
-    int epochs = 10, recover_max = 0, recover_wait = 120;
+    int epochs = 10, recover_max = 0, recover_wait = 120, elastic = 0, elastic_wait = 30;
+    tpu_elastic_batch elastic_batch = TPU_ELASTIC_KEEP_GLOBAL_BATCH;
     long ckpt_every = 0;
     float lr = 0;
 
@@ -238,10 +252,21 @@ int main(int argc, char **argv)
             ckpt = argv[++i];
             if (!*ckpt)
                 return usage("--checkpoint: a file name");
-        } else if (!strcmp(a, "--checkpoint-every") || !strcmp(a, "--recover") || !strcmp(a, "--recover-wait")) {
+        } else if (!strcmp(a, "--elastic-batch")) {
+            const char *v = argv[++i];
+            if (!strcmp(v, "global"))
+                elastic_batch = TPU_ELASTIC_KEEP_GLOBAL_BATCH;
+            else if (!strcmp(v, "per-replica"))
+                elastic_batch = TPU_ELASTIC_KEEP_PER_REPLICA_BATCH;
+            else
+                return usage("--elastic-batch: global or per-replica");
+        } else if (!strcmp(a, "--checkpoint-every") || !strcmp(a, "--recover") || !strcmp(a, "--recover-wait") ||
+                   !strcmp(a, "--elastic") || !strcmp(a, "--elastic-wait")) {
             char *end;
             long v = strtol(argv[++i], &end, 10);
-            long most = !strcmp(a, "--checkpoint-every") ? 1000000 : !strcmp(a, "--recover") ? 100 : 3600;
+            long most = !strcmp(a, "--checkpoint-every") ? 1000000 : !strcmp(a, "--recover") ? 100
+                        : !strcmp(a, "--elastic")        ? 1000
+                                                         : 3600;
             if (*end || v < 1 || v > most) {
                 char why[96];
                 snprintf(why, sizeof why, "%s: a number from 1 to %ld", a, most);
@@ -251,8 +276,12 @@ int main(int argc, char **argv)
                 ckpt_every = v;
             else if (!strcmp(a, "--recover"))
                 recover_max = (int)v;
-            else
+            else if (!strcmp(a, "--recover-wait"))
                 recover_wait = (int)v;
+            else if (!strcmp(a, "--elastic"))
+                elastic = (int)v;
+            else
+                elastic_wait = (int)v;
         } else
             return usage("unknown flag");
     }
@@ -260,6 +289,8 @@ int main(int argc, char **argv)
         return usage("--checkpoint-every needs --checkpoint FILE");
     if (recover_max && !ckpt)
         return usage("--recover needs --checkpoint FILE to go on from");
+    if (recover_max && elastic)
+        return usage("--recover and --elastic are two ways to survive a lost core: choose one");
 
     /* data */
     float *x_train, *x_test;
@@ -335,6 +366,10 @@ int main(int argc, char **argv)
     fo.callbacks = cbs;
     fo.num_callbacks = ncb;
     fo.preemption_checkpoint = ckpt;
+    fo.elastic.max_losses = elastic;
+    fo.elastic.wait_ms = (uint32_t)elastic_wait * 1000u;
+    fo.elastic.batch = elastic_batch;
+    fo.elastic.checkpoint = ckpt;
     if (ckpt && access(ckpt, F_OK) == 0) { /* started again after a preemption (or any stop) */
         if (tpu_model_load_checkpoint(model, ckpt) != TPU_OK)
             return fail("loading the checkpoint to resume from");
@@ -346,7 +381,18 @@ int main(int argc, char **argv)
     double loss = 0, accuracy = 0;
     int exit_code = 0;
     for (int recoveries = 0;;) {
-        tpu_status st = tpu_model_fit(model, train, &fo, NULL);
+        tpu_history *history = NULL;
+        tpu_status st = tpu_model_fit(model, train, &fo, elastic ? &history : NULL);
+        for (size_t i = 0; i < tpu_history_num_events(history); i++) {
+            tpu_elastic_event ev;
+            tpu_history_event(history, i, &ev);
+            printf("elastic event %zu: %s at step %llu: %d -> %d replicas, global batch %zu -> %zu, from step "
+                   "%llu (%s), %.1f s: %s\n",
+                   i + 1, tpu_elastic_event_kind_name(ev.kind), (unsigned long long)ev.step, ev.replicas_before,
+                   ev.replicas_after, ev.global_batch_before, ev.global_batch_after,
+                   (unsigned long long)ev.restored_step, ev.from, ev.seconds, ev.cause);
+        }
+        tpu_history_free(history);
         const char *what = "training";
         if (st == TPU_OK) {
             what = "evaluating";

@@ -9,6 +9,7 @@
 #include "addr.h"
 #include "auth.h"
 #include "status.h"
+#include "tpuemu/data.h"
 #include "tpuemu/tpuemu.h"
 #include "wire.h"
 
@@ -67,6 +68,10 @@ tpu_status cli_fail(const err *e);
 /* *out from a wire Notice (NULL: none) (health.c). */
 void cli_notice_from(const Tpuemu__Notice *n, tpu_notice *out);
 tpu_status cli_failf(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The pipeline's batch() takes batch_size rows from now on (elastic fit
+ * keeping the per-replica batch; dataset.c). */
+int dataset_rebatch(tpu_dataset *ds, size_t batch_size, err *e);
 
 /* One request/reply with the cluster's endpoint: seal req, send, wait up to
  * timeout_ms for the reply, open it and check request_id. A reply whose body

@@ -394,6 +394,31 @@ tpu_status tpu_dataset_batch(tpu_dataset *ds, size_t batch_size, int drop_remain
     return s;
 }
 
+/* Elastic fit's re-shard keeping the per-replica batch: the pipeline's one
+ * batch() takes batch_size rows from now on (between iterators; rows are
+ * drawn before they are batched, so an epoch's order does not change). A
+ * cache() or map() after the batch holds or sees batches of the old size,
+ * so such a pipeline is refused. */
+int dataset_rebatch(tpu_dataset *ds, size_t batch_size, err *e)
+{
+    tpu_dataset *d = dataset_of(ds);
+    struct op *b = NULL;
+    if (atomic_load(&d->iters))
+        return err_set(e, CODE_FAILED_PRECONDITION, "the dataset has a live iterator");
+    for (size_t i = 0; i < d->nops; i++) {
+        if (d->ops[i].kind == OP_BATCH)
+            b = &d->ops[i];
+        else if (d->ops[i].batched && d->ops[i].kind != OP_SHUFFLE)
+            return err_set(e, CODE_FAILED_PRECONDITION, "the pipeline has a %s() after its batch(), which would see "
+                           "batches of the old size; keep the global batch instead", op_names[d->ops[i].kind]);
+    }
+    if (!b || !batch_size)
+        return err_set(e, CODE_FAILED_PRECONDITION, "the dataset is not batched");
+    b->batch_size = batch_size;
+    d->batch_size = batch_size;
+    return CODE_OK;
+}
+
 tpu_status tpu_dataset_map(tpu_dataset *ds, tpu_map_fn fn, void *user)
 {
     dataset_of(ds);

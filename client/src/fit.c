@@ -19,6 +19,8 @@
 struct tpu_history {
     size_t n, cap;
     tpu_logs *e;
+    size_t nev, capev;
+    tpu_elastic_event *ev;
 };
 
 size_t tpu_history_num_epochs(const tpu_history *h)
@@ -34,11 +36,35 @@ tpu_status tpu_history_epoch(const tpu_history *h, size_t i, tpu_logs *out)
     return TPU_OK;
 }
 
+size_t tpu_history_num_events(const tpu_history *h)
+{
+    return h ? h->nev : 0;
+}
+
+tpu_status tpu_history_event(const tpu_history *h, size_t i, tpu_elastic_event *out)
+{
+    if (!h || i >= h->nev || !out)
+        return cli_failf(TPU_OUT_OF_RANGE, "the history has %zu elastic events", h ? h->nev : 0);
+    *out = h->ev[i];
+    return TPU_OK;
+}
+
+const char *tpu_elastic_event_kind_name(tpu_elastic_event_kind k)
+{
+    switch (k) {
+    case TPU_ELASTIC_NOTICE: return "NOTICE";
+    case TPU_ELASTIC_RESTORED: return "RESTORED";
+    case TPU_ELASTIC_SHRUNK: return "SHRUNK";
+    }
+    return NULL;
+}
+
 void tpu_history_free(tpu_history *h)
 {
     if (!h)
         return;
     free(h->e);
+    free(h->ev);
     free(h);
 }
 
@@ -342,7 +368,7 @@ static int check_dataset(const tpu_model *m, tpu_dataset *ds, int need_labels, c
         return err_set(e, CODE_INVALID_ARGUMENT,
                        "%s: the dataset is not batched; batch it (tpu_dataset_batch) with a global batch of 128 x %zu "
                        "replicas = %zu", what, n, 128 * n);
-    if (b % n)
+    if (b % n && !m->resharded)
         return err_set(e, CODE_INVALID_ARGUMENT,
                        "%s: the global batch of %zu does not split evenly over %zu replicas; use a multiple of %zu "
                        "(128 x %zu = %zu is best)", what, b, n, n, n, 128 * n);
@@ -376,8 +402,12 @@ static double nan_or(int have, double v)
 }
 
 /* One pass over one epoch of ds in mode; callbacks only for training. */
+struct elastic;
+static int elastic_after_step(tpu_model *m, const tpu_fit_options *o, struct elastic *el, err *e);
+
 static int run_epoch(tpu_model *m, tpu_dataset *ds, int mode, int epoch, size_t skip, const tpu_fit_options *o,
-                     tpu_logs *logs, float *out, size_t out_rows, size_t *rows_out, int *stop, err *e)
+                     struct elastic *el, tpu_logs *logs, float *out, size_t out_rows, size_t *rows_out, int *stop,
+                     err *e)
 {
     struct run u;
     int rc;
@@ -418,11 +448,14 @@ static int run_epoch(tpu_model *m, tpu_dataset *ds, int mode, int epoch, size_t 
             break;
         /* a notice: no more steps are posted; those in flight finish on every
          * replica alike, so all of them stop at the same step boundary */
-        if (mode == TPUEMU__STEP_MODE__STEP_TRAIN && o->preemption_checkpoint && m->notice.kind != TPU_NOTICE_NONE &&
-            !*stop) {
+        if (mode == TPUEMU__STEP_MODE__STEP_TRAIN && !el && o->preemption_checkpoint &&
+            m->notice.kind != TPU_NOTICE_NONE && !*stop) {
             *stop = 2;
             u.eof = 1;
         }
+        /* elastic: a notice or the step of a snapshot */
+        if (el && (rc = elastic_after_step(m, o, el, e)) != CODE_OK)
+            break;
         logs->loss = u.rows ? u.loss_sum / (double)u.rows : NAN;
         logs->accuracy = nan_or(acc && u.rows, u.rows ? (double)u.correct / (double)u.rows : 0);
         logs->batch = u.batches_done;
@@ -491,11 +524,349 @@ static int prepare(tpu_model *m, tpu_dataset *ds, tpu_dataset *val, int labels, 
     return model_ensure_compiled(m, b, e);
 }
 
+/* ---- elastic training ---- */
+
+#define ELASTIC_WAIT_MS 30000u
+#define ELASTIC_SNAPSHOT_STEPS 50u
+#define ELASTIC_INIT_MS 15000u      /* one initialize of the system again */
+#define ELASTIC_SETTLE_MS 30000u    /* after the wait: for silent cores to be declared dead */
+
+struct elastic {
+    const tpu_elastic_options *o;
+    tpu_history *h;
+    struct model_snap snap;     /* the newest state in memory */
+    int have_snap;
+    int noticed;                /* the current notice is handled */
+    int losses;
+    size_t n0;                  /* replicas when fit began */
+    size_t gb0;                 /* the dataset's batch when fit began */
+    size_t gb;                  /* and now */
+};
+
+static uint64_t now_ms(void)
+{
+    return now_ns() / 1000000u;
+}
+
+static void sleep_ms(uint64_t ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* src cut to fit, as a string */
+static void copy_str(char *dst, size_t n, const char *src)
+{
+    size_t k = strlen(src);
+    if (k >= n)
+        k = n - 1;
+    memcpy(dst, src, k);
+    dst[k] = 0;
+}
+
+static void core_name(const tpu_model *m, int replica, char *buf, size_t n)
+{
+    const struct cli_coll *cc = m->s->c->coll;
+    if (cc && replica >= 0 && (size_t)replica < cc->n)
+        snprintf(buf, n, "%s/%d", cc->peers[replica].host, cc->peers[replica].core);
+    else
+        snprintf(buf, n, "?");
+}
+
+static int history_add_event(tpu_history *h, const tpu_elastic_event *ev, err *e)
+{
+    if (h->nev == h->capev) {
+        size_t cap = h->capev ? 2 * h->capev : 8;
+        tpu_elastic_event *ne = realloc(h->ev, cap * sizeof *ne);
+        if (!ne)
+            return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+        h->ev = ne;
+        h->capev = cap;
+    }
+    h->ev[h->nev++] = *ev;
+    return CODE_OK;
+}
+
+static int elastic_snapshot(tpu_model *m, struct elastic *el, err *e)
+{
+    struct model_snap sn;
+    int rc = model_snap_take(m, &sn, e);
+    if (rc != CODE_OK)
+        return rc;
+    model_snap_free(&el->snap);
+    el->snap = sn;
+    el->have_snap = 1;
+    return CODE_OK;
+}
+
+/* After each answered execution: a new notice is a snapshot (and the
+ * preemption checkpoint) at this step boundary; else every snapshot_steps
+ * steps a snapshot. A failure here is a failure of the step. */
+static int elastic_after_step(tpu_model *m, const tpu_fit_options *o, struct elastic *el, err *e)
+{
+    uint64_t every = el->o->snapshot_steps ? el->o->snapshot_steps : ELASTIC_SNAPSHOT_STEPS;
+    int rc;
+
+    if (m->notice.kind == TPU_NOTICE_NONE) {
+        el->noticed = 0;
+    } else if (!el->noticed) {
+        tpu_elastic_event ev;
+        char who[DPIO_HOST_MAX + 16];
+        el->noticed = 1;
+        core_name(m, m->notice_replica, who, sizeof who);
+        if ((rc = elastic_snapshot(m, el, e)) != CODE_OK)
+            return rc;
+        memset(&ev, 0, sizeof ev);
+        ev.kind = TPU_ELASTIC_NOTICE;
+        ev.step = ev.restored_step = el->snap.step;
+        ev.replicas_before = ev.replicas_after = (int)m->s->c->coll->n;
+        ev.global_batch_before = ev.global_batch_after = el->gb;
+        snprintf(ev.from, sizeof ev.from, "memory");
+        if (o->preemption_checkpoint) {
+            if (tpu_model_save_checkpoint(m, o->preemption_checkpoint) != TPU_OK)
+                return err_set(e, (int)tpu_last_status(), "saving the preemption checkpoint: %s", tpu_last_error());
+            snprintf(ev.from, sizeof ev.from, "%s", o->preemption_checkpoint);
+        }
+        snprintf(ev.cause, sizeof ev.cause, "a %s notice came from core %s (the event in %.1f s)",
+                 m->notice.kind == TPU_NOTICE_PREEMPTION ? "preemption" : "maintenance", who,
+                 (double)m->notice.event_in_ms / 1000.0);
+        model_warn("elastic training: %s: state saved after step %llu (%s); training goes on until the event",
+                   ev.cause, (unsigned long long)ev.step, ev.from);
+        return history_add_event(el->h, &ev, e);
+    }
+    if (m->step >= el->snap.step + every)
+        return elastic_snapshot(m, el, e);
+    return CODE_OK;
+}
+
+/* Live cores (IDLE or READY, heartbeat younger than two intervals) and
+ * silent ones (IDLE or READY with an older heartbeat: dying or hung, not yet
+ * declared dead). -1 when the resolver does not answer. */
+static int count_live(tpu_cluster *c, int *silent, uint64_t *hb_ms)
+{
+    tpu_cluster_spec *sp;
+    int live = 0;
+    *silent = 0;
+    if (tpu_cluster_spec_get(c, &sp) != TPU_OK)
+        return -1;
+    *hb_ms = tpu_cluster_spec_heartbeat_ms(sp);
+    for (size_t i = 0; i < tpu_cluster_spec_num_cores(sp); i++) {
+        tpu_core_info ci;
+        if (tpu_cluster_spec_core(sp, i, &ci) != TPU_OK ||
+            (ci.state != TPU_CORE_IDLE && ci.state != TPU_CORE_READY))
+            continue;
+        if (ci.heartbeat_age_ms <= 2 * *hb_ms)
+            live++;
+        else
+            (*silent)++;
+    }
+    tpu_cluster_spec_free(sp);
+    return live;
+}
+
+/* One initialize of want cores; TPU_OK or the status (having kept its message in why). */
+static tpu_status elastic_init(tpu_cluster *c, int want, char *why, size_t n)
+{
+    tpu_init_options io = {.expect = (uint32_t)want, .timeout_ms = ELASTIC_INIT_MS};
+    tpu_topology *t = NULL;
+    tpu_status st = tpu_initialize_system(c, &io, &t);
+    if (st == TPU_OK)
+        tpu_topology_free(t);
+    else
+        snprintf(why, n, "%s: %s", tpu_status_name(st), tpu_last_error());
+    return st;
+}
+
+/* After a loss (cause): the TPU system again, with every replica when they
+ * are back within wait_ms, else with the live cores; the model compiled onto
+ * it from the newest state, re-sharded; the event in the history. */
+static int elastic_recover(tpu_model *m, tpu_dataset *ds, struct elastic *el, const char *cause, err *e)
+{
+    const tpu_elastic_options *eo = el->o;
+    tpu_cluster *c = m->s->c;
+    uint64_t t0 = now_ms(), hb = 1000, wait = eo->wait_ms ? eo->wait_ms : ELASTIC_WAIT_MS;
+    uint64_t deadline = t0 + wait, settle = deadline + ELASTIC_SETTLE_MS;
+    int before = (int)c->coll->n, want = before, min = eo->min_replicas > 0 ? eo->min_replicas : 1;
+    int live = 0, silent = 0, got = 0;
+    size_t gb_before = tpu_dataset_batch_size(ds);
+    uint64_t step_lost = m->step;
+    char why[ERR_MSG_MAX] = "", from[sizeof ((tpu_elastic_event *)0)->from] = "memory";
+    tpu_elastic_event ev;
+
+    model_warn("elastic training: %s; waiting up to %.1f s for %d live cores", cause, (double)wait / 1000.0, want);
+    /* every replica back in time: the same system again */
+    for (int tries = 0; !got && tries < 100000; tries++) {
+        uint64_t now = now_ms();
+        live = count_live(c, &silent, &hb);
+        /* two heartbeats first, so that a lost core's last one is stale */
+        if (live >= want && now - t0 >= 2 * hb) {
+            if (elastic_init(c, want, why, sizeof why) == TPU_OK)
+                got = want;
+        }
+        if (got || now_ms() >= deadline)
+            break;
+        sleep_ms(200);
+    }
+    /* else the live cores, once the silent ones are declared dead */
+    for (int tries = 0; !got && tries < 100000; tries++) {
+        uint64_t now = now_ms();
+        live = count_live(c, &silent, &hb);
+        if (live >= min && (!silent || now >= settle)) {
+            if (elastic_init(c, live, why, sizeof why) == TPU_OK)
+                got = live;
+        }
+        if (got || now_ms() >= settle + ELASTIC_INIT_MS)
+            break;
+        sleep_ms(200);
+    }
+    if (!got) {
+        if (live < 0)
+            return err_set(e, CODE_UNAVAILABLE, "elastic training: after %s, the resolver does not answer: %s", cause,
+                           why[0] ? why : tpu_last_error());
+        return err_set(e, CODE_UNAVAILABLE, "elastic training: after %s, %d live cores %s(min_replicas %d)%s%s",
+                       cause, live, live < min ? "are too few " : "could not be initialized ", min,
+                       why[0] ? ": " : "", why);
+    }
+    int n = (int)c->coll->n;
+    size_t gb = gb_before;
+    if (eo->batch == TPU_ELASTIC_KEEP_PER_REPLICA_BATCH && n != before) {
+        gb = gb_before / (size_t)before * (size_t)n;
+        int rc = dataset_rebatch(ds, gb, e);
+        if (rc != CODE_OK)
+            return err_prefix(e, "elastic training: re-sharding the dataset to a global batch of %zu", gb), rc;
+    }
+    if ((size_t)n != el->n0 || gb != el->gb0)
+        m->resharded = 1;
+    el->gb = gb;
+
+    /* the newest state: the checkpoint file when it is ahead of the snapshot */
+    struct model_snap fsn, *use = &el->snap;
+    int have_file = 0;
+    if (eo->checkpoint && access(eo->checkpoint, F_OK) == 0) {
+        err fe;
+        if (model_snap_read(m, eo->checkpoint, &fsn, &fe) == CODE_OK) {
+            have_file = 1;
+            if (fsn.step > el->snap.step) {
+                use = &fsn;
+                snprintf(from, sizeof from, "%s", eo->checkpoint);
+            }
+        } else {
+            model_warn("elastic training: %s (the snapshot in memory is used)", fe.msg);
+        }
+    }
+    struct model_snap at = *use;
+    if (gb != gb_before) /* the position counted in batches of the old size */
+        at.batch = use->batch * gb_before / gb;
+    int rc = model_snap_apply(m, &at, e);
+    if (rc == CODE_OK)
+        rc = model_ensure_compiled(m, gb, e);
+    if (have_file)
+        model_snap_free(&fsn);
+    if (rc == CODE_OK)
+        rc = elastic_snapshot(m, el, e); /* in the new batch's units, the state to go back to */
+    if (rc != CODE_OK)
+        return err_prefix(e, "elastic training: restoring the state on %d replicas", n), rc;
+
+    memset(&ev, 0, sizeof ev);
+    ev.kind = n == before ? TPU_ELASTIC_RESTORED : TPU_ELASTIC_SHRUNK;
+    ev.step = step_lost;
+    snprintf(ev.from, sizeof ev.from, "%s", from);
+    ev.restored_step = at.step;
+    ev.replicas_before = before;
+    ev.replicas_after = n;
+    ev.global_batch_before = gb_before;
+    ev.global_batch_after = gb;
+    ev.seconds = (double)(now_ms() - t0) / 1000.0;
+    copy_str(ev.cause, sizeof ev.cause, cause);
+    model_warn("elastic training: %s with %d replicas (was %d), global batch %zu, from step %llu (%s) after %.1f s",
+               n == before ? "restored" : "went on", n, before, gb, (unsigned long long)at.step, ev.from, ev.seconds);
+    return history_add_event(el->h, &ev, e);
+}
+
+static int elastic_check(const tpu_fit_options *o, tpu_model *m, tpu_dataset *ds, err *e)
+{
+    const tpu_elastic_options *eo = &o->elastic;
+    size_t n = m->s->c->coll->n;
+    if (eo->max_losses < 0 || eo->max_losses > 1000)
+        return err_set(e, CODE_INVALID_ARGUMENT, "elastic.max_losses %d is outside 0..1000", eo->max_losses);
+    if (!eo->max_losses)
+        return CODE_OK;
+    if (eo->wait_ms > 3600000u)
+        return err_set(e, CODE_INVALID_ARGUMENT, "elastic.wait_ms %u is more than 3600000 (an hour)", eo->wait_ms);
+    if (eo->min_replicas < 0 || (size_t)eo->min_replicas > n)
+        return err_set(e, CODE_INVALID_ARGUMENT, "elastic.min_replicas %d is outside 0..%zu (the replicas now)",
+                       eo->min_replicas, n);
+    if ((unsigned)eo->batch > TPU_ELASTIC_KEEP_PER_REPLICA_BATCH)
+        return err_set(e, CODE_INVALID_ARGUMENT, "elastic.batch %d is not a tpu_elastic_batch", (int)eo->batch);
+    if (eo->checkpoint && !*eo->checkpoint)
+        return err_set(e, CODE_INVALID_ARGUMENT, "elastic.checkpoint is an empty path");
+    if (eo->batch == TPU_ELASTIC_KEEP_PER_REPLICA_BATCH &&
+        dataset_rebatch(ds, tpu_dataset_batch_size(ds), e) != CODE_OK) /* changes nothing; can it be re-batched? */
+        return err_prefix(e, "elastic.batch TPU_ELASTIC_KEEP_PER_REPLICA_BATCH"), e->code;
+    return CODE_OK;
+}
+
+static int is_loss(int code)
+{
+    return code == CODE_UNAVAILABLE || code == CODE_DEADLINE_EXCEEDED;
+}
+
+/* ---- fit ---- */
+
+/* Epochs [start, o->epochs), the first from batch skip: until done, a stop
+ * (*stop: 1 by a callback, 2 by a notice) or a failure. */
+static int train_epochs(tpu_model *m, tpu_dataset *ds, const tpu_fit_options *o, struct elastic *el, tpu_history *h,
+                        int start, size_t skip, tpu_logs *logs, int *stop, err *e)
+{
+    int rc = CODE_OK;
+    for (int ep = start; rc == CODE_OK && !*stop && ep < o->epochs; ep++) {
+        memset(logs, 0, sizeof *logs);
+        m->cur_epoch = ep;
+        if ((rc = callbacks_call(o, m, 1, ep, NULL, stop, e)) != CODE_OK || *stop)
+            break;
+        rc = run_epoch(m, ds, TPUEMU__STEP_MODE__STEP_TRAIN, ep, ep == start ? skip : 0, o, el, logs, NULL, 0, NULL,
+                       stop, e);
+        if (rc != CODE_OK)
+            break;
+        if (*stop == 2)
+            break; /* a notice: the checkpoint is saved by the caller */
+        if (o->validation_data) {
+            tpu_logs vl;
+            memset(&vl, 0, sizeof vl);
+            if ((rc = run_epoch(m, o->validation_data, TPUEMU__STEP_MODE__STEP_EVALUATE, 0, 0, o, NULL, &vl, NULL, 0,
+                                NULL, stop, e)) != CODE_OK)
+                break;
+            logs->has_val = 1;
+            logs->val_loss = vl.loss;
+            logs->val_accuracy = vl.accuracy;
+        }
+        if (logs->batch >= logs->batches) {
+            m->cur_epoch = ep + 1;
+            m->cur_batch = 0;
+        }
+        if (h->n == h->cap) {
+            size_t cap = h->cap ? 2 * h->cap : 16;
+            tpu_logs *ne = realloc(h->e, cap * sizeof *ne);
+            if (!ne) {
+                rc = err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+                break;
+            }
+            h->e = ne;
+            h->cap = cap;
+        }
+        h->e[h->n++] = *logs;
+        if ((rc = callbacks_call(o, m, 2, ep, logs, stop, e)) != CODE_OK)
+            break;
+    }
+    return rc;
+}
+
 tpu_status tpu_model_fit(tpu_model *m, tpu_dataset *ds, const tpu_fit_options *o, tpu_history **history)
 {
     tpu_fit_options def;
     tpu_history *h = NULL;
     tpu_logs logs;
+    struct elastic elastic, *el = NULL;
     err e;
     int rc, stop = 0;
 
@@ -514,6 +885,8 @@ tpu_status tpu_model_fit(tpu_model *m, tpu_dataset *ds, const tpu_fit_options *o
         return cli_failf(TPU_INVALID_ARGUMENT, "num_callbacks %zu with no callbacks", o->num_callbacks);
     if ((rc = prepare(m, ds, o->validation_data, 1, "fit", &e)) != CODE_OK)
         return cli_fail(&e);
+    if ((rc = elastic_check(o, m, ds, &e)) != CODE_OK)
+        return cli_fail(&e);
     if (!(h = calloc(1, sizeof *h)))
         return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
     m->fit_epochs = o->epochs;
@@ -523,59 +896,55 @@ tpu_status tpu_model_fit(tpu_model *m, tpu_dataset *ds, const tpu_fit_options *o
         m->cur_epoch = start;
         m->cur_batch = 0;
     }
-    if (skip >= tpu_dataset_num_batches(ds)) { /* saved at the very end of an epoch */
-        start++;
-        skip = 0;
-        m->cur_epoch = start;
-        m->cur_batch = 0;
+    if (o->elastic.max_losses) {
+        memset(&elastic, 0, sizeof elastic);
+        el = &elastic;
+        el->o = &o->elastic;
+        el->h = h;
+        el->n0 = m->s->c->coll->n;
+        el->gb0 = el->gb = tpu_dataset_batch_size(ds);
+        if ((rc = elastic_snapshot(m, el, &e)) != CODE_OK) {
+            tpu_history_free(h);
+            return cli_fail(&e);
+        }
     }
     memset(&logs, 0, sizeof logs);
     rc = callbacks_call(o, m, 0, start, &logs, &stop, &e);
-    for (int ep = start; rc == CODE_OK && !stop && ep < o->epochs; ep++) {
-        memset(&logs, 0, sizeof logs);
-        m->cur_epoch = ep;
-        if ((rc = callbacks_call(o, m, 1, ep, NULL, &stop, &e)) != CODE_OK || stop)
-            break;
-        rc = run_epoch(m, ds, TPUEMU__STEP_MODE__STEP_TRAIN, ep, ep == start ? skip : 0, o, &logs, NULL, 0, NULL, &stop,
-                       &e);
-        if (rc != CODE_OK)
-            break;
-        if (stop == 2)
-            break; /* a notice: the checkpoint is saved below */
-        if (o->validation_data) {
-            tpu_logs vl;
-            memset(&vl, 0, sizeof vl);
-            if ((rc = run_epoch(m, o->validation_data, TPUEMU__STEP_MODE__STEP_EVALUATE, 0, 0, o, &vl, NULL, 0, NULL,
-                                &stop, &e)) != CODE_OK)
-                break;
-            logs.has_val = 1;
-            logs.val_loss = vl.loss;
-            logs.val_accuracy = vl.accuracy;
-        }
-        if (logs.batch >= logs.batches) {
-            m->cur_epoch = ep + 1;
+    while (rc == CODE_OK) {
+        if (skip >= tpu_dataset_num_batches(ds)) { /* saved at the very end of an epoch */
+            start++;
+            skip = 0;
+            m->cur_epoch = start;
             m->cur_batch = 0;
         }
-        if (h->n == h->cap) {
-            size_t cap = h->cap ? 2 * h->cap : 16;
-            tpu_logs *ne = realloc(h->e, cap * sizeof *ne);
-            if (!ne) {
-                rc = err_set(&e, CODE_RESOURCE_EXHAUSTED, "out of memory");
-                break;
-            }
-            h->e = ne;
-            h->cap = cap;
-        }
-        h->e[h->n++] = logs;
-        if ((rc = callbacks_call(o, m, 2, ep, &logs, &stop, &e)) != CODE_OK)
+        rc = train_epochs(m, ds, o, el, h, start, skip, &logs, &stop, &e);
+        if (rc == CODE_OK || !el || !is_loss(rc))
             break;
+        if (el->losses >= el->o->max_losses) {
+            err_prefix(&e, "elastic training gave up after %d losses (max_losses %d)", el->losses,
+                       el->o->max_losses);
+            break;
+        }
+        el->losses++;
+        char cause[ERR_MSG_MAX + 32];
+        snprintf(cause, sizeof cause, "%s: %s", code_name(e.code), e.msg);
+        if ((rc = elastic_recover(m, ds, el, cause, &e)) != CODE_OK)
+            break;
+        start = m->cur_epoch;
+        skip = m->cur_batch;
+    }
+    if (el) {
+        model_snap_free(&el->snap);
+        if (tpu_dataset_batch_size(ds) != el->gb0) { /* the caller's pipeline as it was */
+            err ignored;
+            m->cur_batch = m->cur_batch * tpu_dataset_batch_size(ds) / el->gb0;
+            dataset_rebatch(ds, el->gb0, &ignored);
+        }
     }
     if (rc == CODE_OK && stop == 2) {
-        char who[DPIO_HOST_MAX + 16] = "?";
+        char who[DPIO_HOST_MAX + 16];
         tpu_notice nt = m->notice;
-        const struct cli_coll *cc = m->s->c->coll;
-        if (cc && m->notice_replica >= 0 && (size_t)m->notice_replica < cc->n)
-            snprintf(who, sizeof who, "%s/%d", cc->peers[m->notice_replica].host, cc->peers[m->notice_replica].core);
+        core_name(m, m->notice_replica, who, sizeof who);
         if (tpu_model_save_checkpoint(m, o->preemption_checkpoint) != TPU_OK)
             rc = err_set(&e, (int)tpu_last_status(), "a %s notice came from core %s and the checkpoint could not be "
                          "saved: %s", nt.kind == TPU_NOTICE_PREEMPTION ? "preemption" : "maintenance", who,
@@ -620,7 +989,7 @@ tpu_status tpu_model_evaluate(tpu_model *m, tpu_dataset *ds, double *loss, doubl
     memset(&o, 0, sizeof o);
     memset(&logs, 0, sizeof logs);
     if (prepare(m, ds, NULL, 1, "evaluate", &e) != CODE_OK ||
-        run_epoch(m, ds, TPUEMU__STEP_MODE__STEP_EVALUATE, 0, 0, &o, &logs, NULL, 0, NULL, &stop, &e) != CODE_OK)
+        run_epoch(m, ds, TPUEMU__STEP_MODE__STEP_EVALUATE, 0, 0, &o, NULL, &logs, NULL, 0, NULL, &stop, &e) != CODE_OK)
         return cli_fail(&e);
     if (loss)
         *loss = logs.loss;
@@ -644,7 +1013,7 @@ tpu_status tpu_model_predict(tpu_model *m, tpu_dataset *ds, float *out, size_t o
     if (!out && out_rows)
         return cli_failf(TPU_INVALID_ARGUMENT, "predict: no output buffer");
     if (prepare(m, ds, NULL, 0, "predict", &e) != CODE_OK ||
-        run_epoch(m, ds, TPUEMU__STEP_MODE__STEP_PREDICT, 0, 0, &o, &logs, out, out_rows, &got, &stop, &e) != CODE_OK)
+        run_epoch(m, ds, TPUEMU__STEP_MODE__STEP_PREDICT, 0, 0, &o, NULL, &logs, out, out_rows, &got, &stop, &e) != CODE_OK)
         return cli_fail(&e);
     if (rows)
         *rows = got;

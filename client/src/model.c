@@ -597,23 +597,21 @@ tpu_status tpu_model_save_checkpoint(tpu_model *m, const char *path)
     return rc == CODE_OK ? TPU_OK : cli_fail(&e);
 }
 
-tpu_status tpu_model_load_checkpoint(tpu_model *m, const char *path)
+/* Reads a checkpoint file of this model into a snapshot. */
+int model_snap_read(tpu_model *m, const char *path, struct model_snap *out, err *e)
 {
     ckpt *ck = NULL;
-    err e;
     uint64_t nb;
     char desc[512];
-    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
-    if (!m->configured)
-        return cli_failf(TPU_FAILED_PRECONDITION, "compile the model (tpu_model_compile) before loading a checkpoint");
-    if (!path || !*path)
-        return cli_failf(TPU_INVALID_ARGUMENT, "no checkpoint path");
-    if (ckpt_read(path, &ck, &e) != CODE_OK)
-        return cli_fail(&e);
+    int rc;
+
+    memset(out, 0, sizeof *out);
+    if ((rc = ckpt_read(path, &ck, e)) != CODE_OK)
+        return rc;
     const char *fmt = ckpt_get(ck, "format", &nb);
     if (!fmt || nb != sizeof CKPT_FORMAT - 1 || memcmp(fmt, CKPT_FORMAT, nb) != 0) {
         ckpt_free(ck);
-        return cli_failf(TPU_DATA_LOSS, "%s: not a tpuemu model checkpoint (no 'format' section of version 1)", path);
+        return err_set(e, CODE_DATA_LOSS, "%s: not a tpuemu model checkpoint (no 'format' section of version 1)", path);
     }
     const char *md = ckpt_get(ck, "model", &nb);
     describe(m, desc, sizeof desc);
@@ -621,7 +619,7 @@ tpu_status tpu_model_load_checkpoint(tpu_model *m, const char *path)
         char theirs[512];
         snprintf(theirs, sizeof theirs, "%.*s", md ? (int)(nb < 500 ? nb : 500) : 0, md ? md : "");
         ckpt_free(ck);
-        return cli_failf(TPU_INVALID_ARGUMENT, "%s holds another model (%s); this one is %s", path, theirs, desc);
+        return err_set(e, CODE_INVALID_ARGUMENT, "%s holds another model (%s); this one is %s", path, theirs, desc);
     }
     const struct ckpt_pos *pp = ckpt_get(ck, "position", &nb);
     size_t np = model_nparams(m), ns = (size_t)model_nslots(m);
@@ -632,31 +630,92 @@ tpu_status tpu_model_load_checkpoint(tpu_model *m, const char *path)
     if (!pp || nb != sizeof *pp || !st || sb != np * (1 + ns) * sizeof(float) || pp->num_params != np ||
         pp->num_slots != ns) {
         ckpt_free(ck);
-        return cli_failf(TPU_DATA_LOSS, "%s: its position or state section does not match its model (%s)", path, desc);
+        return err_set(e, CODE_DATA_LOSS, "%s: its position or state section does not match its model (%s)", path,
+                       desc);
     }
-    struct ckpt_pos pos = *pp;
+    if (!(out->state = malloc(sb))) {
+        ckpt_free(ck);
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    memcpy(out->state, st, sb);
+    out->floats = np * (1 + ns);
+    out->slots = (uint32_t)ns;
+    out->step = pp->step;
+    out->epoch = (int)pp->epoch;
+    out->batch = (size_t)pp->batch;
+    out->iterations = pp->iterations;
+    ckpt_free(ck);
+    return CODE_OK;
+}
+
+/* Replica 0's state now, at the position it is at. */
+int model_snap_take(tpu_model *m, struct model_snap *out, err *e)
+{
     int rc;
+    size_t np = model_nparams(m), ns = (size_t)model_nslots(m);
+    memset(out, 0, sizeof *out);
+    if ((rc = need_compiled(m, e)) != CODE_OK)
+        return rc;
+    if (!(out->state = malloc(np * (1 + ns) * sizeof(float))))
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+    uint64_t it = 0;
+    if ((rc = pull_state(m, 0, out->state, np * (1 + ns), &it, e)) != CODE_OK) {
+        model_snap_free(out);
+        return rc;
+    }
+    uint64_t ahead = it > m->iterations ? it - m->iterations : 0; /* as in tpu_model_save_checkpoint */
+    out->floats = np * (1 + ns);
+    out->slots = (uint32_t)ns;
+    out->step = m->step + ahead;
+    out->epoch = m->cur_epoch;
+    out->batch = m->cur_batch + ahead;
+    out->iterations = it;
+    return CODE_OK;
+}
+
+/* The model goes on from s: its state is pushed to the cores now when the
+ * model is compiled on the current system, else at the next compile. */
+int model_snap_apply(tpu_model *m, const struct model_snap *s, err *e)
+{
+    int rc = CODE_OK;
     if (m->s->c->coll && m->epoch == m->s->c->coll->epoch) {
-        rc = push_state(m, st, np * (1 + ns), (uint32_t)ns, pos.iterations, &e);
+        rc = push_state(m, s->state, s->floats, s->slots, s->iterations, e);
     } else {
         free(m->pending_state);
-        m->pending_state = malloc(sb);
-        if (!m->pending_state) {
-            ckpt_free(ck);
-            return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
-        }
-        memcpy(m->pending_state, st, sb);
-        m->pending_floats = np * (1 + ns);
-        m->pending_slots = (uint32_t)ns;
-        m->pending_iterations = pos.iterations;
-        rc = CODE_OK;
+        if (!(m->pending_state = malloc(s->floats * sizeof(float))))
+            return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+        memcpy(m->pending_state, s->state, s->floats * sizeof(float));
+        m->pending_floats = s->floats;
+        m->pending_slots = s->slots;
+        m->pending_iterations = s->iterations;
     }
-    ckpt_free(ck);
     if (rc != CODE_OK)
+        return rc;
+    m->step = s->step;
+    m->cur_epoch = s->epoch;
+    m->cur_batch = s->batch;
+    m->iterations = s->iterations;
+    return CODE_OK;
+}
+
+void model_snap_free(struct model_snap *s)
+{
+    free(s->state);
+    s->state = NULL;
+}
+
+tpu_status tpu_model_load_checkpoint(tpu_model *m, const char *path)
+{
+    struct model_snap sn;
+    err e;
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    if (!m->configured)
+        return cli_failf(TPU_FAILED_PRECONDITION, "compile the model (tpu_model_compile) before loading a checkpoint");
+    if (!path || !*path)
+        return cli_failf(TPU_INVALID_ARGUMENT, "no checkpoint path");
+    if (model_snap_read(m, path, &sn, &e) != CODE_OK)
         return cli_fail(&e);
-    m->step = pos.step;
-    m->cur_epoch = (int)pos.epoch;
-    m->cur_batch = (size_t)pos.batch;
-    m->iterations = pos.iterations;
-    return TPU_OK;
+    int rc = model_snap_apply(m, &sn, &e);
+    model_snap_free(&sn);
+    return rc == CODE_OK ? TPU_OK : cli_fail(&e);
 }

@@ -53,7 +53,24 @@ struct tpu_model {
     int fit_epochs;       /* the running fit's `epochs` (progress bar) */
     /* warned about this global batch already */
     size_t warned_batch;
+    /* elastic fit re-sharded the model: a global batch need not split evenly */
+    int resharded;
 };
+
+/* The model's state and position in client memory: a checkpoint file read
+ * back, or replica 0's state read now (elastic fit). */
+struct model_snap {
+    float *state;          /* floats: parameters, then each optimizer slot's */
+    size_t floats;
+    uint32_t slots;
+    uint64_t step, iterations;
+    int epoch;
+    size_t batch;          /* in the epoch, in batches of the dataset's batch size when it was taken */
+};
+int model_snap_read(tpu_model *m, const char *path, struct model_snap *out, err *e);
+int model_snap_take(tpu_model *m, struct model_snap *out, err *e);
+int model_snap_apply(tpu_model *m, const struct model_snap *s, err *e);
+void model_snap_free(struct model_snap *s);
 
 /* Compiles onto the cores if not compiled in this epoch for at least
  * global_batch (rounded up per core). */

@@ -240,8 +240,11 @@ const struct tio_ans *tio_worst(struct tio_ans *const *ans, size_t n)
         int rank;
         if (!a->done || a->code == CODE_OK)
             continue;
-        /* a core that names the core that failed its all-reduce tells most */
-        if (strstr(a->msg, "never sent") || strstr(a->msg, "did not answer") || strstr(a->msg, "stopped"))
+        /* a core the client gave up on because another failed first tells
+         * least; a core that names the core that failed its all-reduce most */
+        if (strstr(a->msg, "after another core failed"))
+            rank = 0;
+        else if (strstr(a->msg, "never sent") || strstr(a->msg, "did not answer") || strstr(a->msg, "stopped"))
             rank = 3;
         else if (a->code != CODE_ABORTED && a->code != CODE_DEADLINE_EXCEEDED)
             rank = 2;

@@ -196,6 +196,47 @@ TPU_API tpu_status tpu_callback_profiler(const char *logdir, uint64_t first, uin
 /* The run directory the profiler callback wrote ("" before it wrote one). */
 TPU_API const char *tpu_callback_profiler_dir(const tpu_callback *cb);
 
+/* Elastic training: fit goes on when cores are lost (tpu_fit_options.elastic). */
+typedef enum tpu_elastic_batch {
+    TPU_ELASTIC_KEEP_GLOBAL_BATCH = 0,  /* the global batch stays: each survivor takes a larger shard (rows
+                                           split as evenly as they go), steps per epoch unchanged */
+    TPU_ELASTIC_KEEP_PER_REPLICA_BATCH, /* each replica keeps its shard: the global batch shrinks with the
+                                           replicas (the dataset is batched anew; refused for a pipeline with
+                                           a map() or cache() after its batch()) */
+} tpu_elastic_batch;
+
+typedef struct tpu_elastic_options {
+    int max_losses;            /* losses to go on through, 1..1000; 0: elastic training off */
+    uint32_t wait_ms;          /* how long to wait for the lost cores to come back before going on
+                                  without them; 0: 30000; at most 3600000 */
+    int min_replicas;          /* fewer live cores than this: fit fails; 0: 1 */
+    tpu_elastic_batch batch;
+    /* Where training goes on from: this checkpoint file (tpu_callback_checkpoint's or the
+     * preemption checkpoint) when it exists and is newer than the snapshot in memory; else the
+     * snapshot fit keeps in memory (read from replica 0 when fit starts, every snapshot_steps
+     * steps and at a notice). NULL: the snapshot only. */
+    const char *checkpoint;
+    uint64_t snapshot_steps;   /* 0: 50 */
+} tpu_elastic_options;
+
+/* One event of elastic training, in the history. */
+typedef enum tpu_elastic_event_kind {
+    TPU_ELASTIC_NOTICE = 1,    /* a preemption or maintenance notice: a snapshot at a step boundary, and on */
+    TPU_ELASTIC_RESTORED,      /* the lost cores came back in time: the same replicas, state restored */
+    TPU_ELASTIC_SHRUNK,        /* went on with fewer replicas, re-sharded, state restored */
+} tpu_elastic_event_kind;
+
+typedef struct tpu_elastic_event {
+    tpu_elastic_event_kind kind;
+    uint64_t step;             /* global steps done when it happened */
+    uint64_t restored_step;    /* the step training went on from (RESTORED, SHRUNK; step for NOTICE) */
+    int replicas_before, replicas_after;
+    size_t global_batch_before, global_batch_after;
+    double seconds;            /* waiting for cores, re-initializing, restoring */
+    char from[256];            /* "memory" or the checkpoint file restored */
+    char cause[512];           /* the error or the notice, naming the core */
+} tpu_elastic_event;
+
 typedef struct tpu_fit_options {
     int epochs;                       /* train epochs [initial_epoch, epochs), as Keras counts */
     int initial_epoch;
@@ -211,11 +252,27 @@ typedef struct tpu_fit_options {
      * with resume after loading it, fit goes on from that step. NULL: fit
      * does not watch for notices. */
     const char *preemption_checkpoint;
+    /* Elastic training (max_losses > 0): when a step fails because a core is
+     * lost (TPU_UNAVAILABLE or TPU_DEADLINE_EXCEEDED naming it: killed,
+     * hung, preempted, down for maintenance), fit waits up to wait_ms for
+     * the cluster to have its replicas live again, else goes on with the
+     * live cores: it initializes the TPU system again, compiles the model
+     * onto it, restores the newest state (checkpoint file or snapshot),
+     * re-shards by batch and continues; each loss and each notice is an event
+     * in the history (tpu_history_event). With elastic training a notice does
+     * not stop fit: the preemption checkpoint (when set) is saved and a
+     * snapshot taken at that step boundary, and training goes on until the
+     * event comes. */
+    tpu_elastic_options elastic;
 } tpu_fit_options;
 
 typedef struct tpu_history tpu_history;
 TPU_API size_t tpu_history_num_epochs(const tpu_history *h);
 TPU_API tpu_status tpu_history_epoch(const tpu_history *h, size_t i, tpu_logs *out);
+/* Elastic training's events, in order (notices and losses). */
+TPU_API size_t tpu_history_num_events(const tpu_history *h);
+TPU_API tpu_status tpu_history_event(const tpu_history *h, size_t i, tpu_elastic_event *out);
+TPU_API const char *tpu_elastic_event_kind_name(tpu_elastic_event_kind k); /* "NOTICE", "RESTORED", "SHRUNK" */
 TPU_API void tpu_history_free(tpu_history *h);
 
 /* model.fit(dataset): the dataset must be batched with a global batch that

@@ -34,7 +34,16 @@ void treq_answer(struct train *t, struct treq *r, const err *e)
     Tpuemu__StepStat *sp[TRAIN_MAX_STEPS];
     Tpuemu__Notice nt = TPUEMU__NOTICE__INIT;
     int ok = e->code == CODE_OK;
+    err down;
 
+    /* a core down for maintenance left its system in the middle of this
+     * request: whatever broke (its model and HBM are gone) is that */
+    if (!ok && t->env.notice && t->env.notice->under_way) {
+        uint64_t now = uv_now(t->env.loop), end = t->env.notice->event_ms + t->env.notice->window_ms;
+        err_set(&down, CODE_UNAVAILABLE, "core %s/%d is down for a maintenance event for %" PRIu64 " more ms (%s)",
+                t->env.id->host_id, t->env.id->core, end > now ? end - now : 0, e->msg);
+        e = &down;
+    }
     if (!r->conn) {
         treq_free(r);
         return;
