@@ -40,8 +40,9 @@ void treq_answer(struct train *t, struct treq *r, const err *e)
      * request: whatever broke (its model and HBM are gone) is that */
     if (!ok && t->env.notice && t->env.notice->under_way) {
         uint64_t now = uv_now(t->env.loop), end = t->env.notice->event_ms + t->env.notice->window_ms;
-        err_set(&down, CODE_UNAVAILABLE, "core %s/%d is down for a maintenance event for %" PRIu64 " more ms (%s)",
-                t->env.id->host_id, t->env.id->core, end > now ? end - now : 0, e->msg);
+        err_set(&down, CODE_UNAVAILABLE, "core %s/%d went down for a maintenance event during this request (its "
+                "model and HBM went with it); it is back in %" PRIu64 " ms", t->env.id->host_id, t->env.id->core,
+                end > now ? end - now : 0);
         e = &down;
     }
     if (!r->conn) {
