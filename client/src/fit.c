@@ -844,6 +844,8 @@ static int train_epochs(tpu_model *m, tpu_dataset *ds, const tpu_fit_options *o,
             m->cur_epoch = ep + 1;
             m->cur_batch = 0;
         }
+        while (h->n && h->e[h->n - 1].epoch >= ep) /* trained again after an elastic restore */
+            h->n--;
         if (h->n == h->cap) {
             size_t cap = h->cap ? 2 * h->cap : 16;
             tpu_logs *ne = realloc(h->e, cap * sizeof *ne);

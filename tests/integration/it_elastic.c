@@ -310,6 +310,13 @@ Test(elastic, three_losses_reach_the_undisturbed_accuracy, .timeout = 300)
             lost += ev.replicas_before - ev.replicas_after;
     }
     cr_assert_eq(lost, 3, "the history's events lost %d cores, not 3", lost);
+    /* one entry an epoch, however often an epoch was trained again */
+    cr_assert_eq(tpu_history_num_epochs(h), 6, "the history has %zu epochs", tpu_history_num_epochs(h));
+    for (size_t i = 0; i < 6; i++) {
+        tpu_logs lg;
+        cr_assert_eq(tpu_history_epoch(h, i, &lg), TPU_OK);
+        cr_assert_eq(lg.epoch, (int)i, "history entry %zu is of epoch %d", i, lg.epoch);
+    }
     cr_assert_eq(tpu_strategy_num_replicas_in_sync(j.s), 1);
     acc = accuracy_of(&j);
     cr_log_info("accuracy %.4f through three losses, %.4f undisturbed", acc, clean);
