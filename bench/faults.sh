@@ -22,8 +22,13 @@
 # finished, else 1. Everything it starts is stopped on exit; every wait is
 # bounded.
 #
+# With ELASTIC=1 the rounds train elastically instead (--elastic 20
+# --elastic-wait 15: fit goes on by itself, taking back the cores the
+# supervisor starts again, or leaving them behind), and the recoveries are
+# the history's RESTORED and SHRUNK events.
+#
 # Environment: EPOCHS (default 2), FAULT_EVERY_S (default 8), ROUND_TIMEOUT_S
-# (default 300), KEEP=1 (keep the work directory), DATA (default
+# (default 300), ELASTIC=1, KEEP=1 (keep the work directory), DATA (default
 # /usr/share/datasets/fashion-mnist).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +39,12 @@ epochs=${EPOCHS:-2}
 every=${FAULT_EVERY_S:-8}
 round_timeout=${ROUND_TIMEOUT_S:-300}
 data=${DATA:-/usr/share/datasets/fashion-mnist}
+survive=(--recover 20 --recover-wait 60)
+recovered='^recovering ('
+if [ "${ELASTIC:-0}" = 1 ]; then
+    survive=(--elastic 20 --elastic-wait 15)
+    recovered='^elastic event [0-9]*: \(RESTORED\|SHRUNK\)'
+fi
 bin=$(cd "$build/bin" 2>/dev/null && pwd) || { echo "no $build/bin: build first" >&2; exit 2; }
 for b in fashion_mnist tpu-worker tpu-resolver tpuctl; do
     [ -x "$bin/$b" ] || { echo "no $bin/$b: build first (cmake --build $build)" >&2; exit 2; }
@@ -127,8 +138,8 @@ while [ "$(date +%s)" -lt "$end" ]; do
     deadline=$(($(date +%s) + round_timeout))
     status=
     for ((leg = 0; leg < 20; leg++)); do # a preempted round is started again, at most 20 times
-        "$bin/fashion_mnist" --tpu "$tpu" --epochs "$epochs" --checkpoint "$work/round.ckpt" --recover 20 \
-            --recover-wait 60 >>"$out" 2>&1 &
+        "$bin/fashion_mnist" --tpu "$tpu" --epochs "$epochs" --checkpoint "$work/round.ckpt" "${survive[@]}" \
+            >>"$out" 2>&1 &
         trainer=$!
         while kill -0 "$trainer" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do
             supervise
@@ -155,7 +166,7 @@ while [ "$(date +%s)" -lt "$end" ]; do
         done
     done
     r_s=$(awk -v a="$(date +%s.%N)" -v b="$r0" 'BEGIN { print a - b }')
-    recoveries=$((recoveries + $(grep -c '^recovering (' "$out")))
+    recoveries=$((recoveries + $(grep -c "$recovered" "$out")))
     if [ "$status" = hang ]; then
         hangs=$((hangs + 1))
         echo "round $rounds: HANG (no end within ${round_timeout} s); see $out"
@@ -167,7 +178,7 @@ while [ "$(date +%s)" -lt "$end" ]; do
         accs+=("$acc")
         lost_s=$(awk -v l="$lost_s" -v r="$r_s" -v c="$clean_s" 'BEGIN { print l + r - c }')
         printf 'round %d: %.1f s (clean %.1f s), accuracy %s (clean %s), %d recoveries, %d preemption restarts so far\n' \
-            "$rounds" "$r_s" "$clean_s" "$acc" "$clean_acc" "$(grep -c '^recovering (' "$out")" "$preempted"
+            "$rounds" "$r_s" "$clean_s" "$acc" "$clean_acc" "$(grep -c "$recovered" "$out")" "$preempted"
     fi
     supervise
     "$bin/tpuctl" --tpu "$tpu" init --expect 4 --timeout-ms 20000 >/dev/null 2>&1
@@ -178,7 +189,7 @@ echo
 echo "faults for $minutes min, seed $seed, one every ~$every s, $epochs epochs a round:"
 for k in "${kinds[@]}" refused; do printf '  %-12s %d\n' "$k" "${injected[$k]:-0}"; done
 echo "rounds: $rounds, finished $finished, failed $failed, hangs $hangs (goal 0)"
-echo "recoveries (--recover): $recoveries; preemption restarts (exit 42): $preempted; workers started again: $restarts"
+echo "recoveries (${survive[0]}): $recoveries; preemption restarts (exit 42): $preempted; workers started again: $restarts"
 [ "$finished" -gt 0 ] && printf 'time lost per finished round: %.1f s (clean round %.1f s)\n' \
     "$(awk -v l="$lost_s" -v n="$finished" 'BEGIN { print l / n }')" "$clean_s"
 echo "accuracy: clean $clean_acc; rounds ${accs[*]:-none}"

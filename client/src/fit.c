@@ -639,23 +639,24 @@ static int elastic_after_step(tpu_model *m, const tpu_fit_options *o, struct ela
     return CODE_OK;
 }
 
-/* Live cores (IDLE or READY, heartbeat younger than two intervals) and
- * silent ones (IDLE or READY with an older heartbeat: dying or hung, not yet
- * declared dead). -1 when the resolver does not answer. */
-static int count_live(tpu_cluster *c, int *silent, uint64_t *hb_ms)
+/* Live cores (IDLE or READY, a heartbeat within the resolver's dead-core
+ * time) and silent ones (IDLE or READY with an older heartbeat: dying or
+ * hung, about to be declared dead). -1 when the resolver does not answer.
+ * *silence_ms gets the dead-core time. */
+static int count_live(tpu_cluster *c, int *silent, uint64_t *silence_ms)
 {
     tpu_cluster_spec *sp;
     int live = 0;
     *silent = 0;
     if (tpu_cluster_spec_get(c, &sp) != TPU_OK)
         return -1;
-    *hb_ms = tpu_cluster_spec_heartbeat_ms(sp);
+    *silence_ms = (uint64_t)tpu_cluster_spec_heartbeat_ms(sp) * (tpu_cluster_spec_dead_after(sp) + 1);
     for (size_t i = 0; i < tpu_cluster_spec_num_cores(sp); i++) {
         tpu_core_info ci;
         if (tpu_cluster_spec_core(sp, i, &ci) != TPU_OK ||
             (ci.state != TPU_CORE_IDLE && ci.state != TPU_CORE_READY))
             continue;
-        if (ci.heartbeat_age_ms <= 2 * *hb_ms)
+        if (ci.heartbeat_age_ms <= *silence_ms)
             live++;
         else
             (*silent)++;
@@ -684,7 +685,7 @@ static int elastic_recover(tpu_model *m, tpu_dataset *ds, struct elastic *el, co
 {
     const tpu_elastic_options *eo = el->o;
     tpu_cluster *c = m->s->c;
-    uint64_t t0 = now_ms(), hb = 1000, wait = eo->wait_ms ? eo->wait_ms : ELASTIC_WAIT_MS;
+    uint64_t t0 = now_ms(), silence = 4000, wait = eo->wait_ms ? eo->wait_ms : ELASTIC_WAIT_MS;
     uint64_t deadline = t0 + wait, settle = deadline + ELASTIC_SETTLE_MS;
     int before = (int)c->coll->n, want = before, min = eo->min_replicas > 0 ? eo->min_replicas : 1;
     int live = 0, silent = 0, got = 0;
@@ -697,9 +698,10 @@ static int elastic_recover(tpu_model *m, tpu_dataset *ds, struct elastic *el, co
     /* every replica back in time: the same system again */
     for (int tries = 0; !got && tries < 100000; tries++) {
         uint64_t now = now_ms();
-        live = count_live(c, &silent, &hb);
-        /* two heartbeats first, so that a lost core's last one is stale */
-        if (live >= want && now - t0 >= 2 * hb) {
+        live = count_live(c, &silent, &silence);
+        /* first the resolver's dead-core time, so that a core that has just
+         * died is listed dead (an initialize would wait for it in vain) */
+        if (live >= want && now - t0 >= silence) {
             if (elastic_init(c, want, why, sizeof why) == TPU_OK)
                 got = want;
         }
@@ -707,10 +709,12 @@ static int elastic_recover(tpu_model *m, tpu_dataset *ds, struct elastic *el, co
             break;
         sleep_ms(200);
     }
+    char first_why[ERR_MSG_MAX / 2];
+    copy_str(first_why, sizeof first_why, why);
     /* else the live cores, once the silent ones are declared dead */
     for (int tries = 0; !got && tries < 100000; tries++) {
         uint64_t now = now_ms();
-        live = count_live(c, &silent, &hb);
+        live = count_live(c, &silent, &silence);
         if (live >= min && (!silent || now >= settle)) {
             if (elastic_init(c, live, why, sizeof why) == TPU_OK)
                 got = live;
@@ -778,8 +782,14 @@ static int elastic_recover(tpu_model *m, tpu_dataset *ds, struct elastic *el, co
     ev.global_batch_after = gb;
     ev.seconds = (double)(now_ms() - t0) / 1000.0;
     copy_str(ev.cause, sizeof ev.cause, cause);
-    model_warn("elastic training: %s with %d replicas (was %d), global batch %zu, from step %llu (%s) after %.1f s",
-               n == before ? "restored" : "went on", n, before, gb, (unsigned long long)at.step, ev.from, ev.seconds);
+    if (n == before)
+        model_warn("elastic training: restored with %d replicas, global batch %zu, from step %llu (%s) after %.1f s", n,
+                   gb, (unsigned long long)at.step, ev.from, ev.seconds);
+    else
+        model_warn("elastic training: went on with %d replicas (was %d), global batch %zu, from step %llu (%s) after "
+                   "%.1f s: %d core%s not back within %.1f s%s%s", n, before, gb, (unsigned long long)at.step,
+                   ev.from, ev.seconds, before - n, before - n == 1 ? " was" : "s were", (double)wait / 1000.0,
+                   first_why[0] ? "; " : "", first_why);
     return history_add_event(el->h, &ev, e);
 }
 
