@@ -716,8 +716,9 @@ static int elastic_recover(tpu_model *m, tpu_dataset *ds, struct elastic *el, co
         uint64_t now = now_ms();
         live = count_live(c, &silent, &silence);
         if (live >= min && (!silent || now >= settle)) {
-            if (elastic_init(c, live, why, sizeof why) == TPU_OK)
-                got = live;
+            int k = live < want ? live : want; /* never more than the system had */
+            if (elastic_init(c, k, why, sizeof why) == TPU_OK)
+                got = k;
         }
         if (got || now_ms() >= settle + ELASTIC_INIT_MS)
             break;
