@@ -23,9 +23,10 @@
 #    cores; the trainer names it, saves its checkpoint and exits 42; each of
 #    host1's workers exits 4 and Docker starts it again (restart count, die
 #    events, the resolver's log); the trainer, started again by its restart
-#    policy, waits for the 8 cores, resumes from its checkpoint in epoch 3
-#    and exits 0 with the first run's test accuracy (within 2 points, at
-#    least 0.8); `tpuctl health` and `cluster` show 8 cores READY, HEALTHY;
+#    policy, waits for the notice to pass and for the 8 cores, resumes from
+#    its checkpoint in epoch 3 and exits 0 with the first run's test
+#    accuracy (within 2 points, at least 0.8); `tpuctl health` and `cluster`
+#    show 8 cores READY, HEALTHY;
 #  - takes everything down (compose down -v, the engine, the temp dir) on
 #    every exit, also on failure.
 #
@@ -336,6 +337,8 @@ dk events --since "$t_events" --until "$(date +%s)" --filter event=die --filter 
     --format '{{.Actor.Attributes.exitCode}}' >"$work/trainer-exits.txt" 2>&1
 grep -qx 42 "$work/trainer-exits.txt" || fail "the trainer never exited 42: exits $(tr '\n' ' ' <"$work/trainer-exits.txt")"
 [ "$(tail -n 1 "$work/trainer-exits.txt")" = 0 ] || fail "the trainer's last exit is not 0: exits $(tr '\n' ' ' <"$work/trainer-exits.txt")"
+grep -q "^trainer: a core has a preemption or maintenance notice; waiting until it has passed" "$trainer_log" ||
+    fail "the restarted trainer did not wait for the notice to pass (Docker starts it again 0.1 s after its exit 42)"
 grep -qE "^resuming from /var/lib/tpuemu/data/fm-preempt.ckpt: epoch 3, batch [0-9]+, step [0-9]+" "$trainer_log" ||
     fail "the restarted trainer did not resume from its checkpoint in epoch 3"
 [ "$(grep -c "^Epoch 1/$epochs" "$trainer_log")" -eq 1 ] || fail "a restarted trainer began again from epoch 1"
