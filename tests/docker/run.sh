@@ -303,13 +303,15 @@ done
     for s in "${host1[@]}"; do echo "$s: restarts $(restarts_of "$s") (before ${restarts0[$s]}), $(health "$s")"; done
     fail "host1's 4 containers were not restarted and healthy within 180 s"
 }
-dk events --since "$t_events" --until "$(date +%s)" --filter event=die \
+# (--until a second ahead: it counts whole seconds, and would leave out a die event of this second)
+dk events --since "$t_events" --until "$(($(date +%s) + 1))" --filter event=die \
     --format '{{.Actor.Attributes.name}} {{.Actor.Attributes.exitCode}}' >"$work/die-events.txt" 2>&1
 for s in "${host1[@]}"; do
     grep -qx "$(cname "$s") 4" "$work/die-events.txt" ||
         fail "$s's worker did not exit with status 4: $(grep "$(cname "$s")" "$work/die-events.txt")"
-    dk logs "$(cname "$s")" 2>&1 | grep -q 'preempted: this core terminates now' ||
-        fail "$s's log does not say it was preempted"
+    # into a file first: under pipefail, grep -q quitting at its match would make docker logs' SIGPIPE a failure
+    dk logs "$(cname "$s")" >"$work/log-$s.txt" 2>&1
+    grep -q 'preempted: this core terminates now' "$work/log-$s.txt" || fail "$s's log does not say it was preempted"
 done
 say "host1's 4 workers exited 4, restarted by Docker (restart counts $(for s in "${host1[@]}"; do printf '%s ' "$(restarts_of "$s")"; done | sed 's/ $//'))"
 dk logs "$(cname resolver)" 2>&1 | grep -E 'msg="core (re-)?registered" host="?host1"?' >"$work/registered-host1.txt"
@@ -333,7 +335,7 @@ grep -vE '^[0-9]+/[0-9]+ \[' "$trainer_log" | grep -vE '^(host|all cores|core )'
 [ $done_ok -eq 1 ] || fail "the trainer did not finish with exit 0 within 600 s ($st)"
 trestarts=${st##* }
 [ "$trestarts" -ge 1 ] || fail "the trainer's container was never restarted (restart count $trestarts)"
-dk events --since "$t_events" --until "$(date +%s)" --filter event=die --filter "container=$(cname trainer)" \
+dk events --since "$t_events" --until "$(($(date +%s) + 1))" --filter event=die --filter "container=$(cname trainer)" \
     --format '{{.Actor.Attributes.exitCode}}' >"$work/trainer-exits.txt" 2>&1
 grep -qx 42 "$work/trainer-exits.txt" || fail "the trainer never exited 42: exits $(tr '\n' ' ' <"$work/trainer-exits.txt")"
 [ "$(tail -n 1 "$work/trainer-exits.txt")" = 0 ] || fail "the trainer's last exit is not 0: exits $(tr '\n' ' ' <"$work/trainer-exits.txt")"
@@ -342,7 +344,7 @@ grep -q "^trainer: a core has a preemption or maintenance notice; waiting until 
 grep -qE "^resuming from /var/lib/tpuemu/data/fm-preempt.ckpt: epoch 3, batch [0-9]+, step [0-9]+" "$trainer_log" ||
     fail "the restarted trainer did not resume from its checkpoint in epoch 3"
 [ "$(grep -c "^Epoch 1/$epochs" "$trainer_log")" -eq 1 ] || fail "a restarted trainer began again from epoch 1"
-grep -E "^Running on .* with [0-9]+ replicas" "$trainer_log" | grep -vq " with 8 replicas" &&
+[ "$(grep -cE "^Running on .* with 8 replicas" "$trainer_log")" -eq "$(grep -c "^Running on " "$trainer_log")" ] ||
     fail "a run of the trainer did not have all 8 cores: $(grep -E '^Running on' "$trainer_log" | sort | uniq -c)"
 grep -q "^Epoch $epochs/$epochs" "$trainer_log" || fail "the last epoch never began after the preemption"
 acc=$(sed -n 's/^test accuracy: //p' "$trainer_log")
