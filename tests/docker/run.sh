@@ -17,6 +17,16 @@
 #    Prometheus with deploy/prometheus/compose.yml) beside them, and asks its
 #    HTTP API on a loopback port after the training: all 9 targets up, the
 #    cores by state 8 READY, every worker's steps above 0;
+#  - preempts a whole host: `tpuctl chaos --at-step 130 --notice-ms 15000
+#    preempt host1`, then the trainer as `up -d` runs it (restart:
+#    on-failure), and checks: `tpuctl health` shows the notice on host1's 4
+#    cores; the trainer names it, saves its checkpoint and exits 42; each of
+#    host1's workers exits 4 and Docker starts it again (restart count, die
+#    events, the resolver's log); the trainer, started again by its restart
+#    policy, waits for the notice to pass and for the 8 cores, resumes from
+#    its checkpoint in epoch 3 and exits 0 with the first run's test
+#    accuracy (within 2 points, at least 0.8); `tpuctl health` and `cluster`
+#    show 8 cores READY, HEALTHY;
 #  - takes everything down (compose down -v, the engine, the temp dir) on
 #    every exit, also on failure.
 #
@@ -36,12 +46,13 @@ epochs=8
 work=
 dockerd_pid=
 trainer_pid=
+trainer_log=
 
 say() { echo "[$(($(date +%s) - t_start))s] $*"; }
 fail() {
     echo "FAIL: $*"
-    if [ -n "$work" ] && [ -f "$work/trainer.log" ]; then
-        echo "--- trainer"; tail -n 40 "$work/trainer.log"
+    if [ -n "$work" ] && [ -f "${trainer_log:-$work/trainer.log}" ]; then
+        echo "--- trainer"; tail -n 40 "${trainer_log:-$work/trainer.log}"
     fi
     exit 1
 }
@@ -227,6 +238,132 @@ done
 [ $scraped -eq 1 ] || fail "the prometheus service does not show 9 targets up ($up), 8 READY cores ($ready) and 8 workers' steps ($stepped) within 90 s"
 say "prometheus service: 9 targets up, 8 cores READY, steps on all 8 workers"
 
+# ---- a whole host preempted: the trainer as `up` runs it (restart: on-failure)
+# The preemption is scheduled on host1's 4 cores for the trainer's step
+# $preempt_step (epoch 3: 58 steps an epoch on 8 replicas), so it lands in
+# the middle of the run however fast this machine trains. Every wait below
+# is bounded and generous; the checks are on states (exit codes, restart
+# counts, log lines, health), never on how long something took.
+host1=(host1-core0 host1-core1 host1-core2 host1-core3)
+preempt_step=130
+notice_ms=15000
+acc_kill=$acc
+restarts_of() { dk inspect -f '{{.RestartCount}}' "$(cname "$1")"; }
+declare -A restarts0
+for s in "${host1[@]}"; do restarts0[$s]=$(restarts_of "$s"); done
+t_events=$(date +%s)
+tpuctl_in chaos --at-step $preempt_step --notice-ms $notice_ms preempt host1 >"$work/chaos.txt" 2>&1 ||
+    fail "tpuctl chaos --at-step $preempt_step --notice-ms $notice_ms preempt host1: $(cat "$work/chaos.txt")"
+[ "$(grep -cE "^scheduled preempt on core host1/[0-3] \(after step $preempt_step\)" "$work/chaos.txt")" -eq 4 ] ||
+    fail "tpuctl chaos did not schedule the preemption on host1's 4 cores: $(cat "$work/chaos.txt")"
+say "preemption of host1 scheduled for step $preempt_step, notice $notice_ms ms"
+export FASHION_MNIST_ARGS="--epochs $epochs --checkpoint /var/lib/tpuemu/data/fm-preempt.ckpt --checkpoint-every 20 --recover 2 --recover-wait 120"
+say "trainer (up -d, restart: on-failure): fashion_mnist $FASHION_MNIST_ARGS"
+timeout 120 docker-compose -p "$project" -f deploy/docker-compose.yml up -d --no-deps trainer >>"$work/up.log" 2>&1 ||
+    { tail -20 "$work/up.log"; fail "docker-compose up -d trainer failed"; }
+trainer_log=$work/trainer-preempt.log
+tlog() { dk logs "$(cname trainer)" >"$trainer_log" 2>&1; }
+tstate() { dk inspect -f '{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}' "$(cname trainer)" 2>/dev/null; }
+
+# the notice, as a user sees it: tpuctl health on host1's cores
+noticed=0
+for _ in $(seq 360); do # 180 s for the trainer to reach the step
+    tpuctl_in health --host host1 >"$work/health-notice.txt" 2>&1
+    [ "$(grep -cE '^h(ost)?1/[0-3] .*preemption notice: terminated in' "$work/health-notice.txt")" -eq 4 ] && { noticed=1; break; }
+    [ "$(restarts_of host1-core0)" -gt "${restarts0[host1-core0]}" ] && break # the notice is over already
+    sleep 0.5
+done
+[ $noticed -eq 1 ] ||
+    fail "tpuctl health did not show the preemption notice on host1's 4 cores during the notice: $(cat "$work/health-notice.txt")"
+say "tpuctl health: $(grep -m1 'preemption notice' "$work/health-notice.txt" | sed 's/  */ /g')"
+
+# the trainer stops on the notice, saves its checkpoint, exits 42
+stopped=0
+for _ in $(seq 240); do # 120 s
+    tlog
+    grep -q "^preempted: exiting with status 42" "$trainer_log" && { stopped=1; break; }
+    sleep 0.5
+done
+[ $stopped -eq 1 ] || fail "the trainer did not stop on the notice (no 'preempted: exiting with status 42')"
+grep -qE "^fashion_mnist: training: PREEMPTED: a preemption notice came from core host1/[0-3] .*every replica stopped after step [0-9]+" "$trainer_log" ||
+    fail "no PREEMPTED error naming a core of host1 and the step"
+say "trainer: $(grep -m1 -oE 'PREEMPTED: a preemption notice came from core host1/[0-3] .*every replica stopped after step [0-9]+' "$trainer_log")"
+
+# host1's workers exit 4 at the end of the notice; Docker starts them again
+back=0
+for _ in $(seq 360); do # 180 s
+    n=0
+    for s in "${host1[@]}"; do
+        [ "$(restarts_of "$s")" -gt "${restarts0[$s]}" ] && [ "$(health "$s")" = healthy ] && n=$((n + 1))
+    done
+    [ $n -eq 4 ] && { back=1; break; }
+    sleep 0.5
+done
+[ $back -eq 1 ] || {
+    for s in "${host1[@]}"; do echo "$s: restarts $(restarts_of "$s") (before ${restarts0[$s]}), $(health "$s")"; done
+    fail "host1's 4 containers were not restarted and healthy within 180 s"
+}
+# (--until a second ahead: it counts whole seconds, and would leave out a die event of this second)
+dk events --since "$t_events" --until "$(($(date +%s) + 1))" --filter event=die \
+    --format '{{.Actor.Attributes.name}} {{.Actor.Attributes.exitCode}}' >"$work/die-events.txt" 2>&1
+for s in "${host1[@]}"; do
+    grep -qx "$(cname "$s") 4" "$work/die-events.txt" ||
+        fail "$s's worker did not exit with status 4: $(grep "$(cname "$s")" "$work/die-events.txt")"
+    # into a file first: under pipefail, grep -q quitting at its match would make docker logs' SIGPIPE a failure
+    dk logs "$(cname "$s")" >"$work/log-$s.txt" 2>&1
+    grep -q 'preempted: this core terminates now' "$work/log-$s.txt" || fail "$s's log does not say it was preempted"
+done
+say "host1's 4 workers exited 4, restarted by Docker (restart counts $(for s in "${host1[@]}"; do printf '%s ' "$(restarts_of "$s")"; done | sed 's/ $//'))"
+dk logs "$(cname resolver)" 2>&1 | grep -E 'msg="core (re-)?registered" host="?host1"?' >"$work/registered-host1.txt"
+for c in 0 1 2 3; do
+    [ "$(grep -cE "core=$c( |\$)" "$work/registered-host1.txt")" -ge 2 ] ||
+        fail "the resolver's log does not show host1/$c registering again: $(grep -E "core=$c( |\$)" "$work/registered-host1.txt")"
+done
+
+# the trainer, started again by its restart policy, waits for the 8 cores,
+# resumes from its checkpoint and finishes
+done_ok=0
+for _ in $(seq 600); do # 600 s
+    st=$(tstate)
+    [ "${st% *}" = "exited 0" ] && { done_ok=1; break; }
+    sleep 1
+done
+tlog
+st=$(tstate)
+say "trainer: state, exit code, restarts: $st"
+grep -vE '^[0-9]+/[0-9]+ \[' "$trainer_log" | grep -vE '^(host|all cores|core )' | sed 's/^/    /' | tail -n 25
+[ $done_ok -eq 1 ] || fail "the trainer did not finish with exit 0 within 600 s ($st)"
+trestarts=${st##* }
+[ "$trestarts" -ge 1 ] || fail "the trainer's container was never restarted (restart count $trestarts)"
+dk events --since "$t_events" --until "$(($(date +%s) + 1))" --filter event=die --filter "container=$(cname trainer)" \
+    --format '{{.Actor.Attributes.exitCode}}' >"$work/trainer-exits.txt" 2>&1
+grep -qx 42 "$work/trainer-exits.txt" || fail "the trainer never exited 42: exits $(tr '\n' ' ' <"$work/trainer-exits.txt")"
+[ "$(tail -n 1 "$work/trainer-exits.txt")" = 0 ] || fail "the trainer's last exit is not 0: exits $(tr '\n' ' ' <"$work/trainer-exits.txt")"
+grep -q "^trainer: a core has a preemption or maintenance notice; waiting until it has passed" "$trainer_log" ||
+    fail "the restarted trainer did not wait for the notice to pass (Docker starts it again 0.1 s after its exit 42)"
+grep -qE "^resuming from /var/lib/tpuemu/data/fm-preempt.ckpt: epoch 3, batch [0-9]+, step [0-9]+" "$trainer_log" ||
+    fail "the restarted trainer did not resume from its checkpoint in epoch 3"
+[ "$(grep -c "^Epoch 1/$epochs" "$trainer_log")" -eq 1 ] || fail "a restarted trainer began again from epoch 1"
+[ "$(grep -cE "^Running on .* with 8 replicas" "$trainer_log")" -eq "$(grep -c "^Running on " "$trainer_log")" ] ||
+    fail "a run of the trainer did not have all 8 cores: $(grep -E '^Running on' "$trainer_log" | sort | uniq -c)"
+grep -q "^Epoch $epochs/$epochs" "$trainer_log" || fail "the last epoch never began after the preemption"
+acc=$(sed -n 's/^test accuracy: //p' "$trainer_log")
+[ -n "$acc" ] || fail "no 'test accuracy:' line after the preemption"
+awk -v a="$acc" -v k="$acc_kill" 'BEGIN { d = a - k; if (d < 0) d = -d; exit !(a >= 0.8 && d <= 0.02) }' ||
+    fail "test accuracy $acc after the preemption: below 0.8, or more than 2 points from the first run's $acc_kill"
+say "trainer: exits $(tr '\n' ' ' <"$work/trainer-exits.txt" | sed 's/ $//'), resumed from its checkpoint, test accuracy $acc (first run: $acc_kill)"
+
+# and the cluster is whole again, as tpuctl shows it
+tpuctl_in health >"$work/health1.txt" 2>&1 || fail "tpuctl health after the preemption exited $?: $(cat "$work/health1.txt")"
+[ "$(grep -cE '^h(ost)?[01]/[0-3] +READY +HEALTHY' "$work/health1.txt")" -eq 8 ] ||
+    fail "tpuctl health does not show 8 cores READY and HEALTHY: $(cat "$work/health1.txt")"
+tpuctl_in cluster >"$work/cluster2.txt" 2>&1 || fail "tpuctl cluster after the preemption: $(cat "$work/cluster2.txt")"
+[ "$(grep -cE '^host[01] +[0-3] +READY ' "$work/cluster2.txt")" -eq 8 ] ||
+    fail "after the preemption the resolver does not list 8 ready cores: $(cat "$work/cluster2.txt")"
+say "tpuctl health and cluster: 8 cores READY and HEALTHY"
+
 say "done"
-echo "1 passed, 0 failed: the compose cluster trained Fashion-MNIST to $acc through the kill of $victim_core" \
-    "(UNAVAILABLE after ${report_ms} ms, recovered from the checkpoint), its Prometheus scraped it, in $(($(date +%s) - t_start)) s"
+echo "1 passed, 0 failed: the compose cluster trained Fashion-MNIST to $acc_kill through the kill of $victim_core" \
+    "(UNAVAILABLE after ${report_ms} ms, recovered from the checkpoint), its Prometheus scraped it, and trained" \
+    "to $acc through the preemption of host1 (4 workers exited 4 and were restarted, the trainer exited 42 and" \
+    "resumed from its checkpoint), in $(($(date +%s) - t_start)) s"
