@@ -39,6 +39,14 @@ trap cleanup EXIT
 fail() {
     echo "FAIL: $*"
     for f in "$work"/out*.txt "$work"/plan.txt; do [ -f "$f" ] && { echo "---- $f"; cat "$f"; }; done
+    local core
+    for core in ${maint:-} ${paused:-}; do # what the cores taken back went through
+        echo "---- $core in tpuctl health"
+        grep -E " $core " "$work/health.txt" 2>/dev/null | uniq -f 1 | tail -n 20
+        echo "---- $core: its worker's log"
+        local hc=${core#host}
+        grep -v "level=debug" "$work/worker-${hc/\//-}.log" 2>/dev/null | tail -n 15
+    done
     exit 1
 }
 lc_start_resolver "$bin" "$work/resolver.log" --heartbeat-ms 200
