@@ -41,6 +41,12 @@ const char *fault_kind_name(int kind)
     }
 }
 
+static int is_link(int kind)
+{
+    return kind == TPUEMU__FAULT_KIND__FAULT_LINK_DELAY || kind == TPUEMU__FAULT_KIND__FAULT_LINK_LOSS ||
+           kind == TPUEMU__FAULT_KIND__FAULT_PARTITION;
+}
+
 /* The fault in the profiler's ring, so that a profile shows when it hit. */
 static void record(struct fault *f, int kind, const char *what, uint32_t duration_ms, uint32_t percent)
 {
@@ -263,7 +269,7 @@ static int check(const Tpuemu__InjectFault *req, err *e)
                        "preempt (5), maintenance (6), skew (7), link-delay (8), link-loss (9) or partition (10)",
                        kind);
     }
-    if (kind >= TPUEMU__FAULT_KIND__FAULT_LINK_DELAY) {
+    if (is_link(kind)) {
         if (req->duration_ms < 1 || req->duration_ms > FAULT_MAX_MS)
             return err_set(e, CODE_INVALID_ARGUMENT, "fault '%s' needs a duration from 1 to %u ms (got %u ms)",
                            fault_kind_name(kind), FAULT_MAX_MS, req->duration_ms);
@@ -396,7 +402,7 @@ static int apply(struct fault *f, const struct fault_args *a, int deferred, err 
     uint32_t duration_ms = a->duration_ms, percent = a->percent;
     int32_t skew_ms = a->skew_ms;
 
-    if (kind >= TPUEMU__FAULT_KIND__FAULT_LINK_DELAY)
+    if (is_link(kind))
         return link_start(f, a, e);
     if (kind == TPUEMU__FAULT_KIND__FAULT_SKEW) {
         wire_set_clock_skew_ms(skew_ms);
@@ -486,7 +492,7 @@ int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e)
     a.skew_ms = req->skew_ms;
     a.latency_ms = req->latency_ms;
     a.seed = req->seed;
-    if (a.kind >= TPUEMU__FAULT_KIND__FAULT_LINK_DELAY) {
+    if (is_link(a.kind)) {
         snprintf(a.peer_host, sizeof a.peer_host, "%s", req->peer_host);
         a.peer_core = req->peer_core;
         if ((rc = f->env.link_check(f->env.arg, a.peer_host, a.peer_core, e)) != CODE_OK)

@@ -89,6 +89,9 @@ const char *chan_what_of(const struct peers *p, uint64_t seq)
         for (const struct lop *op = l->sq.head; op; op = op->next)
             if (op->seq == seq)
                 return op->what;
+        for (const struct lop *op = l->hq.head; op; op = op->next)
+            if (op->seq == seq)
+                return op->what;
     }
     if (p->cur_seq == seq && p->cur_what)
         return p->cur_what;
