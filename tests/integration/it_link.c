@@ -262,6 +262,34 @@ Test(link, partition_fails_the_collective_naming_both_cores_then_heals, .timeout
     lt_free(t);
 }
 
+/* One way only (tpu_inject_fault): the core whose sends are cut fails the
+ * collective and tells the other, which would otherwise wait for its stall
+ * time (ten times heartbeat x dead-after: 15 s here) before giving up. */
+Test(link, one_way_partition_fails_both_ends_with_its_cause, .timeout = 120)
+{
+    lt *t = lt_start(1); /* TCP */
+    int64_t ms;
+    int right, scale = cl_time_scale();
+    tpu_fault cut = {.kind = TPU_FAULT_PARTITION, .duration_ms = 6000, .peer_host = "h1", .peer_core = 0};
+
+    lt_init(t);
+    cr_assert_eq(allreduce(t, &ms, &right), TPU_OK, "%s", tpu_last_error());
+    CALL_OK(tpu_inject_fault(t->tc, "h0", 0, &cut));
+    cr_assert_eq(allreduce(t, &ms, &right), TPU_UNAVAILABLE, "%s", tpu_last_error());
+    cr_assert(strstr(tpu_last_error(), "core h1/0 is cut off from core h0/0 by a partition"), "%s",
+              tpu_last_error());
+    cr_assert_lt(ms, 10000, "the all-reduce failed after %lld ms, as if h1/0 had waited for its stall time",
+                 (long long)ms);
+    cr_assert_eq(injected(t, 0, "partition"), 1);
+    cr_assert_eq(injected(t, 1, "partition"), 0, "the other end got the fault too");
+    cr_assert(cl_wait_log(&t->c->workers[0], "fault over: the link works again", 20000 * scale), "see %s",
+              t->c->workers[0].log);
+    lt_init(t);
+    cr_assert_eq(allreduce(t, &ms, &right), TPU_OK, "%s", tpu_last_error());
+    cr_assert(right);
+    lt_free(t);
+}
+
 Test(link, bad_link_faults_are_refused_and_nothing_is_injected, .timeout = 120)
 {
     lt *t = lt_start(0);
