@@ -13,8 +13,11 @@
 #include "nnuv.h"
 #include "wire.h"
 
-static const char *const kind_names[] = {NULL, "kill", "pause", "slow", "hbm", "preempt", "maintenance", "skew"};
-#define NKINDS 7
+static const char *const kind_names[] = {NULL,   "kill",       "pause",     "slow",     "hbm",      "preempt",
+                                         "maintenance", "skew", "link-delay", "link-loss", "partition"};
+#define NKINDS 10
+#define KINDS_LIST "kill, pause, slow, hbm, preempt, maintenance, skew, link-delay, link-loss, partition"
+#define IS_LINK(k) ((k) == TPU_FAULT_LINK_DELAY || (k) == TPU_FAULT_LINK_LOSS || (k) == TPU_FAULT_PARTITION)
 
 const char *tpu_fault_kind_name(tpu_fault_kind k)
 {
@@ -28,7 +31,7 @@ tpu_status tpu_fault_kind_parse(const char *name, tpu_fault_kind *out)
             *out = (tpu_fault_kind)k;
             return TPU_OK;
         }
-    return cli_failf(TPU_INVALID_ARGUMENT, "'%s' is not a fault kind (kill, pause, slow, hbm, preempt, maintenance, skew)", name ? name : "");
+    return cli_failf(TPU_INVALID_ARGUMENT, "'%s' is not a fault kind (" KINDS_LIST ")", name ? name : "");
 }
 
 /* One sealed request to url and its reply, within timeout_ms. */
@@ -89,39 +92,38 @@ out:
     return rc;
 }
 
-tpu_status tpu_inject_fault(tpu_cluster *c, const char *host_id, int core, const tpu_fault *f)
+/* The worker of core host/core in the spec, or NULL. */
+static const Tpuemu__WorkerInfo *find_core(const tpu_cluster_spec *spec, const char *host, int core)
+{
+    const Tpuemu__ClusterSpec *cs = spec->m->cluster_spec;
+    const Tpuemu__WorkerInfo *w = NULL;
+    for (size_t i = 0; cs && i < cs->n_cores; i++) {
+        const Tpuemu__WorkerInfo *x = cs->cores[i]->worker;
+        if (x && x->host_id && !strcmp(x->host_id, host) && x->core == core && x->control_addr)
+            w = x;
+    }
+    return w;
+}
+
+static tpu_status not_found(const tpu_cluster_spec *spec, const char *what, const char *host, int core)
+{
+    const Tpuemu__ClusterSpec *cs = spec->m->cluster_spec;
+    return cli_failf(TPU_NOT_FOUND, "%s %s/%d is not in the cluster (the resolver knows %zu cores)", what, host, core,
+                     cs ? cs->n_cores : 0);
+}
+
+/* f into core w (host/core), with peer as the other end of a link fault. */
+static int inject_one(tpu_cluster *c, const Tpuemu__WorkerInfo *w, const char *host, int core, const tpu_fault *f,
+                      const char *peer_host, int peer_core, err *e)
 {
     wire_msg req = TPUEMU__MESSAGE__INIT, *m = NULL;
     Tpuemu__InjectFault body = TPUEMU__INJECT_FAULT__INIT;
     Tpuemu__CoreRef to = TPUEMU__CORE_REF__INIT;
-    const Tpuemu__WorkerInfo *w = NULL;
-    tpu_cluster_spec *spec;
-    char name[300], url[320];
-    err e;
+    char name[300];
     int rc;
 
-    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
-    if (!host_id || !*host_id || core < 0 || !f)
-        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_inject_fault: give a host id, a core index >= 0 and a fault");
-    if (!tpu_fault_kind_name(f->kind))
-        return cli_failf(TPU_INVALID_ARGUMENT, "fault kind %d is not kill (1), pause (2), slow (3), hbm (4), "
-                         "preempt (5), maintenance (6) or skew (7)", (int)f->kind);
-    snprintf(name, sizeof name, "%s/%d", host_id, core);
-    if (tpu_cluster_spec_get(c, &spec) != TPU_OK)
-        return tpu_last_status();
-    const Tpuemu__ClusterSpec *cs = spec->m->cluster_spec;
-    for (size_t i = 0; cs && i < cs->n_cores; i++) {
-        const Tpuemu__WorkerInfo *x = cs->cores[i]->worker;
-        if (x && x->host_id && !strcmp(x->host_id, host_id) && x->core == core)
-            w = x;
-    }
-    if (!w || !w->control_addr) {
-        size_t n = cs ? cs->n_cores : 0;
-        tpu_cluster_spec_free(spec);
-        return cli_failf(TPU_NOT_FOUND, "core %s is not in the cluster (the resolver knows %zu cores)", name, n);
-    }
-    snprintf(url, sizeof url, "%s", w->control_addr);
-    to.host_id = (char *)host_id;
+    snprintf(name, sizeof name, "%s/%d", host, core);
+    to.host_id = (char *)host;
     to.core = core;
     to.incarnation = w->incarnation;
     body.kind = (Tpuemu__FaultKind)f->kind;
@@ -131,15 +133,88 @@ tpu_status tpu_inject_fault(tpu_cluster *c, const char *host_id, int core, const
     body.at_step = f->at_step;
     body.notice_ms = f->notice_ms;
     body.skew_ms = f->skew_ms;
+    body.latency_ms = f->latency_ms;
+    body.seed = f->seed;
+    body.peer_host = (char *)(peer_host ? peer_host : "");
+    body.peer_core = peer_core;
     req.recipient = &to;
     req.body_case = TPUEMU__MESSAGE__BODY_INJECT_FAULT;
     req.inject_fault = &body;
-    rc = call_core(c, url, name, &req, c->r->timeout_ms, &m, &e);
-    tpu_cluster_spec_free(spec);
-    if (rc != CODE_OK)
-        return cli_fail(&e);
+    rc = call_core(c, w->control_addr, name, &req, c->r->timeout_ms, &m, e);
     wire_msg_free(m);
+    return rc;
+}
+
+static tpu_status check_kind(const tpu_fault *f)
+{
+    if (!tpu_fault_kind_name(f->kind))
+        return cli_failf(TPU_INVALID_ARGUMENT, "fault kind %d is not kill (1), pause (2), slow (3), hbm (4), "
+                         "preempt (5), maintenance (6), skew (7), link-delay (8), link-loss (9) or partition (10)",
+                         (int)f->kind);
     return TPU_OK;
+}
+
+tpu_status tpu_inject_fault(tpu_cluster *c, const char *host_id, int core, const tpu_fault *f)
+{
+    const Tpuemu__WorkerInfo *w;
+    tpu_cluster_spec *spec;
+    tpu_status st = TPU_OK;
+    err e;
+
+    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    if (!host_id || !*host_id || core < 0 || !f)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_inject_fault: give a host id, a core index >= 0 and a fault");
+    if (check_kind(f) != TPU_OK)
+        return tpu_last_status();
+    if (IS_LINK(f->kind) && (!f->peer_host || !*f->peer_host || f->peer_core < 0))
+        return cli_failf(TPU_INVALID_ARGUMENT, "fault '%s' needs the core at the other end of the link (peer_host, "
+                         "peer_core)", tpu_fault_kind_name(f->kind));
+    if (tpu_cluster_spec_get(c, &spec) != TPU_OK)
+        return tpu_last_status();
+    if (!(w = find_core(spec, host_id, core)))
+        st = not_found(spec, "core", host_id, core);
+    else if (IS_LINK(f->kind) && !find_core(spec, f->peer_host, f->peer_core))
+        st = not_found(spec, "the other end of the link, core", f->peer_host, f->peer_core);
+    else if (inject_one(c, w, host_id, core, f, f->peer_host, f->peer_core, &e) != CODE_OK)
+        st = cli_fail(&e);
+    tpu_cluster_spec_free(spec);
+    return st;
+}
+
+tpu_status tpu_inject_link_fault(tpu_cluster *c, const char *a_host, int a_core, const char *b_host, int b_core,
+                                 const tpu_fault *f)
+{
+    const Tpuemu__WorkerInfo *wa, *wb;
+    tpu_cluster_spec *spec;
+    tpu_status st = TPU_OK;
+    err e;
+
+    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    if (!a_host || !*a_host || a_core < 0 || !b_host || !*b_host || b_core < 0 || !f)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_inject_link_fault: give two cores (host id, core index >= 0) "
+                         "and a fault");
+    if (check_kind(f) != TPU_OK)
+        return tpu_last_status();
+    if (!IS_LINK(f->kind))
+        return cli_failf(TPU_INVALID_ARGUMENT, "fault '%s' is not a link fault (link-delay, link-loss, partition)",
+                         tpu_fault_kind_name(f->kind));
+    if (!strcmp(a_host, b_host) && a_core == b_core)
+        return cli_failf(TPU_INVALID_ARGUMENT, "the two ends of the link are one core, %s/%d: a link joins two cores",
+                         a_host, a_core);
+    if (tpu_cluster_spec_get(c, &spec) != TPU_OK)
+        return tpu_last_status();
+    /* both ends first: a core that is not there leaves the other untouched */
+    if (!(wa = find_core(spec, a_host, a_core)))
+        st = not_found(spec, "core", a_host, a_core);
+    else if (!(wb = find_core(spec, b_host, b_core)))
+        st = not_found(spec, "core", b_host, b_core);
+    else if (inject_one(c, wa, a_host, a_core, f, b_host, b_core, &e) != CODE_OK)
+        st = cli_fail(&e);
+    else if (inject_one(c, wb, b_host, b_core, f, a_host, a_core, &e) != CODE_OK)
+        st = cli_failf(e.code, "%s (core %s/%d has the fault: only what it sends to %s/%d is faulted)", e.msg, a_host,
+                       a_core, b_host, b_core);
+    tpu_cluster_spec_free(spec);
+    return st;
 }
 
 tpu_status tpu_inject_resolver_fault(tpu_cluster *c, const tpu_fault *f)
@@ -158,6 +233,10 @@ tpu_status tpu_inject_resolver_fault(tpu_cluster *c, const tpu_fault *f)
     body.at_step = f->at_step;
     body.notice_ms = f->notice_ms;
     body.skew_ms = f->skew_ms;
+    body.latency_ms = f->latency_ms;
+    body.seed = f->seed;
+    body.peer_host = (char *)(f->peer_host ? f->peer_host : "");
+    body.peer_core = f->peer_core;
     req.body_case = TPUEMU__MESSAGE__BODY_INJECT_FAULT;
     req.inject_fault = &body;
     if (call_do(c, &req, TPUEMU__MESSAGE__BODY_INJECT_FAULT_REPLY, c->r->timeout_ms, &m, &e) != CODE_OK)

@@ -613,20 +613,29 @@ static int chaos_scenario(const struct tpuctl *g, const char *path, long long se
         disconnect(r, c);
         return EXIT_ERROR;
     }
-    for (size_t i = 0; i < sc.n; i++)
-        if (chaos_targets(c, picked[i], tg, CHAOS_MAX_TARGETS) < 0) {
+    for (size_t i = 0; i < sc.n; i++) {
+        char peer[160];
+        snprintf(peer, sizeof peer, "%s/%d", sc.v[i].peer, sc.v[i].f.peer_core);
+        if (chaos_targets(c, picked[i], tg, CHAOS_MAX_TARGETS) < 0 ||
+            (sc.v[i].f.peer_host && chaos_targets(c, peer, tg, CHAOS_MAX_TARGETS) < 0)) {
             fprintf(stderr, "  (%s:%d)\n", path, sc.v[i].line);
             free(tg);
             disconnect(r, c);
             return EXIT_ERROR;
         }
+    }
     printf("scenario %s, seed %u: %zu faults\n", path, seed, sc.n);
     rc = EXIT_OK;
     for (size_t i = 0; i < sc.n && rc == EXIT_OK; i++) {
-        const tpu_fault *f = &sc.v[i].f;
+        tpu_fault *f = &sc.v[i].f;
         int nt = chaos_targets(c, picked[i], tg, CHAOS_MAX_TARGETS);
+        if (f->kind == TPU_FAULT_LINK_LOSS)
+            f->seed = seed ^ ((uint32_t)sc.v[i].line * 2654435761u); /* the same seed, the same losses */
         for (int k = 0; k < nt; k++) {
-            if (tpu_inject_fault(c, tg[k].host, tg[k].core, f) != TPU_OK) {
+            tpu_status st = f->peer_host ? tpu_inject_link_fault(c, tg[k].host, tg[k].core, f->peer_host,
+                                                                 f->peer_core, f)
+                                         : tpu_inject_fault(c, tg[k].host, tg[k].core, f);
+            if (st != TPU_OK) {
                 fprintf(stderr, "%s: %s:%d: %s (%zu faults injected before it)\n",
                         tpu_status_name(tpu_last_status()), path, sc.v[i].line, tpu_last_error(), injected);
                 rc = EXIT_ERROR;
@@ -642,6 +651,10 @@ static int chaos_scenario(const struct tpuctl *g, const char *path, long long se
                 printf(", %u %%", f->percent);
             if (f->notice_ms)
                 printf(", notice %u ms", f->notice_ms);
+            if (f->latency_ms)
+                printf(", latency %u ms", f->latency_ms);
+            if (f->peer_host)
+                printf(", to and from core %s/%d", f->peer_host, f->peer_core);
             printf("\n");
         }
     }
@@ -651,11 +664,54 @@ static int chaos_scenario(const struct tpuctl *g, const char *path, long long se
     return rc;
 }
 
+/* tpuctl chaos link-delay|link-loss|partition A B ...: both ways, A then B. */
+static int chaos_link(const struct tpuctl *g, tpu_resolver *r, tpu_cluster *c, const char *a, const tpu_fault *f)
+{
+    char host[128];
+    long core;
+    int rc = EXIT_OK;
+
+    if (parse_core("chaos", a, host, sizeof host, &core) != 0) {
+        disconnect(r, c);
+        return EXIT_USAGE;
+    }
+    if (tpu_inject_link_fault(c, host, (int)core, f->peer_host, f->peer_core, f) != TPU_OK) {
+        rc = fail();
+    } else if (g->json) {
+        json j;
+        char b[160];
+        snprintf(b, sizeof b, "%s/%d", f->peer_host, f->peer_core);
+        json_init(&j, stdout);
+        json_obj(&j, NULL);
+        json_str(&j, "injected", tpu_fault_kind_name(f->kind));
+        json_str(&j, "link", a);
+        json_str(&j, "peer", b);
+        json_uint(&j, "duration_ms", f->duration_ms);
+        json_uint(&j, "latency_ms", f->latency_ms);
+        json_uint(&j, "percent", f->percent);
+        json_uint(&j, "seed", f->seed);
+        json_uint(&j, "delay_ms", f->delay_ms);
+        json_uint(&j, "at_step", f->at_step);
+        json_end(&j);
+    } else if (f->delay_ms || f->at_step) {
+        printf("scheduled %s on the link %s <-> %s/%d, both ways (%s %llu)\n", tpu_fault_kind_name(f->kind), a,
+               f->peer_host, f->peer_core, f->delay_ms ? "in ms:" : "after step",
+               f->delay_ms ? (unsigned long long)f->delay_ms : (unsigned long long)f->at_step);
+    } else {
+        printf("injected %s on the link %s <-> %s/%d, both ways, for %u ms\n", tpu_fault_kind_name(f->kind), a,
+               f->peer_host, f->peer_core, f->duration_ms);
+    }
+    fflush(stdout);
+    disconnect(r, c);
+    return rc;
+}
+
 static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
 {
     static const char usage[] = "tpuctl chaos [--delay-ms MS | --at-step N] [--notice-ms MS] kill T | pause T MS | "
-                                "slow T PCT [MS] | hbm T PCT [MS] | preempt T | maintenance T MS | skew T MS [DURATION]  "
-                                "(T: HOST/CORE, HOST, all; kill and pause also resolver)";
+                                "slow T PCT [MS] | hbm T PCT [MS] | preempt T | maintenance T MS | skew T MS [DURATION] | "
+                                "link-delay A B MS DURATION | link-loss A B PCT DURATION | partition A B DURATION  "
+                                "(T: HOST/CORE, HOST, all; kill and pause also resolver; A, B: HOST/CORE)";
     long long delay = 0, at_step = 0, notice = -1, seed = -1;
     const char *scen = NULL;
     struct opt opts[] = {
@@ -668,7 +724,8 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
         {"scenario", NULL, OPT_STRING, NULL, 0, 0, "FILE",
          "inject the faults a scenario file lists (README: scenario files), all checked first", &scen},
         {"seed", NULL, OPT_INT, NULL, 0, 4294967295LL, "N",
-         "the seed for a scenario's random targets (default: its 'seed' line, else one chosen and printed)", &seed},
+         "the seed for a scenario's random targets and losses (default: its 'seed' line, else one chosen and "
+         "printed), or for link-loss's losses (default 0)", &seed},
     };
     tpu_resolver *r;
     tpu_cluster *c;
@@ -688,7 +745,11 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
                   "then, --notice-ms later, the worker terminates and the core is PREEMPTED), maintenance MS (a "
                   "maintenance notice, then the core is down for MS milliseconds and comes back restarted), skew MS "
                   "[DURATION] (the worker's wall clock is MS milliseconds off, negative for slow, for DURATION ms or "
-                  "until the next skew; with a cluster token, beyond 60 s its messages are refused). The "
+                  "until the next skew; with a cluster token, beyond 60 s its messages are refused), and on the "
+                  "link between cores A and B, both ways, for DURATION ms: link-delay MS (each data-plane chunk is "
+                  "held MS ms), link-loss PCT (each chunk is lost with probability PCT %% and sent again after a "
+                  "TCP-like timeout: a delay, never a wrong byte; --seed picks the losses), partition (no chunk "
+                  "passes: a collective that waits on the link fails naming both cores). The "
                   "target is one core (HOST/CORE), every live core of a host (HOST) or of the cluster (all); kill and "
                   "pause may also hit the resolver itself (resolver). "
                   "--delay-ms or --at-step make the fault wait (the worker checks it now). Each worker logs the "
@@ -704,8 +765,8 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
         }
         return chaos_scenario(g, scen, seed);
     }
-    if (rc == CODE_OK && seed >= 0) {
-        fprintf(stderr, "tpuctl chaos: --seed is for --scenario\n");
+    if (rc == CODE_OK && seed >= 0 && (nargs < 1 || strcmp(argv[first], "link-loss") != 0)) {
+        fprintf(stderr, "tpuctl chaos: --seed is for --scenario and link-loss\n");
         return EXIT_USAGE;
     }
     if (rc != CODE_OK || nargs < 2) {
@@ -727,9 +788,10 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
         fprintf(stderr, "tpuctl chaos: give a target: HOST/CORE, HOST or all (usage: %s)\n", usage);
         return EXIT_USAGE;
     }
+    char peer[128];
     {
         char why[300];
-        if (chaos_fault_args(&f, argv + first + 2, nargs - 2, why, sizeof why) != 0) {
+        if (chaos_fault_args(&f, argv + first + 2, nargs - 2, peer, sizeof peer, why, sizeof why) != 0) {
             fprintf(stderr, "tpuctl chaos: %s (usage: %s)\n", why, usage);
             return EXIT_USAGE;
         }
@@ -747,8 +809,17 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
         f.notice_ms = notice >= 0 ? (uint32_t)notice : f.kind == TPU_FAULT_PREEMPT ? 30000u : 60000u;
     f.delay_ms = (uint32_t)delay;
     f.at_step = (uint64_t)at_step;
+    if (f.kind == TPU_FAULT_LINK_LOSS && seed >= 0)
+        f.seed = (uint32_t)seed;
+    if (f.peer_host && !strchr(target, '/')) {
+        fprintf(stderr, "tpuctl chaos: %s joins two cores: give A as HOST/CORE, not '%s' (usage: %s)\n",
+                tpu_fault_kind_name(f.kind), target, usage);
+        return EXIT_USAGE;
+    }
     if ((rc = connect_cluster(g, &r, &c)) >= 0)
         return rc;
+    if (f.peer_host)
+        return chaos_link(g, r, c, target, &f);
     if (!strcmp(target, "resolver")) { /* the resolver itself: kill or pause */
         if (tpu_inject_resolver_fault(c, &f) != TPU_OK) {
             rc = fail();
@@ -1058,7 +1129,8 @@ const struct tpuctl_cmd tpuctl_cmds[] = {
     {"init", "initialize the TPU system and print its topology", cmd_init},
     {"shutdown", "shut the TPU system down", cmd_shutdown},
     {"forget", "forget a dead core: forget HOST/CORE", cmd_forget},
-    {"chaos", "inject a fault into a core: chaos kill|pause|slow|hbm HOST/CORE [ARGS]", cmd_chaos},
+    {"chaos", "inject a fault into a core or a link: chaos kill|pause|slow|hbm HOST/CORE [ARGS], "
+              "chaos link-delay|link-loss|partition A B [ARGS]", cmd_chaos},
     {"health", "cluster and per-core health; exit 1 if any core is unhealthy", cmd_health},
     {"version", "print versions", cmd_version},
     {"profile", "record every core for N ms: trace file and step-time breakdown", cmd_profile},

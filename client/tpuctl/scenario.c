@@ -13,12 +13,64 @@ static int num(const char *s, long long lo, long long hi, long long *v)
     return opt_parse_int(s, lo, hi, v);
 }
 
-int chaos_fault_args(tpu_fault *f, char *const *args, int nargs, char *why, size_t errn)
+/* "HOST/CORE" into peer (host) and *core: 0, or -1. */
+static int parse_peer(const char *s, char *peer, size_t peern, int *core)
+{
+    const char *slash = strrchr(s, '/');
+    long long v;
+    if (!slash || slash == s || (size_t)(slash - s) >= peern || num(slash + 1, 0, 1000000, &v) != 0)
+        return -1;
+    memcpy(peer, s, (size_t)(slash - s));
+    peer[slash - s] = '\0';
+    *core = (int)v;
+    return 0;
+}
+
+int chaos_fault_args(tpu_fault *f, char *const *args, int nargs, char *peer, size_t peern, char *why, size_t errn)
 {
     long long v;
     const char *k = tpu_fault_kind_name(f->kind);
 
     switch (f->kind) {
+    case TPU_FAULT_LINK_DELAY:
+    case TPU_FAULT_LINK_LOSS:
+    case TPU_FAULT_PARTITION: {
+        int want = f->kind == TPU_FAULT_PARTITION ? 2 : 3;
+        const char *form = f->kind == TPU_FAULT_LINK_DELAY  ? "link-delay needs PEER MS DURATION"
+                           : f->kind == TPU_FAULT_LINK_LOSS ? "link-loss needs PEER PCT DURATION"
+                                                            : "partition needs PEER DURATION";
+        if (nargs != want) {
+            snprintf(why, errn, "%s (the other end of the link as HOST/CORE, then %s)", form,
+                     f->kind == TPU_FAULT_PARTITION ? "how long in ms"
+                     : f->kind == TPU_FAULT_LINK_DELAY ? "how long each chunk is held in ms, and for how long"
+                                                       : "the percent of chunks lost, and for how long");
+            return -1;
+        }
+        if (parse_peer(args[0], peer, peern, &f->peer_core) != 0) {
+            snprintf(why, errn, "%s: the peer '%s' is not HOST/CORE", form, args[0]);
+            return -1;
+        }
+        f->peer_host = peer;
+        if (f->kind == TPU_FAULT_LINK_DELAY) {
+            if (num(args[1], 1, 60000, &v) != 0) {
+                snprintf(why, errn, "link-delay: '%s' is not a latency in ms from 1 to 60000", args[1]);
+                return -1;
+            }
+            f->latency_ms = (uint32_t)v;
+        } else if (f->kind == TPU_FAULT_LINK_LOSS) {
+            if (num(args[1], 1, 100, &v) != 0) {
+                snprintf(why, errn, "link-loss: '%s' is not a percent of chunks lost from 1 to 100", args[1]);
+                return -1;
+            }
+            f->percent = (uint32_t)v;
+        }
+        if (num(args[want - 1], 1, 600000, &v) != 0) {
+            snprintf(why, errn, "%s: '%s' is not a duration in ms from 1 to 600000", k, args[want - 1]);
+            return -1;
+        }
+        f->duration_ms = (uint32_t)v;
+        return 0;
+    }
     case TPU_FAULT_KILL:
     case TPU_FAULT_PREEMPT:
         if (nargs != 0) {
@@ -118,8 +170,8 @@ static int parse_fault(char **w, int n, struct scen_fault *sf, char *why, size_t
         return -1;
     }
     if (i >= n || tpu_fault_kind_parse(w[i], &sf->f.kind) != TPU_OK) {
-        snprintf(why, errn, "'%s' is not a fault kind (kill, pause, slow, hbm, preempt, maintenance, skew)",
-                 i < n ? w[i] : "");
+        snprintf(why, errn, "'%s' is not a fault kind (kill, pause, slow, hbm, preempt, maintenance, skew, "
+                 "link-delay, link-loss, partition)", i < n ? w[i] : "");
         return -1;
     }
     i++;
@@ -149,8 +201,13 @@ static int parse_fault(char **w, int n, struct scen_fault *sf, char *why, size_t
             args[nargs++] = w[i];
         }
     }
-    if (chaos_fault_args(&sf->f, args, nargs, why, errn) != 0)
+    if (chaos_fault_args(&sf->f, args, nargs, sf->peer, sizeof sf->peer, why, errn) != 0)
         return -1;
+    if (sf->f.peer_host && (!strchr(sf->target, '/') || !strncmp(sf->target, "random-", 7))) {
+        snprintf(why, errn, "%s joins two cores: its target is one core, HOST/CORE (not '%s')",
+                 tpu_fault_kind_name(sf->f.kind), sf->target);
+        return -1;
+    }
     if (notice >= 0 && sf->f.kind != TPU_FAULT_PREEMPT && sf->f.kind != TPU_FAULT_MAINTENANCE) {
         snprintf(why, errn, "notice= is for preempt and maintenance, not %s", tpu_fault_kind_name(sf->f.kind));
         return -1;

@@ -7,13 +7,17 @@
  *   at step 30   preempt     random-host  notice=4000
  *   at 5000ms    maintenance random-core  2000 notice=500
  *   at 0ms       hbm         all          10
+ *   at 1000ms    link-loss   h0/0         h0/1 20 5000
  *
  * WHEN is a delay from when the scenario is injected (0ms..3600000ms) or a
  * training step (as --at-step); KIND and ARGS are those of tpuctl chaos
  * (notice=MS for --notice-ms); TARGET is HOST/CORE, HOST, all, or
  * random-core / random-host, picked with the seed among the live cores in
  * the resolver's order, so the same seed on the same cluster picks the same
- * cores. The whole file is checked before anything is injected. */
+ * cores. A link fault's TARGET is one core (HOST/CORE) and its first
+ * argument the other end; it faults the link both ways, and the losses of
+ * link-loss follow from the seed. The whole file is checked before anything
+ * is injected. */
 #ifndef TPUCTL_SCENARIO_H
 #define TPUCTL_SCENARIO_H
 
@@ -28,6 +32,7 @@ struct scen_fault {
     int line;
     tpu_fault f;
     char target[128];
+    char peer[128];      /* link faults: f.peer_host points here */
 };
 
 struct scenario {
@@ -43,9 +48,10 @@ struct chaos_core {
     int core;
 };
 
-/* Fills f's duration and percent from the arguments after the target (f->kind
- * set): 0, or -1 with why saying what is wrong. */
-int chaos_fault_args(tpu_fault *f, char *const *args, int nargs, char *why, size_t errn);
+/* Fills f's duration, percent and the rest from the arguments after the
+ * target (f->kind set); a link fault's peer host goes into peer, which
+ * f->peer_host then points to: 0, or -1 with why saying what is wrong. */
+int chaos_fault_args(tpu_fault *f, char *const *args, int nargs, char *peer, size_t peern, char *why, size_t errn);
 /* Reads and checks the whole file: 0, or -1 with why naming the line and field. */
 int scenario_load(const char *path, struct scenario *s, char *why, size_t errn);
 /* The target a scenario line names, random ones picked with *rng: 0, or -1

@@ -213,9 +213,9 @@ Test(chaos, bad_faults_are_refused_and_nothing_is_injected, .timeout = 120)
                   tpu_last_error());
     }
     /* refused by the library: a kind that is not one, a core that is not there */
-    tpu_fault nokind = {.kind = (tpu_fault_kind)9, .duration_ms = 0, .percent = 0};
+    tpu_fault nokind = {.kind = (tpu_fault_kind)11, .duration_ms = 0, .percent = 0};
     cr_assert_eq(tpu_inject_fault(tc, "h0", 0, &nokind), TPU_INVALID_ARGUMENT);
-    cr_assert(strstr(tpu_last_error(), "fault kind 9"), "%s", tpu_last_error());
+    cr_assert(strstr(tpu_last_error(), "fault kind 11"), "%s", tpu_last_error());
     tpu_fault kill = {.kind = TPU_FAULT_KILL, .duration_ms = 0, .percent = 0};
     cr_assert_eq(tpu_inject_fault(tc, "h0", 7, &kill), TPU_NOT_FOUND);
     cr_assert(strstr(tpu_last_error(), "h0/7"), "%s", tpu_last_error());

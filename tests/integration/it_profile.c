@@ -734,7 +734,8 @@ Test(profile, profiler_callback_writes_the_batches_asked_for, .timeout = 120)
 }
 
 /* Injected faults are in the trace, where they hit: an instant on the core's
- * thread named "chaos: KIND", with the fault's duration and percent. */
+ * thread named "chaos: KIND" (a partition of the link to h0/1: "chaos:
+ * cut>h0/1"), with the fault's duration and percent. */
 Test(profile, injected_faults_are_in_the_trace, .timeout = 120)
 {
     colltest *t = ct_start(1, (int[]){2}, NULL, HB_MS);
@@ -745,6 +746,9 @@ Test(profile, injected_faults_are_in_the_trace, .timeout = 120)
     CALL_OK(tpu_inject_fault(t->c, "h0", 1, &notice));
     tpu_model *m = train(t, 256, 128, 1);
     CALL_OK(tpu_inject_fault(t->c, "h0", 0, &hbm)); /* after the compile, which empties HBM */
+    /* after the training too: nothing waits on the link any more */
+    tpu_fault cut = {.kind = TPU_FAULT_PARTITION, .duration_ms = 1000, .peer_host = "h0", .peer_core = 1};
+    CALL_OK(tpu_inject_fault(t->c, "h0", 0, &cut));
     tpu_profile *p;
     char logdir[512], path[4600], why[512], err[256];
 
@@ -771,7 +775,10 @@ Test(profile, injected_faults_are_in_the_trace, .timeout = 120)
         int core;
         double duration_ms, percent;
         int seen;
-    } want[] = {{"chaos: slow", 1, 0, 50, 0}, {"chaos: maint-notice", 1, 600000, 0, 0}, {"chaos: hbm", 0, 600000, 10, 0}};
+    } want[] = {{"chaos: slow", 1, 0, 50, 0},
+                {"chaos: maint-notice", 1, 600000, 0, 0},
+                {"chaos: hbm", 0, 600000, 10, 0},
+                {"chaos: cut>h0/1", 0, 1000, 0, 0}};
     for (size_t i = 0; i < json_len(ev); i++) {
         const json *e = json_at(ev, i), *args = json_get(e, "args");
         const char *name = json_str(json_get(e, "name")), *ph = json_str(json_get(e, "ph"));

@@ -313,12 +313,24 @@ typedef enum tpu_fault_kind {
     TPU_FAULT_SKEW = 7,        /* its wall clock (message dates, the replay window) is skew_ms off for
                                   duration_ms (0: until the next skew; skew_ms 0 ends it): with a
                                   cluster token, beyond 60 s its messages are refused as replays */
+    /* Link faults: the data-plane chunks the core sends to the peer core
+     * (peer_host/peer_core) for duration_ms, in order; tpu_inject_link_fault
+     * faults both directions. */
+    TPU_FAULT_LINK_DELAY = 8,  /* each chunk is held latency_ms before it is sent */
+    TPU_FAULT_LINK_LOSS = 9,   /* each transmission of a chunk is lost with probability percent %
+                                  and made again after a timeout (200 ms, doubling while it is
+                                  lost again, up to 3.2 s), as over TCP: a delay, never a wrong
+                                  byte; seed picks the losses (the same seed, the same losses) */
+    TPU_FAULT_PARTITION = 10,  /* no chunk passes: a collective that waits on the link longer than
+                                  the silence timeout (heartbeat x dead-after / 2) fails naming both
+                                  cores; after duration_ms the link works again */
 } tpu_fault_kind;
 
 typedef struct tpu_fault {
     tpu_fault_kind kind;
-    uint32_t duration_ms; /* PAUSE, MAINTENANCE: 1..600000; SLOW, HBM: 0..600000; KILL, PREEMPT: 0 */
-    uint32_t percent;     /* SLOW, HBM: 1..100; otherwise 0 */
+    uint32_t duration_ms; /* PAUSE, MAINTENANCE, link faults: 1..600000; SLOW, HBM: 0..600000;
+                             KILL, PREEMPT: 0 */
+    uint32_t percent;     /* SLOW, HBM, LINK_LOSS: 1..100; otherwise 0 */
     /* When (at most one of the two; both 0: at once): delay_ms (up to an hour)
      * after the worker accepts it, or once that core has finished training
      * step at_step (1-based, as tpu_model_step counts). At most 16 faults wait
@@ -327,9 +339,14 @@ typedef struct tpu_fault {
     uint64_t at_step;
     uint32_t notice_ms;   /* PREEMPT, MAINTENANCE: from the notice to the event, 0..600000; otherwise 0 */
     int32_t skew_ms;      /* SKEW: -3600000..3600000; otherwise 0 */
+    uint32_t latency_ms;  /* LINK_DELAY: 1..60000; otherwise 0 */
+    const char *peer_host; /* link faults: the core at the other end (tpu_inject_fault); otherwise NULL */
+    int peer_core;
+    uint32_t seed;        /* LINK_LOSS: which transmissions are lost; otherwise 0 */
 } tpu_fault;
 
-/* "kill", "pause", "slow", "hbm", "preempt", "maintenance", "skew"; NULL for a value that is not a kind. */
+/* "kill", "pause", "slow", "hbm", "preempt", "maintenance", "skew", "link-delay", "link-loss",
+ * "partition"; NULL for a value that is not a kind. */
 TPU_API const char *tpu_fault_kind_name(tpu_fault_kind k);
 /* The kind named name; TPU_INVALID_ARGUMENT naming the kinds otherwise. */
 TPU_API tpu_status tpu_fault_kind_parse(const char *name, tpu_fault_kind *out);
@@ -340,10 +357,20 @@ TPU_API tpu_status tpu_fault_kind_parse(const char *name, tpu_fault_kind *out);
  * the fault takes effect (a kill or pause 50 ms later), is logged by that
  * worker and counted in its /metrics (tpuemu_worker_faults_injected_total).
  * Blocks up to the resolver handle's timeout. Errors: TPU_NOT_FOUND (no such
- * core), TPU_INVALID_ARGUMENT (a bad fault), TPU_FAILED_PRECONDITION (a kill
+ * core, or for a link fault no such peer core), TPU_INVALID_ARGUMENT (a bad
+ * fault, or a link from the core to itself), TPU_FAILED_PRECONDITION (a kill
  * or pause already under way there), TPU_UNAVAILABLE (its worker did not
- * answer), TPU_UNAUTHENTICATED. */
+ * answer), TPU_UNAUTHENTICATED. A link fault given this way concerns one
+ * direction: what host_id/core sends to the peer. */
 TPU_API tpu_status tpu_inject_fault(tpu_cluster *c, const char *host_id, int core, const tpu_fault *f);
+/* Injects the link fault f (LINK_DELAY, LINK_LOSS, PARTITION; its peer_host
+ * and peer_core are ignored) on the link between cores a and b, both ways:
+ * into a for what it sends to b, then into b for what it sends to a. Both
+ * cores are looked up in the cluster and the fault is checked before either
+ * gets it; should b still refuse it (or not answer), a has it and the error
+ * says so. Errors as tpu_inject_fault. */
+TPU_API tpu_status tpu_inject_link_fault(tpu_cluster *c, const char *a_host, int a_core, const char *b_host,
+                                         int b_core, const tpu_fault *f);
 /* Injects f into the resolver itself (tpuctl chaos kill|pause resolver): a
  * kill (it dies at once, SIGKILL: restart it, and the workers register again
  * by their next heartbeats) or a pause of 1..600000 ms (every thread stops,

@@ -30,9 +30,21 @@ const char *fault_kind_name(int kind)
         return "maintenance";
     case TPUEMU__FAULT_KIND__FAULT_SKEW:
         return "skew";
+    case TPUEMU__FAULT_KIND__FAULT_LINK_DELAY:
+        return "link-delay";
+    case TPUEMU__FAULT_KIND__FAULT_LINK_LOSS:
+        return "link-loss";
+    case TPUEMU__FAULT_KIND__FAULT_PARTITION:
+        return "partition";
     default:
         return "unknown";
     }
+}
+
+static int is_link(int kind)
+{
+    return kind == TPUEMU__FAULT_KIND__FAULT_LINK_DELAY || kind == TPUEMU__FAULT_KIND__FAULT_LINK_LOSS ||
+           kind == TPUEMU__FAULT_KIND__FAULT_PARTITION;
 }
 
 /* The fault in the profiler's ring, so that a profile shows when it hit. */
@@ -47,7 +59,7 @@ static void record(struct fault *f, int kind, const char *what, uint32_t duratio
     ev.op = (uint32_t)kind;
     ev.n = duration_ms;
     ev.m = percent;
-    snprintf(ev.algo, sizeof ev.algo, "%s", what);
+    snprintf(ev.algo, sizeof ev.algo, "%.*s", (int)sizeof ev.algo - 1, what); /* cut to fit */
     trace_add(f->env.trace, &ev);
 }
 
@@ -67,7 +79,7 @@ void fault_init(struct fault *f, const struct fault_env *env)
         uv_timer_init(env->loop, &f->sched[i].timer);
         f->sched[i].timer.data = &f->sched[i];
         f->sched[i].f = f;
-        f->sched[i].kind = 0;
+        f->sched[i].a.kind = 0;
     }
     f->started = 1;
     for (int i = 0; i < FAULT_KINDS; i++)
@@ -237,9 +249,39 @@ static int check(const Tpuemu__InjectFault *req, err *e)
                            "skew) and no percent (got %d ms, %u ms, %u %%)", FAULT_MAX_SKEW_MS, FAULT_MAX_SKEW_MS,
                            FAULT_MAX_MS, req->skew_ms, req->duration_ms, req->percent);
         break;
+    case TPUEMU__FAULT_KIND__FAULT_LINK_DELAY:
+        if (req->latency_ms < 1 || req->latency_ms > FAULT_MAX_LATENCY_MS || req->percent)
+            return err_set(e, CODE_INVALID_ARGUMENT, "fault 'link-delay' needs a latency from 1 to %u ms and no "
+                           "percent (got %u ms, %u %%)", FAULT_MAX_LATENCY_MS, req->latency_ms, req->percent);
+        break;
+    case TPUEMU__FAULT_KIND__FAULT_LINK_LOSS:
+        if (req->percent < 1 || req->percent > 100 || req->latency_ms)
+            return err_set(e, CODE_INVALID_ARGUMENT, "fault 'link-loss' needs a percent of chunks lost from 1 to 100 "
+                           "and no latency (got %u %%, %u ms)", req->percent, req->latency_ms);
+        break;
+    case TPUEMU__FAULT_KIND__FAULT_PARTITION:
+        if (req->percent || req->latency_ms)
+            return err_set(e, CODE_INVALID_ARGUMENT, "fault 'partition' takes no percent or latency (got %u %%, "
+                           "%u ms)", req->percent, req->latency_ms);
+        break;
     default:
         return err_set(e, CODE_INVALID_ARGUMENT, "fault kind %d is not kill (1), pause (2), slow (3), hbm (4), "
-                       "preempt (5), maintenance (6) or skew (7)", kind);
+                       "preempt (5), maintenance (6), skew (7), link-delay (8), link-loss (9) or partition (10)",
+                       kind);
+    }
+    if (is_link(kind)) {
+        if (req->duration_ms < 1 || req->duration_ms > FAULT_MAX_MS)
+            return err_set(e, CODE_INVALID_ARGUMENT, "fault '%s' needs a duration from 1 to %u ms (got %u ms)",
+                           fault_kind_name(kind), FAULT_MAX_MS, req->duration_ms);
+        if (!req->peer_host || !*req->peer_host || strlen(req->peer_host) > IDENT_HOST_ID_MAX || req->peer_core < 0)
+            return err_set(e, CODE_INVALID_ARGUMENT, "fault '%s' needs the core at the other end of the link (peer "
+                           "host id of 1 to %d characters, core >= 0)", fault_kind_name(kind), IDENT_HOST_ID_MAX);
+        if (req->seed && kind != TPUEMU__FAULT_KIND__FAULT_LINK_LOSS)
+            return err_set(e, CODE_INVALID_ARGUMENT, "fault '%s' takes no seed (got %u): only link-loss draws",
+                           fault_kind_name(kind), req->seed);
+    } else if ((req->peer_host && *req->peer_host) || req->latency_ms || req->seed) {
+        return err_set(e, CODE_INVALID_ARGUMENT, "fault '%s' takes no peer, latency or seed: only link faults do",
+                       fault_kind_name(kind));
     }
     if (req->skew_ms && kind != TPUEMU__FAULT_KIND__FAULT_SKEW)
         return err_set(e, CODE_INVALID_ARGUMENT, "fault '%s' takes no skew (got %d ms)", fault_kind_name(kind),
@@ -326,9 +368,42 @@ static void on_skew_end(uv_timer_t *t)
     log_info("fault over: this worker's clock is right again", "kind=skew");
 }
 
-static int apply(struct fault *f, int kind, uint32_t duration_ms, uint32_t percent, uint32_t notice_ms,
-                 int32_t skew_ms, int deferred, err *e)
+/* A link fault starts now: the transport holds the sends to the peer. */
+static int link_start(struct fault *f, const struct fault_args *a, err *e)
 {
+    const char *name = fault_kind_name(a->kind);
+    char what[112], peer[96]; /* the trace keeps 15 characters of what */
+
+    snprintf(peer, sizeof peer, "%s/%d", a->peer_host, a->peer_core);
+
+    if (f->env.link_fault(f->env.arg, a->kind, a->peer_host, a->peer_core, a->latency_ms, a->percent, a->duration_ms,
+                          a->seed, e) != CODE_OK)
+        return e->code;
+    prom_add(&f->injected[a->kind], 1);
+    if (a->kind == TPUEMU__FAULT_KIND__FAULT_LINK_DELAY)
+        log_warn("fault injected: the chunks this core sends on the link are held back", "kind=%s peer=%s "
+                 "latency_ms=%u duration_ms=%u", name, log_q(peer), a->latency_ms, a->duration_ms);
+    else if (a->kind == TPUEMU__FAULT_KIND__FAULT_LINK_LOSS)
+        log_warn("fault injected: the chunks this core sends on the link are lost and sent again", "kind=%s "
+                 "peer=%s percent=%u duration_ms=%u seed=%u", name, log_q(peer), a->percent, a->duration_ms, a->seed);
+    else
+        log_warn("fault injected: nothing this core sends on the link passes", "kind=%s peer=%s duration_ms=%u",
+                 name, log_q(peer), a->duration_ms);
+    /* the trace event's name says the peer: "delay>h0/1" */
+    snprintf(what, sizeof what, "%.5s>%s", a->kind == TPUEMU__FAULT_KIND__FAULT_PARTITION ? "cut" : name + 5, peer);
+    record(f, a->kind, what, a->duration_ms, a->kind == TPUEMU__FAULT_KIND__FAULT_LINK_DELAY ? a->latency_ms
+                                                                                          : a->percent);
+    return CODE_OK;
+}
+
+static int apply(struct fault *f, const struct fault_args *a, int deferred, err *e)
+{
+    int kind = a->kind;
+    uint32_t duration_ms = a->duration_ms, percent = a->percent;
+    int32_t skew_ms = a->skew_ms;
+
+    if (is_link(kind))
+        return link_start(f, a, e);
     if (kind == TPUEMU__FAULT_KIND__FAULT_SKEW) {
         wire_set_clock_skew_ms(skew_ms);
         prom_add(&f->injected[kind], 1);
@@ -342,7 +417,7 @@ static int apply(struct fault *f, int kind, uint32_t duration_ms, uint32_t perce
         return CODE_OK;
     }
     if (kind == TPUEMU__FAULT_KIND__FAULT_PREEMPT || kind == TPUEMU__FAULT_KIND__FAULT_MAINTENANCE)
-        return give_notice(f, kind, notice_ms, duration_ms, e);
+        return give_notice(f, kind, a->notice_ms, duration_ms, e);
     if (kind == TPUEMU__FAULT_KIND__FAULT_HBM) {
         int rc = hbm_press(f, percent, duration_ms, e);
         if (rc == CODE_OK)
@@ -375,21 +450,20 @@ static int apply(struct fault *f, int kind, uint32_t duration_ms, uint32_t perce
 
 static void fire(struct fault_sched *sc, const char *why)
 {
-    struct fault *f = sc->f;
-    int kind = sc->kind;
+    struct fault_args a = sc->a;
     err e;
 
-    sc->kind = 0;
+    sc->a.kind = 0;
     uv_timer_stop(&sc->timer);
-    log_info("scheduled fault due", "kind=%s when=%s", fault_kind_name(kind), log_q(why));
-    if (apply(f, kind, sc->duration_ms, sc->percent, sc->notice_ms, sc->skew_ms, 0, &e) != CODE_OK)
-        log_warn("scheduled fault not injected", "kind=%s reason=%s", fault_kind_name(kind), log_q(e.msg));
+    log_info("scheduled fault due", "kind=%s when=%s", fault_kind_name(a.kind), log_q(why));
+    if (apply(sc->f, &a, 0, &e) != CODE_OK)
+        log_warn("scheduled fault not injected", "kind=%s reason=%s", fault_kind_name(a.kind), log_q(e.msg));
 }
 
 static void on_sched_timer(uv_timer_t *t)
 {
     struct fault_sched *sc = t->data;
-    if (sc->kind)
+    if (sc->a.kind)
         fire(sc, "delay");
 }
 
@@ -397,7 +471,7 @@ void fault_on_step(struct fault *f, uint64_t step)
 {
     char why[48];
     for (int i = 0; i < FAULT_MAX_SCHEDULED; i++)
-        if (f->sched[i].kind && f->sched[i].at_step && step >= f->sched[i].at_step) {
+        if (f->sched[i].a.kind && f->sched[i].at_step && step >= f->sched[i].at_step) {
             snprintf(why, sizeof why, "after step %llu", (unsigned long long)step);
             fire(&f->sched[i], why);
         }
@@ -405,26 +479,37 @@ void fault_on_step(struct fault *f, uint64_t step)
 
 int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e)
 {
+    struct fault_args a;
     int rc;
 
     if ((rc = check(req, e)) != CODE_OK)
         return rc;
+    memset(&a, 0, sizeof a);
+    a.kind = (int)req->kind;
+    a.duration_ms = req->duration_ms;
+    a.percent = req->percent;
+    a.notice_ms = req->notice_ms;
+    a.skew_ms = req->skew_ms;
+    a.latency_ms = req->latency_ms;
+    a.seed = req->seed;
+    if (is_link(a.kind)) {
+        snprintf(a.peer_host, sizeof a.peer_host, "%s", req->peer_host);
+        a.peer_core = req->peer_core;
+        if ((rc = f->env.link_check(f->env.arg, a.peer_host, a.peer_core, e)) != CODE_OK)
+            return rc;
+    }
     if (!req->delay_ms && !req->at_step)
-        return apply(f, (int)req->kind, req->duration_ms, req->percent, req->notice_ms, req->skew_ms, 1, e);
+        return apply(f, &a, 1, e);
     for (int i = 0; i < FAULT_MAX_SCHEDULED; i++) {
         struct fault_sched *sc = &f->sched[i];
-        if (sc->kind)
+        if (sc->a.kind)
             continue;
-        sc->kind = (int)req->kind;
-        sc->duration_ms = req->duration_ms;
-        sc->percent = req->percent;
-        sc->notice_ms = req->notice_ms;
-        sc->skew_ms = req->skew_ms;
+        sc->a = a;
         sc->at_step = req->at_step;
         if (req->delay_ms)
             uv_timer_start(&sc->timer, on_sched_timer, req->delay_ms, 0);
         log_warn("fault scheduled", "kind=%s delay_ms=%u at_step=%llu duration_ms=%u percent=%u notice_ms=%u",
-                 fault_kind_name(sc->kind), req->delay_ms, (unsigned long long)req->at_step, req->duration_ms,
+                 fault_kind_name(a.kind), req->delay_ms, (unsigned long long)req->at_step, req->duration_ms,
                  req->percent, req->notice_ms);
         return CODE_OK;
     }
@@ -438,7 +523,7 @@ void fault_stop(struct fault *f)
     f->started = 0;
     f->pending = 0;
     for (int i = 0; i < FAULT_MAX_SCHEDULED; i++) {
-        f->sched[i].kind = 0;
+        f->sched[i].a.kind = 0;
         uv_close((uv_handle_t *)&f->sched[i].timer, NULL);
     }
     uv_close((uv_handle_t *)&f->hbm_end, NULL);

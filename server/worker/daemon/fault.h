@@ -16,7 +16,11 @@
  * core's struct notice, which the heartbeat and every training answer carry),
  * then, notice_ms later, the event: a preempted core terminates (the resolver
  * lists it PREEMPTED); a core in maintenance leaves its system, refuses work
- * for the window, then is back, restarted. One notice at a time. */
+ * for the window, then is back, restarted. One notice at a time.
+ *
+ * Link faults (delay, loss, partition) concern what this core sends to one
+ * peer core; the transport holds those sends back (peers.h:
+ * peers_link_fault), reached through env.link_fault, and logs their end. */
 #ifndef TPUEMU_WORKER_FAULT_H
 #define TPUEMU_WORKER_FAULT_H
 
@@ -25,6 +29,7 @@
 #include <uv.h>
 
 #include "hbm.h"
+#include "ident.h"
 #include "notice.h"
 #include "trace.h"
 #include "prom.h"
@@ -37,7 +42,8 @@
  * pause is refused until then), so that requests sent while the worker was
  * stopped are answered alike however soon it runs again. */
 #define FAULT_PAUSE_GRACE_MS 1000u
-#define FAULT_KINDS 8        /* FaultKind values, 0 unused */
+#define FAULT_KINDS 11       /* FaultKind values, 0 unused */
+#define FAULT_MAX_LATENCY_MS 60000u /* link-delay: the longest a chunk is held */
 #define FAULT_MAX_SKEW_MS 3600000
 #define FAULT_MAX_SCHEDULED 16
 #define FAULT_MAX_DELAY_MS 3600000u /* an hour */
@@ -58,15 +64,28 @@ struct fault_env {
     void (*preempted)(void *arg);
     /* the maintenance window begins (1: leave the system, refuse work) or ends (0) */
     void (*maintenance)(void *arg, int begin);
+    /* link faults: whether host/core may be the other end of a link of this
+     * core (CODE_OK, or the error), and the fault started on that link (as
+     * peers_link_fault) */
+    int (*link_check)(void *arg, const char *host, int core, err *e);
+    int (*link_fault)(void *arg, int kind, const char *host, int core, uint32_t latency_ms, uint32_t percent,
+                      uint32_t duration_ms, uint32_t seed, err *e);
+};
+
+/* A fault's fields, as InjectFault gives them. */
+struct fault_args {
+    int kind;
+    uint32_t duration_ms, percent, notice_ms, latency_ms, seed;
+    int32_t skew_ms;
+    char peer_host[IDENT_HOST_ID_MAX + 1]; /* link faults: the other end */
+    int peer_core;
 };
 
 /* A fault waiting for its time or its step. */
 struct fault_sched {
     uv_timer_t timer;        /* delay_ms */
     struct fault *f;
-    int kind;                /* 0: the slot is free */
-    uint32_t duration_ms, percent, notice_ms;
-    int32_t skew_ms;
+    struct fault_args a;     /* a.kind 0: the slot is free */
     uint64_t at_step;        /* 0: by time */
 };
 
@@ -95,7 +114,7 @@ void fault_init(struct fault *f, const struct fault_env *env);
 int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e);
 /* Fires the faults scheduled for step (loop thread, after the step). */
 void fault_on_step(struct fault *f, uint64_t step);
-/* "kill", "pause", "slow", "hbm", "preempt", "maintenance", "skew" */
+/* "kill", "pause", "slow", "hbm", "preempt", "maintenance", "skew", "link-delay", "link-loss", "partition" */
 const char *fault_kind_name(int kind);
 /* Cancels what is scheduled and closes the timers (the loop can then end). */
 void fault_stop(struct fault *f);

@@ -54,6 +54,24 @@ static int worker_fault(void *arg, const Tpuemu__InjectFault *f, err *e)
     return fault_inject(&((struct worker *)arg)->fault, f, e);
 }
 
+/* Link faults: the transport holds the sends (peers.h). */
+static int link_check(void *arg, const char *host, int core, err *e)
+{
+    struct worker *w = arg;
+    if (!w->peers)
+        return err_set(e, CODE_UNAVAILABLE, "this worker has no data plane yet");
+    return peers_link_check(w->peers, host, core, e);
+}
+
+static int link_fault(void *arg, int kind, const char *host, int core, uint32_t latency_ms, uint32_t percent,
+                      uint32_t duration_ms, uint32_t seed, err *e)
+{
+    struct worker *w = arg;
+    if (!w->peers)
+        return err_set(e, CODE_UNAVAILABLE, "this worker has no data plane yet");
+    return peers_link_fault(w->peers, kind, host, core, latency_ms, percent, duration_ms, seed, e);
+}
+
 static void on_step(void *arg, uint64_t step)
 {
     fault_on_step(&((struct worker *)arg)->fault, step);
@@ -394,7 +412,8 @@ static int start(struct worker *w, err *e)
     struct ctl_env ctl = {.loop = w->loop, .auth = &w->auth, .listen = w->listen, .id = &w->id,
                           .reset = worker_reset, .fault = worker_fault, .info = worker_info, .arg = w};
     const struct fault_env fe = {w->loop,   set_throttle, w,        w->throttle_pct, &w->hbm,
-                                 &w->notice, NULL,        notified, preempted, maintenance};
+                                 &w->notice, NULL,        notified, preempted, maintenance,
+                                 link_check, link_fault};
     const struct dp_env dp = {w->loop, &w->auth, w->listen, w->data_port, &w->id, &w->stopping,
                               NULL,    NULL,     NULL,      NULL,         &w->hbm, w->preset};
     const struct wm_env wm = {w->loop, w->listen, w->resolver_url, &w->id, &w->hbm, &w->coll_stats,

@@ -89,6 +89,9 @@ const char *chan_what_of(const struct peers *p, uint64_t seq)
         for (const struct lop *op = l->sq.head; op; op = op->next)
             if (op->seq == seq)
                 return op->what;
+        for (const struct lop *op = l->hq.head; op; op = op->next)
+            if (op->seq == seq)
+                return op->what;
     }
     if (p->cur_seq == seq && p->cur_what)
         return p->cur_what;
@@ -118,6 +121,7 @@ struct chan *chan_new(struct peers *p, int r)
     uv_timer_init(p->loop, &l->timer);
     l->timer.data = l;
     l->refs = 1;
+    hold_attach(l);
     return l;
 }
 
@@ -157,6 +161,7 @@ void chan_destroy(struct chan *l)
         return;
     l->closing = 1;
     drop_queue(&l->rq, 0);
+    drop_queue(&l->hq, 0);
     drop_queue(&l->sq, 1);
     /* writes stop now; their callbacks (from the loop) free issued ops */
     l->p->tcp->close(l);
@@ -261,7 +266,7 @@ void chan_arm(struct chan *l)
 {
     if (l->closing)
         return;
-    if (!l->sq.head && !l->rq.head && !l->grace_until && !l->linger_until) {
+    if (!l->sq.head && !l->rq.head && !l->hq.head && !l->grace_until && !l->linger_until) {
         if (l->timer_on)
             uv_timer_stop(&l->timer);
         l->timer_on = 0;
@@ -318,6 +323,7 @@ void chan_fail_seq(struct chan *l, uint64_t seq, const err *e)
     if (l->rq.head && l->in && l->rq.head->seq == seq)
         dp_conn_discard_current(l->in); /* it may be reading into the head's buffer */
     fail_queue(l, &l->rq, 0, seq, e);
+    fail_queue(l, &l->hq, 0, seq, e);
     fail_queue(l, &l->sq, 0, seq, e);
     if (has_issued(l) && !l->grace_until) {
         /* writes of the failed collective in flight: give the peer a little
@@ -356,6 +362,7 @@ void chan_fail(struct chan *l, uint64_t seq, const err *e)
         dp_conn_close(c, NULL); /* issued writes complete (cancelled) from the loop */
     }
     fail_queue(l, &l->rq, 1, 0, e);
+    fail_queue(l, &l->hq, 1, 0, e);
     fail_queue(l, &l->sq, 1, 0, e);
     if (l->in) {
         dp_conn *c = l->in;
@@ -466,6 +473,16 @@ static void on_link_timer(uv_timer_t *t)
     }
     if (!l->rq.head && !l->sq.head)
         l->silent_since = 0;
+    if (l->lf && hold_partitioned(l, now, &e)) {
+        /* the link is cut, not the peer: no probe, and the connections stay
+         * for after the partition; the ABORT goes to the peer too (it is
+         * not held), so that it fails with this cause, not a later one */
+        struct lop *head = l->hq.head ? l->hq.head : l->rq.head;
+        log_warn("collective peer cut off by a partition", "peer=%s reason=%s", log_q(l->name), log_q(e.msg));
+        l->p->fail_seq(l->p, head->seq, &e, 1, -1);
+        chan_arm(l);
+        return;
+    }
     if ((l->rq.head || l->sq.head) && now - l->last_progress >= l->p->timeout_ms && !l->probe) {
         struct lop *head = l->rq.head ? l->rq.head : l->sq.head;
         int failed_only = 1;
@@ -604,7 +621,6 @@ void chan_aborted(struct chan *l, uint64_t seq, const err *e)
 int chan_send(struct chan *l, const struct xport_chunk *c, const void *buf, size_t len, xport_cb cb, void *arg)
 {
     struct lop *op;
-    err e;
     int rc = check_args(l, c, buf, len);
 
     if (rc != CODE_OK)
@@ -613,29 +629,39 @@ int chan_send(struct chan *l, const struct xport_chunk *c, const void *buf, size
         return CODE_RESOURCE_EXHAUSTED;
     if (already_failed(l, op))
         return CODE_OK;
-    if (!l->sq.head && !l->rq.head)
+    if (!l->sq.head && !l->rq.head && !l->hq.head)
         chan_progress(l); /* the clock starts when the link gets busy */
+    if (l->holding)
+        hold_send(l, op); /* a link fault (hold.c) */
+    else
+        chan_send_now(l, op);
+    return CODE_OK;
+}
+
+void chan_send_now(struct chan *l, struct lop *op)
+{
+    err e;
+
     lopq_push(&l->sq, op);
     chan_arm(l);
     if (l->shm_tx) {
         l->p->shmt->kick_send(l);
-        return CODE_OK;
+        return;
     }
     if (l->shm_dialing)
-        return CODE_OK; /* the set-up's end (chan_shm_ready or _failed) kicks the queue */
+        return; /* the set-up's end (chan_shm_ready or _failed) kicks the queue */
     if (l->out) {
         l->p->tcp->kick_send(l); /* now, or once the connection is ready */
-        return CODE_OK;
+        return;
     }
     /* first send (or the connection went away between collectives) */
     if (!l->shm_tried && !l->p->tcp_only && l->p->shm && peers_same_host_shm(l->p, l->replica)) {
         l->shm_tried = 1;
         if (l->p->shmt->connect(l, &e) == CODE_OK)
-            return CODE_OK;
+            return;
         shm_fallback_log(l, e.msg);
     }
     tcp_take_sends(l, op);
-    return CODE_OK;
 }
 
 int chan_recv(struct chan *l, const struct xport_chunk *c, void *buf, size_t len, xport_cb cb, void *arg)

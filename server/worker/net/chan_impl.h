@@ -8,6 +8,8 @@
  *               their messages, deferred completions, the failed
  *               collectives, and the choice of transport, made through the
  *               chan_transport ops tables
+ *   hold.c      link faults (delay, loss, partition): the sends they hold
+ *               back before chan.c issues them
  * Each calls only the ones below it; chan.c reaches a transport through its
  * ops table and the set through peers.fail_seq. Not for the engine: it uses
  * xport.h only. */
@@ -30,6 +32,8 @@
  * running and the ones already posted after it (pipelined steps), and the
  * peer needs each of them. */
 #define CHAN_ABORTS_MAX 4
+/* Link faults a worker keeps at once, one per peer core (hold.c). */
+#define PEERS_LINK_FAULTS 16
 
 /* An ABORT for the peer: kept until its write completes, so that one written
  * into a connection that is cut goes again on the next. */
@@ -61,6 +65,7 @@ struct lop {
     void *red_arg;
     err *fail;       /* deferred failure to report */
     uint64_t t_post; /* uv_hrtime() when it was posted, for the profiler */
+    uint64_t release; /* a send held by a link fault: uv_now ms when it may go */
 };
 
 
@@ -71,6 +76,18 @@ struct lopq {
 struct shm_tx;
 struct shm_rx;
 struct chan;
+
+/* A fault on the link to one peer core (peers.h: peers_link_fault), kept by
+ * the peer's name so that it outlives the channels of an epoch. */
+struct link_fault {
+    int kind;              /* FaultKind LINK_DELAY, LINK_LOSS, PARTITION; 0: the slot is free */
+    char peer[96];         /* "host1/3", as chan.name */
+    uint32_t latency_ms;   /* delay */
+    uint32_t percent;      /* loss */
+    uint64_t until;        /* uv_now ms: its end */
+    uint32_t rng;          /* loss: xorshift32 state */
+    uint64_t held, lost;   /* chunks held back, transmissions lost: logged at its end */
+};
 
 /* One way of moving a channel's bytes (chan_tcp.c: chan_tcp_transport;
  * shm.c: chan_shm_transport). chan.c calls them; they call chan.c back
@@ -103,6 +120,12 @@ struct chan {
     dp_conn *out;
     int out_ready;
     struct lopq sq;         /* sends not yet complete, in order */
+    /* a link fault: chan_send holds sends back in hq (in order, each until
+     * its op->release) while lf is set or hq is not empty; holding says so
+     * in one word, so that a link without a fault pays one branch */
+    int holding;
+    struct link_fault *lf;  /* the fault on this link; NULL: none */
+    struct lopq hq;
     struct chan_abort *aborts; /* CHAN_ABORTS_MAX, allocated at the first */
     unsigned naborts;          /* ABORTs to write once out is ready, oldest first */
 
@@ -179,6 +202,12 @@ struct peers {
      * culprit, -1: none) */
     const struct chan_transport *tcp, *shmt;
     void (*fail_seq)(struct peers *p, uint64_t seq, const err *e, int broadcast, int culprit);
+
+    /* link faults (hold.c) and the one timer for all of them: the next held
+     * send due, or the next end of a fault */
+    struct link_fault lfaults[PEERS_LINK_FAULTS];
+    uv_timer_t hold;
+    uint64_t hold_due;         /* uv_now ms the timer is set for; 0: not set */
 };
 
 /* ---- chan.c: what every channel of the set shares ---- */
@@ -202,6 +231,9 @@ struct chan *chan_get(struct peers *p, int r);
 /* ---- chan.c: one channel ---- */
 /* The contract of xport.h's send, recv, peer_name and is_shm, on one channel. */
 int chan_send(struct chan *l, const struct xport_chunk *c, const void *buf, size_t len, xport_cb cb, void *arg);
+/* Queues a send that may go now and issues it (chan_send, and hold.c when a
+ * held send is due). */
+void chan_send_now(struct chan *l, struct lop *op);
 int chan_recv(struct chan *l, const struct xport_chunk *c, void *buf, size_t len, xport_cb cb, void *arg);
 /* xport.h's recv_reduce and fuse. */
 int chan_recv_reduce(struct chan *l, const struct xport_chunk *c, void *buf, size_t len, xport_reduce_fn red,
@@ -244,6 +276,20 @@ int tcp_dial(struct chan *l, err *e);
 void tcp_attach_in(struct chan *l, dp_conn *c);
 /* Writes every queued ABORT not yet written, if the out half is ready. */
 void tcp_send_abort(struct chan *l);
+
+/* ---- hold.c ---- */
+/* Takes op (a send on l, l->holding set) into l->hq until the link's fault
+ * lets it go; sends it now if nothing holds the link any more. */
+void hold_send(struct chan *l, struct lop *op);
+/* A new channel: the fault on its link, if any. */
+void hold_attach(struct chan *l);
+/* The timer, from peers_new and peers_stop. */
+void hold_init(struct peers *p);
+void hold_close(struct peers *p, uv_close_cb cb);
+/* "core h0/1 is cut off from core h0/0 by a partition (...)" when l's link
+ * is partitioned and its head op has waited past the silence timeout: 1
+ * with e set, else 0. */
+int hold_partitioned(const struct chan *l, uint64_t now, err *e);
 
 /* ---- shm.c ---- */
 extern const struct chan_transport chan_shm_transport;

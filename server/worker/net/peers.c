@@ -73,7 +73,8 @@ int peers_new(const struct peers_env *env, struct peers **out, err *e)
         const char *v = getenv("TPUEMU_SPIN_US");
         p->spin_ns = (uint64_t)(v && *v ? strtoul(v, NULL, 0) : PEERS_SPIN_US) * 1000u;
     }
-    p->open_handles = 2;
+    hold_init(p);
+    p->open_handles = 3;
     p->tcp = &chan_tcp_transport;
     p->shmt = &chan_shm_transport;
     p->fail_seq = peers_fail_seq;
@@ -111,6 +112,7 @@ void peers_stop(struct peers *p)
     uv_close((uv_handle_t *)&p->defer, on_handle_closed);
     uv_idle_stop(&p->spin);
     uv_close((uv_handle_t *)&p->spin, on_handle_closed);
+    hold_close(p, on_handle_closed);
 }
 
 void peers_free(struct peers *p)

@@ -55,6 +55,23 @@ const char *peers_shm_name(const struct peers *p);
  * learns r's peers and timeouts. r may be a core leaving the system. */
 void peers_reset(struct peers *p, const Tpuemu__ResetCore *r);
 
+/* Link faults (tpuctl chaos link-delay, link-loss, partition): what this core
+ * sends to one peer core, named by host and core, is held back from now for
+ * duration_ms. kind is TPUEMU__FAULT_KIND__FAULT_LINK_DELAY (each chunk held
+ * latency_ms), _LINK_LOSS (each transmission of a chunk lost with probability
+ * percent %, drawn from seed and the link's ends, and sent again after a
+ * timeout of 200 ms doubling up to 3.2 s: a delay, as TCP shows a loss) or
+ * _PARTITION (nothing passes until the end; a collective that waits on the
+ * link past the silence timeout fails naming both cores). Chunks stay in
+ * order; a fault on a link replaces the one before; it outlives a reset.
+ * peers_link_check: CODE_OK, INVALID_ARGUMENT when host/core is this core,
+ * NOT_FOUND when this core is in a system and host/core is not in it. */
+int peers_link_check(const struct peers *p, const char *host, int core, err *e);
+/* Checks as peers_link_check, then starts the fault: CODE_OK, or the error
+ * (also RESOURCE_EXHAUSTED: faults on 16 links already) with nothing changed. */
+int peers_link_fault(struct peers *p, int kind, const char *host, int core, uint32_t latency_ms, uint32_t percent,
+                     uint32_t duration_ms, uint32_t seed, err *e);
+
 /* An accepted data-plane connection whose AUTH says it is replica r's dial
  * (AUTH.replica >= 0 and AUTH.epoch != 0). Takes it over (its callbacks), or
  * refuses it with ERROR FAILED_PRECONDITION naming the epochs. */
