@@ -41,7 +41,7 @@ static void pool_step(uv_work_t *req)
 {
     struct train *t = req->data;
     struct treq *r = t->cur;
-    struct tmodel *tm = t->tm;
+    struct tmodel *tm = t->pool_tm;
     err *e = &r->e;
     uint64_t t0 = uv_hrtime();
 
@@ -126,6 +126,7 @@ static void run_step(struct train *t, struct treq *r)
     uint64_t last = r->i > 0 ? r->stats[r->i - 1].compute_ns : t->last_compute_ns;
 
     t->busy = 1;
+    t->pool_tm = t->tm;
     if (last && last < inline_max_ns() && atomic_load_explicit(&t->throttle_pct, memory_order_relaxed) >= 100 &&
         t->env.id->num_replicas >= 2 &&
         r->mode == TPUEMU__STEP_MODE__STEP_TRAIN) {

@@ -78,6 +78,9 @@ struct train {
     mxu *u;
     struct tmodel *tm;
     struct tmodel *orphan; /* dropped by a reset while the pool had it */
+    /* the model the step in hand runs on, taken when it is queued: a reset
+     * on the loop may drop tm before the pool's thread starts the step */
+    struct tmodel *pool_tm;
     struct treq *head, *tail;
     unsigned n;
     struct treq *cur;
