@@ -308,8 +308,16 @@ int main(int argc, char **argv)
         return fail("resolving the TPU");
     if (tpu_connect_to_cluster(resolver, &cluster) != TPU_OK)
         return fail("connecting to the cluster");
-    if (tpu_initialize_system(cluster, NULL, &topology) != TPU_OK)
-        return fail("initializing the TPU system");
+    /* with --recover or --elastic, a core lost during this first initialize
+     * is waited for too (up to 10 tries, 1 s apart) */
+    for (int tries = 1;; tries++) {
+        if (tpu_initialize_system(cluster, NULL, &topology) == TPU_OK)
+            break;
+        if (tpu_last_status() != TPU_UNAVAILABLE || !(recover_max || elastic) || tries >= 10)
+            return fail("initializing the TPU system");
+        printf("initializing the TPU system: %s; trying again\n", tpu_last_error());
+        sleep_ms(1000);
+    }
     if (tpu_strategy_new(cluster, &strategy) != TPU_OK)
         return fail("making the strategy");
     int replicas = tpu_strategy_num_replicas_in_sync(strategy);
