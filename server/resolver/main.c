@@ -142,7 +142,9 @@ static void on_signal(uv_signal_t *h, int signum)
 static void on_dead_timer(uv_timer_t *t)
 {
     resolver *r = t->data;
-    uint64_t now = uv_now(t->loop), last = r->dead_timer_ms;
+    /* the clock the ages are measured by, read now: the loop's cached time
+     * may be from before a stop that came between its update and this call */
+    uint64_t now = wire_now_ms(), last = r->dead_timer_ms;
 
     r->dead_timer_ms = now;
     /* Running a whole heartbeat late means this process did not run (a
@@ -150,11 +152,11 @@ static void on_dead_timer(uv_timer_t *t)
      * in its sockets, and libuv runs timers before it reads them. The check
      * waits for the next round, after they are read, instead of declaring
      * every core dead. */
-    if (last && now - last > r->heartbeat_ms / 2 + r->heartbeat_ms) {
+    if (now - last > r->heartbeat_ms / 2 + r->heartbeat_ms) {
         log_info("dead-core check deferred: the resolver itself did not run", "late_ms=%llu",
                  (unsigned long long)(now - last - r->heartbeat_ms / 2));
     } else {
-        sys_dead_check(r);
+        sys_dead_check(r, now);
     }
     rsv_expire(t->data);
     log_flush_suppressed(0); /* a flood of refusals that stopped is summed up */
@@ -254,6 +256,7 @@ int main(int argc, char **argv)
     r.dead_timer.data = &r;
     uv_timer_init(&loop, &r.fault_timer);
     r.fault_timer.data = &r;
+    r.dead_timer_ms = wire_now_ms(); /* a stop before its first round is a late round too */
     uv_timer_start(&r.dead_timer, on_dead_timer, r.heartbeat_ms / 2, r.heartbeat_ms / 2);
     sys_start(&r);
     uv_signal_init(&loop, &r.sigint);

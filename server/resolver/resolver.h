@@ -51,7 +51,7 @@ typedef struct resolver {
     drc *drc;            /* answers byte-identical resends with the original reply */
     sprep *rep;          /* the control port (workers and clients) */
     uv_timer_t dead_timer;
-    uint64_t dead_timer_ms;    /* when it last ran (uv_now) */
+    uint64_t dead_timer_ms;    /* when it last ran (wire_now_ms) */
     uv_signal_t sigint, sigterm;
     uint32_t heartbeat_ms, dead_after, max_cores;
     uint64_t forget_after_ms; /* a dead core silent this long is forgotten; 0: never */

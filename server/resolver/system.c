@@ -689,9 +689,9 @@ void sys_note_worker(resolver *r, const rentry *en)
     }
 }
 
-void sys_dead_check(resolver *r)
+void sys_dead_check(resolver *r, uint64_t now)
 {
-    uint64_t now = wire_now_ms(), limit = (uint64_t)r->dead_after * r->heartbeat_ms;
+    uint64_t limit = (uint64_t)r->dead_after * r->heartbeat_ms;
     int changed = 0;
 
     for (size_t i = 0; i < r->reg.n; i++) {

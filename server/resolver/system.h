@@ -85,7 +85,7 @@ void sys_note_worker(struct resolver *r, const struct rentry *en);
 /* Membership changed (heartbeat, dead timer): re-check a waiting initialize. */
 void sys_on_change(struct resolver *r);
 /* The dead-check timer's work. */
-void sys_dead_check(struct resolver *r);
+void sys_dead_check(struct resolver *r, uint64_t now_ms); /* now_ms: wire_now_ms() */
 
 Tpuemu__CoreState sys_core_state(const struct resolver *r, const struct rentry *en);
 
