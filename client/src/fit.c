@@ -401,10 +401,11 @@ static double nan_or(int have, double v)
     return have ? v : NAN;
 }
 
-/* One pass over one epoch of ds in mode; callbacks only for training. */
 struct elastic;
 static int elastic_after_step(tpu_model *m, const tpu_fit_options *o, struct elastic *el, err *e);
 
+/* One pass over one epoch of ds in mode; callbacks only for training (el:
+ * elastic training's, or NULL). */
 static int run_epoch(tpu_model *m, tpu_dataset *ds, int mode, int epoch, size_t skip, const tpu_fit_options *o,
                      struct elastic *el, tpu_logs *logs, float *out, size_t out_rows, size_t *rows_out, int *stop,
                      err *e)
@@ -535,7 +536,6 @@ struct elastic {
     const tpu_elastic_options *o;
     tpu_history *h;
     struct model_snap snap;     /* the newest state in memory */
-    int have_snap;
     int noticed;                /* the current notice is handled */
     int losses;
     size_t n0;                  /* replicas when fit began */
@@ -595,7 +595,6 @@ static int elastic_snapshot(tpu_model *m, struct elastic *el, err *e)
         return rc;
     model_snap_free(&el->snap);
     el->snap = sn;
-    el->have_snap = 1;
     return CODE_OK;
 }
 
@@ -744,31 +743,26 @@ static int elastic_recover(tpu_model *m, tpu_dataset *ds, struct elastic *el, co
         m->resharded = 1;
     el->gb = gb;
 
-    /* the newest state: the checkpoint file when it is ahead of the snapshot */
-    struct model_snap fsn, *use = &el->snap;
-    int have_file = 0;
+    /* the newest state, from now on the one to go back to: the checkpoint
+     * file when it is ahead of the snapshot */
     if (eo->checkpoint && access(eo->checkpoint, F_OK) == 0) {
+        struct model_snap fsn;
         err fe;
-        if (model_snap_read(m, eo->checkpoint, &fsn, &fe) == CODE_OK) {
-            have_file = 1;
-            if (fsn.step > el->snap.step) {
-                use = &fsn;
-                snprintf(from, sizeof from, "%s", eo->checkpoint);
-            }
-        } else {
+        if (model_snap_read(m, eo->checkpoint, &fsn, &fe) != CODE_OK) {
             model_warn("elastic training: %s (the snapshot in memory is used)", fe.msg);
+        } else if (fsn.step > el->snap.step) {
+            model_snap_free(&el->snap);
+            el->snap = fsn;
+            snprintf(from, sizeof from, "%s", eo->checkpoint);
+        } else {
+            model_snap_free(&fsn);
         }
     }
-    struct model_snap at = *use;
     if (gb != gb_before) /* the position counted in batches of the old size */
-        at.batch = use->batch * gb_before / gb;
-    int rc = model_snap_apply(m, &at, e);
+        el->snap.batch = el->snap.batch * gb_before / gb;
+    int rc = model_snap_apply(m, &el->snap, e);
     if (rc == CODE_OK)
         rc = model_ensure_compiled(m, gb, e);
-    if (have_file)
-        model_snap_free(&fsn);
-    if (rc == CODE_OK)
-        rc = elastic_snapshot(m, el, e); /* in the new batch's units, the state to go back to */
     if (rc != CODE_OK)
         return err_prefix(e, "elastic training: restoring the state on %d replicas", n), rc;
 
@@ -776,7 +770,7 @@ static int elastic_recover(tpu_model *m, tpu_dataset *ds, struct elastic *el, co
     ev.kind = n == before ? TPU_ELASTIC_RESTORED : TPU_ELASTIC_SHRUNK;
     ev.step = step_lost;
     snprintf(ev.from, sizeof ev.from, "%s", from);
-    ev.restored_step = at.step;
+    ev.restored_step = el->snap.step;
     ev.replicas_before = before;
     ev.replicas_after = n;
     ev.global_batch_before = gb_before;
@@ -785,10 +779,10 @@ static int elastic_recover(tpu_model *m, tpu_dataset *ds, struct elastic *el, co
     copy_str(ev.cause, sizeof ev.cause, cause);
     if (n == before)
         model_warn("elastic training: restored with %d replicas, global batch %zu, from step %llu (%s) after %.1f s", n,
-                   gb, (unsigned long long)at.step, ev.from, ev.seconds);
+                   gb, (unsigned long long)el->snap.step, ev.from, ev.seconds);
     else
         model_warn("elastic training: went on with %d replicas (was %d), global batch %zu, from step %llu (%s) after "
-                   "%.1f s: %d core%s not back within %.1f s%s%s", n, before, gb, (unsigned long long)at.step,
+                   "%.1f s: %d core%s not back within %.1f s%s%s", n, before, gb, (unsigned long long)el->snap.step,
                    ev.from, ev.seconds, before - n, before - n == 1 ? " was" : "s were", (double)wait / 1000.0,
                    first_why[0] ? "; " : "", first_why);
     return history_add_event(el->h, &ev, e);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "xorshift.h"
 
 static int num(const char *s, long long lo, long long hi, long long *v)
 {
@@ -279,23 +280,13 @@ bad:
     return -1;
 }
 
-/* xorshift32: the same picks for the same seed on every machine. */
-static uint32_t next(uint32_t *x)
-{
-    uint32_t v = *x ? *x : 0x9e3779b9u;
-    v ^= v << 13;
-    v ^= v >> 17;
-    v ^= v << 5;
-    return *x = v;
-}
-
 int scenario_pick(const char *target, const struct chaos_core *live, int nlive, uint32_t *rng, char *out,
                   size_t outn)
 {
     if (!strcmp(target, "random-core")) {
         if (!nlive)
             return -1;
-        const struct chaos_core *c = &live[next(rng) % (uint32_t)nlive];
+        const struct chaos_core *c = &live[xorshift32(rng) % (uint32_t)nlive];
         snprintf(out, outn, "%s/%d", c->host, c->core);
         return 0;
     }
@@ -305,7 +296,7 @@ int scenario_pick(const char *target, const struct chaos_core *live, int nlive, 
             hosts += i == 0 || strcmp(live[i].host, live[i - 1].host) != 0;
         if (!hosts)
             return -1;
-        k = (int)(next(rng) % (uint32_t)hosts);
+        k = (int)(xorshift32(rng) % (uint32_t)hosts);
         for (int i = 0; i < nlive; i++)
             if ((i == 0 || strcmp(live[i].host, live[i - 1].host) != 0) && k-- == 0) {
                 snprintf(out, outn, "%s", live[i].host);

@@ -114,6 +114,15 @@ static void kill_at_step(struct job *j, const char *host, int core, uint64_t ste
     cr_assert_eq(tpu_inject_fault(j->tc, host, core, &f), TPU_OK, "%s", tpu_last_error());
 }
 
+/* The history's one event (the test fails if it has another number). */
+static tpu_elastic_event only_event(const tpu_history *h)
+{
+    tpu_elastic_event ev;
+    cr_assert_eq(tpu_history_num_events(h), 1, "the history has %zu events", tpu_history_num_events(h));
+    cr_assert_eq(tpu_history_event(h, 0, &ev), TPU_OK);
+    return ev;
+}
+
 static void fit_options(tpu_fit_options *fo, int epochs, uint32_t wait_ms)
 {
     memset(fo, 0, sizeof *fo);
@@ -162,8 +171,7 @@ Test(elastic, a_lost_core_is_left_behind_keeping_the_global_batch, .timeout = 24
     fit_options(&fo, 5, 1000);
     cr_assert_eq(tpu_model_fit(j.m, j.ds, &fo, &h), TPU_OK, "%s", tpu_last_error());
     cr_assert_eq(tpu_history_num_epochs(h), 5, "the history has %zu epochs", tpu_history_num_epochs(h));
-    cr_assert_eq(tpu_history_num_events(h), 1, "the history has %zu events", tpu_history_num_events(h));
-    cr_assert_eq(tpu_history_event(h, 0, &ev), TPU_OK);
+    ev = only_event(h);
     cr_assert_eq(ev.kind, TPU_ELASTIC_SHRUNK, "event %s", tpu_elastic_event_kind_name(ev.kind));
     cr_assert_eq(ev.replicas_before, 4);
     cr_assert_eq(ev.replicas_after, 3);
@@ -221,8 +229,7 @@ Test(elastic, a_core_back_in_time_is_taken_back, .timeout = 240)
     tpu_status st = tpu_model_fit(j.m, j.ds, &fo, &h);
     cr_assert_eq(st, TPU_OK, "%s", tpu_last_error());
     cr_assert_eq(restarted, 1, "h0/1 was never killed and started again");
-    cr_assert_eq(tpu_history_num_events(h), 1, "the history has %zu events", tpu_history_num_events(h));
-    cr_assert_eq(tpu_history_event(h, 0, &ev), TPU_OK);
+    ev = only_event(h);
     cr_assert_eq(ev.kind, TPU_ELASTIC_RESTORED, "event %s: %s", tpu_elastic_event_kind_name(ev.kind), ev.cause);
     cr_assert_eq(ev.replicas_before, 4);
     cr_assert_eq(ev.replicas_after, 4);
@@ -249,8 +256,7 @@ Test(elastic, keeping_the_per_replica_batch_shrinks_the_global_batch, .timeout =
     fit_options(&fo, 4, 1000);
     fo.elastic.batch = TPU_ELASTIC_KEEP_PER_REPLICA_BATCH;
     cr_assert_eq(tpu_model_fit(j.m, j.ds, &fo, &h), TPU_OK, "%s", tpu_last_error());
-    cr_assert_eq(tpu_history_num_events(h), 1, "the history has %zu events", tpu_history_num_events(h));
-    cr_assert_eq(tpu_history_event(h, 0, &ev), TPU_OK);
+    ev = only_event(h);
     cr_assert_eq(ev.kind, TPU_ELASTIC_SHRUNK);
     cr_assert_eq(ev.global_batch_before, BATCH);
     cr_assert_eq(ev.global_batch_after, BATCH / 4 * 3, "global batch %zu", ev.global_batch_after);

@@ -403,56 +403,13 @@ Test(hardening, wrong_token_stops_the_worker_saying_what_to_do, .timeout = 120)
 /* ---- helpers of the tests below ---- */
 
 
-/* GET path from 127.0.0.1:port: the status (0 if no answer) and the whole
- * body (malloc'd, NUL-terminated) in *body if body is not NULL. */
-static int http_get_all(int port, const char *path, char **body)
-{
-    char hp[32], req[256], *buf = calloc(1, 1 << 20), *b;
-    size_t n = 0;
-    int fd, status = 0;
-
-    snprintf(hp, sizeof hp, "127.0.0.1:%d", port);
-    if (body)
-        *body = NULL;
-    if ((fd = tcp_connect_addr(hp, 2000)) < 0) {
-        free(buf);
-        return 0;
-    }
-    snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", path);
-    tcp_send_all(fd, req, strlen(req));
-    while (n < (1u << 20) - 1) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (poll(&p, 1, 3000) <= 0)
-            break;
-        ssize_t k = read(fd, buf + n, (1u << 20) - 1 - n);
-        if (k <= 0)
-            break;
-        n += (size_t)k;
-    }
-    close(fd);
-    buf[n] = '\0';
-    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1)
-        status = 0;
-    if (body) {
-        b = strstr(buf, "\r\n\r\n");
-        *body = strdup(b ? b + 4 : "");
-    }
-    free(buf);
-    return status;
-}
-
-/* The value of the sample `name{labels}` (labels exactly as rendered, or
- * NULL for none) in the daemon's /metrics; -1 if it is not there. */
+/* The value of the sample `name{labels}` in the daemon's /metrics (raw.h's
+ * http_metric); -1 if it is not there. */
 static double metric(int port, const char *name, const char *labels)
 {
-    char *body, key[256];
-    double v = -1;
-    cr_assert_eq(http_get_all(port, "/metrics", &body), 200);
-    snprintf(key, sizeof key, "\n%s%s%s%s ", name, labels ? "{" : "", labels ? labels : "", labels ? "}" : "");
-    const char *p = strstr(body, key);
-    if (p)
-        v = strtod(p + strlen(key), NULL);
-    free(body);
+    int status;
+    double v = http_metric(port, name, labels, &status);
+    cr_assert_eq(status, 200, "GET /metrics on port %d: status %d", port, status);
     return v;
 }
 

@@ -14,7 +14,6 @@
  * cannot arrive early), and upper bounds with a wide margin (a small
  * all-reduce takes milliseconds; the bound after a fault is the fault's own
  * delay, ten times more and more). */
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -117,30 +116,11 @@ static tpu_status allreduce(lt *t, int64_t *ms, int *right)
 /* tpuemu_worker_faults_injected_total{kind="KIND"} of worker i; -1 if missing. */
 static double injected(lt *t, int i, const char *kind)
 {
-    char hp[32], req[160], key[128], *buf = calloc(1, 1 << 20);
-    size_t n = 0;
-    double v = -1;
-    int fd;
-
-    snprintf(hp, sizeof hp, "127.0.0.1:%d", t->mport[i]);
-    cr_assert((fd = tcp_connect_addr(hp, 2000)) >= 0, "no metrics port %d", t->mport[i]);
-    snprintf(req, sizeof req, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    tcp_send_all(fd, req, strlen(req));
-    while (n < (1u << 20) - 1) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (poll(&p, 1, 3000) <= 0)
-            break;
-        ssize_t k = read(fd, buf + n, (1u << 20) - 1 - n);
-        if (k <= 0)
-            break;
-        n += (size_t)k;
-    }
-    close(fd);
-    snprintf(key, sizeof key, "\ntpuemu_worker_faults_injected_total{kind=\"%s\"} ", kind);
-    const char *p = strstr(buf, key);
-    if (p)
-        v = strtod(p + strlen(key), NULL);
-    free(buf);
+    char labels[64];
+    int status;
+    snprintf(labels, sizeof labels, "kind=\"%s\"", kind);
+    double v = http_metric(t->mport[i], "tpuemu_worker_faults_injected_total", labels, &status);
+    cr_assert_eq(status, 200, "no metrics on port %d (status %d)", t->mport[i], status);
     return v;
 }
 

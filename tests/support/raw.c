@@ -241,3 +241,56 @@ int dp_handshake(const char *data_addr, const auth *a, int wrong_mac, int *fd_ou
         return -5;
     return 0;
 }
+
+/* ---- HTTP, as a probe or a scraper asks ---- */
+
+int http_get_all(int port, const char *path, char **body)
+{
+    char hp[32], req[256], *buf = calloc(1, 1 << 20), *b;
+    size_t n = 0;
+    int fd, status = 0;
+
+    snprintf(hp, sizeof hp, "127.0.0.1:%d", port);
+    if (body)
+        *body = NULL;
+    if ((fd = tcp_connect_addr(hp, 2000)) < 0) {
+        free(buf);
+        return 0;
+    }
+    snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", path);
+    tcp_send_all(fd, req, strlen(req));
+    while (n < (1u << 20) - 1) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 3000) <= 0)
+            break;
+        ssize_t k = read(fd, buf + n, (1u << 20) - 1 - n);
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+    }
+    close(fd);
+    buf[n] = '\0';
+    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1)
+        status = 0;
+    if (body) {
+        b = strstr(buf, "\r\n\r\n");
+        *body = strdup(b ? b + 4 : "");
+    }
+    free(buf);
+    return status;
+}
+
+double http_metric(int port, const char *name, const char *labels, int *status)
+{
+    char *body, key[256];
+    double v = -1;
+    *status = http_get_all(port, "/metrics", &body);
+    if (!body)
+        return v;
+    snprintf(key, sizeof key, "\n%s%s%s%s ", name, labels ? "{" : "", labels ? labels : "", labels ? "}" : "");
+    const char *p = strstr(body, key);
+    if (p)
+        v = strtod(p + strlen(key), NULL);
+    free(body);
+    return v;
+}

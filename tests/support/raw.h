@@ -43,4 +43,13 @@ int dp_recv(int fd, int timeout_ms, Tpuemu__FrameHeader **h, uint8_t **payload);
 int dp_handshake(const char *data_addr, const auth *a, int wrong_mac, int *fd_out,
                  Tpuemu__FrameHeader **answer, uint8_t client_chal[AUTH_CHALLENGE_BYTES]);
 
+/* GET path from 127.0.0.1:port: the HTTP status (0 if no answer) and the
+ * whole body (malloc'd, NUL-terminated; NULL without an answer) in *body if
+ * body is not NULL. */
+int http_get_all(int port, const char *path, char **body);
+/* The value of the sample `name{labels}` (labels exactly as rendered, or NULL
+ * for none) in 127.0.0.1:port's /metrics, -1 if it is not there; the GET's
+ * status in *status. */
+double http_metric(int port, const char *name, const char *labels, int *status);
+
 #endif

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "xorshift.h"
 
 /* Retransmission timeout of a lost chunk: TCP's minimum (Linux 200 ms),
  * doubled for each loss of the same chunk, up to this. */
@@ -31,16 +32,6 @@ static const char *kind_name(int kind)
     default:
         return "partition";
     }
-}
-
-/* xorshift32: the same losses for the same seed on every machine. */
-static uint32_t next(uint32_t *x)
-{
-    uint32_t v = *x ? *x : 0x9e3779b9u;
-    v ^= v << 13;
-    v ^= v >> 17;
-    v ^= v << 5;
-    return *x = v;
 }
 
 /* FNV-1a over s, into h: the link's ends in the loss's seed, so that the two
@@ -108,7 +99,7 @@ void hold_send(struct chan *l, struct lop *op)
             /* each transmission within the fault is lost with the given
              * odds; the next goes a timeout later, doubled each time */
             uint32_t rto = HOLD_RTO_MS;
-            while (t < f->until && next(&f->rng) % 100u < f->percent) {
+            while (t < f->until && xorshift32(&f->rng) % 100u < f->percent) {
                 f->lost++;
                 t += rto;
                 rto = rto * 2 > HOLD_RTO_MAX_MS ? HOLD_RTO_MAX_MS : rto * 2;
