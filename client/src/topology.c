@@ -445,6 +445,12 @@ tpu_status tpu_topology_from_serialized(const void *bytes, size_t len, tpu_topol
                   p->num_tpu_devices_per_task);
         goto fail;
     }
+    if ((uint32_t)p->num_tasks > TOPO_PLACES_MAX || (uint32_t)p->num_tpu_devices_per_task > TOPO_PLACES_MAX) {
+        cli_failf(TPU_INVALID_ARGUMENT, "num_tasks %" PRId32 " or num_tpu_devices_per_task %" PRId32
+                  " is above %u, more than any slice has", p->num_tasks, p->num_tpu_devices_per_task,
+                  TOPO_PLACES_MAX);
+        goto fail;
+    }
     want = (uint64_t)p->num_tasks * (uint64_t)p->num_tpu_devices_per_task * p->n_mesh_shape;
     if (p->n_device_coordinates != want) {
         cli_failf(TPU_INVALID_ARGUMENT, "`device_coordinates` must have shape num_tasks (%" PRId32

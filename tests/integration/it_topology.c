@@ -281,6 +281,10 @@ Test(topology, malformed_serialized_refused, .timeout = 30)
     static const char outside[] = "\x0a\x04\x01\x01\x01\x01\x10\x01\x18\x01\x22\x04\x00\x02\x00\x00";
     cr_assert_eq(parse(outside, sizeof outside - 1), TPU_INVALID_ARGUMENT);
     cr_assert(strstr(tpu_last_error(), "outside the mesh"), "%s", tpu_last_error());
+    /* 2^30 tasks of no device: TensorFlow would hold that; no slice has it */
+    static const char tasks[] = "\x0a\x04\x01\x01\x01\x01\x10\x80\x80\x80\x80\x04";
+    cr_assert_eq(parse(tasks, sizeof tasks - 1), TPU_INVALID_ARGUMENT);
+    cr_assert(strstr(tpu_last_error(), "more than any slice has"), "%s", tpu_last_error());
     /* a mesh no slice has: refused before anything that size is allocated */
     static const char huge[] = "\x0a\x10\xff\xff\xff\xff\x07\xff\xff\xff\xff\x07\xff\xff\xff\xff\x07\x01";
     cr_assert_eq(parse(huge, sizeof huge - 1), TPU_INVALID_ARGUMENT);
