@@ -56,8 +56,23 @@ struct tpu_cluster_spec {
 
 struct tpu_topology {
     uint32_t magic;
-    wire_msg *m; /* body: topology */
+    wire_msg *m;                /* body: topology; NULL when parsed from TopologyProto bytes */
+    const Tpuemu__Topology *tp; /* m->topology, or own */
+    Tpuemu__Topology *own;      /* built from TopologyProto bytes (topology.c) */
+    /* TensorFlow's view (topology.c: cli_topology_build) */
+    int mesh[4];
+    int ntasks, per;            /* device_coordinates' shape; per 0 when hosts differ */
+    int *dc;                    /* [ntasks][per][4], NULL when hosts differ */
+    char dc_why[256];           /* why dc is NULL */
+    int *at_task, *at_dev;      /* mesh place -> task, device; -1: none */
+    size_t nplaces, nmissing_dev;
+    uint8_t *ser;               /* serialized TopologyProto (built on first use) */
+    size_t nser;
 };
+
+/* Fills t's TensorFlow view from t->tp (the resolver's coordinates). A
+ * coordinate outside the mesh is TPU_INTERNAL (a malformed topology). */
+tpu_status cli_topology_build(tpu_topology *t);
 
 /* Aborts with a message when h is not a live handle of that kind (a bug). */
 void cli_check_magic(const void *h, uint32_t magic, const char *what);

@@ -66,6 +66,11 @@ tpu_status tpu_initialize_system(tpu_cluster *c, const tpu_init_options *opts, t
     }
     t->magic = MAGIC_TOPOLOGY;
     t->m = m;
+    t->tp = m->topology;
+    if (cli_topology_build(t) != TPU_OK) {
+        tpu_topology_free(t);
+        return TPU_INTERNAL;
+    }
     if (set_coll_system(c, m->topology, &e) != CODE_OK) {
         tpu_topology_free(t);
         return cli_fail(&e);

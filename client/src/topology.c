@@ -1,10 +1,33 @@
-/* tpu_topology: read-only views of the Topology an initialize returned. */
+/* tpu_topology: read-only views of the Topology an initialize returned (or
+ * one parsed from TensorFlow's TopologyProto bytes), and TensorFlow's
+ * Topology calls on it (tensorflow/python/tpu/topology.py). */
 #include "client.h"
 
+#include "tf_topology.pb-c.h"
+
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define TOPO(t) (CHECK_HANDLE((t), MAGIC_TOPOLOGY, "tpu_topology"), (t)->m->topology)
+#define TOPO(t) (CHECK_HANDLE((t), MAGIC_TOPOLOGY, "tpu_topology"), (t)->tp)
+
+/* Mesh places a topology may have: above any real slice (a v5p pod has 8960
+ * chips), low enough that bytes from a file cannot make us allocate much. */
+#define TOPO_PLACES_MAX (1u << 20)
+
+static void own_free(Tpuemu__Topology *o)
+{
+    if (!o)
+        return;
+    if (o->n_cores) {
+        free(o->cores[0]->coords);
+        free(o->cores[0]);
+    }
+    free(o->cores);
+    free(o->mesh_shape);
+    free(o);
+}
 
 void tpu_topology_free(tpu_topology *t)
 {
@@ -12,6 +35,11 @@ void tpu_topology_free(tpu_topology *t)
         return;
     CHECK_HANDLE(t, MAGIC_TOPOLOGY, "tpu_topology");
     wire_msg_free(t->m);
+    own_free(t->own);
+    free(t->dc);
+    free(t->at_task);
+    free(t->at_dev);
+    free(t->ser);
     t->magic = MAGIC_DEAD;
     free(t);
 }
@@ -102,4 +130,426 @@ const char *tpu_topology_missing(const tpu_topology *t, size_t i)
 {
     const Tpuemu__Topology *tp = TOPO(t);
     return i < tp->n_missing ? tp->missing[i] : NULL;
+}
+
+/* ---- TensorFlow's Topology ---- */
+
+static size_t place_of(const int mesh[4], const int c[4])
+{
+    return (((size_t)c[0] * (size_t)mesh[1] + (size_t)c[1]) * (size_t)mesh[2] + (size_t)c[2]) *
+               (size_t)mesh[3] + (size_t)c[3];
+}
+
+static int in_mesh(const int mesh[4], const int c[4])
+{
+    for (int a = 0; a < 4; a++)
+        if (c[a] < 0 || c[a] >= mesh[a])
+            return 0;
+    return 1;
+}
+
+tpu_status cli_topology_build(tpu_topology *t)
+{
+    const Tpuemu__Topology *tp = t->tp;
+    size_t places = 1;
+    int *seen;
+
+    if (tp->n_mesh_shape != 4)
+        return cli_failf(TPU_INTERNAL, "the topology's mesh_shape has %zu entries, not 4",
+                         tp->n_mesh_shape);
+    for (int a = 0; a < 4; a++) {
+        if (tp->mesh_shape[a] < 1 || tp->mesh_shape[a] > TOPO_PLACES_MAX)
+            return cli_failf(TPU_INTERNAL, "the topology's mesh_shape[%d] is %" PRIu32, a,
+                             tp->mesh_shape[a]);
+        t->mesh[a] = (int)tp->mesh_shape[a];
+        places *= tp->mesh_shape[a];
+        if (places > TOPO_PLACES_MAX)
+            return cli_failf(TPU_INVALID_ARGUMENT, "the mesh [%d, %d, %d, %d] has more than %u places",
+                             (int)tp->mesh_shape[0], (int)tp->mesh_shape[1], (int)tp->mesh_shape[2],
+                             (int)tp->mesh_shape[3], TOPO_PLACES_MAX);
+    }
+    t->nplaces = places;
+    t->ntasks = (int)tp->num_tasks;
+    t->per = (int)tp->num_tpus_per_task;
+    t->at_task = malloc(places * sizeof *t->at_task);
+    t->at_dev = malloc(places * sizeof *t->at_dev);
+    seen = calloc(tp->num_tasks ? tp->num_tasks : 1, sizeof *seen); /* devices per task so far */
+    if (!t->at_task || !t->at_dev || !seen) {
+        free(seen);
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory for a mesh of %zu places", places);
+    }
+    for (size_t i = 0; i < places; i++)
+        t->at_task[i] = t->at_dev[i] = -1;
+    /* cores come in replica order: a task's devices are its cores in that order */
+    for (size_t i = 0; i < tp->n_cores; i++) {
+        const Tpuemu__TopologyCore *tc = tp->cores[i];
+        int c[4] = {0};
+        if (tc->task_id >= tp->num_tasks || tc->n_coords != 4) {
+            free(seen);
+            return cli_failf(TPU_INTERNAL, "the topology's core %zu has task %" PRIu32 " of %" PRIu32
+                             " and %zu coordinates", i, tc->task_id, tp->num_tasks, tc->n_coords);
+        }
+        for (int a = 0; a < 4; a++)
+            c[a] = tc->coords[a] > (uint32_t)TOPO_PLACES_MAX ? -1 : (int)tc->coords[a];
+        if (!in_mesh(t->mesh, c)) {
+            free(seen);
+            return cli_failf(TPU_INTERNAL, "the topology's core %zu is at [%" PRIu32 ", %" PRIu32 ", %"
+                             PRIu32 ", %" PRIu32 "], outside the mesh [%d, %d, %d, %d]", i,
+                             tc->coords[0], tc->coords[1], tc->coords[2], tc->coords[3], t->mesh[0],
+                             t->mesh[1], t->mesh[2], t->mesh[3]);
+        }
+        t->at_task[place_of(t->mesh, c)] = (int)tc->task_id;
+        t->at_dev[place_of(t->mesh, c)] = seen[tc->task_id]++;
+    }
+    for (size_t i = 0; i < places; i++)
+        if (t->at_task[i] < 0)
+            t->nmissing_dev++;
+    /* device_coordinates when every task has num_tpus_per_task devices */
+    for (uint32_t k = 0; k < tp->num_tasks && !t->dc_why[0]; k++)
+        if (seen[k] != t->per)
+            snprintf(t->dc_why, sizeof t->dc_why,
+                     "task %" PRIu32 " has %d TPU devices and another has %d: TensorFlow's "
+                     "device_coordinates is a [num_tasks, num_tpus_per_task, 4] array, so every "
+                     "host must have as many cores", k, seen[k], t->per);
+    free(seen);
+    if (t->dc_why[0])
+        return TPU_OK;
+    t->dc = calloc((size_t)t->ntasks * (size_t)t->per * 4 + 1, sizeof *t->dc);
+    if (!t->dc)
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory for device_coordinates");
+    for (size_t i = 0; i < places; i++) {
+        if (t->at_task[i] < 0)
+            continue;
+        size_t rest = i;
+        int *d = &t->dc[((size_t)t->at_task[i] * (size_t)t->per + (size_t)t->at_dev[i]) * 4];
+        for (int a = 3; a >= 0; a--) {
+            d[a] = (int)(rest % (size_t)t->mesh[a]);
+            rest /= (size_t)t->mesh[a];
+        }
+    }
+    return TPU_OK;
+}
+
+tpu_status tpu_topology_device_coordinates(const tpu_topology *t, const int **coords, int shape[3])
+{
+    TOPO(t);
+    if (!coords)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_topology_device_coordinates: coords is NULL");
+    *coords = NULL;
+    if (!t->dc)
+        return cli_failf(TPU_FAILED_PRECONDITION, "device_coordinates: %s", t->dc_why);
+    *coords = t->dc;
+    if (shape) {
+        shape[0] = t->ntasks;
+        shape[1] = t->per;
+        shape[2] = 4;
+    }
+    return TPU_OK;
+}
+
+/* The place of coords, or TPU_OUT_OF_RANGE naming them. */
+static tpu_status place_at(const tpu_topology *t, const int coords[4], const char *fn, size_t *p)
+{
+    TOPO(t);
+    if (!coords)
+        return cli_failf(TPU_INVALID_ARGUMENT, "%s: coords is NULL", fn);
+    if (!in_mesh(t->mesh, coords))
+        return cli_failf(TPU_OUT_OF_RANGE, "%s: [%d, %d, %d, %d] is outside the mesh [%d, %d, %d, %d]",
+                         fn, coords[0], coords[1], coords[2], coords[3], t->mesh[0], t->mesh[1],
+                         t->mesh[2], t->mesh[3]);
+    *p = place_of(t->mesh, coords);
+    return TPU_OK;
+}
+
+tpu_status tpu_topology_task_ordinal_at_coordinates(const tpu_topology *t, const int coords[4],
+                                                    int *task)
+{
+    size_t p;
+    tpu_status st = place_at(t, coords, "task_ordinal_at_coordinates", &p);
+    if (st != TPU_OK)
+        return st;
+    if (!task)
+        return cli_failf(TPU_INVALID_ARGUMENT, "task_ordinal_at_coordinates: task is NULL");
+    *task = t->at_task[p];
+    return TPU_OK;
+}
+
+tpu_status tpu_topology_tpu_device_ordinal_at_coordinates(const tpu_topology *t, const int coords[4],
+                                                          int *device)
+{
+    size_t p;
+    tpu_status st = place_at(t, coords, "tpu_device_ordinal_at_coordinates", &p);
+    if (st != TPU_OK)
+        return st;
+    if (!device)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_device_ordinal_at_coordinates: device is NULL");
+    *device = t->at_dev[p];
+    return TPU_OK;
+}
+
+/* _tpu_device_name / _tpu_host_device_name of topology.py (dev < 0: the CPU). */
+static tpu_status device_name(const tpu_topology *t, const int coords[4], const char *job, int cpu,
+                              char *buf, size_t n)
+{
+    const char *fn = cpu ? "cpu_device_name_at_coordinates" : "tpu_device_name_at_coordinates";
+    char name[300];
+    size_t p;
+    int len;
+    tpu_status st = place_at(t, coords, fn, &p);
+
+    if (st != TPU_OK)
+        return st;
+    if (!buf || !n)
+        return cli_failf(TPU_INVALID_ARGUMENT, "%s: buf is NULL or empty", fn);
+    buf[0] = '\0';
+    if (t->at_task[p] < 0)
+        return cli_failf(TPU_NOT_FOUND, "%s: no TPU device at [%d, %d, %d, %d] (a missing device of "
+                         "the mesh)", fn, coords[0], coords[1], coords[2], coords[3]);
+    if (job && strlen(job) > 200)
+        return cli_failf(TPU_INVALID_ARGUMENT, "%s: job name of %zu bytes is too long", fn, strlen(job));
+    if (cpu)
+        len = job ? snprintf(name, sizeof name, "/job:%s/task:%d/device:CPU:0", job, t->at_task[p])
+                  : snprintf(name, sizeof name, "/task:%d/device:CPU:0", t->at_task[p]);
+    else
+        len = job ? snprintf(name, sizeof name, "/job:%s/task:%d/device:TPU:%d", job, t->at_task[p],
+                             t->at_dev[p])
+                  : snprintf(name, sizeof name, "/task:%d/device:TPU:%d", t->at_task[p], t->at_dev[p]);
+    if ((size_t)len >= n)
+        return cli_failf(TPU_INVALID_ARGUMENT, "%s: a buffer of %zu bytes is too small for \"%s\" (%d "
+                         "bytes and the NUL)", fn, n, name, len);
+    memcpy(buf, name, (size_t)len + 1);
+    return TPU_OK;
+}
+
+tpu_status tpu_topology_tpu_device_name_at_coordinates(const tpu_topology *t, const int coords[4],
+                                                       const char *job, char *buf, size_t n)
+{
+    return device_name(t, coords, job, 0, buf, n);
+}
+
+tpu_status tpu_topology_cpu_device_name_at_coordinates(const tpu_topology *t, const int coords[4],
+                                                       const char *job, char *buf, size_t n)
+{
+    return device_name(t, coords, job, 1, buf, n);
+}
+
+size_t tpu_topology_num_missing_devices(const tpu_topology *t)
+{
+    TOPO(t);
+    return t->nmissing_dev;
+}
+
+tpu_status tpu_topology_missing_device(const tpu_topology *t, size_t i, int coords[4])
+{
+    TOPO(t);
+    if (!coords)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_topology_missing_device: coords is NULL");
+    if (i >= t->nmissing_dev)
+        return cli_failf(TPU_OUT_OF_RANGE, "missing device %zu is out of range: the topology has %zu",
+                         i, t->nmissing_dev);
+    for (size_t p = 0, k = 0; p < t->nplaces; p++) {
+        if (t->at_task[p] >= 0 || k++ != i)
+            continue;
+        for (int a = 3; a >= 0; a--) {
+            coords[a] = (int)(p % (size_t)t->mesh[a]);
+            p /= (size_t)t->mesh[a];
+        }
+        return TPU_OK;
+    }
+    return cli_failf(TPU_INTERNAL, "missing device %zu not found", i);
+}
+
+tpu_status tpu_topology_serialized(const tpu_topology *t, const uint8_t **bytes, size_t *len)
+{
+    TOPO(t);
+    if (!bytes || !len)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_topology_serialized: bytes or len is NULL");
+    *bytes = NULL;
+    *len = 0;
+    if (!t->dc)
+        return cli_failf(TPU_FAILED_PRECONDITION, "serialized: %s", t->dc_why);
+    if (!t->ser) {
+        Tensorflow__Tpu__TopologyProto p = TENSORFLOW__TPU__TOPOLOGY_PROTO__INIT;
+        int32_t mesh[4] = {t->mesh[0], t->mesh[1], t->mesh[2], t->mesh[3]};
+        size_t n;
+        uint8_t *buf;
+        tpu_topology *w = (tpu_topology *)t; /* the cache only */
+
+        p.n_mesh_shape = 4;
+        p.mesh_shape = mesh;
+        p.num_tasks = t->ntasks;
+        p.num_tpu_devices_per_task = t->per;
+        p.n_device_coordinates = (size_t)t->ntasks * (size_t)t->per * 4;
+        p.device_coordinates = (int32_t *)t->dc;
+        n = tensorflow__tpu__topology_proto__get_packed_size(&p);
+        if (!(buf = malloc(n ? n : 1)))
+            return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory serializing the topology");
+        tensorflow__tpu__topology_proto__pack(&p, buf);
+        w->ser = buf;
+        w->nser = n;
+    }
+    *bytes = t->ser;
+    *len = t->nser;
+    return TPU_OK;
+}
+
+/* "[2, 2, 1, 2]": a repeated field as Python prints it, for messages. */
+static const char *list_str(const int32_t *v, size_t n, const char *sep, char *buf, size_t cap)
+{
+    size_t len = 0;
+    int k = snprintf(buf, cap, "[");
+    len = k > 0 ? (size_t)k : 0;
+    for (size_t i = 0; i < n && len + 16 < cap; i++) {
+        k = snprintf(buf + len, cap - len, "%s%" PRId32, i ? sep : "", v[i]);
+        len += k > 0 ? (size_t)k : 0;
+        if (i + 1 < n && i == 15) {
+            snprintf(buf + len, cap - len, "%s...", sep);
+            len += strlen(buf + len);
+            break;
+        }
+    }
+    snprintf(buf + len, cap - len, "]");
+    return buf;
+}
+
+tpu_status tpu_topology_from_serialized(const void *bytes, size_t len, tpu_topology **out)
+{
+    Tensorflow__Tpu__TopologyProto *p;
+    Tpuemu__Topology *o = NULL;
+    tpu_topology *t = NULL;
+    char b1[200];
+    uint64_t want;
+    size_t n;
+
+    if (!out)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_topology_from_serialized: out is NULL");
+    *out = NULL;
+    if (!bytes || !len)
+        return cli_failf(TPU_INVALID_ARGUMENT, "serialized TopologyProto is empty");
+    p = tensorflow__tpu__topology_proto__unpack(NULL, len, bytes);
+    if (!p)
+        return cli_failf(TPU_INVALID_ARGUMENT, "Error parsing message with type "
+                         "'tensorflow.tpu.TopologyProto' (%zu bytes that are not a TopologyProto)", len);
+    /* the checks and messages of Topology._parse_topology */
+    for (size_t i = 0; i < p->n_mesh_shape && p->n_mesh_shape == 4; i++)
+        if (p->mesh_shape[i] < 1)
+            goto bad_mesh;
+    if (p->n_mesh_shape != 4)
+        goto bad_mesh;
+    if (p->num_tasks < 0) {
+        cli_failf(TPU_INVALID_ARGUMENT, "`num_tasks` must be >= 0; got %" PRId32, p->num_tasks);
+        goto fail;
+    }
+    if (p->num_tpu_devices_per_task < 0) {
+        cli_failf(TPU_INVALID_ARGUMENT, "`num_tpu_devices_per_task` must be >= 0; got %" PRId32,
+                  p->num_tpu_devices_per_task);
+        goto fail;
+    }
+    if ((uint32_t)p->num_tasks > TOPO_PLACES_MAX || (uint32_t)p->num_tpu_devices_per_task > TOPO_PLACES_MAX) {
+        cli_failf(TPU_INVALID_ARGUMENT, "num_tasks %" PRId32 " or num_tpu_devices_per_task %" PRId32
+                  " is above %u, more than any slice has", p->num_tasks, p->num_tpu_devices_per_task,
+                  TOPO_PLACES_MAX);
+        goto fail;
+    }
+    want = (uint64_t)p->num_tasks * (uint64_t)p->num_tpu_devices_per_task * p->n_mesh_shape;
+    if (p->n_device_coordinates != want) {
+        cli_failf(TPU_INVALID_ARGUMENT, "`device_coordinates` must have shape num_tasks (%" PRId32
+                  ") * num_tpu_devices_per_task (%" PRId32 ") * len(mesh_shape) (%s); got shape %zu",
+                  p->num_tasks, p->num_tpu_devices_per_task,
+                  list_str(p->mesh_shape, p->n_mesh_shape, ", ", b1, sizeof b1), p->n_device_coordinates);
+        goto fail;
+    }
+    for (size_t i = 0; i < p->n_device_coordinates; i++)
+        if (p->device_coordinates[i] < 0) {
+            cli_failf(TPU_INVALID_ARGUMENT, "`device_coordinates` must be >= 0");
+            goto fail;
+        }
+    for (size_t i = 0; i < p->n_device_coordinates; i += 4) {
+        const int32_t *c = &p->device_coordinates[i];
+        for (int a = 0; a < 4; a++)
+            if (c[a] >= p->mesh_shape[a]) {
+                cli_failf(TPU_INVALID_ARGUMENT, "`device_coordinates`: task %zu device %zu is at "
+                          "[%" PRId32 ", %" PRId32 ", %" PRId32 ", %" PRId32 "], outside the mesh %s",
+                          i / 4 / (size_t)p->num_tpu_devices_per_task,
+                          i / 4 % (size_t)p->num_tpu_devices_per_task, c[0], c[1], c[2], c[3],
+                          list_str(p->mesh_shape, 4, ", ", b1, sizeof b1));
+                goto fail;
+            }
+    }
+    if ((uint64_t)p->mesh_shape[0] * (uint64_t)p->mesh_shape[1] * (uint64_t)p->mesh_shape[2] *
+            (uint64_t)p->mesh_shape[3] > TOPO_PLACES_MAX) {
+        cli_failf(TPU_INVALID_ARGUMENT, "mesh_shape %s has more than %u places",
+                  list_str(p->mesh_shape, 4, ", ", b1, sizeof b1), TOPO_PLACES_MAX);
+        goto fail;
+    }
+    /* a topology of its own: cores in task, device order */
+    n = p->n_device_coordinates / 4;
+    t = calloc(1, sizeof *t);
+    o = calloc(1, sizeof *o);
+    if (!t || !o)
+        goto oom;
+    tpuemu__topology__init(o);
+    o->n_mesh_shape = 4;
+    o->mesh_shape = calloc(4, sizeof *o->mesh_shape);
+    o->cores = calloc(n ? n : 1, sizeof *o->cores);
+    if (!o->mesh_shape || !o->cores)
+        goto oom;
+    if (n) {
+        Tpuemu__TopologyCore *tc = calloc(n, sizeof *tc);
+        uint32_t *cc = calloc(n * 4, sizeof *cc);
+        if (!tc || !cc) {
+            free(tc);
+            free(cc);
+            goto oom;
+        }
+        for (size_t i = 0; i < n; i++) {
+            tpuemu__topology_core__init(&tc[i]);
+            tc[i].replica_id = (int32_t)i;
+            tc[i].host_id = (char *)"";
+            tc[i].core = (int32_t)(i % (size_t)p->num_tpu_devices_per_task);
+            tc[i].task_id = (uint32_t)(i / (size_t)p->num_tpu_devices_per_task);
+            tc[i].n_coords = 4;
+            tc[i].coords = &cc[i * 4];
+            for (int a = 0; a < 4; a++)
+                cc[i * 4 + (size_t)a] = (uint32_t)p->device_coordinates[i * 4 + (size_t)a];
+            tc[i].data_addr = (char *)"";
+            tc[i].control_addr = (char *)"";
+            o->cores[i] = &tc[i];
+        }
+        o->n_cores = n;
+    }
+    for (int a = 0; a < 4; a++)
+        o->mesh_shape[a] = (uint32_t)p->mesh_shape[a];
+    o->num_tasks = (uint32_t)p->num_tasks;
+    o->num_tpus_per_task = (uint32_t)p->num_tpu_devices_per_task;
+    o->tpu_type = (char *)"";
+    o->owner = (char *)"";
+    t->magic = MAGIC_TOPOLOGY;
+    t->own = o;
+    t->tp = o;
+    o = NULL;
+    if (cli_topology_build(t) != TPU_OK)
+        goto fail;
+    /* serialized() of a parsed Topology is the bytes it was parsed from */
+    if (!(t->ser = malloc(len)))
+        goto oom;
+    memcpy(t->ser, bytes, len);
+    t->nser = len;
+    tensorflow__tpu__topology_proto__free_unpacked(p, NULL);
+    *out = t;
+    return TPU_OK;
+bad_mesh:
+    cli_failf(TPU_INVALID_ARGUMENT, "`mesh_shape` must be a vector of size 4 with positive entries; "
+              "got %s", list_str(p->mesh_shape, p->n_mesh_shape, " ", b1, sizeof b1));
+    goto fail;
+oom:
+    cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory parsing a topology");
+fail:
+    tensorflow__tpu__topology_proto__free_unpacked(p, NULL);
+    own_free(o);
+    if (t) {
+        t->magic = MAGIC_TOPOLOGY;
+        tpu_topology_free(t);
+    }
+    return (tpu_status)tpu_last_status();
 }

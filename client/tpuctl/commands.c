@@ -12,6 +12,7 @@
 #include "scenario.h"
 #include "select.h"
 #include "table.h"
+#include "topo.h"
 #include "tpuctl.h"
 #include "tpuemu/profile.h"
 #include "wire.h"
@@ -320,15 +321,19 @@ static int cmd_cluster(const struct tpuctl *g, int argc, char **argv)
 
 static int cmd_init(const struct tpuctl *g, int argc, char **argv)
 {
-    static const char *const head[] = {"REPLICA", "HOST", "CORE", "TASK", "COORDS", "DATA"};
+    static const char *const head[] = {"REPLICA", "HOST", "CORE", "TASK", "COORDS", "DEVICE", "DATA"};
     long long expect = 0, timeout = 0;
     int partial = 0;
+    const char *serialized = NULL;
+    char dev[256];
     struct opt flags[] = {
         {"expect", NULL, OPT_INT, "0", 0, 4096, "N", "cores to wait for; 0: the cores alive now (dead ones left out)",
          &expect},
         {"timeout-ms", NULL, OPT_INT, "10000", 0, 600000, "MS", "how long to wait for them", &timeout},
         {"allow-partial", NULL, OPT_BOOL, NULL, 0, 0, NULL,
          "at the deadline, go on with the cores that are there", &partial},
+        {"serialized", NULL, OPT_STRING, NULL, 0, 0, "FILE",
+         "write TensorFlow's TopologyProto bytes (Topology.serialized()) to FILE", &serialized},
     };
     tpu_resolver *r;
     tpu_cluster *c;
@@ -338,7 +343,7 @@ static int cmd_init(const struct tpuctl *g, int argc, char **argv)
     int mesh[4] = {0}, nrep;
     size_t nmesh;
     int rc = cmd_flags(flags, sizeof flags / sizeof flags[0], argc, argv,
-                       "tpuctl init [--expect N] [--timeout-ms MS] [--allow-partial]",
+                       "tpuctl init [--expect N] [--timeout-ms MS] [--allow-partial] [--serialized FILE]",
                        "Initialize the TPU system: wait for the cores, start a new epoch, reset "
                        "them, print the topology.");
 
@@ -382,6 +387,7 @@ static int cmd_init(const struct tpuctl *g, int argc, char **argv)
             for (int k = 0; k < 4; k++)
                 json_int(&j, NULL, tc.coords[k]);
             json_end(&j);
+            json_str(&j, "device", tpuctl_topo_device(t, tc.coords, dev, sizeof dev));
             json_str(&j, "data_addr", tc.data_addr);
             json_str(&j, "control_addr", tpu_topology_control_addr(t, i));
             json_end(&j);
@@ -391,6 +397,7 @@ static int cmd_init(const struct tpuctl *g, int argc, char **argv)
         for (size_t i = 0; i < tpu_topology_num_missing(t); i++)
             json_str(&j, NULL, tpu_topology_missing(t, i));
         json_end(&j);
+        tpuctl_topo_json(&j, t);
         json_end(&j);
     } else {
         table tb;
@@ -408,16 +415,19 @@ static int cmd_init(const struct tpuctl *g, int argc, char **argv)
             table_cell(&tb, "%d", tc.core);
             table_cell(&tb, "%d", tc.task_id);
             table_cell(&tb, "[%d, %d, %d, %d]", tc.coords[0], tc.coords[1], tc.coords[2], tc.coords[3]);
+            table_cell(&tb, "%s", tpuctl_topo_device(t, tc.coords, dev, sizeof dev));
             table_cell(&tb, "%s", tc.data_addr);
         }
         table_print(&tb, stdout);
         table_free(&tb);
         for (size_t i = 0; i < tpu_topology_num_missing(t); i++)
             printf("missing: %s\n", tpu_topology_missing(t, i));
+        tpuctl_topo_text(t);
     }
+    rc = serialized ? tpuctl_topo_save(t, serialized) : EXIT_OK;
     tpu_topology_free(t);
     disconnect(r, c);
-    return EXIT_OK;
+    return rc;
 }
 
 /* ---- shutdown ---- */
@@ -1127,6 +1137,7 @@ static int cmd_profile(const struct tpuctl *g, int argc, char **argv)
 const struct tpuctl_cmd tpuctl_cmds[] = {
     {"cluster", "list every core: state, replica, HBM, heartbeat age", cmd_cluster},
     {"init", "initialize the TPU system and print its topology", cmd_init},
+    {"topology", "print a serialized TopologyProto: topology FILE", tpuctl_cmd_topology},
     {"shutdown", "shut the TPU system down", cmd_shutdown},
     {"forget", "forget a dead core: forget HOST/CORE", cmd_forget},
     {"chaos", "inject a fault into a core or a link: chaos kill|pause|slow|hbm HOST/CORE [ARGS], "

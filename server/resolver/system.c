@@ -304,15 +304,19 @@ static void init_succeed(resolver *r)
     Tpuemu__TopologyCore *tc = calloc(op->nchosen, sizeof *tc);
     Tpuemu__TopologyCore **tcp = calloc(op->nchosen, sizeof *tcp);
     uint32_t *coords = calloc(op->nchosen * 4, sizeof *coords);
+    unsigned *task_of = calloc(op->nchosen ? op->nchosen : 1, sizeof *task_of);
+    unsigned (*xyz)[4] = calloc(op->nchosen ? op->nchosen : 1, sizeof *xyz);
     unsigned shape[4];
     uint32_t shape32[4];
     size_t tasks = 0, per = 0, run = 0;
     rreq req = {op->ctl, op->req_id, 0};
 
-    if (!tc || !tcp || !coords) {
+    if (!tc || !tcp || !coords || !task_of || !xyz) {
         free(tc);
         free(tcp);
         free(coords);
+        free(task_of);
+        free(xyz);
         init_fail(r, CODE_RESOURCE_EXHAUSTED, "out of memory building the topology");
         return;
     }
@@ -320,10 +324,18 @@ static void init_succeed(resolver *r)
     topo_mesh(op->tpu_type, (unsigned)op->nchosen, shape);
     for (int i = 0; i < 4; i++)
         shape32[i] = shape[i];
+    /* physical positions: each host a block of chips (ring order stays the
+     * replica ids, which the collectives follow) */
+    for (size_t i = 0; i < op->nchosen; i++) {
+        if (i == 0 || strcmp(op->chosen[i].host, op->chosen[i - 1].host) != 0)
+            tasks++;
+        task_of[i] = (unsigned)(tasks - 1);
+    }
+    topo_layout(shape, op->nchosen, task_of, xyz);
+    tasks = 0;
     for (size_t i = 0; i < op->nchosen; i++) {
         struct sys_chosen *c = &op->chosen[i];
         rentry *en = reg_lookup(&r->reg, c->host, c->core);
-        unsigned xyz[4];
         if (en && en->w.incarnation == c->inc) {
             en->w.epoch = op->epoch;
             en->w.replica_id = (int32_t)i;
@@ -339,9 +351,8 @@ static void init_succeed(resolver *r)
         tc[i].host_id = c->host;
         tc[i].core = c->core;
         tc[i].task_id = (uint32_t)(tasks - 1);
-        topo_coords(shape, (unsigned)i, xyz);
         for (int j = 0; j < 4; j++)
-            coords[i * 4 + (size_t)j] = xyz[j];
+            coords[i * 4 + (size_t)j] = xyz[i][j];
         tc[i].n_coords = 4;
         tc[i].coords = &coords[i * 4];
         tc[i].data_addr = c->data_addr;
@@ -369,6 +380,8 @@ static void init_succeed(resolver *r)
     free(tc);
     free(tcp);
     free(coords);
+    free(task_of);
+    free(xyz);
     init_clear(r);
 }
 

@@ -6,6 +6,8 @@
 #ifndef TPUEMU_RESOLVER_TOPOLOGY_H
 #define TPUEMU_RESOLVER_TOPOLOGY_H
 
+#include <stddef.h>
+
 /* 2 for v2/v3, 1 otherwise. */
 unsigned topo_cores_per_chip(const char *tpu_type);
 
@@ -13,7 +15,18 @@ unsigned topo_cores_per_chip(const char *tpu_type);
  * v2-8 -> [2,2,1,2]; v3-32 -> [4,4,1,2]; v4-16 -> [2,2,2,1]. */
 void topo_mesh(const char *tpu_type, unsigned n, unsigned shape[4]);
 
-/* Coordinates [x, y, z, core-on-chip] of replica r in shape. */
+/* Coordinates [x, y, z, core-on-chip] of the r-th device when chips are
+ * filled x first, then y, then z (each chip's cores adjacent). */
 void topo_coords(const unsigned shape[4], unsigned r, unsigned coords[4]);
+
+/* Physical coordinates of n devices in ring order, task[i] being device i's
+ * host index (a host's devices adjacent), as a Cloud TPU slice places them:
+ * each host owns a contiguous block of chips (a v3 host's 4 chips are 2x2 in
+ * x, y; a v4 host's 2x2x1), blocks tile the mesh x first, then y, then z, and
+ * inside a block the devices go core on chip first, then x, y, z. When hosts
+ * differ in size or their chips do not tile the mesh, the devices fill the
+ * mesh in order instead (topo_coords). Returns 1 for the block layout, 0 for
+ * the fill. */
+int topo_layout(const unsigned shape[4], size_t n, const unsigned *task, unsigned (*coords)[4]);
 
 #endif

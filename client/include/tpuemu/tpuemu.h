@@ -275,6 +275,56 @@ TPU_API const char *tpu_topology_control_addr(const tpu_topology *t, int replica
 TPU_API size_t tpu_topology_num_missing(const tpu_topology *t);
 TPU_API const char *tpu_topology_missing(const tpu_topology *t, size_t i);
 
+/* TensorFlow's Topology (tf.tpu.experimental.Topology, tensorflow/python/tpu/
+ * topology.py). A device is task T's TPU device D: T is the host's index
+ * (task_id), D the core's place among its host's cores in ring order. Its
+ * coordinates are its physical place in the slice, [x, y, z, core on chip]:
+ * each host owns a contiguous block of chips (a v3 host's 4 chips are 2x2 in
+ * x, y), blocks tile the mesh x first, then y, then z.
+ *
+ * device_coordinates: *coords points to num_tasks * num_tpus_per_task * 4
+ * ints, entry [task][device][axis] (owned by t); shape (may be NULL) gets
+ * {num_tasks, num_tpus_per_task, 4}. TPU_FAILED_PRECONDITION when the hosts
+ * have different numbers of cores (a partial system): TensorFlow's array is
+ * rectangular. */
+TPU_API tpu_status tpu_topology_device_coordinates(const tpu_topology *t, const int **coords,
+                                                   int shape[3]);
+/* task_ordinal_at_coordinates / tpu_device_ordinal_at_coordinates: the task
+ * (device) at coords, or -1 where the mesh has no device (as TensorFlow).
+ * TPU_OUT_OF_RANGE for coordinates outside the mesh. */
+TPU_API tpu_status tpu_topology_task_ordinal_at_coordinates(const tpu_topology *t,
+                                                            const int coords[4], int *task);
+TPU_API tpu_status tpu_topology_tpu_device_ordinal_at_coordinates(const tpu_topology *t,
+                                                                  const int coords[4], int *device);
+/* tpu_device_name_at_coordinates: "/job:worker/task:1/device:TPU:3"
+ * (job NULL: "/task:1/device:TPU:3"); cpu_device_name_at_coordinates: the
+ * host's "/job:worker/task:1/device:CPU:0". Written into buf (n bytes).
+ * TPU_NOT_FOUND where the mesh has no device, TPU_OUT_OF_RANGE outside the
+ * mesh, TPU_INVALID_ARGUMENT when buf is too small. */
+TPU_API tpu_status tpu_topology_tpu_device_name_at_coordinates(const tpu_topology *t,
+                                                               const int coords[4], const char *job,
+                                                               char *buf, size_t n);
+TPU_API tpu_status tpu_topology_cpu_device_name_at_coordinates(const tpu_topology *t,
+                                                               const int coords[4], const char *job,
+                                                               char *buf, size_t n);
+/* missing_devices: the places of the mesh no device holds (TensorFlow's
+ * np.argwhere(tasks < 0): x slowest, core on chip fastest). */
+TPU_API size_t tpu_topology_num_missing_devices(const tpu_topology *t);
+TPU_API tpu_status tpu_topology_missing_device(const tpu_topology *t, size_t i, int coords[4]);
+/* serialized(): TensorFlow's TopologyProto bytes (tensorflow/core/protobuf/
+ * tpu/topology.proto: mesh_shape, num_tasks, num_tpu_devices_per_task,
+ * device_coordinates), byte for byte what Topology.serialized() returns.
+ * *bytes owned by t. TPU_FAILED_PRECONDITION as device_coordinates. */
+TPU_API tpu_status tpu_topology_serialized(const tpu_topology *t, const uint8_t **bytes,
+                                           size_t *len);
+/* Topology(serialized=...): a topology parsed from TopologyProto bytes (from
+ * tpu_topology_serialized or from TensorFlow). TPU_INVALID_ARGUMENT with
+ * TensorFlow's message for a malformed one ("`mesh_shape` must be a vector of
+ * size 4 with positive entries; got [2, 2]"). It has no epoch, owner, TPU
+ * type or addresses (0 and ""); its replica r is task r / num_tpus_per_task's
+ * device r % num_tpus_per_task. Free with tpu_topology_free. */
+TPU_API tpu_status tpu_topology_from_serialized(const void *bytes, size_t len, tpu_topology **out);
+
 /* Is the system this handle initialized still the current one?
  * TPU_OK, or TPU_FAILED_PRECONDITION saying who re-initialized or shut it down. */
 TPU_API tpu_status tpu_system_check(tpu_cluster *c);
