@@ -582,8 +582,8 @@ Test(train, damaged_checkpoint_is_refused, .timeout = 60)
 /* Cores of 32 MiB HBM: a Dense(4096) model with 4096 rows per core needs
  * 64 MiB of activations alone: RESOURCE_EXHAUSTED with the core's report,
  * which reads like XLA's TPU compile failure as TensorFlow shows it from a
- * Keras fit on Cloud TPU (XLA's TPU compiler; the XLA error-code page "Error
- * code: 1000, Compile Time: HBM OOM"): "XLA:TPU compile permanent error. Ran
+ * Keras fit on Cloud TPU (XLA's TPU compiler; openxla/xla
+ * docs/errors/error_1000.md, "Compile Time: HBM OOM"): "XLA:TPU compile permanent error. Ran
  * out of memory in memory space hbm. Used X of Y hbm. Exceeded hbm capacity
  * by Z." then "Total hbm usage >= T:" with its reserved, program and
  * arguments lines, whose sum is T; then the largest allocations, what to

@@ -153,8 +153,8 @@ Test(hbm, sizes_print_like_xla)
 
 /* XLA's TPU compile-time out-of-memory report, as TensorFlow users read it in
  * a ResourceExhaustedError from a Keras fit on Cloud TPU (XLA's TPU compiler;
- * the format quoted in TensorFlow issues and the XLA error-code page "Error
- * code: 1000, Compile Time: HBM OOM"):
+ * openxla/xla docs/errors/error_1000.md, "Compile Time: HBM OOM", gives the
+ * first line; TensorFlow users' reports quote the usage block):
  *   "XLA:TPU compile permanent error. Ran out of memory in memory space hbm.
  *    Used 19.46G of 15.48G hbm. Exceeded hbm capacity by 3.98G.
  *    Total hbm usage >= 19.98G:
