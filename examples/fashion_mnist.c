@@ -172,7 +172,9 @@ static tpu_status recover(tpu_cluster *c, tpu_topology **topology, tpu_model *m,
                                    .timeout_ms = (uint32_t)(deadline - now < 30000 ? deadline - now : 30000)};
             if (io.timeout_ms >= 1000 && tpu_initialize_system(c, &io, &t) == TPU_OK)
                 break;
-            if (io.timeout_ms >= 1000 && tpu_last_status() != TPU_UNAVAILABLE)
+            /* NOT_FOUND: the cores are not all there yet (TensorFlow's "TPUs not
+             * found in the cluster"); UNAVAILABLE: one failed during the reset */
+            if (io.timeout_ms >= 1000 && tpu_last_status() != TPU_UNAVAILABLE && tpu_last_status() != TPU_NOT_FOUND)
                 return failed("re-initializing the TPU system");
             if (io.timeout_ms >= 1000)
                 printf("  initialize: %s: %s; trying again\n", tpu_status_name(tpu_last_status()), tpu_last_error());
@@ -313,7 +315,8 @@ int main(int argc, char **argv)
     for (int tries = 1;; tries++) {
         if (tpu_initialize_system(cluster, NULL, &topology) == TPU_OK)
             break;
-        if (tpu_last_status() != TPU_UNAVAILABLE || !(recover_max || elastic) || tries >= 10)
+        tpu_status ist = tpu_last_status(); /* NOT_FOUND: a core not back yet */
+        if ((ist != TPU_UNAVAILABLE && ist != TPU_NOT_FOUND) || !(recover_max || elastic) || tries >= 10)
             return fail("initializing the TPU system");
         printf("initializing the TPU system: %s; trying again\n", tpu_last_error());
         sleep_ms(1000);

@@ -84,6 +84,11 @@ tpu_status cli_fail(const err *e);
 void cli_notice_from(const Tpuemu__Notice *n, tpu_notice *out);
 tpu_status cli_failf(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* tpu_initialize_system; restoring: the caller puts its model's state back
+ * on the new system itself (elastic fit), so no warning that re-initializing
+ * loses the variables on the cores (system.c). */
+tpu_status cli_initialize_system(tpu_cluster *c, const tpu_init_options *opts, tpu_topology **out, int restoring);
+
 /* The pipeline's batch() takes batch_size rows from now on (elastic fit
  * keeping the per-replica batch; dataset.c). */
 int dataset_rebatch(tpu_dataset *ds, size_t batch_size, err *e);

@@ -669,7 +669,7 @@ static tpu_status elastic_init(tpu_cluster *c, int want, char *why, size_t n)
 {
     tpu_init_options io = {.expect = (uint32_t)want, .timeout_ms = ELASTIC_INIT_MS};
     tpu_topology *t = NULL;
-    tpu_status st = tpu_initialize_system(c, &io, &t);
+    tpu_status st = cli_initialize_system(c, &io, &t, 1); /* the state is restored below */
     if (st == TPU_OK)
         tpu_topology_free(t);
     else

@@ -286,6 +286,43 @@ size_t tpu_model_summary(const tpu_model *m, char *buf, size_t n)
 
 /* ---- compile ---- */
 
+/* Were the model's variables lost with the system they lived on? They were
+ * when it was compiled onto cores of an earlier epoch and trained (or given
+ * a state) there, and no restored state waits to be pushed: a model only
+ * compiled still holds its seed's values, which a compile reproduces. */
+static int vars_lost(const tpu_model *m)
+{
+    const struct cli_coll *k = m->s->c->coll;
+    return m->epoch && k && m->epoch != k->epoch && !m->pending_state && (m->step || m->iterations);
+}
+
+/* TensorFlow reading a variable whose device state is gone fails with
+ * FailedPreconditionError (tensorflow/core/kernels/resource_variable_ops.cc:
+ * "the following variables were found uninitialized"); so does this. */
+static int vars_lost_error(const tpu_model *m, err *e)
+{
+    char names[200], lname[24];
+    size_t off = 0;
+    names[0] = '\0';
+    for (size_t l = 0; l < m->nlayers && l < 3; l++) {
+        if (l)
+            snprintf(lname, sizeof lname, "dense_%zu", l);
+        else
+            snprintf(lname, sizeof lname, "dense");
+        off += (size_t)snprintf(names + off, sizeof names - off, "%s%s/kernel, %s/bias", l ? ", " : "", lname,
+                                lname);
+    }
+    if (m->nlayers > 3)
+        snprintf(names + off, sizeof names - off, ", ...");
+    return err_set(e, CODE_FAILED_PRECONDITION,
+                   "the model's variables on the TPU were lost: the TPU system was initialized again "
+                   "(epoch %llu -> %llu) after the model was trained on it to step %llu, so its variables (%s) "
+                   "and optimizer slots were found uninitialized; restore them (tpu_model_load_checkpoint) or "
+                   "start again from the seed at step 0 (tpu_model_compile)",
+                   (unsigned long long)m->epoch, (unsigned long long)m->s->c->coll->epoch,
+                   (unsigned long long)m->step, names);
+}
+
 tpu_status tpu_model_compile(tpu_model *m, const tpu_compile_options *o)
 {
     tpu_compile_options co;
@@ -330,6 +367,13 @@ tpu_status tpu_model_compile(tpu_model *m, const tpu_compile_options *o)
     if (m->configured && (co.optimizer.kind != m->co.optimizer.kind ||
                           (co.optimizer.momentum > 0) != (m->co.optimizer.momentum > 0)))
         m->epoch = 0; /* other optimizer slots: the cores start over from the seed */
+    if (vars_lost(m)) { /* asked for: the variables start over from the seed, and so does the count */
+        m->epoch = 0;
+        m->step = 0;
+        m->cur_epoch = 0;
+        m->cur_batch = 0;
+        m->iterations = 0;
+    }
     m->co = co;
     m->configured = 1;
     if (co.batch_size || m->batch_per_core) {
@@ -376,7 +420,10 @@ static int request_all(tpu_model *m, Tpuemu__FrameHeader *h, const struct dpio_s
         int lost = 0;
         for (size_t r = 0; r < n; r++)
             lost |= ans[r].code == CODE_UNAVAILABLE || ans[r].code == CODE_DEADLINE_EXCEEDED || !ans[r].done;
-        rc = err_set(e, w ? w->code : CODE_UNKNOWN, "%s: %s", what, w ? w->msg : "failed");
+        if (w && !strncmp(w->msg, "XLA:", 4)) /* XLA's report (it says what it was doing) leads, as on a TPU */
+            rc = err_set(e, w->code, "%s", w->msg);
+        else
+            rc = err_set(e, w ? w->code : CODE_UNKNOWN, "%s: %s", what, w ? w->msg : "failed");
         if (lost)
             tio_abort(c);
     }
@@ -422,6 +469,8 @@ int model_ensure_compiled(tpu_model *m, size_t global_batch, err *e)
         return err_set(e, CODE_FAILED_PRECONDITION, "the model is not compiled: call tpu_model_compile first");
     if (!k || k->n == 0)
         return err_set(e, CODE_FAILED_PRECONDITION, "no TPU system: initialize it first");
+    if (vars_lost(m))
+        return vars_lost_error(m, e);
     n = k->n;
     per = (global_batch + n - 1) / n;
     if (per == 0)
@@ -527,6 +576,8 @@ static int pull_state(tpu_model *m, int replica, float *buf, size_t nfloats, uin
 
 static int need_compiled(tpu_model *m, err *e)
 {
+    if (vars_lost(m))
+        return vars_lost_error(m, e);
     if (!m->configured || !m->s->c->coll || m->epoch != m->s->c->coll->epoch)
         return err_set(e, CODE_FAILED_PRECONDITION,
                        "the model is not compiled on the current TPU system%s: compile it (with a batch size) or fit first",

@@ -2,6 +2,7 @@
  * that the epoch a handle initialized is still current, shut down, and
  * forget a dead core. */
 #include "client.h"
+#include "model_int.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,11 @@ static int set_coll_system(tpu_cluster *c, const Tpuemu__Topology *tp, err *e)
 
 tpu_status tpu_initialize_system(tpu_cluster *c, const tpu_init_options *opts, tpu_topology **out)
 {
+    return cli_initialize_system(c, opts, out, 0);
+}
+
+tpu_status cli_initialize_system(tpu_cluster *c, const tpu_init_options *opts, tpu_topology **out, int restoring)
+{
     wire_msg req = TPUEMU__MESSAGE__INIT, *m;
     Tpuemu__InitializeRequest body = TPUEMU__INITIALIZE_REQUEST__INIT;
     tpu_topology *t;
@@ -40,6 +46,13 @@ tpu_status tpu_initialize_system(tpu_cluster *c, const tpu_init_options *opts, t
     if (!out)
         return cli_failf(TPU_INVALID_ARGUMENT, "tpu_initialize_system: out is NULL");
     *out = NULL;
+    /* TensorFlow's initialize_tpu_system (tensorflow/python/tpu/tpu_strategy_util.py)
+     * warns when the TPU it names was initialized already; the words are its own */
+    if (c->coll && !restoring)
+        model_warn("TPU system %s has already been initialized. Reinitializing the TPU can cause previously "
+                   "created variables on TPU to be lost. (epoch %llu: a model trained on it must load a "
+                   "checkpoint or be compiled again)", tpu_resolver_master(c->r),
+                   (unsigned long long)c->coll->epoch);
     if (opts) {
         body.expect = opts->expect;
         body.timeout_ms = opts->timeout_ms;

@@ -477,9 +477,12 @@ static void init_deadline(resolver *r)
         init_proceed(r, alive < target ? alive : target);
         return;
     }
-    init_fail(r, CODE_UNAVAILABLE, "initialize: %zu of %zu expected cores alive after %.1f s; "
-              "missing: %s; start or restart those workers, or pass a smaller --expect (or "
-              "--allow-partial)", alive, target, (double)op->timeout_ms / 1000.0,
+    /* TensorFlow's initialize_tpu_system (tensorflow/python/tpu/tpu_strategy_util.py)
+     * raises NotFoundError("TPUs not found in the cluster. Failed in
+     * initialization: ...") when the cluster has no TPU devices for it */
+    init_fail(r, CODE_NOT_FOUND, "TPUs not found in the cluster. Failed in initialization: %zu of %zu "
+              "expected cores alive after %.1f s; missing: %s; start or restart those workers, or pass a "
+              "smaller --expect (or --allow-partial)", alive, target, (double)op->timeout_ms / 1000.0,
               join_missing(op, list, sizeof list));
 }
 

@@ -456,7 +456,7 @@ Test(chaos, preempt_gives_a_notice_then_the_core_is_preempted, .timeout = 120)
     /* an initialize that needs it names it */
     tpu_topology *tp = NULL;
     tpu_init_options io = {2, 300, 0};
-    cr_assert_eq(tpu_initialize_system(tc, &io, &tp), TPU_UNAVAILABLE);
+    cr_assert_eq(tpu_initialize_system(tc, &io, &tp), TPU_NOT_FOUND, "%s", tpu_last_error());
     cr_assert(strstr(tpu_last_error(), "h0/1 (preempted)"), "%s", tpu_last_error());
     /* a worker started again on the key takes it over */
     cluster_restart_worker(c, 1);
@@ -499,7 +499,7 @@ Test(chaos, maintenance_takes_the_core_down_and_it_comes_back_restarted, .timeou
     /* work is refused while it is down */
     tpu_topology *tp = NULL;
     tpu_init_options io = {2, 300, 0};
-    cr_assert_eq(tpu_initialize_system(tc, &io, &tp), TPU_UNAVAILABLE, "an initialize used the core in maintenance");
+    cr_assert_eq(tpu_initialize_system(tc, &io, &tp), TPU_NOT_FOUND, "an initialize used the core in maintenance");
     cr_assert(strstr(tpu_last_error(), "h0/0 (down for maintenance)"), "%s", tpu_last_error());
     cr_assert(cl_wait_log(&c->workers[0], "maintenance event: this core leaves its system", 2000), "see %s",
               c->workers[0].log);

@@ -78,7 +78,10 @@ Test(cli, init_missing_fails, .timeout = 30)
     run_result r;
     cluster_tpuctl(c, &r, 10000, "init", "--expect", "3", "--timeout-ms", "300", NULL);
     cr_assert_eq(r.code, 1, SHOW(r));
-    cr_assert(strncmp(r.err, "UNAVAILABLE: ", 13) == 0, SHOW(r));
+    /* TensorFlow's initialize_tpu_system (tensorflow/python/tpu/tpu_strategy_util.py)
+     * raises NotFoundError "TPUs not found in the cluster. Failed in initialization: ..." */
+    cr_assert(strncmp(r.err, "NOT_FOUND: TPUs not found in the cluster. Failed in initialization: ", 68) == 0,
+              SHOW(r));
     cr_assert(strstr(r.err, "2 of 3"), SHOW(r));
     run_result_free(&r);
 

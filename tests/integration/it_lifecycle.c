@@ -222,11 +222,14 @@ Test(lifecycle, initialize_names_missing_cores, .timeout = 30)
     int64_t t0 = cl_now_ms();
     tpu_status st = init(cc, 4, 600, 0, &t);
     int64_t ms = cl_now_ms() - t0;
-    cr_assert_eq(st, TPU_UNAVAILABLE, "%s: %s", tpu_status_name(st), tpu_last_error());
+    /* tensorflow/python/tpu/tpu_strategy_util.py: NotFoundError "TPUs not found in
+     * the cluster. Failed in initialization: ..." */
+    cr_assert_eq(st, TPU_NOT_FOUND, "%s: %s", tpu_status_name(st), tpu_last_error());
     cr_assert_null(t);
     cr_assert_geq(ms, 500, "it waits for the cores until the deadline (%lld ms)", (long long)ms);
     cr_assert_lt(ms, 3000, "and not much longer (%lld ms)", (long long)ms);
     const char *m = tpu_last_error();
+    cr_assert(strncmp(m, "TPUs not found in the cluster. Failed in initialization: ", 57) == 0, "%s", m);
     cr_assert(strstr(m, "3 of 4"), "counts: %s", m);
     cr_assert(strstr(m, "h1/1 (never registered)"), "names the gap: %s", m);
     cr_assert(strstr(m, "--expect") || strstr(m, "allow-partial"), "says what to do: %s", m);
@@ -242,6 +245,48 @@ Test(lifecycle, initialize_names_missing_cores, .timeout = 30)
     cr_assert_eq(tpu_topology_num_missing(t), 1);
     cr_assert(strstr(tpu_topology_missing(t, 0), "h1/1"), "missing: %s", tpu_topology_missing(t, 0));
     cr_assert_null(tpu_topology_missing(t, 1));
+    tpu_topology_free(t);
+    tpu_cluster_free(cc);
+    tpu_resolver_free(r);
+    cluster_free(c);
+}
+
+/* A resolver no core has registered with: TensorFlow's initialize_tpu_system
+ * (tensorflow/python/tpu/tpu_strategy_util.py) raises
+ * NotFoundError("TPUs not found in the cluster. Failed in initialization: "
+ * + ...) when the cluster has no TPU for it; tpuemu's initialize waits up to
+ * its deadline for one, then fails the same way (NOT_FOUND, TensorFlow's
+ * words first), saying how many it found and what is missing. NOT_FOUND is
+ * "not there yet", not a broken cluster: the same call succeeds once a worker
+ * has registered, as a loop waiting for cores (the example's --recover) does. */
+Test(lifecycle, initialize_without_cores_is_not_found, .timeout = 30)
+{
+    cluster_opts o = {.hosts = 0, .cores_per_host = 0};
+    cluster *c = cluster_start(&o);
+    tpu_resolver *r;
+    tpu_cluster *cc = connect_ok(c, &r);
+    tpu_topology *t;
+    int64_t t0 = cl_now_ms();
+    tpu_status st = init(cc, 0, 400, 0, &t);
+    int64_t ms = cl_now_ms() - t0;
+    cr_assert_eq(st, TPU_NOT_FOUND, "%s: %s", tpu_status_name(st), tpu_last_error());
+    cr_assert_null(t);
+    const char *m = tpu_last_error();
+    const char *tf = "TPUs not found in the cluster. Failed in initialization: ";
+    cr_assert(strncmp(m, tf, strlen(tf)) == 0, "TensorFlow's words first: %s", m);
+    cr_assert(strstr(m, "0 of 1 expected cores alive after 0.4 s"), "counts: %s", m);
+    cr_assert(strstr(m, "missing: 1 more not yet seen"), "names the gap: %s", m);
+    cr_assert_geq(ms, 350, "it waits for a core until the deadline (%lld ms)", (long long)ms);
+
+    /* a loop waiting for cores goes on through NOT_FOUND and gets one */
+    cluster_add_worker(c, "h0", 0, NULL);
+    int tries = 0;
+    do {
+        st = init(cc, 1, 1000, 0, &t);
+        tries++;
+    } while (st == TPU_NOT_FOUND && tries < 20);
+    cr_assert_eq(st, TPU_OK, "after %d tries: %s: %s", tries, tpu_status_name(st), tpu_last_error());
+    cr_assert_eq(tpu_topology_num_replicas(t), 1);
     tpu_topology_free(t);
     tpu_cluster_free(cc);
     tpu_resolver_free(r);
@@ -272,7 +317,7 @@ Test(lifecycle, initialize_names_dead_cores, .timeout = 30)
     tpu_topology_free(t);
     /* a count says "wait for them": expect 3 fails naming the dead core */
     st = init(cc, 3, 300, 0, &t);
-    cr_assert_eq(st, TPU_UNAVAILABLE, "%s", tpu_status_name(st));
+    cr_assert_eq(st, TPU_NOT_FOUND, "%s", tpu_status_name(st));
     cr_assert(strstr(tpu_last_error(), "h0/1 (dead"), "%s", tpu_last_error());
     cr_assert(strstr(tpu_last_error(), "2 of 3"), "%s", tpu_last_error());
     /* expect 2: the two alive ones are enough */
@@ -475,7 +520,7 @@ Test(lifecycle, one_initialize_at_a_time, .timeout = 30)
     pthread_join(th, NULL);
     cr_assert(aborted, "a second initialize while one waits must get ABORTED");
     cr_assert(strstr(msg, "another initialize"), "%s", msg);
-    cr_assert_eq(b.st, TPU_UNAVAILABLE, "the waiting one ends at its deadline: %s", tpu_status_name(b.st));
+    cr_assert_eq(b.st, TPU_NOT_FOUND, "the waiting one ends at its deadline: %s", tpu_status_name(b.st));
     tpu_cluster_free(cc);
     tpu_resolver_free(r);
     cluster_free(c);

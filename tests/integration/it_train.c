@@ -17,7 +17,9 @@
  *  - evaluate and predict agree with each other and with the labels;
  *  - a core killed mid-fit is UNAVAILABLE naming it, within the heartbeat
  *    bound; after a restart training finishes from the checkpoint;
- *  - prefetch overlaps a slow input pipeline with the steps.
+ *  - prefetch overlaps a slow input pipeline with the steps;
+ *  - initializing the system again warns, and a trained model's lost
+ *    variables are refused until restored or compiled again from the seed.
  *
  * The data are Gaussian blobs generated here with fixed seeds (a few hundred
  * rows of 32 features): small enough for a shared two-core machine. */
@@ -25,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -577,10 +580,15 @@ Test(train, damaged_checkpoint_is_refused, .timeout = 60)
 /* ---- 5 ---- */
 
 /* Cores of 32 MiB HBM: a Dense(4096) model with 4096 rows per core needs
- * 64 MiB of activations alone: RESOURCE_EXHAUSTED with the core's report
- * (which core, XLA's sentence, the largest allocations); the same model at 64
- * rows per core (~14 MiB with the all-reduce's buffers) compiles after it
- * and trains. */
+ * 64 MiB of activations alone: RESOURCE_EXHAUSTED with the core's report,
+ * which reads like XLA's TPU compile failure as TensorFlow shows it from a
+ * Keras fit on Cloud TPU (XLA's TPU compiler; openxla/xla
+ * docs/errors/error_1000.md, "Compile Time: HBM OOM"): "XLA:TPU compile permanent error. Ran
+ * out of memory in memory space hbm. Used X of Y hbm. Exceeded hbm capacity
+ * by Z." then "Total hbm usage >= T:" with its reserved, program and
+ * arguments lines, whose sum is T; then the largest allocations, what to
+ * change and which core. The same model at 64 rows per core (~14 MiB with the
+ * all-reduce's buffers) compiles after it and trains. */
 Test(train, compile_out_of_hbm_is_resource_exhausted, .timeout = 60)
 {
     static const char *const wargs[] = {"--hbm-bytes", "32M", NULL};
@@ -596,10 +604,22 @@ Test(train, compile_out_of_hbm_is_resource_exhausted, .timeout = 60)
     fprintf(stderr, "out of HBM: %s\n", msg);
     cr_assert(strstr(msg, t->name[0]) || strstr(msg, t->name[1]), "the report should name the core (%s or %s): %s",
               t->name[0], t->name[1], msg);
-    cr_assert(strstr(msg, "Ran out of memory in memory space hbm"), "%s", msg);
-    cr_assert(strstr(msg, "Largest allocations in hbm:") && strstr(msg, " 1. "),
-              "the report should list the largest allocations: %s", msg);
-    cr_assert(strstr(msg, "per-core batch"), "the report should say what to change: %s", msg);
+    const char *lead = "XLA:TPU compile permanent error. Ran out of memory in memory space hbm. Used ";
+    cr_assert(strncmp(msg, lead, strlen(lead)) == 0, "XLA's report should lead: %s", msg);
+    cr_assert(strstr(msg, " of 32.00M hbm. Exceeded hbm capacity by "), "%s", msg);
+    /* the usage block: reserved + program + arguments = total, in MiB (2 decimals) */
+    double total = 0, res = -1, prog = -1, args = -1;
+    const char *tb = strstr(msg, "\n\nTotal hbm usage >= ");
+    cr_assert_not_null(tb, "no usage block: %s", msg);
+    cr_assert_eq(sscanf(tb, "\n\nTotal hbm usage >= %lfM:\n    reserved %lfB\n    program %lfM\n    arguments %lfM\n",
+                        &total, &res, &prog, &args), 4, "the usage block does not read as expected: %s", msg);
+    cr_assert_eq(res, 0, "nothing was on the cores before the compile: %s", msg);
+    cr_assert(fabs(prog + args - total) <= 0.02, "%.2f + %.2f != %.2f: %s", prog, args, total, msg);
+    cr_assert_gt(prog, 64, "the activations alone are 64 MiB of the program: %s", msg);
+    cr_assert(strstr(msg, "Largest allocations in hbm:\n  1. "), "the report should list the largest allocations: %s",
+              msg);
+    cr_assert(strstr(msg, "smaller per-core batch"), "the report should say what to change: %s", msg);
+    cr_assert(strstr(msg, "(compiling the model on core h0/"), "and where: %s", msg);
 
     co.batch_size = 2 * 64;
     CALL_OK(tpu_model_compile(m, &co));
@@ -988,6 +1008,127 @@ Test(train, prefetch_overlaps, .timeout = 120)
     tpu_model_free(m);
     tpu_dataset_free(plain);
     tpu_dataset_free(pre);
+    blobs_free(&b);
+    tpu_strategy_free(s);
+    ct_free(t);
+}
+
+/* ---- 10 ---- */
+
+/* warns, counting only the warnings about initializing the system again */
+static void on_reinit_warning(const char *message, void *user)
+{
+    if (strstr(message, "TPU system") && strstr(message, "initialized"))
+        on_warning(message, user);
+}
+
+/* Re-initializing the TPU system under a trained model, as TensorFlow does it:
+ *  - tensorflow/python/tpu/tpu_strategy_util.py, initialize_tpu_system: a TPU
+ *    system initialized already earns the warning "TPU system %s has already
+ *    been initialized. Reinitializing the TPU can cause previously created
+ *    variables on TPU to be lost." (the first initialize earns none);
+ *  - the variables are then gone from the cores, and TensorFlow reading a
+ *    variable whose device state is gone fails with FailedPreconditionError
+ *    (tensorflow/core/kernels/resource_variable_ops.cc, ReadVariablesOp: "the
+ *    following variables were found uninitialized"): fit, evaluate,
+ *    get_weights and a checkpoint save are FAILED_PRECONDITION saying the
+ *    variables were lost, and change nothing (the step, the file);
+ *  - restoring a checkpoint goes on exactly where the straight run goes
+ *    (bitwise the same weights after the next epoch), and an explicit compile
+ *    starts again from the seed at step 0 (bitwise the first epoch's weights
+ *    again after one epoch). */
+Test(train, reinitializing_loses_the_variables_until_restored, .timeout = 90)
+{
+    colltest *t = ct_start(1, (int[]){2}, NULL, HB_MS);
+    tpu_strategy *s;
+    CALL_OK(tpu_strategy_new(t->c, &s));
+    blobs b = blobs_make(480, DIM, 1.5, 21);
+    tpu_dataset *ds = make_ds(&b, 48, 1, 22); /* 10 steps per epoch */
+    tpu_compile_options co = copts(tpu_optimizer_adam(0.005f), TPU_POLICY_FLOAT32, 48);
+    static warns w;
+    w.n = 0;
+    tpu_set_warning_handler(on_reinit_warning, &w); /* batch 48 earns another warning */
+
+    /* the straight run: 2 epochs, the weights after each */
+    tpu_model *ref = make_model(s, DIM, 32, 23);
+    CALL_OK(tpu_model_compile(ref, &co));
+    size_t np = tpu_model_num_params(ref);
+    tpu_fit_options fo = fitopts(1, NULL, 0);
+    CALL_OK(tpu_model_fit(ref, ds, &fo, NULL));
+    float *w1 = weights(ref, 0);
+    fo = fitopts(2, NULL, 0);
+    fo.initial_epoch = 1;
+    CALL_OK(tpu_model_fit(ref, ds, &fo, NULL));
+    float *w2 = weights(ref, 0);
+    tpu_model_free(ref);
+
+    /* one epoch, saved; then the system initialized again */
+    const char *path = tmp_path("reinit.ckpt");
+    tpu_model *m = make_model(s, DIM, 32, 23);
+    CALL_OK(tpu_model_compile(m, &co));
+    fo = fitopts(1, NULL, 0);
+    CALL_OK(tpu_model_fit(m, ds, &fo, NULL));
+    CALL_OK(tpu_model_save_checkpoint(m, path));
+    cr_assert_eq(tpu_model_step(m), 10u);
+    cr_assert_eq(w.n, 0, "no initialize again yet, but a warning: %s", w.last);
+    ct_reinit(t);
+    cr_assert_eq(w.n, 1, "initializing again should warn once (%d warnings; last: %s)", w.n, w.last);
+    char expect[512];
+    snprintf(expect, sizeof expect, "TPU system %s has already been initialized. Reinitializing the TPU can cause "
+             "previously created variables on TPU to be lost.", tpu_resolver_master(t->r));
+    cr_assert(strncmp(w.last, expect, strlen(expect)) == 0, "the warning is not TensorFlow's: %s", w.last);
+
+    /* every use of the lost variables is refused, changing nothing */
+    struct stat st0, st1;
+    cr_assert_eq(stat(path, &st0), 0);
+    fo = fitopts(2, NULL, 0);
+    fo.initial_epoch = 1;
+    tpu_status st = tpu_model_fit(m, ds, &fo, NULL);
+    cr_assert_eq(st, TPU_FAILED_PRECONDITION, "fit on lost variables: %s: %s", tpu_status_name(st), tpu_last_error());
+    cr_assert(strstr(tpu_last_error(), "variables on the TPU were lost") &&
+              strstr(tpu_last_error(), "dense/kernel") && strstr(tpu_last_error(), "tpu_model_load_checkpoint") &&
+              strstr(tpu_last_error(), "tpu_model_compile"),
+              "the error should say they were lost, which, and the ways back: %s", tpu_last_error());
+    cr_assert_eq(tpu_model_step(m), 10u, "a refused fit moved the step");
+    cr_assert_eq(tpu_model_evaluate(m, ds, NULL, NULL), TPU_FAILED_PRECONDITION, "evaluate: %s", tpu_last_error());
+    float *scratch = malloc(np * sizeof(float));
+    cr_assert_not_null(scratch);
+    cr_assert_eq(tpu_model_get_weights(m, 0, scratch, np), TPU_FAILED_PRECONDITION, "get_weights: %s",
+                 tpu_last_error());
+    cr_assert_eq(tpu_model_save_checkpoint(m, path), TPU_FAILED_PRECONDITION, "save: %s", tpu_last_error());
+    cr_assert_eq(stat(path, &st1), 0);
+    cr_assert(st0.st_mtim.tv_sec == st1.st_mtim.tv_sec && st0.st_mtim.tv_nsec == st1.st_mtim.tv_nsec &&
+              st0.st_size == st1.st_size, "a refused save touched the checkpoint");
+
+    /* restored: the next epoch is the straight run's */
+    CALL_OK(tpu_model_load_checkpoint(m, path));
+    CALL_OK(tpu_model_fit(m, ds, &fo, NULL));
+    cr_assert_eq(tpu_model_step(m), 20u);
+    float *wr = weights(m, 0);
+    long d = first_diff(w2, wr, np);
+    cr_assert_eq(d, -1, "after the restore and epoch 2, weight %ld is %a, the straight run's %a", d,
+                 (double)wr[d < 0 ? 0 : d], (double)w2[d < 0 ? 0 : d]);
+    free(wr);
+
+    /* initialized again; compiled again: from the seed, at step 0 */
+    ct_reinit(t);
+    cr_assert_eq(w.n, 2, "%d warnings; last: %s", w.n, w.last);
+    CALL_OK(tpu_model_compile(m, &co));
+    cr_assert_eq(tpu_model_step(m), 0u, "a compile from the seed starts the count again");
+    cr_assert_eq(tpu_model_epoch(m), 0);
+    fo = fitopts(1, NULL, 0);
+    CALL_OK(tpu_model_fit(m, ds, &fo, NULL));
+    cr_assert_eq(tpu_model_step(m), 10u);
+    wr = weights(m, 0);
+    d = first_diff(w1, wr, np);
+    cr_assert_eq(d, -1, "one epoch from the seed again: weight %ld is %a, the first epoch's %a", d,
+                 (double)wr[d < 0 ? 0 : d], (double)w1[d < 0 ? 0 : d]);
+    free(wr);
+    tpu_set_warning_handler(ignore_warning, NULL);
+
+    free(scratch), free(w1), free(w2);
+    tpu_model_free(m);
+    tpu_dataset_free(ds);
     blobs_free(&b);
     tpu_strategy_free(s);
     ct_free(t);

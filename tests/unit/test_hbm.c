@@ -150,3 +150,57 @@ Test(hbm, sizes_print_like_xla)
     hbm_format_size(16 * GIB, b, sizeof b);
     cr_assert_str_eq(b, "16.00G");
 }
+
+/* XLA's TPU compile-time out-of-memory report, as TensorFlow users read it in
+ * a ResourceExhaustedError from a Keras fit on Cloud TPU (XLA's TPU compiler;
+ * openxla/xla docs/errors/error_1000.md, "Compile Time: HBM OOM", gives the
+ * first line; TensorFlow users' reports quote the usage block):
+ *   "XLA:TPU compile permanent error. Ran out of memory in memory space hbm.
+ *    Used 19.46G of 15.48G hbm. Exceeded hbm capacity by 3.98G.
+ *    Total hbm usage >= 19.98G:
+ *        reserved        530.00M
+ *        program          19.46G
+ *        arguments            0B"
+ * "Used" counts the program and its arguments, "of" the capacity left after
+ * what is reserved (16G - 530M = 15.48G). A program that does not fit is
+ * refused whole: nothing of it stays allocated. */
+Test(hbm, program_over_capacity_reads_like_xla_tpu_compile)
+{
+    hbm h;
+    err e;
+    uint32_t held, ids[4];
+    const int64_t r[] = {256 * MIB};
+    struct hbm_req req[4] = {
+        {HBM_WEIGHTS, "dense/kernel", "f32", 2, {4096, 4096}},          /* 64M argument */
+        {HBM_OPTIMIZER, "Adam/dense/kernel/m", "f32", 2, {4096, 4096}}, /* 64M argument */
+        {HBM_GRADIENTS, "gradients/dense/kernel", "f32", 2, {4096, 4096}}, /* 64M program */
+        {HBM_ACTIVATIONS, "dense/activations", "f32", 2, {65536, 4096}},   /* 1G program */
+    };
+    hbm_init(&h, GIB);
+    cr_assert_eq(hbm_alloc(&h, HBM_OTHER, "held", "u8", r, 1, &held, &e), CODE_OK); /* 256M reserved */
+    cr_assert_eq(hbm_alloc_program(&h, req, 4, ids, &e), CODE_RESOURCE_EXHAUSTED);
+    const char *head = "XLA:TPU compile permanent error. Ran out of memory in memory space hbm. "
+                       "Used 1.19G of 768.00M hbm. Exceeded hbm capacity by 448.00M.\n\n"
+                       "Total hbm usage >= 1.44G:\n"; /* 64M x 3 + 1G of 1G - 256M; + 256M */
+    cr_assert(strncmp(e.msg, head, strlen(head)) == 0, "%s", e.msg);
+    cr_assert(strstr(e.msg, "\n    reserved     256.00M\n"), "%s", e.msg);
+    cr_assert(strstr(e.msg, "\n    program        1.06G\n"), "%s", e.msg);
+    cr_assert(strstr(e.msg, "\n    arguments    128.00M\n"), "%s", e.msg);
+    cr_assert(strstr(e.msg, "Largest allocations in hbm:\n  1. 1.00G activations 'dense/activations' "
+                            "f32[65536,4096]\n  2. 256.00M other 'held' u8[268435456]\n"), "%s", e.msg);
+    cr_assert(strstr(e.msg, "smaller per-core batch"), "activations dominate: %s", e.msg);
+    cr_assert_eq(h.used, 256 * MIB, "a refused program leaves nothing allocated");
+    cr_assert_eq(h.nblocks, 1);
+
+    /* without the activations it fits: every block allocated, each its id */
+    cr_assert_eq(hbm_alloc_program(&h, req, 3, ids, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(h.used, 256 * MIB + 192 * MIB);
+    cr_assert_eq(h.by_kind[HBM_OPTIMIZER], 64 * MIB);
+    cr_assert_eq(hbm_release(&h, ids[1], &e), CODE_OK);
+    cr_assert_eq(h.by_kind[HBM_OPTIMIZER], 0);
+    /* a bad shape is refused before anything is allocated */
+    req[0].dims[0] = -1;
+    cr_assert_eq(hbm_alloc_program(&h, req, 1, ids, &e), CODE_INVALID_ARGUMENT);
+    cr_assert(strstr(e.msg, "dense/kernel"), "%s", e.msg);
+    hbm_destroy(&h);
+}

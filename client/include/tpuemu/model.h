@@ -22,8 +22,12 @@
  * bitwise identical. The client streams the next steps' shards while the
  * current one runs (up to infeed_depth executions ahead).
  *
- * After tpu_initialize_system (a new epoch) the model must be compiled
- * again; tpu_model_load_checkpoint then brings its state back. Errors follow
+ * After tpu_initialize_system (a new epoch) a trained model's variables are
+ * lost with the old system: fit, evaluate, predict, get_weights and
+ * save_checkpoint fail with TPU_FAILED_PRECONDITION saying so (TensorFlow's
+ * FailedPreconditionError for variables found uninitialized) until
+ * tpu_model_load_checkpoint brings the state back or tpu_model_compile starts
+ * again from the seed at step 0. Elastic fit restores its state itself. Errors follow
  * tpuemu.h: TPU_RESOURCE_EXHAUSTED when the model or batch does not fit a
  * core's HBM (with the core's report), TPU_UNAVAILABLE naming a core that died
  * mid-step, TPU_FAILED_PRECONDITION after someone else re-initialized the
@@ -120,7 +124,8 @@ TPU_API void tpu_compile_options_init(tpu_compile_options *o);
 /* model.compile(): checks the options and, when batch_size is given (or the
  * model was compiled before), compiles onto every core. Compiling again with
  * another batch size keeps the weights; after a re-initialize it starts
- * from the seed again (load a checkpoint to continue).
+ * from the seed again, the step, epoch and batch at 0 (load a checkpoint to
+ * continue instead).
  * Errors: TPU_INVALID_ARGUMENT, TPU_RESOURCE_EXHAUSTED (a core's HBM report:
  * what did not fit, the largest allocations, what to do), TPU_UNAVAILABLE. */
 TPU_API tpu_status tpu_model_compile(tpu_model *m, const tpu_compile_options *o);
@@ -311,7 +316,8 @@ TPU_API tpu_status tpu_model_save_checkpoint(tpu_model *m, const char *path);
  * TPU_DATA_LOSS for a damaged file, TPU_INVALID_ARGUMENT for another model's. */
 TPU_API tpu_status tpu_model_load_checkpoint(tpu_model *m, const char *path);
 
-/* Performance warnings (batch sizes): fn(message, user); the default writes
+/* Warnings (batch sizes, elastic training's events, initializing a TPU
+ * system again): fn(message, user); the default writes
  * "tpuemu: warning: ..." to stderr. NULL restores the default. Process-wide. */
 typedef void (*tpu_warning_fn)(const char *message, void *user);
 TPU_API void tpu_set_warning_handler(tpu_warning_fn fn, void *user);

@@ -244,7 +244,17 @@ typedef struct tpu_topology tpu_topology;
  * returns the Topology. opts may be NULL. The cluster handle then belongs to
  * the new epoch; another client initializing later takes the system over and
  * this handle's next epoch-bound call fails with TPU_FAILED_PRECONDITION.
- * Errors: TPU_UNAVAILABLE naming the missing cores, TPU_INVALID_ARGUMENT. */
+ * On a handle that holds a system already (initialized or attached) it first
+ * warns, as TensorFlow does, through the warning handler (tpuemu/model.h):
+ * "TPU system ADDR has already been initialized. Reinitializing the TPU can
+ * cause previously created variables on TPU to be lost."; a model trained on
+ * the old system must then load a checkpoint or be compiled again.
+ * Errors: TPU_NOT_FOUND when fewer than the expected cores are alive at the
+ * deadline ("TPUs not found in the cluster. Failed in initialization: 2 of 3
+ * expected cores alive after 10.0 s; missing: ...", TensorFlow's words): worth
+ * waiting for, the cores may be starting; TPU_UNAVAILABLE when a chosen core
+ * fails the reset or the resolver cannot be reached; TPU_ABORTED while
+ * another initialize runs; TPU_INVALID_ARGUMENT. */
 TPU_API tpu_status tpu_initialize_system(tpu_cluster *c, const tpu_init_options *opts,
                                          tpu_topology **out);
 TPU_API void tpu_topology_free(tpu_topology *t);

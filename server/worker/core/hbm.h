@@ -68,6 +68,31 @@ void hbm_destroy(hbm *h);
 int hbm_alloc(hbm *h, enum hbm_kind kind, const char *name, const char *dtype, const int64_t *dims, int rank,
               uint32_t *id, err *e);
 
+/* One array of a compiled program, for hbm_alloc_program. */
+struct hbm_req {
+    enum hbm_kind kind;
+    const char *name;
+    const char *dtype;
+    int rank;
+    int64_t dims[HBM_RANK_MAX];
+};
+
+/* Reserves a compiled program's n arrays all together, or none: ids[i] gets
+ * req[i]'s handle. Weights, optimizer slots and infeed buffers are the
+ * program's arguments, the rest its temporaries. Errors as hbm_alloc's, but
+ * an over-capacity one reads like XLA's TPU compile failure, counting the
+ * whole program (what is already allocated is "reserved"):
+ *    "XLA:TPU compile permanent error. Ran out of memory in memory space hbm.
+ *    Used 19.02G of 16.00G hbm. Exceeded hbm capacity by 3.02G.
+ *
+ *    Total hbm usage >= 19.02G:
+ *        reserved          0B
+ *        program       17.25G
+ *        arguments      1.77G
+ *
+ *      Largest allocations in hbm:" ... then what to change. */
+int hbm_alloc_program(hbm *h, const struct hbm_req *req, size_t n, uint32_t *ids, err *e);
+
 /* Returns allocation id. CODE_NOT_FOUND if it is not live (released twice, or
  * allocated before the last reset). */
 int hbm_release(hbm *h, uint32_t id, err *e);

@@ -40,6 +40,8 @@ static void release_blocks(struct train *t, struct tmodel *tm)
     tm->nids = 0;
 }
 
+/* The compiled model's arrays on the core, reserved together (a model that
+ * does not fit is refused whole, with XLA's report of all of it). */
 static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cfg, const Tpuemu__ModelSpec *sp,
                   err *e)
 {
@@ -48,16 +50,25 @@ static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cf
     int nslots = sp->optimizer && sp->optimizer->kind == 1 ? 2 : sp->optimizer && sp->optimizer->momentum > 0 ? 1 : 0;
     const char *optname = sp->optimizer && sp->optimizer->kind == 1 ? "Adam" : "SGD";
     static const char *const slotname[2][2] = {{"momentum", ""}, {"m", "v"}};
-    char name[HBM_NAME_MAX], lname[24];
+    char names[TRAIN_MAX_BLOCKS + 1][HBM_NAME_MAX];
+    struct hbm_req req[TRAIN_MAX_BLOCKS + 1];
+    uint32_t ids[TRAIN_MAX_BLOCKS + 1];
+    char lname[24];
+    size_t n = 0;
     int rc;
 
-#define ALLOC(kind, dt, rank, ...)                                                                  \
+#define REQ(kind_, dt, rank_, ...)                                                                  \
     do {                                                                                            \
         int64_t d_[] = {__VA_ARGS__};                                                               \
-        if ((rc = hbm_alloc(h, kind, name, dt, d_, rank, &tm->ids[tm->nids], e)) != CODE_OK)       \
-            goto fail;                                                                              \
-        tm->nids++;                                                                                 \
+        memset(&req[n], 0, sizeof req[n]);                                                          \
+        req[n].kind = (kind_);                                                                      \
+        req[n].name = names[n];                                                                     \
+        req[n].dtype = (dt);                                                                        \
+        req[n].rank = (rank_);                                                                      \
+        memcpy(req[n].dims, d_, sizeof d_);                                                         \
+        n++;                                                                                        \
     } while (0)
+#define NAME(...) snprintf(names[n], sizeof names[n], __VA_ARGS__)
 
     tm->nids = 0;
     for (int l = 0; l < cfg->nlayers; l++) {
@@ -66,51 +77,54 @@ static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cf
             snprintf(lname, sizeof lname, "dense");
         else
             snprintf(lname, sizeof lname, "dense_%d", l);
-        snprintf(name, sizeof name, "%s/kernel", lname);
-        ALLOC(HBM_WEIGHTS, "f32", 2, prev, u);
-        snprintf(name, sizeof name, "%s/bias", lname);
-        ALLOC(HBM_WEIGHTS, "f32", 1, u);
+        NAME("%s/kernel", lname);
+        REQ(HBM_WEIGHTS, "f32", 2, prev, u);
+        NAME("%s/bias", lname);
+        REQ(HBM_WEIGHTS, "f32", 1, u);
         for (int s = 0; s < nslots; s++) {
-            snprintf(name, sizeof name, "%s/%s/kernel/%s", optname, lname, slotname[nslots == 2][s]);
-            ALLOC(HBM_OPTIMIZER, "f32", 2, prev, u);
-            snprintf(name, sizeof name, "%s/%s/bias/%s", optname, lname, slotname[nslots == 2][s]);
-            ALLOC(HBM_OPTIMIZER, "f32", 1, u);
+            NAME("%s/%s/kernel/%s", optname, lname, slotname[nslots == 2][s]);
+            REQ(HBM_OPTIMIZER, "f32", 2, prev, u);
+            NAME("%s/%s/bias/%s", optname, lname, slotname[nslots == 2][s]);
+            REQ(HBM_OPTIMIZER, "f32", 1, u);
         }
-        snprintf(name, sizeof name, "gradients/%s/kernel", lname);
-        ALLOC(HBM_GRADIENTS, "f32", 2, prev, u);
-        snprintf(name, sizeof name, "gradients/%s/bias", lname);
-        ALLOC(HBM_GRADIENTS, "f32", 1, u);
-        snprintf(name, sizeof name, "%s/activations", lname);
-        ALLOC(HBM_ACTIVATIONS, cfg->precision == MODEL_MIXED_BF16 ? "bf16" : "f32", 2, b, u);
+        NAME("gradients/%s/kernel", lname);
+        REQ(HBM_GRADIENTS, "f32", 2, prev, u);
+        NAME("gradients/%s/bias", lname);
+        REQ(HBM_GRADIENTS, "f32", 1, u);
+        NAME("%s/activations", lname);
+        REQ(HBM_ACTIVATIONS, cfg->precision == MODEL_MIXED_BF16 ? "bf16" : "f32", 2, b, u);
         if (u > maxu)
             maxu = u;
         prev = u;
     }
-    snprintf(name, sizeof name, "backward/delta");
-    ALLOC(HBM_ACTIVATIONS, "f32", 2, 2 * b, maxu);
-    snprintf(name, sizeof name, "infeed/x");
-    ALLOC(HBM_INFEED, "f32", 3, (int64_t)tm->depth * tm->spe, b, cfg->in_dim);
-    snprintf(name, sizeof name, "infeed/y");
+    NAME("backward/delta");
+    REQ(HBM_ACTIVATIONS, "f32", 2, 2 * b, maxu);
+    NAME("infeed/x");
+    REQ(HBM_INFEED, "f32", 3, (int64_t)tm->depth * tm->spe, b, cfg->in_dim);
+    NAME("infeed/y");
     if (tm->sparse)
-        ALLOC(HBM_INFEED, "s32", 2, (int64_t)tm->depth * tm->spe, b);
+        REQ(HBM_INFEED, "s32", 2, (int64_t)tm->depth * tm->spe, b);
     else
-        ALLOC(HBM_INFEED, "f32", 3, (int64_t)tm->depth * tm->spe, b, tm->label_dim);
-    /* the gradient all-reduce's buffers must fit next to all of it */
+        REQ(HBM_INFEED, "f32", 3, (int64_t)tm->depth * tm->spe, b, tm->label_dim);
+    size_t kept = n;
+    /* the gradient all-reduce's buffers must fit next to all of it (a
+     * temporary of the step: checked here, released at once) */
     if (t->env.id->num_replicas > 1) {
         Tpuemu__CollSpec cs = TPUEMU__COLL_SPEC__INIT;
-        uint32_t id;
         cs.kind = TPUEMU__COLL_KIND__COLL_ALL_REDUCE;
         cs.count = model_num_params(tm->m);
-        int64_t d[1] = {(int64_t)coll_plan_bytes(&cs, (int)t->env.id->num_replicas)};
-        if ((rc = hbm_alloc(h, HBM_OTHER, "all-reduce of gradients (buffers)", "u8", d, 1, &id, e)) != CODE_OK)
-            goto fail;
-        hbm_release(h, id, e);
+        NAME("all-reduce of gradients (buffers)");
+        REQ(HBM_OTHER, "u8", 1, (int64_t)coll_plan_bytes(&cs, (int)t->env.id->num_replicas));
     }
+#undef REQ
+#undef NAME
+    if ((rc = hbm_alloc_program(h, req, n, ids, e)) != CODE_OK)
+        return rc;
+    for (size_t i = kept; i < n; i++)
+        hbm_release(h, ids[i], e);
+    memcpy(tm->ids, ids, kept * sizeof ids[0]);
+    tm->nids = kept;
     return CODE_OK;
-fail:
-    release_blocks(t, tm);
-    return rc;
-#undef ALLOC
 }
 
 static int cfg_from_spec(const Tpuemu__ModelSpec *sp, struct model_cfg *cfg, err *e)
@@ -215,7 +229,13 @@ int tm_compile(struct train *t, struct treq *r, err *e)
         release_blocks(t, old);
     if ((rc = charge(t, tm, &cfg, sp, e)) != CODE_OK) {
         err ignored;
-        err_prefix(e, "core %s/%d (per-core batch %d)", t->env.id->host_id, t->env.id->core, tm->batch);
+        if (rc == CODE_RESOURCE_EXHAUSTED && !strncmp(e->msg, "XLA:", 4)) { /* XLA's report leads, as on a TPU */
+            char xla[ERR_MSG_MAX];
+            snprintf(xla, sizeof xla, "%s", e->msg);
+            err_set(e, rc, "%.*s\n(compiling the model on core %s/%d, per-core batch %d)", ERR_MSG_MAX - 96, xla,
+                    t->env.id->host_id, t->env.id->core, tm->batch);
+        } else
+            err_prefix(e, "core %s/%d (per-core batch %d)", t->env.id->host_id, t->env.id->core, tm->batch);
         if (old && charge(t, old, model_config(old->m), old->spec, &ignored) != CODE_OK)
             log_warn("previous model lost its HBM charge", "reason=%s", log_q(ignored.msg));
         tm_free(tm);
