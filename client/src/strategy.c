@@ -195,9 +195,11 @@ tpu_status tpu_strategy_distribute_datasets_from_function(tpu_strategy *s, tpu_d
                          "distribute_datasets_from_function: no TPU system; initialize it first");
     tpu_input_context ctx = {1, 0, (int)s->c->coll->n};
     if ((st = fn(&ctx, user, &ds)) != TPU_OK) {
+        char why[ERR_MSG_MAX];
+        snprintf(why, sizeof why, "%s", tpu_last_error()); /* the message is formatted into the same buffer */
         tpu_dataset_free(ds);
         return cli_failf((int)st, "distribute_datasets_from_function: the dataset function failed (%s): %s",
-                         tpu_status_name(st), tpu_last_error());
+                         tpu_status_name(st), why);
     }
     if (!ds)
         return cli_failf(TPU_INVALID_ARGUMENT, "distribute_datasets_from_function: the dataset function returned "
