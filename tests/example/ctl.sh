@@ -19,7 +19,11 @@ if [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
 fi
 work=$(mktemp -d /tmp/tpuemu-example-ctl.XXXXXX)
 . "$(dirname "${BASH_SOURCE[0]}")/../support/local_cluster.sh"
-start_local_cluster "$bin" "$work"
+# heartbeats every second, as a real cluster's resolver has them: every step
+# waits for its infeed here (no step runs ahead, as in fit), and with 200 ms
+# heartbeats a core starved of CPU on a loaded machine was taken for a dead
+# one mid-all-reduce (1 run in 3 beside two CPU hogs)
+start_local_cluster "$bin" "$work" 1000
 cd "$work"
 fail() { echo "FAIL: $*"; exit 1; }
 accuracy_at_least() { # out file, threshold, what
