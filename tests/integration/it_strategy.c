@@ -155,7 +155,9 @@ static void check_shards(tpu_strategy *s, const tpu_per_replica *x, int n, const
  * shard (distribute.py's _RebatchDataset, kernel test testPartialBatch and
  * testEmptySplits in rebatch_dataset_test.py). 11 rows, batch(5), 3 replicas:
  * sizes [2, 2, 1]; steps {0 1 | 2 3 | 4}, {5 6 | 7 8 | 9}, {10 | - | -}.
- * Iterating again is the next pass. reduce of the input per replica (a
+ * Iterating again is the next pass. A train step on the partial batch runs
+ * with the empty shards (TensorFlow's replicas get zero-row tensors) and the
+ * replicas stay identical. reduce of the input per replica (a
  * PerReplica of x, as TensorFlow reduces any per-replica tensor,
  * tensorflow/python/distribute/distribute_lib.py StrategyBase.reduce): axis 0
  * SUM sums the global batch's rows, MEAN divides by its 5 rows; across
@@ -168,6 +170,8 @@ Test(strategy, distribute_dataset_shards_as_tensorflow, .timeout = 90)
     tpu_dataset *ds = rows_ds(11, 5, 0);
     tpu_dist_dataset *dd;
     CALL_OK(tpu_strategy_experimental_distribute_dataset(s, ds, &dd));
+    tpu_model *m = make_model(s, 2, 3);
+    compile(m, tpu_optimizer_sgd(0.01f, 0), 5);
     static const int want[3][3][8] = {
         {{0, 1, -1}, {2, 3, -1}, {4, -1}},
         {{5, 6, -1}, {7, 8, -1}, {9, -1}},
@@ -202,6 +206,28 @@ Test(strategy, distribute_dataset_shards_as_tensorflow, .timeout = 90)
                 CALL_OK(tpu_strategy_reduce(s, TPU_MEAN, x, 0, out, 2, &got));
                 cr_assert_eq(out[0], 10.0);
                 cr_assert_eq(out[1], 110.0);
+                if (pass == 0) { /* a train step with empty shards: replicas 1, 2 add no gradient */
+                    tpu_step_outputs o;
+                    tpu_local_value lv[3];
+                    CALL_OK(tpu_strategy_run(s, TPU_STEP_TRAIN, m, x, &o));
+                    CALL_OK(tpu_strategy_experimental_local_results(s, o.examples, lv, 3, &got));
+                    cr_assert(lv[0].v[0] == 1 && lv[1].v[0] == 0 && lv[2].v[0] == 0, "examples %g %g %g",
+                              lv[0].v[0], lv[1].v[0], lv[2].v[0]);
+                    CALL_OK(tpu_strategy_experimental_local_results(s, o.loss_sum, lv, 3, &got));
+                    cr_assert(isfinite(lv[0].v[0]) && lv[0].v[0] > 0 && lv[1].v[0] == 0 && lv[2].v[0] == 0,
+                              "loss sums %g %g %g", lv[0].v[0], lv[1].v[0], lv[2].v[0]);
+                    tpu_step_outputs_free(&o);
+                    size_t np = tpu_model_num_params(m);
+                    float *w0 = malloc(np * sizeof(float)), *w = malloc(np * sizeof(float));
+                    cr_assert(w0 && w);
+                    CALL_OK(tpu_model_get_weights(m, 0, w0, np));
+                    for (int r = 1; r < 3; r++) {
+                        CALL_OK(tpu_model_get_weights(m, r, w, np));
+                        cr_assert(memcmp(w, w0, np * sizeof(float)) == 0, "replica %d differs after the step", r);
+                    }
+                    free(w0);
+                    free(w);
+                }
             }
             tpu_per_replica_free(x);
         }
@@ -210,6 +236,7 @@ Test(strategy, distribute_dataset_shards_as_tensorflow, .timeout = 90)
         tpu_dist_iter_free(it);
     }
     tpu_dist_dataset_free(dd);
+    tpu_model_free(m);
     tpu_dataset_free(ds);
     tpu_strategy_free(s);
     ct_free(t);
