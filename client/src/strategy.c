@@ -303,11 +303,95 @@ static tpu_per_replica *pr_input(const tpu_dataset *ds, size_t n, const size_t *
     return p;
 }
 
-static void pr_put(tpu_per_replica *p, size_t r, const tpu_batch *b, size_t first)
+/* rows of b from row first on, into p's rows from row `at` on */
+static void pr_put(tpu_per_replica *p, size_t at, const tpu_batch *b, size_t first, size_t rows)
 {
-    memcpy(p->x + p->off[r] * p->x_dim, b->x + first * p->x_dim, p->rows[r] * p->x_dim * sizeof(float));
+    memcpy(p->x + at * p->x_dim, b->x + first * p->x_dim, rows * p->x_dim * sizeof(float));
     if (p->ybytes && b->y)
-        memcpy(p->y + p->off[r] * p->ybytes, (const uint8_t *)b->y + first * p->ybytes, p->rows[r] * p->ybytes);
+        memcpy(p->y + at * p->ybytes, (const uint8_t *)b->y + first * p->ybytes, rows * p->ybytes);
+}
+
+/* experimental_distribute_dataset: one global batch split as tf.data's rebatch splits it */
+static tpu_status next_split(tpu_dist_iter *it, tpu_per_replica **out)
+{
+    tpu_dist_dataset *dd = it->dd;
+    size_t n = dd->n, *rows = calloc(n, sizeof *rows);
+    tpu_batch b;
+    tpu_status st;
+
+    if (!rows)
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+    if ((st = tpu_dataset_iter_next(it->it, &b)) != TPU_OK) {
+        free(rows);
+        return st;
+    }
+    if (b.rows == 0) {
+        it->done = 1;
+    } else {
+        tpu_per_replica *p;
+        tf_shards(tpu_dataset_batch_size(dd->ds), b.rows, n, rows);
+        if (!(p = pr_input(dd->ds, n, rows)))
+            st = cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+        else
+            pr_put(p, 0, &b, 0, b.rows); /* the shards are consecutive row ranges, in replica order */
+        *out = p;
+    }
+    tpu_dataset_iter_release(it->it, &b);
+    free(rows);
+    return st;
+}
+
+/* distribute_datasets_from_function: the next batch to each replica in turn,
+ * each copied as it comes (so any number of replicas), then packed */
+static tpu_status next_dealt(tpu_dist_iter *it, tpu_per_replica **out)
+{
+    tpu_dist_dataset *dd = it->dd;
+    size_t n = dd->n, per = tpu_dataset_batch_size(dd->ds), got = 0;
+    size_t *rows = calloc(n, sizeof *rows), *have = calloc(n, sizeof *have);
+    tpu_per_replica *p = NULL;
+    tpu_status st = TPU_OK;
+
+    if (!rows || !have) {
+        free(rows);
+        free(have);
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (size_t r = 0; r < n; r++)
+        rows[r] = per;
+    if (!(p = pr_input(dd->ds, n, rows)))
+        st = cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+    while (st == TPU_OK && !it->done && got < n) {
+        tpu_batch b;
+        if ((st = tpu_dataset_iter_next(it->it, &b)) != TPU_OK)
+            break;
+        if (b.rows == 0) {
+            it->done = 1;
+        } else {
+            have[got] = b.rows < per ? b.rows : per;
+            pr_put(p, p->off[got], &b, 0, have[got]);
+            got++;
+        }
+        tpu_dataset_iter_release(it->it, &b);
+    }
+    if (st == TPU_OK && got) { /* pack: replica r's rows right after replica r-1's */
+        size_t at = 0;
+        for (size_t r = 0; r < n; r++) {
+            if (at != p->off[r]) {
+                memmove(p->x + at * p->x_dim, p->x + p->off[r] * p->x_dim, have[r] * p->x_dim * sizeof(float));
+                memmove(p->y + at * p->ybytes, p->y + p->off[r] * p->ybytes, have[r] * p->ybytes);
+            }
+            p->rows[r] = have[r];
+            p->off[r] = at;
+            at += have[r];
+        }
+        p->total = at;
+        *out = p;
+        p = NULL;
+    }
+    tpu_per_replica_free(p);
+    free(rows);
+    free(have);
+    return st;
 }
 
 tpu_status tpu_dist_iter_next(tpu_dist_iter *it, tpu_per_replica **out)
@@ -316,62 +400,14 @@ tpu_status tpu_dist_iter_next(tpu_dist_iter *it, tpu_per_replica **out)
     if (!out)
         return cli_failf(TPU_INVALID_ARGUMENT, "next(iterator): out is NULL");
     *out = NULL;
-    tpu_dist_dataset *dd = it->dd;
-    size_t n = dd->n;
-    size_t *rows = calloc(n, sizeof *rows);
-    tpu_batch *b = calloc(n, sizeof *b);
-    tpu_per_replica *p = NULL;
-    size_t got = 0;
-    tpu_status st = TPU_OK;
-
-    if (!rows || !b) {
-        free(rows);
-        free(b);
-        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+    if (it->done)
+        return TPU_OK;
+    tpu_status st = it->dd->from_fn ? next_dealt(it, out) : next_split(it, out);
+    if (st != TPU_OK && *out) {
+        tpu_per_replica_free(*out);
+        *out = NULL;
     }
-    /* a global batch, or one batch per replica (at most the iterator's held batches at once) */
-    size_t want = dd->from_fn ? n : 1;
-    while (!it->done && got < want) {
-        if (got == TPU_MAX_HELD_BATCHES) {
-            st = cli_failf(TPU_RESOURCE_EXHAUSTED, "next(iterator): distribute_datasets_from_function deals one batch "
-                           "to each of %zu replicas; at most %d at once", n, TPU_MAX_HELD_BATCHES);
-            break;
-        }
-        if ((st = tpu_dataset_iter_next(it->it, &b[got])) != TPU_OK)
-            break;
-        if (b[got].rows == 0) {
-            tpu_dataset_iter_release(it->it, &b[got]);
-            it->done = 1;
-            break;
-        }
-        got++;
-    }
-    if (st == TPU_OK && got) {
-        if (dd->from_fn)
-            for (size_t r = 0; r < n; r++)
-                rows[r] = r < got ? b[r].rows : 0;
-        else
-            tf_shards(tpu_dataset_batch_size(dd->ds), b[0].rows, n, rows);
-        if (!(p = pr_input(dd->ds, n, rows))) {
-            st = cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
-        } else if (dd->from_fn) {
-            for (size_t r = 0; r < got; r++)
-                pr_put(p, r, &b[r], 0);
-        } else {
-            for (size_t r = 0, first = 0; r < n; first += rows[r], r++)
-                pr_put(p, r, &b[0], first);
-        }
-    }
-    for (size_t i = 0; i < got; i++)
-        tpu_dataset_iter_release(it->it, &b[i]);
-    free(rows);
-    free(b);
-    if (st != TPU_OK) {
-        tpu_per_replica_free(p);
-        return st;
-    }
-    *out = p;
-    return TPU_OK;
+    return st;
 }
 
 /* ---- strategy.run ---- */

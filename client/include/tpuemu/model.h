@@ -381,6 +381,8 @@ typedef tpu_status (*tpu_dataset_fn)(const tpu_input_context *ctx, void *user, t
  * empty shards. */
 TPU_API tpu_status tpu_strategy_distribute_datasets_from_function(tpu_strategy *s, tpu_dataset_fn fn, void *user,
                                                                   tpu_dist_dataset **out);
+/* Frees dd, its live iterator (if any) and the dataset of a dataset function
+ * (a dataset given to experimental_distribute_dataset stays the caller's). */
 TPU_API void tpu_dist_dataset_free(tpu_dist_dataset *dd);
 
 /* iter(dist_dataset): one pass over the dataset. Each new iterator is the
