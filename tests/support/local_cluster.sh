@@ -1,9 +1,11 @@
 # Sourced by the shell tests: daemons on free loopback ports, stopped on exit.
 #
 #   . tests/support/local_cluster.sh
-#   start_local_cluster BIN WORKDIR  # a resolver and 4 workers (hosts host0, host1 x
+#   start_local_cluster BIN WORKDIR [HEARTBEAT_MS]
+#                                    # a resolver and 4 workers (hosts host0, host1 x
 #                                    # cores 0, 1; v3), initialized; tpu=127.0.0.1:PORT;
-#                                    # logs in WORKDIR, which is removed on exit
+#                                    # logs in WORKDIR, which is removed on exit;
+#                                    # heartbeats every HEARTBEAT_MS (default 200)
 #   lc_start_resolver BIN LOG ARGS.. # just a resolver; tpu=127.0.0.1:PORT; its pid
 #                                    # joins those lc_cleanup stops
 # A test with a trap of its own calls lc_cleanup from it.
@@ -61,11 +63,11 @@ lc_start_resolver() { # bin, log, extra args...
     exit 1
 }
 
-start_local_cluster() { # bin, workdir
+start_local_cluster() { # bin, workdir, [heartbeat ms]
     local bin=$1
     _lc_work=$2
     trap lc_cleanup EXIT
-    lc_start_resolver "$bin" "$_lc_work/resolver.log" --heartbeat-ms 200
+    lc_start_resolver "$bin" "$_lc_work/resolver.log" --heartbeat-ms "${3:-200}"
     for h in 0 1; do
         for c in 0 1; do
             "$bin/tpu-worker" --resolver "$tpu" --host-id "host$h" --core "$c" --tpu-type v3 \

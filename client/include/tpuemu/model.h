@@ -322,6 +322,155 @@ TPU_API tpu_status tpu_model_load_checkpoint(tpu_model *m, const char *path);
 typedef void (*tpu_warning_fn)(const char *message, void *user);
 TPU_API void tpu_set_warning_handler(tpu_warning_fn fn, void *user);
 
+/* ---- custom training loops (tf.distribute.TPUStrategy) ----
+ *
+ *   tpu_dist_dataset *dd;  tpu_dist_iter *it;  tpu_per_replica *x;  tpu_step_outputs o;
+ *   tpu_strategy_experimental_distribute_dataset(s, ds, &dd); // ds batched by the global batch
+ *   for (int epoch = 0; epoch < EPOCHS; epoch++) {
+ *       double total = 0, loss;  size_t got;
+ *       tpu_dist_dataset_iter(dd, &it);                         // for x in dist_dataset:
+ *       while (tpu_dist_iter_next(it, &x) == TPU_OK && x) {
+ *           tpu_strategy_run(s, TPU_STEP_TRAIN, m, x, &o);      //   strategy.run(train_step, args=(x,))
+ *           tpu_strategy_reduce(s, TPU_SUM, o.loss, TPU_AXIS_NONE, &loss, 1, &got);
+ *           total += loss;                                      //   strategy.reduce(SUM, per_replica_losses)
+ *           tpu_step_outputs_free(&o);  tpu_per_replica_free(x);
+ *       }
+ *       tpu_dist_iter_free(it);
+ *   }
+ *
+ * A step function is one of the built-in steps of a compiled model, run on
+ * every core on that core's shard (the same requests fit sends, one step at a
+ * time): TPU_STEP_TRAIN is forward, backward, the gradients all-reduced (summed
+ * and divided by the rows of the global batch) and the optimizer applied on
+ * every replica; TPU_STEP_EVALUATE is forward with the loss and accuracy;
+ * TPU_STEP_PREDICT is forward with the last layer's outputs. Each returns
+ * per-replica values (one value per replica), reduced on the client with
+ * tpu_strategy_reduce or read one by one with
+ * tpu_strategy_experimental_local_results. */
+
+typedef struct tpu_dist_dataset tpu_dist_dataset;
+typedef struct tpu_dist_iter tpu_dist_iter;
+/* One value per replica: an input (each replica's shard of a global batch:
+ * rows of x and their labels) or a tensor of doubles per replica (a scalar,
+ * a vector of rows, or rows x columns). */
+typedef struct tpu_per_replica tpu_per_replica;
+
+/* strategy.experimental_distribute_dataset(ds): ds must be batched (the
+ * global batch); each batch is split into num_replicas_in_sync shards in
+ * replica order, as tf.data's rebatch with
+ * batch_sizes_for_worker(global_batch, 1, replicas, 0) splits it: the first
+ * (global_batch mod replicas) replicas get one row more than the others
+ * (floor(global/replicas)); a last partial batch fills the replicas in order,
+ * each up to its size, and the replicas past its end get empty shards. ds
+ * must outlive dd and not be iterated elsewhere while dd's iterator lives.
+ * Errors: TPU_INVALID_ARGUMENT (not batched). */
+TPU_API tpu_status tpu_strategy_experimental_distribute_dataset(tpu_strategy *s, tpu_dataset *ds,
+                                                                tpu_dist_dataset **out);
+
+/* What strategy.distribute_datasets_from_function gives the function
+ * (tf.distribute.InputContext): one input pipeline here (one client). */
+typedef struct tpu_input_context {
+    int num_input_pipelines;   /* 1 */
+    int input_pipeline_id;     /* 0 */
+    int num_replicas_in_sync;
+} tpu_input_context;
+/* InputContext.get_per_replica_batch_size(global_batch): global / replicas;
+ * 0 (and TPU_INVALID_ARGUMENT recorded) when it does not divide evenly, as
+ * TensorFlow raises ValueError. */
+TPU_API size_t tpu_input_context_per_replica_batch_size(const tpu_input_context *ctx, size_t global_batch);
+/* Makes the pipeline's dataset, batched by the per-replica batch. The
+ * dataset is owned by the distributed dataset from then on (freed with it). */
+typedef tpu_status (*tpu_dataset_fn)(const tpu_input_context *ctx, void *user, tpu_dataset **out);
+/* strategy.distribute_datasets_from_function(fn): fn is called once; its
+ * dataset's batches are dealt to the replicas in turn (replica r of step k
+ * gets batch k x replicas + r); at the end, replicas past the last batch get
+ * empty shards. */
+TPU_API tpu_status tpu_strategy_distribute_datasets_from_function(tpu_strategy *s, tpu_dataset_fn fn, void *user,
+                                                                  tpu_dist_dataset **out);
+/* Frees dd, its live iterator (if any) and the dataset of a dataset function
+ * (a dataset given to experimental_distribute_dataset stays the caller's). */
+TPU_API void tpu_dist_dataset_free(tpu_dist_dataset *dd);
+
+/* iter(dist_dataset): one pass over the dataset. Each new iterator is the
+ * next epoch (0, 1, ...: a shuffle() reshuffles, as iterating a
+ * tf.data.Dataset again does). One iterator at a time per distributed
+ * dataset. */
+TPU_API tpu_status tpu_dist_dataset_iter(tpu_dist_dataset *dd, tpu_dist_iter **out);
+/* next(iterator): the next global batch as a per-replica input (the shards
+ * are copied: the value stays valid after the iterator moves on or is
+ * freed), or *out NULL at the end of the pass (StopIteration). */
+TPU_API tpu_status tpu_dist_iter_next(tpu_dist_iter *it, tpu_per_replica **out);
+TPU_API void tpu_dist_iter_free(tpu_dist_iter *it);
+
+/* The built-in step functions tpu_strategy_run applies on the cores. */
+typedef enum tpu_step_fn {
+    TPU_STEP_TRAIN = 1,     /* forward, backward, gradients all-reduced, optimizer applied */
+    TPU_STEP_EVALUATE = 2,  /* forward: loss and accuracy */
+    TPU_STEP_PREDICT = 3,   /* forward: the last layer's outputs */
+} tpu_step_fn;
+
+/* What a step returns: per-replica values (NULL when the step does not
+ * produce them). Scalars per replica unless said otherwise. */
+typedef struct tpu_step_outputs {
+    /* tf.nn.compute_average_loss(per_example_loss, global_batch_size=G):
+     * the sum of the replica's per-example losses / G, G the rows of the
+     * global batch; reduce SUM gives the step's mean loss. TRAIN, EVALUATE. */
+    tpu_per_replica *loss;
+    tpu_per_replica *loss_sum;     /* the sum of the replica's per-example losses. TRAIN, EVALUATE */
+    tpu_per_replica *correct;      /* examples predicted right (NULL for MSE). TRAIN, EVALUATE */
+    tpu_per_replica *examples;     /* the replica's rows. every step */
+    tpu_per_replica *predictions;  /* rows x units of the last layer. PREDICT */
+} tpu_step_outputs;
+
+/* strategy.run(fn, args=(x,)): fn on every replica with its shard of x (from
+ * tpu_dist_iter_next, of this strategy's replicas), on model m (compiled in
+ * s; compiled onto the cores for the largest shard first if needed). TRAIN
+ * advances the model's step as one step of fit does: a loop of TRAIN steps
+ * over the batches fit would see leaves the same weights as fit.
+ * Errors: TPU_INVALID_ARGUMENT (an unknown fn, x not an input, x's rows not
+ * the model's width, labels the loss cannot take, x for another number of
+ * replicas, m of another strategy), TPU_FAILED_PRECONDITION (m not compiled,
+ * no TPU system), and a step's failures as fit has them. On failure out is
+ * all NULL. */
+TPU_API tpu_status tpu_strategy_run(tpu_strategy *s, tpu_step_fn fn, tpu_model *m, const tpu_per_replica *x,
+                                    tpu_step_outputs *out);
+TPU_API void tpu_step_outputs_free(tpu_step_outputs *o);
+TPU_API void tpu_per_replica_free(tpu_per_replica *pr);
+TPU_API int tpu_per_replica_num_replicas(const tpu_per_replica *pr);
+
+/* tf.distribute.ReduceOp.SUM and MEAN are tpuemu.h's TPU_SUM and TPU_MEAN. */
+#define TPU_AXIS_NONE (-1)
+
+/* strategy.reduce(op, value, axis): axis TPU_AXIS_NONE adds the replicas'
+ * values element by element (every replica's value must have the same
+ * shape), MEAN dividing by the number of replicas; axis 0 (the batch) first
+ * reduces each replica's value along its rows, then over the replicas, MEAN
+ * dividing by the rows of all replicas (the global batch: the right
+ * denominator for a partial batch). An input's value is its x (rows x
+ * features). The result (*got doubles: 1 for a scalar, else the remaining
+ * shape's size) goes to out (room for n).
+ * Errors: TPU_INVALID_ARGUMENT (an op other than TPU_SUM and TPU_MEAN, axis not -1 or 0, axis 0 of a
+ * scalar, shapes that differ with axis TPU_AXIS_NONE, out too small: *got
+ * says how many are needed). MEAN over axis 0 of no rows at all is NaN
+ * (0 / 0, as TensorFlow's division gives). */
+TPU_API tpu_status tpu_strategy_reduce(const tpu_strategy *s, tpu_reduce_op op, const tpu_per_replica *value, int axis,
+                                       double *out, size_t n, size_t *got);
+
+/* One replica's part of a per-replica value. */
+typedef struct tpu_local_value {
+    int rank;              /* 0: a scalar; 1: [dims[0]]; 2: [dims[0] x dims[1]] */
+    size_t dims[2];
+    const double *v;       /* a tensor's values (NULL for an input) */
+    const float *x;        /* an input's shard: dims[0] rows of dims[1] floats (NULL for a tensor) */
+    const void *y;         /* and its labels as the dataset has them (NULL: none) */
+} tpu_local_value;
+
+/* strategy.experimental_local_results(value): the value of each replica in
+ * replica order, into out[0..n) (n >= the value's replicas), pointing into
+ * value (valid while it lives). *got: the replicas. */
+TPU_API tpu_status tpu_strategy_experimental_local_results(const tpu_strategy *s, const tpu_per_replica *value,
+                                                           tpu_local_value *out, size_t n, size_t *got);
+
 #ifdef __cplusplus
 }
 #endif
