@@ -653,7 +653,7 @@ tpu_status tpu_profile_write(const tpu_profile *p, const char *logdir, char *pat
 
     if (!logdir || !*logdir)
         return cli_failf(TPU_INVALID_ARGUMENT, "profile: no log directory");
-    gmtime_r(&p->wall, &tm);
+    localtime_r(&p->wall, &tm); /* TensorFlow's GetCurrentTimeStampAsString: local time */
     strftime(run, sizeof run, "%Y_%m_%d_%H_%M_%S", &tm);
     gethostname(host, sizeof host - 1);
     snprintf(dir, sizeof dir, "%s/plugins/profile/%s", logdir, run);
@@ -897,6 +897,45 @@ size_t profile_core_steps(const tpu_profile *p, size_t i, struct profile_step **
     return n;
 }
 
+/* With a MODERATELY input-bound step the overview page says to reduce both the
+ * input time and the rest: the fix of the largest other part, and the input's. */
+static const char *const cat_fix_moderate[NCAT] = {
+    "",
+    "compute: use a bigger batch, in multiples of 128 per core, and the mixed_bfloat16 policy; and the input "
+    "pipeline (moderately input-bound): cache() the dataset and prefetch(AUTOTUNE)",
+    "the all-reduce: use a bigger batch (more compute per byte reduced) or more steps per execution; and the "
+    "input pipeline (moderately input-bound): cache() the dataset and prefetch(AUTOTUNE)",
+    "",
+    "idle time between steps: more steps per execution, and prefetch the input; and the input pipeline "
+    "(moderately input-bound): cache() the dataset and prefetch(AUTOTUNE)"};
+
+#define PROF_MODERATELY_INPUT_PCT 5.0 /* kModeratelyInfeedBoundThresholdInPercent */
+#define PROF_HIGHLY_INPUT_PCT 20.0    /* kHighlyInfeedBoundThresholdInPercent */
+
+/* TensorFlow's InputAnalysis, with its names and words. */
+static void input_analysis(double input_pct, tpu_profile_summary *out)
+{
+    if (input_pct >= PROF_HIGHLY_INPUT_PCT) {
+        out->input_bound = "HIGHLY input-bound";
+        out->input_classification = "host";
+        snprintf(out->input_statement, sizeof out->input_statement,
+                 "Your program is HIGHLY input-bound because %.1f%% of the total step time sampled is waiting for "
+                 "input. Therefore, you should first focus on reducing the input time.", input_pct);
+    } else if (input_pct >= PROF_MODERATELY_INPUT_PCT) {
+        out->input_bound = "MODERATELY input-bound";
+        out->input_classification = "both";
+        snprintf(out->input_statement, sizeof out->input_statement,
+                 "Your program is MODERATELY input-bound because %.1f%% of the total step time sampled is waiting "
+                 "for input. Therefore, you would need to reduce both the input time and other time.", input_pct);
+    } else {
+        out->input_bound = "NOT input-bound";
+        out->input_classification = "device";
+        snprintf(out->input_statement, sizeof out->input_statement,
+                 "Your program is NOT input-bound because only %.1f%% of the total step time sampled is waiting "
+                 "for input. Therefore, you should focus on reducing other time.", input_pct);
+    }
+}
+
 static const char *const cat_fix[NCAT] = {
     "the input pipeline: cache() the dataset and prefetch(AUTOTUNE) so the next batch is ready",
     "compute: use a bigger batch, in multiples of 128 per core, and the mixed_bfloat16 policy",
@@ -980,6 +1019,10 @@ tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out)
 
     memset(out, 0, sizeof *out);
     out->straggler = -1;
+    out->input_bound = "unknown";
+    out->input_classification = "unknown";
+    snprintf(out->input_statement, sizeof out->input_statement,
+             "No step time measured. Therefore we cannot tell where the performance bottleneck is.");
     out->bottleneck = "none";
     out->advice = "capture while the model trains: no training step was in the capture";
     if (!rows || !nrows || !last_count || !late_sum) {
@@ -1023,6 +1066,7 @@ tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out)
     out->step_ms = all.period / (double)all.steps / 1e6;
     for (int c = 0; c < NCAT; c++)
         out->fraction[c] = all.cat[c] / all.period;
+    input_analysis(100.0 * out->fraction[CAT_INPUT], out);
     /* who arrives last at each step's all-reduce, and after the next latest by how much */
     for (size_t j = 0; p->n > 1 && rows[0] && j < nrows[0]; j++) {
         int64_t mx = INT64_MIN, second = INT64_MIN;
@@ -1064,13 +1108,16 @@ tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out)
         out->bottleneck = "memory";
         out->advice = "memory: HBM is nearly full; use a smaller batch per core, or recompute activations in "
                       "the backward pass instead of keeping them";
+    } else if (strcmp(out->input_classification, "host") == 0) {
+        out->bottleneck = cat_names[CAT_INPUT];
+        out->advice = cat_fix[CAT_INPUT];
     } else {
-        int top = CAT_INPUT;
-        for (int c = 1; c < NCAT; c++)
+        int top = CAT_COMPUTE;
+        for (int c = CAT_COMPUTE + 1; c < NCAT; c++)
             if (c != CAT_OPT && all.cat[c] > all.cat[top])
                 top = c;
         out->bottleneck = cat_names[top];
-        out->advice = cat_fix[top];
+        out->advice = strcmp(out->input_classification, "both") == 0 ? cat_fix_moderate[top] : cat_fix[top];
     }
 done:
     for (size_t i = 0; rows && i < p->n; i++)
@@ -1145,6 +1192,7 @@ void tpu_profile_print_overview(const tpu_profile *p, FILE *f)
                    "measured here %.3f ms\n",
                 sum.tpu_type, sum.est_step_ms, sum.est_matmul_ms, sum.est_ops, sum.est_hbm_bound_ops,
                 sum.est_optimizer_ms, sum.est_allreduce_ms, sum.step_ms);
+    fprintf(f, "Input (the overview page's classes): %s. %s\n", sum.input_bound, sum.input_statement);
     if (strcmp(sum.bottleneck, "memory") == 0)
         fprintf(f, "Bottleneck: memory (HBM peak %.0f%% of capacity): %s\n", 100.0 * sum.hbm_peak_fraction,
                 sum.advice);
@@ -1217,7 +1265,13 @@ tpu_status tpu_profile_write_overview_json(const tpu_profile *p, FILE *f)
         fprintf(f, "null");
     fprintf(f, ",\"hbm\":{\"peak_fraction\":%.6f,\"core\":", sum.hbm_peak_fraction);
     fcore(f, p, sum.hbm_core);
-    fprintf(f, "},\"bottleneck\":");
+    fprintf(f, "},\"input_bound\":");
+    fjstr(f, sum.input_bound);
+    fprintf(f, ",\"input_classification\":");
+    fjstr(f, sum.input_classification);
+    fprintf(f, ",\"input_statement\":");
+    fjstr(f, sum.input_statement);
+    fprintf(f, ",\"bottleneck\":");
     fjstr(f, sum.bottleneck);
     fprintf(f, ",\"advice\":");
     fjstr(f, sum.advice);
