@@ -23,6 +23,7 @@
 #include "dpio.h"
 #include "frame.h"
 #include "profile_int.h"
+#include "tfevents.h"
 
 #define KIND(k) TPUEMU__FRAME_KIND__FRAME_##k
 #define TK(k) TPUEMU__TRACE_KIND__TRACE_##k
@@ -308,7 +309,20 @@ static int by_replica(const void *a, const void *b)
     return h ? h : x->peer.core - y->peer.core;
 }
 
-tpu_status tpu_profile_capture(tpu_cluster *c, uint32_t duration_ms, tpu_profile **out)
+static int in_hosts(const char *host, const char *const *hosts, size_t nhosts)
+{
+    if (!hosts)
+        return 1;
+    for (size_t i = 0; i < nhosts; i++)
+        if (strcmp(hosts[i], host) == 0)
+            return 1;
+    return 0;
+}
+
+/* The capture of the cores of c's cluster on hosts[0..nhosts) (NULL: every
+ * host). */
+static tpu_status capture_cores(tpu_cluster *c, const char *const *hosts, size_t nhosts, uint32_t duration_ms,
+                                tpu_profile **out)
 {
     tpu_cluster_spec *spec = NULL;
     tpu_profile *p;
@@ -322,7 +336,8 @@ tpu_status tpu_profile_capture(tpu_cluster *c, uint32_t duration_ms, tpu_profile
     n = tpu_cluster_spec_num_cores(spec);
     for (size_t i = 0; i < n; i++) {
         tpu_core_info ci;
-        if (tpu_cluster_spec_core(spec, i, &ci) == TPU_OK && ci.state == TPU_CORE_READY)
+        if (tpu_cluster_spec_core(spec, i, &ci) == TPU_OK && ci.state == TPU_CORE_READY &&
+            in_hosts(ci.host_id, hosts, nhosts))
             ready++;
     }
     if (!(p = calloc(1, sizeof *p)) || !(p->c = calloc(n ? n : 1, sizeof *p->c))) {
@@ -334,7 +349,8 @@ tpu_status tpu_profile_capture(tpu_cluster *c, uint32_t duration_ms, tpu_profile
         tpu_core_info ci;
         struct pcore *pc = &p->c[p->n];
         if (tpu_cluster_spec_core(spec, i, &ci) != TPU_OK || ci.state == TPU_CORE_DEAD ||
-            (ready && ci.state != TPU_CORE_READY) || !ci.data_addr || !*ci.data_addr)
+            (ready && ci.state != TPU_CORE_READY) || !ci.data_addr || !*ci.data_addr ||
+            !in_hosts(ci.host_id, hosts, nhosts))
             continue;
         snprintf(pc->peer.host, sizeof pc->peer.host, "%s", ci.host_id);
         pc->peer.core = ci.core;
@@ -344,6 +360,15 @@ tpu_status tpu_profile_capture(tpu_cluster *c, uint32_t duration_ms, tpu_profile
         p->n++;
     }
     tpu_cluster_spec_free(spec);
+    for (size_t h = 0; hosts && h < nhosts; h++) {
+        size_t k = 0;
+        while (k < p->n && strcmp(p->c[k].peer.host, hosts[h]) != 0)
+            k++;
+        if (k == p->n) {
+            tpu_profile_free(p);
+            return cli_failf(TPU_NOT_FOUND, "profile: host %s has no live core in the cluster", hosts[h]);
+        }
+    }
     if (!p->n) {
         tpu_profile_free(p);
         return cli_failf(TPU_NOT_FOUND, "profile: the cluster has no live core to profile");
@@ -371,6 +396,14 @@ tpu_status tpu_profile_capture(tpu_cluster *c, uint32_t duration_ms, tpu_profile
         p->end = now_ns();
     for (size_t i = 0; i < p->n && rc == CODE_OK; i++)
         rc = drain(&p->c[i], p->end, &e);
+    if (duration_ms && rc == CODE_OK) /* events already under way when the capture began are not in it */
+        for (size_t i = 0; i < p->n; i++) {
+            size_t k = 0;
+            for (size_t j = 0; j < p->c[i].n; j++)
+                if (p->c[i].ev[j].t0 >= p->start)
+                    p->c[i].ev[k++] = p->c[i].ev[j];
+            p->c[i].n = k;
+        }
     if (!duration_ms && rc == CODE_OK) { /* the capture spans what the rings held */
         int64_t lo = p->end;
         for (size_t i = 0; i < p->n; i++)
@@ -388,6 +421,98 @@ tpu_status tpu_profile_capture(tpu_cluster *c, uint32_t duration_ms, tpu_profile
     qsort(p->c, p->n, sizeof *p->c, by_replica);
     *out = p;
     return TPU_OK;
+}
+
+tpu_status tpu_profile_capture(tpu_cluster *c, uint32_t duration_ms, tpu_profile **out)
+{
+    return capture_cores(c, NULL, 0, duration_ms, out);
+}
+
+#define PROF_MAX_SERVICES 64
+
+tpu_status tpu_profile_capture_hosts(tpu_resolver *r, const char *service_addr, uint32_t duration_ms,
+                                     tpu_profile **out)
+{
+    char hosts[PROF_MAX_SERVICES][DPIO_HOST_MAX], resolver[ADDR_HOST_MAX + 16] = "";
+    const char *hp[PROF_MAX_SERVICES];
+    char list[4096], *save = NULL, *tok;
+    size_t n = 0;
+    tpu_resolver *r2 = NULL;
+    tpu_cluster *c2 = NULL;
+    tpu_status st;
+    err e;
+
+    *out = NULL;
+    if (!r)
+        return cli_failf(TPU_INVALID_ARGUMENT, "capture_tpu_profile: no resolver handle (it holds the cluster token)");
+    if (!service_addr || !*service_addr)
+        return cli_failf(TPU_INVALID_ARGUMENT, "capture_tpu_profile: --service_addr is empty: give a host's profiler "
+                                               "address, HOST:PORT (port 8466 by default), or a comma list");
+    if (strlen(service_addr) >= sizeof list)
+        return cli_failf(TPU_INVALID_ARGUMENT, "capture_tpu_profile: --service_addr is too long (%zu bytes)",
+                         strlen(service_addr));
+    snprintf(list, sizeof list, "%s", service_addr);
+    for (tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        struct pcore pc;
+        addr a;
+        Tpuemu__ProfileInfo *pi;
+        Tpuemu__TraceEvents *ev;
+        int64_t t0, t1;
+        int rc;
+        if (strncmp(tok, "grpc://", 7) == 0) /* TensorFlow's form; profiler_client strips it too */
+            tok += 7;
+        if (n == PROF_MAX_SERVICES)
+            return cli_failf(TPU_INVALID_ARGUMENT, "capture_tpu_profile: more than %d addresses in --service_addr",
+                             PROF_MAX_SERVICES);
+        if (addr_parse(tok, 8466, &a, &e) != CODE_OK)
+            return cli_failf(TPU_INVALID_ARGUMENT, "capture_tpu_profile: --service_addr '%s': %s", tok, e.msg);
+        memset(&pc, 0, sizeof pc);
+        pc.peer.fd = -1;
+        addr_format(a.host, a.port, pc.peer.addr, sizeof pc.peer.addr);
+        snprintf(pc.peer.host, sizeof pc.peer.host, "%.*s", (int)sizeof pc.peer.host - 1, pc.peer.addr);
+        if ((rc = dpio_dial(&pc.peer, &r->auth, r->sender, wire_now_ms() + DPIO_CONNECT_MS, &e)) != CODE_OK) {
+            dpio_close(&pc.peer);
+            return cli_failf(rc, "capture_tpu_profile: the profiler service at %s: %s (a host's profiler port is "
+                                 "tpu-worker --profiler-port, 8466 by default, served by the host's core 0)",
+                             pc.peer.addr, e.msg);
+        }
+        rc = ask(&pc, 0, 0, 0, &pi, &ev, &t0, &t1, &e);
+        dpio_close(&pc.peer);
+        if (rc != CODE_OK)
+            return cli_failf(rc, "capture_tpu_profile: the profiler service at %s: %s", pc.peer.addr, e.msg);
+        if (ev)
+            tpuemu__trace_events__free_unpacked(ev, NULL);
+        if (!pi->host_service || !pi->host_id || !*pi->host_id || !pi->resolver || !*pi->resolver) {
+            tpuemu__profile_info__free_unpacked(pi, NULL);
+            return cli_failf(TPU_INVALID_ARGUMENT, "capture_tpu_profile: %s is a core's data port, not a host's "
+                             "profiler port (tpu-worker --profiler-port)", pc.peer.addr);
+        }
+        if (*resolver && strcmp(resolver, pi->resolver) != 0) {
+            st = cli_failf(TPU_INVALID_ARGUMENT, "capture_tpu_profile: the hosts of --service_addr register with "
+                           "different resolvers (%s and %s at %s): capture each cluster on its own", resolver,
+                           pi->resolver, pc.peer.addr);
+            tpuemu__profile_info__free_unpacked(pi, NULL);
+            return st;
+        }
+        snprintf(resolver, sizeof resolver, "%s", pi->resolver);
+        snprintf(hosts[n], sizeof hosts[n], "%s", pi->host_id);
+        hp[n] = hosts[n];
+        n++;
+        tpuemu__profile_info__free_unpacked(pi, NULL);
+    }
+    if (!n)
+        return cli_failf(TPU_INVALID_ARGUMENT, "capture_tpu_profile: --service_addr '%s' names no address",
+                         service_addr);
+    /* the hosts' cores, as their resolver lists them, with r's token */
+    if ((st = tpu_resolver_new(resolver, &r2)) != TPU_OK)
+        return st;
+    r2->auth = r->auth;
+    r2->timeout_ms = r->timeout_ms;
+    if ((st = tpu_connect_to_cluster(r2, &c2)) == TPU_OK)
+        st = capture_cores(c2, hp, n, duration_ms, out);
+    tpu_cluster_free(c2);
+    tpu_resolver_free(r2);
+    return st;
 }
 
 size_t tpu_profile_num_cores(const tpu_profile *p)
@@ -656,6 +781,11 @@ tpu_status tpu_profile_write(const tpu_profile *p, const char *logdir, char *pat
     localtime_r(&p->wall, &tm); /* TensorFlow's GetCurrentTimeStampAsString: local time */
     strftime(run, sizeof run, "%Y_%m_%d_%H_%M_%S", &tm);
     gethostname(host, sizeof host - 1);
+    {
+        err e;
+        if (tfevents_profile_empty(logdir, &e) != CODE_OK)
+            return cli_fail(&e);
+    }
     snprintf(dir, sizeof dir, "%s/plugins/profile/%s", logdir, run);
     if (mkdirs(dir) < 0)
         return cli_failf(TPU_PERMISSION_DENIED, "profile: cannot create %s: %s", dir, strerror(errno));

@@ -4,6 +4,7 @@
  * tensorflow/core/framework/summary.proto, tensor.proto and types.proto). */
 #include "tfevents.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -137,9 +138,40 @@ static double wall_now(void)
     return (double)tv.tv_sec + (double)tv.tv_usec / 1e6;
 }
 
+static int open_file(tfevents *w, const char *dir, const char *suffix, err *e);
+
 int tfevents_open(tfevents *w, const char *dir, err *e)
 {
     static atomic_uint uid;
+    char suffix[64];
+    snprintf(suffix, sizeof suffix, ".%d.%u.v2", (int)getpid(), atomic_fetch_add(&uid, 1) + 1);
+    return open_file(w, dir, suffix, e);
+}
+
+int tfevents_profile_empty(const char *dir, err *e)
+{
+    tfevents w;
+    DIR *d;
+    struct dirent *de;
+    if (tfevents_mkdirs(dir) < 0)
+        return err_set(e, CODE_PERMISSION_DENIED, "cannot create %s: %s", dir, strerror(errno));
+    if (!(d = opendir(dir)))
+        return err_set(e, CODE_PERMISSION_DENIED, "cannot read %s: %s", dir, strerror(errno));
+    while ((de = readdir(d))) {
+        size_t n = strlen(de->d_name);
+        if (n >= 14 && strcmp(de->d_name + n - 14, ".profile-empty") == 0) {
+            closedir(d);
+            return CODE_OK;
+        }
+    }
+    closedir(d);
+    if (open_file(&w, dir, ".profile-empty", e) != CODE_OK)
+        return e->code == CODE_PERMISSION_DENIED && errno == EEXIST ? CODE_OK : e->code;
+    return tfevents_close(&w, e);
+}
+
+static int open_file(tfevents *w, const char *dir, const char *suffix, err *e)
+{
     char host[256] = "localhost";
     time_t now = time(NULL);
     struct pb ev = {.n = 0};
@@ -150,8 +182,8 @@ int tfevents_open(tfevents *w, const char *dir, err *e)
     gethostname(host, sizeof host - 1);
     if (tfevents_mkdirs(dir) < 0)
         return err_set(e, CODE_PERMISSION_DENIED, "TensorBoard: cannot create %s: %s", dir, strerror(errno));
-    if ((size_t)snprintf(w->path, sizeof w->path, "%s/events.out.tfevents.%010lld.%s.%d.%u.v2", dir,
-                         (long long)now, host, (int)getpid(), atomic_fetch_add(&uid, 1) + 1) >= sizeof w->path)
+    if ((size_t)snprintf(w->path, sizeof w->path, "%s/events.out.tfevents.%010lld.%s%s", dir, (long long)now, host,
+                         suffix) >= sizeof w->path)
         return err_set(e, CODE_INVALID_ARGUMENT, "TensorBoard: the log directory's path is too long");
     if (!(w->f = fopen(w->path, "wbx")))
         return err_set(e, CODE_PERMISSION_DENIED, "TensorBoard: cannot create %s: %s", w->path, strerror(errno));

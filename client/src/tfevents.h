@@ -27,6 +27,12 @@ typedef struct tfevents {
 /* Creates dir (and its parents) and the event file in it, and writes the
  * file_version event. */
 int tfevents_open(tfevents *w, const char *dir, err *e);
+/* TensorFlow's MaybeCreateEmptyEventFile (tensorflow/core/profiler/rpc/
+ * client/save_profile.cc): unless dir holds a file ending in
+ * ".profile-empty", creates events.out.tfevents.SECONDS.HOST.profile-empty
+ * there, holding only the file_version event, so TensorBoard lists dir as a
+ * run and finds its profile plugin's directory. */
+int tfevents_profile_empty(const char *dir, err *e);
 /* One Event at step with one scalar summary value tag = v, written and flushed. */
 int tfevents_scalar(tfevents *w, const char *tag, int64_t step, float v, err *e);
 /* Closes the file (a no-op when it was not opened). */

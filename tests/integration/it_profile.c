@@ -948,3 +948,252 @@ Test(profile, profile_batch_counts_executions_with_steps_per_execution, .timeout
     tpu_model_free(m);
     ct_free(t);
 }
+
+/* ---- capture_tpu_profile through the hosts' profiler ports ---- */
+
+/* A fit in a thread of its own that runs until told to stop. */
+struct bg_fit {
+    pthread_t th;
+    colltest *t;
+    volatile int started, stop;
+    tpu_status st;
+    char err[512];
+};
+
+static tpu_status bg_batch_end(tpu_model *m, int epoch, size_t batch, const tpu_logs *l, void *user)
+{
+    struct bg_fit *b = user;
+    (void)m, (void)epoch, (void)batch, (void)l;
+    __atomic_store_n(&b->started, 1, __ATOMIC_SEQ_CST);
+    return __atomic_load_n(&b->stop, __ATOMIC_SEQ_CST) ? TPU_CANCELLED : TPU_OK;
+}
+
+static void *bg_fit_run(void *arg)
+{
+    struct bg_fit *b = arg;
+    static float x[512 * DIM];
+    static int32_t y[512];
+    tpu_strategy *s = NULL;
+    tpu_dataset *ds = NULL;
+    tpu_model *m = NULL;
+    tpu_compile_options co;
+    tpu_fit_options fo;
+    tpu_callback cb = {.on_batch_end = bg_batch_end, .user = b};
+    for (size_t i = 0; i < 512; i++) {
+        y[i] = (int32_t)(i % 4);
+        for (size_t j = 0; j < DIM; j++)
+            x[i * DIM + j] = (float)((i * 3 + j) % 11) / 11.0f;
+    }
+    tpu_compile_options_init(&co);
+    co.batch_size = 128;
+    memset(&fo, 0, sizeof fo);
+    fo.epochs = 100000; /* until stopped */
+    fo.callbacks = &cb;
+    fo.num_callbacks = 1;
+    if ((b->st = tpu_strategy_new(b->t->c, &s)) == TPU_OK &&
+        (b->st = tpu_dataset_from_tensor_slices(x, 512, DIM, y, TPU_LABELS_SPARSE, 1, 0, &ds)) == TPU_OK &&
+        (b->st = tpu_dataset_batch(ds, 128, 1)) == TPU_OK && (b->st = tpu_model_new(s, DIM, &m)) == TPU_OK &&
+        (b->st = tpu_model_add_dense(m, 64, TPU_ACT_RELU)) == TPU_OK &&
+        (b->st = tpu_model_add_dense(m, 4, TPU_ACT_SOFTMAX)) == TPU_OK &&
+        (b->st = tpu_model_compile(m, &co)) == TPU_OK)
+        b->st = tpu_model_fit(m, ds, &fo, NULL);
+    if (b->st != TPU_OK)
+        snprintf(b->err, sizeof b->err, "%s: %s", tpu_status_name(b->st), tpu_last_error());
+    __atomic_store_n(&b->started, 1, __ATOMIC_SEQ_CST); /* also when it failed: the waiter looks at st */
+    tpu_model_free(m);
+    tpu_dataset_free(ds);
+    return NULL;
+}
+
+static void bg_fit_start(struct bg_fit *b, colltest *t)
+{
+    memset(b, 0, sizeof *b);
+    b->t = t;
+    cr_assert_eq(pthread_create(&b->th, NULL, bg_fit_run, b), 0);
+    for (int i = 0; i < 1200 && !__atomic_load_n(&b->started, __ATOMIC_SEQ_CST); i++) /* bounded: 60 s */
+        usleep(50000);
+    cr_assert(__atomic_load_n(&b->started, __ATOMIC_SEQ_CST), "the fit did not start in 60 s");
+}
+
+static void bg_fit_stop(struct bg_fit *b)
+{
+    __atomic_store_n(&b->stop, 1, __ATOMIC_SEQ_CST);
+    pthread_join(b->th, NULL);
+    cr_assert_eq(b->st, TPU_OK, "the background fit: %s", b->err);
+}
+
+/* The hosts of a capture's overview (its per_core array), as "h0,h0,...". */
+static void overview_hosts(const json *ov, char *out, size_t n)
+{
+    const json *pc = json_get(ov, "per_core");
+    size_t k = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < json_len(pc) && k < n; i++)
+        k += (size_t)snprintf(out + k, n - k, "%s%s", i ? "," : "", json_str(json_get(json_at(pc, i), "host")));
+}
+
+/* Two hosts of 2 cores, each host's core 0 serving its profiler port (the
+ * second host's on a port of its own), and a fit running on all 4 cores. */
+static colltest *two_host_cluster(int *port0, int *port1)
+{
+    char p0[16], p1[16];
+    *port0 = cl_free_port();
+    *port1 = cl_free_port();
+    snprintf(p0, sizeof p0, "%d", *port0);
+    snprintf(p1, sizeof p1, "%d", *port1);
+    colltest *t = ct_start(1, (int[]){2}, (const char *const[]){"--profiler-port", p0, NULL}, HB_MS);
+    cluster_add_worker(t->cl, "h1", 0, (const char *const[]){"--profiler-port", p1, NULL});
+    cluster_add_worker(t->cl, "h1", 1, (const char *const[]){"--profiler-port", p1, NULL});
+    cr_assert(cluster_wait_count(t->cl, CL_ALIVE, 4, 10000 * cl_time_scale()), "h1's cores did not register");
+    ct_reinit(t);
+    cr_assert_eq(t->n, 4);
+    return t;
+}
+
+/* capture_tpu_profile --service_addr=HOST:8466 --logdir=DIR --duration_ms=N
+ * (tensorflow/contrib/tpu/profiler/pip_package/cloud_tpu_profiler/main.py,
+ * tensorflow/python/profiler/profiler_client.py trace(): service_addr is a
+ * host's profiler service, TensorFlow's TPU workers serve it on port 8466,
+ * "a comma delimited string" for several; the trace lands in
+ * DIR/plugins/profile/RUN/): one host's address profiles that host's cores
+ * only; a comma list, with TensorFlow's grpc:// prefix, both hosts. */
+Test(profile, capture_tpu_profile_through_the_hosts_profiler_ports, .timeout = 240)
+{
+    int port0, port1;
+    colltest *t = two_host_cluster(&port0, &port1);
+    struct bg_fit bg;
+    char logdir[512], sa[128], hosts[256], err[256], why[512];
+    run_result r;
+
+    bg_fit_start(&bg, t);
+    snprintf(logdir, sizeof logdir, "%s/capture-logs", cl_tmpdir());
+    snprintf(sa, sizeof sa, "--service_addr=127.0.0.1:%d", port1);
+    cluster_tpuctl(t->cl, &r, 60000, "--json", "capture_tpu_profile", sa, "--duration_ms=1000", "--logdir", logdir,
+                   NULL);
+    cr_assert_eq(r.code, 0, "capture_tpu_profile of h1: exit %d: %s %s", r.code, r.out, r.err);
+    cr_assert(strstr(r.err, "Starting to trace for 1000 ms. Remaining attempt(s): 2") != NULL, "%s", r.err);
+    json *j = json_parse(r.out, strlen(r.out), err, sizeof err);
+    cr_assert_not_null(j, "%s: %s", err, r.out);
+    find_trace(logdir, json_str(json_get(j, "trace")));
+    cr_assert_eq(trace_check_file(json_str(json_get(j, "trace")), why, sizeof why, NULL), 0, "%s", why);
+    overview_hosts(json_get(j, "overview"), hosts, sizeof hosts);
+    cr_assert_str_eq(hosts, "h1,h1", "the cores of h1's capture");
+    long long steps;
+    cr_assert(json_int(json_get(json_get(j, "overview"), "steps"), &steps) == 0 && steps > 0,
+              "no training step of h1 in 1000 ms of a running fit: %s", r.out);
+    json_free(j);
+    run_result_free(&r);
+
+    snprintf(sa, sizeof sa, "grpc://127.0.0.1:%d,127.0.0.1:%d", port0, port1);
+    cluster_tpuctl(t->cl, &r, 60000, "--json", "profile", "--service_addr", sa, "--duration_ms", "1000", "--logdir",
+                   logdir, NULL);
+    cr_assert_eq(r.code, 0, "capture of h0 and h1: exit %d: %s %s", r.code, r.out, r.err);
+    j = json_parse(r.out, strlen(r.out), err, sizeof err);
+    cr_assert_not_null(j, "%s: %s", err, r.out);
+    overview_hosts(json_get(j, "overview"), hosts, sizeof hosts);
+    cr_assert_str_eq(hosts, "h0,h0,h1,h1", "the cores of the capture of both hosts");
+    json_free(j);
+    run_result_free(&r);
+    bg_fit_stop(&bg);
+    ct_free(t);
+}
+
+/* capture_tpu_profile retries a capture that collected no trace event, up
+ * to --num_tracing_attempts in all, printing TensorFlow's lines, and fails
+ * UNAVAILABLE after the last (tensorflow/core/profiler/rpc/client/
+ * capture_profile.cc, Trace: "Starting to trace for N ms. Remaining
+ * attempt(s): K", "No trace event is collected. Automatically retrying.",
+ * "No trace event is collected after N attempt(s)."; Profile returns
+ * UNAVAILABLE "No trace event was collected"). Nothing runs, so the cores
+ * record nothing. Bad flags and addresses are errors naming them. */
+Test(profile, capture_tpu_profile_retries_an_empty_capture_and_names_bad_addresses, .timeout = 120)
+{
+    char p0[16], sa[128], logdir[512];
+    int port0 = cl_free_port(), silent = cl_free_port();
+    snprintf(p0, sizeof p0, "%d", port0);
+    colltest *t = ct_start(1, (int[]){2}, (const char *const[]){"--profiler-port", p0, NULL}, HB_MS);
+    run_result r;
+
+    snprintf(logdir, sizeof logdir, "%s/retry-logs", cl_tmpdir());
+    snprintf(sa, sizeof sa, "127.0.0.1:%d", port0);
+    cluster_tpuctl(t->cl, &r, 60000, "capture_tpu_profile", "--service_addr", sa, "--duration_ms", "200",
+                   "--num_tracing_attempts", "2", "--logdir", logdir, NULL);
+    cr_assert_eq(r.code, 1, "an empty capture: exit %d: %s %s", r.code, r.out, r.err);
+    const char *a1 = strstr(r.out, "Starting to trace for 200 ms. Remaining attempt(s): 1\n");
+    const char *retry = strstr(r.out, "No trace event is collected. Automatically retrying.\n");
+    const char *a0 = strstr(r.out, "Starting to trace for 200 ms. Remaining attempt(s): 0\n");
+    const char *end = strstr(r.out, "No trace event is collected after 2 attempt(s).");
+    cr_assert(a1 && retry && a0 && end && a1 < retry && retry < a0 && a0 < end, "the attempts as printed:\n%s",
+              r.out);
+    cr_assert(strstr(r.err, "UNAVAILABLE: No trace event was collected") != NULL, "%s", r.err);
+    run_result_free(&r);
+
+    /* a core's data port is not a host's profiler port */
+    tpu_cluster_spec *cs;
+    tpu_core_info ci;
+    CALL_OK(tpu_cluster_spec_get(t->c, &cs));
+    CALL_OK(tpu_cluster_spec_core(cs, 0, &ci));
+    snprintf(sa, sizeof sa, "%s", ci.data_addr);
+    tpu_cluster_spec_free(cs);
+    cluster_tpuctl(t->cl, &r, 60000, "capture_tpu_profile", "--service_addr", sa, "--logdir", logdir, NULL);
+    cr_assert_eq(r.code, 1);
+    cr_assert(strstr(r.err, "INVALID_ARGUMENT") && strstr(r.err, "data port") && strstr(r.err, sa), "%s", r.err);
+    run_result_free(&r);
+    /* nothing listening */
+    snprintf(sa, sizeof sa, "127.0.0.1:%d", silent);
+    cluster_tpuctl(t->cl, &r, 60000, "capture_tpu_profile", "--service_addr", sa, "--logdir", logdir, NULL);
+    cr_assert_eq(r.code, 1);
+    cr_assert(strstr(r.err, "UNAVAILABLE") && strstr(r.err, sa), "%s", r.err);
+    run_result_free(&r);
+    /* not an address */
+    cluster_tpuctl(t->cl, &r, 60000, "capture_tpu_profile", "--service_addr", "127.0.0.1:notaport", "--logdir", logdir,
+                   NULL);
+    cr_assert_eq(r.code, 1);
+    cr_assert(strstr(r.err, "--service_addr '127.0.0.1:notaport'") != NULL, "%s", r.err);
+    run_result_free(&r);
+    /* TensorFlow's trace(): duration_ms must be greater than zero */
+    cluster_tpuctl(t->cl, &r, 60000, "capture_tpu_profile", "--service_addr", sa, "--duration_ms", "0", "--logdir",
+                   logdir, NULL);
+    cr_assert_eq(r.code, 2);
+    cr_assert(strstr(r.err, "--duration_ms must be greater than zero") != NULL, "%s", r.err);
+    run_result_free(&r);
+    cluster_tpuctl(t->cl, &r, 60000, "capture_tpu_profile", "--service_addr", sa, "--num_tracing_attempts", "0",
+                   "--logdir", logdir, NULL);
+    cr_assert_eq(r.code, 2);
+    cr_assert(strstr(r.err, "--num_tracing_attempts") != NULL, "%s", r.err);
+    run_result_free(&r);
+    ct_free(t);
+}
+
+/* The several worker processes of one host share its profiler port by
+ * leaving it to the host's core 0 (as one profiler server per TPU host
+ * serves port 8466 in TensorFlow: profiler_client.py's TPU examples): a
+ * core 1 does not listen on its --profiler-port, and a second host's core 0
+ * given a port another process holds says so in its log, naming the flag,
+ * and goes on serving its cores. */
+Test(profile, only_a_hosts_core_0_serves_its_profiler_port, .timeout = 120)
+{
+    char p0[16], p2[16], sa[128], logdir[512];
+    int port0 = cl_free_port(), port2 = cl_free_port();
+    snprintf(p0, sizeof p0, "%d", port0);
+    snprintf(p2, sizeof p2, "%d", port2);
+    colltest *t = ct_start(1, (int[]){1}, (const char *const[]){"--profiler-port", p0, NULL}, HB_MS);
+    run_result r;
+
+    cr_assert(cl_wait_log(&t->cl->workers[0], "profiler service listening", 10000 * cl_time_scale()),
+              "h0/0 does not serve its profiler port");
+    int w1 = cluster_add_worker(t->cl, "h1", 0, (const char *const[]){"--profiler-port", p0, NULL});
+    int w2 = cluster_add_worker(t->cl, "h1", 1, (const char *const[]){"--profiler-port", p2, NULL});
+    cr_assert(cl_wait_log(&t->cl->workers[w1], "not served by this core", 10000 * cl_time_scale()),
+              "h1/0 did not say port %d is taken", port0);
+    cr_assert(cl_log_contains(&t->cl->workers[w1], "--profiler-port"), "h1/0's warning does not name the flag");
+    cr_assert(cluster_wait_count(t->cl, CL_ALIVE, 3, 10000 * cl_time_scale()), "h1's cores did not register");
+    cr_assert(!cl_log_contains(&t->cl->workers[w2], "profiler service listening"), "h1/1 serves a profiler port");
+    snprintf(logdir, sizeof logdir, "%s/share-logs", cl_tmpdir());
+    snprintf(sa, sizeof sa, "127.0.0.1:%d", port2);
+    cluster_tpuctl(t->cl, &r, 60000, "capture_tpu_profile", "--service_addr", sa, "--logdir", logdir, NULL);
+    cr_assert_eq(r.code, 1, "core 1's port answered: %s", r.out);
+    cr_assert(strstr(r.err, "UNAVAILABLE") && strstr(r.err, sa), "%s", r.err);
+    run_result_free(&r);
+    ct_free(t);
+}

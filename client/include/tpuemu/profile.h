@@ -36,6 +36,20 @@ typedef struct tpu_profile tpu_profile;
  * takes what the rings hold now. Errors: TPU_UNAVAILABLE naming the core that
  * could not be reached; TPU_NOT_FOUND when the cluster has no live core. */
 TPU_API tpu_status tpu_profile_capture(tpu_cluster *c, uint32_t duration_ms, tpu_profile **out);
+/* capture_tpu_profile --service_addr: the same capture of the cores of the
+ * hosts named by their profiler addresses. service_addr is one host's
+ * profiler address ("HOST:PORT", "grpc://HOST:PORT", a bare HOST for port
+ * 8466, TensorFlow's profiler port) or a comma list of them. Each host's
+ * profiler port (tpu-worker --profiler-port) is served by its core 0, which
+ * answers with its host id and the resolver its cores register with; the
+ * capture then reads every live core of those hosts (from that resolver's
+ * cluster spec) directly. r gives the cluster token and the deadline of each
+ * call (its endpoints are not used). Errors: TPU_INVALID_ARGUMENT (a bad
+ * address, a core's data port, hosts of different resolvers), TPU_UNAVAILABLE
+ * naming the address nothing answers at, TPU_NOT_FOUND (a host without a live
+ * core). */
+TPU_API tpu_status tpu_profile_capture_hosts(tpu_resolver *r, const char *service_addr, uint32_t duration_ms,
+                                             tpu_profile **out);
 TPU_API void tpu_profile_free(tpu_profile *p);
 
 TPU_API size_t tpu_profile_num_cores(const tpu_profile *p);
