@@ -35,6 +35,8 @@
 #include <tpuemu/profile.h>
 
 #include "calls.h"
+#include "frame.h"
+#include "raw.h"
 #include "colltest.h"
 #include "json.h"
 #include "xml.h"
@@ -164,9 +166,9 @@ static void find_trace(const char *logdir, const char *path)
  * one infeed per step (8: 2 epochs of 4). */
 static void check_client(const char *path)
 {
-    char err[256], want[64];
-    json *tr = json_parse_file(path, err, sizeof err);
-    cr_assert_not_null(tr, "%s: %s", path, err);
+    char ebuf[256], want[64];
+    json *tr = json_parse_file(path, ebuf, sizeof ebuf);
+    cr_assert_not_null(tr, "%s: %s", path, ebuf);
     const json *ev = json_get(tr, "traceEvents");
     long long client_pid = -1;
     size_t infeeds = 0, waits = 0;
@@ -198,12 +200,12 @@ static void check_client(const char *path)
 /* HOST.overview.json beside the trace says what the summary says. */
 static void check_overview_json(const char *trace, const tpu_profile_summary *sum)
 {
-    char path[4600], err[256];
+    char path[4600], ebuf[256];
     double v;
     size_t n = strlen(trace) - strlen(".trace.json.gz");
     snprintf(path, sizeof path, "%.*s.overview.json", (int)n, trace);
-    json *o = json_parse_file(path, err, sizeof err);
-    cr_assert_not_null(o, "%s: %s", path, err);
+    json *o = json_parse_file(path, ebuf, sizeof ebuf);
+    cr_assert_not_null(o, "%s: %s", path, ebuf);
     cr_assert_eq(json_len(json_get(o, "per_core")), 4u);
     cr_assert_eq(json_num(json_get(o, "step_ms"), &v), 0);
     cr_assert(fabs(v - sum->step_ms) < 1e-5, "step_ms %.6f in the JSON, %.6f in the summary", v, sum->step_ms);
@@ -289,11 +291,11 @@ static int plot_visit(const xml *e, void *user)
  * bar per core, and its numbers are the summary's. */
 static void check_plot(const char *path, const tpu_profile_summary *sum, size_t cores, size_t steps)
 {
-    char err[256];
+    char ebuf[256];
     struct plot_seen ps = {0};
     double w, h;
-    xml *x = xml_parse_file(path, err, sizeof err);
-    cr_assert_not_null(x, "%s: %s", path, err);
+    xml *x = xml_parse_file(path, ebuf, sizeof ebuf);
+    cr_assert_not_null(x, "%s: %s", path, ebuf);
     cr_assert_str_eq(x->name, "svg");
     cr_assert_str_eq(xml_attr(x, "xmlns") ? xml_attr(x, "xmlns") : "", "http://www.w3.org/2000/svg");
     cr_assert(num_attr(x, "width", &w) == 0 && num_attr(x, "height", &h) == 0 && w > 0 && h > 0);
@@ -332,9 +334,9 @@ static void check_run_name(const char *run_dir, time_t before, time_t after)
 /* The smallest and largest N of the "step N" slices of a trace. */
 static void trace_steps(const char *trace, unsigned long long *lo, unsigned long long *hi)
 {
-    char err[256];
-    json *tr = json_parse_file(trace, err, sizeof err);
-    cr_assert_not_null(tr, "%s: %s", trace, err);
+    char ebuf[256];
+    json *tr = json_parse_file(trace, ebuf, sizeof ebuf);
+    cr_assert_not_null(tr, "%s: %s", trace, ebuf);
     const json *ev = json_get(tr, "traceEvents");
     *lo = ~0ull;
     *hi = 0;
@@ -745,7 +747,7 @@ Test(profile, tpuctl_profile_writes_trace_overview_and_plot, .timeout = 120)
 {
     colltest *t = ct_start(1, (int[]){2}, NULL, HB_MS);
     tpu_model *m = train(t, 256, 128, 2);
-    char logdir[512], svg[600], err[256], why[512];
+    char logdir[512], svg[600], ebuf[256], why[512];
     run_result r;
     json *j;
 
@@ -754,8 +756,8 @@ Test(profile, tpuctl_profile_writes_trace_overview_and_plot, .timeout = 120)
     cluster_tpuctl(t->cl, &r, 30000, "--json", "profile", "--logdir", logdir, "--duration-ms", "0", "--plot", svg,
                    NULL);
     cr_assert_eq(r.code, 0, "tpuctl profile: exit %d: %s %s", r.code, r.out, r.err);
-    j = json_parse(r.out, strlen(r.out), err, sizeof err);
-    cr_assert_not_null(j, "tpuctl profile --json: %s: %s", err, r.out);
+    j = json_parse(r.out, strlen(r.out), ebuf, sizeof ebuf);
+    cr_assert_not_null(j, "tpuctl profile --json: %s: %s", ebuf, r.out);
     const char *trace = json_str(json_get(j, "trace"));
     cr_assert_not_null(trace);
     find_trace(logdir, trace);
@@ -789,7 +791,7 @@ Test(profile, profiler_callback_writes_the_batches_asked_for, .timeout = 120)
 {
     colltest *t = ct_start(1, (int[]){2}, NULL, HB_MS);
     tpu_callback cb;
-    char logdir[512], file[1400], err[256], why[512], trace[1400] = "", overview[1400] = "";
+    char logdir[512], file[1400], ebuf[256], why[512], trace[1400] = "", overview[1400] = "";
     struct dirent *d;
     DIR *dir;
 
@@ -816,8 +818,8 @@ Test(profile, profiler_callback_writes_the_batches_asked_for, .timeout = 120)
     cr_assert(*trace && *overview, "no trace or no overview in %s", run_dir);
     cr_assert_eq(trace_check_file(trace, why, sizeof why, NULL), 0, "%s: %s", trace, why);
 
-    json *tr = json_parse_file(trace, err, sizeof err);
-    cr_assert_not_null(tr, "%s", err);
+    json *tr = json_parse_file(trace, ebuf, sizeof ebuf);
+    cr_assert_not_null(tr, "%s", ebuf);
     const json *ev = json_get(tr, "traceEvents");
     for (size_t i = 0; i < json_len(ev); i++) { /* every step slice is one of 3..6 */
         const char *name = json_str(json_get(json_at(ev, i), "name"));
@@ -827,8 +829,8 @@ Test(profile, profiler_callback_writes_the_batches_asked_for, .timeout = 120)
     }
     json_free(tr);
 
-    json *ov = json_parse_file(overview, err, sizeof err);
-    cr_assert_not_null(ov, "%s: %s", overview, err);
+    json *ov = json_parse_file(overview, ebuf, sizeof ebuf);
+    cr_assert_not_null(ov, "%s: %s", overview, ebuf);
     tpu_profile_summary sum;
     summary_of_json(ov, &sum);
     cr_assert_eq(sum.steps, 2u * 3u, "core-steps with a period in batches 3-6: %zu", sum.steps);
@@ -857,14 +859,14 @@ Test(profile, injected_faults_are_in_the_trace, .timeout = 120)
     tpu_fault cut = {.kind = TPU_FAULT_PARTITION, .duration_ms = 1000, .peer_host = "h0", .peer_core = 1};
     CALL_OK(tpu_inject_fault(t->c, "h0", 0, &cut));
     tpu_profile *p;
-    char logdir[512], path[4600], why[512], err[256];
+    char logdir[512], path[4600], why[512], ebuf[256];
 
     CALL_OK(tpu_profile_capture(t->c, 0, &p));
     snprintf(logdir, sizeof logdir, "%s/logs", cl_tmpdir());
     CALL_OK(tpu_profile_write(p, logdir, path, sizeof path));
     cr_assert_eq(trace_check_file(path, why, sizeof why, NULL), 0, "%s: %s", path, why);
-    json *tr = json_parse_file(path, err, sizeof err);
-    cr_assert_not_null(tr, "%s: %s", path, err);
+    json *tr = json_parse_file(path, ebuf, sizeof ebuf);
+    cr_assert_not_null(tr, "%s: %s", path, ebuf);
     const json *ev = json_get(tr, "traceEvents");
     /* the thread of each core, by its name "core C (replica ...)" (not its sends' or receives') */
     long long tid_of[2] = {-1, -1};
@@ -923,7 +925,7 @@ Test(profile, profile_batch_counts_executions_with_steps_per_execution, .timeout
 {
     colltest *t = ct_start(1, (int[]){2}, NULL, HB_MS);
     tpu_callback cb;
-    char logdir[512], trace[1400], overview[1400], err[256];
+    char logdir[512], trace[1400], overview[1400], ebuf[256];
     unsigned long long lo, hi;
 
     snprintf(logdir, sizeof logdir, "%s/spe-logs", cl_tmpdir());
@@ -938,8 +940,8 @@ Test(profile, profile_batch_counts_executions_with_steps_per_execution, .timeout
     trace_steps(trace, &lo, &hi);
     cr_assert(lo == 3 && hi == 6, "executions 2-3 of 2 steps each are steps 3-6; the trace has steps %llu-%llu", lo,
               hi);
-    json *ov = json_parse_file(overview, err, sizeof err);
-    cr_assert_not_null(ov, "%s: %s", overview, err);
+    json *ov = json_parse_file(overview, ebuf, sizeof ebuf);
+    cr_assert_not_null(ov, "%s: %s", overview, ebuf);
     tpu_profile_summary sum;
     summary_of_json(ov, &sum);
     cr_assert_eq(sum.steps, 2u * 3u, "core-steps with a period in steps 3-6: %zu", sum.steps);
@@ -957,7 +959,7 @@ struct bg_fit {
     colltest *t;
     volatile int started, stop;
     tpu_status st;
-    char err[512];
+    char ebuf[512];
 };
 
 static tpu_status bg_batch_end(tpu_model *m, int epoch, size_t batch, const tpu_logs *l, void *user)
@@ -998,7 +1000,7 @@ static void *bg_fit_run(void *arg)
         (b->st = tpu_model_compile(m, &co)) == TPU_OK)
         b->st = tpu_model_fit(m, ds, &fo, NULL);
     if (b->st != TPU_OK)
-        snprintf(b->err, sizeof b->err, "%s: %s", tpu_status_name(b->st), tpu_last_error());
+        snprintf(b->ebuf, sizeof b->ebuf, "%s: %s", tpu_status_name(b->st), tpu_last_error());
     __atomic_store_n(&b->started, 1, __ATOMIC_SEQ_CST); /* also when it failed: the waiter looks at st */
     tpu_model_free(m);
     tpu_dataset_free(ds);
@@ -1019,7 +1021,7 @@ static void bg_fit_stop(struct bg_fit *b)
 {
     __atomic_store_n(&b->stop, 1, __ATOMIC_SEQ_CST);
     pthread_join(b->th, NULL);
-    cr_assert_eq(b->st, TPU_OK, "the background fit: %s", b->err);
+    cr_assert_eq(b->st, TPU_OK, "the background fit: %s", b->ebuf);
 }
 
 /* The hosts of a capture's overview (its per_core array), as "h0,h0,...". */
@@ -1062,7 +1064,7 @@ Test(profile, capture_tpu_profile_through_the_hosts_profiler_ports, .timeout = 2
     int port0, port1;
     colltest *t = two_host_cluster(&port0, &port1);
     struct bg_fit bg;
-    char logdir[512], sa[128], hosts[256], err[256], why[512];
+    char logdir[512], sa[128], hosts[256], ebuf[256], why[512];
     run_result r;
 
     bg_fit_start(&bg, t);
@@ -1072,8 +1074,8 @@ Test(profile, capture_tpu_profile_through_the_hosts_profiler_ports, .timeout = 2
                    NULL);
     cr_assert_eq(r.code, 0, "capture_tpu_profile of h1: exit %d: %s %s", r.code, r.out, r.err);
     cr_assert(strstr(r.err, "Starting to trace for 1000 ms. Remaining attempt(s): 2") != NULL, "%s", r.err);
-    json *j = json_parse(r.out, strlen(r.out), err, sizeof err);
-    cr_assert_not_null(j, "%s: %s", err, r.out);
+    json *j = json_parse(r.out, strlen(r.out), ebuf, sizeof ebuf);
+    cr_assert_not_null(j, "%s: %s", ebuf, r.out);
     find_trace(logdir, json_str(json_get(j, "trace")));
     cr_assert_eq(trace_check_file(json_str(json_get(j, "trace")), why, sizeof why, NULL), 0, "%s", why);
     overview_hosts(json_get(j, "overview"), hosts, sizeof hosts);
@@ -1088,8 +1090,8 @@ Test(profile, capture_tpu_profile_through_the_hosts_profiler_ports, .timeout = 2
     cluster_tpuctl(t->cl, &r, 60000, "--json", "profile", "--service_addr", sa, "--duration_ms", "1000", "--logdir",
                    logdir, NULL);
     cr_assert_eq(r.code, 0, "capture of h0 and h1: exit %d: %s %s", r.code, r.out, r.err);
-    j = json_parse(r.out, strlen(r.out), err, sizeof err);
-    cr_assert_not_null(j, "%s: %s", err, r.out);
+    j = json_parse(r.out, strlen(r.out), ebuf, sizeof ebuf);
+    cr_assert_not_null(j, "%s: %s", ebuf, r.out);
     overview_hosts(json_get(j, "overview"), hosts, sizeof hosts);
     cr_assert_str_eq(hosts, "h0,h0,h1,h1", "the cores of the capture of both hosts");
     json_free(j);
@@ -1195,5 +1197,65 @@ Test(profile, only_a_hosts_core_0_serves_its_profiler_port, .timeout = 120)
     cr_assert_eq(r.code, 1, "core 1's port answered: %s", r.out);
     cr_assert(strstr(r.err, "UNAVAILABLE") && strstr(r.err, sa), "%s", r.err);
     run_result_free(&r);
+    ct_free(t);
+}
+
+/* Bad input on a host's profiler port: it answers profile requests only (a
+ * PING, or a frame with a payload, gets an ERROR frame naming the profiler
+ * port and the connection is closed), and goes on answering them, with
+ * core 0's host id and the resolver (the way a capture_tpu_profile client
+ * finds the host's cores). */
+Test(profile, profiler_port_refuses_other_frames_and_keeps_serving, .timeout = 120)
+{
+    char p0[16], addr[64];
+    int port0 = cl_free_port(), fd;
+    uint8_t chal[AUTH_CHALLENGE_BYTES];
+    Tpuemu__FrameHeader *ans, h = TPUEMU__FRAME_HEADER__INIT;
+    snprintf(p0, sizeof p0, "%d", port0);
+    colltest *t = ct_start(1, (int[]){2}, (const char *const[]){"--profiler-port", p0, NULL}, HB_MS);
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port0);
+    cr_assert(cl_wait_log(&t->cl->workers[0], "profiler service listening", 10000 * cl_time_scale()));
+
+    cr_assert_eq(dp_handshake(addr, NULL, 0, &fd, &ans, chal), 0, "no handshake on the profiler port");
+    frame_header_free(ans);
+    h.kind = TPUEMU__FRAME_KIND__FRAME_PING;
+    dp_send(fd, &h, NULL, 0);
+    cr_assert_eq(dp_recv(fd, 3000, &ans, NULL), 0, "a PING got no answer");
+    cr_assert_eq(ans->kind, TPUEMU__FRAME_KIND__FRAME_ERROR);
+    cr_assert_eq((int)ans->status->code, CODE_INVALID_ARGUMENT);
+    cr_assert(strstr(ans->status->message, "profiler port") != NULL, "%s", ans->status->message);
+    frame_header_free(ans);
+    cr_assert(tcp_wait_closed(fd, 3000));
+    close(fd);
+
+    cr_assert_eq(dp_handshake(addr, NULL, 0, &fd, &ans, chal), 0);
+    frame_header_free(ans);
+    h.kind = TPUEMU__FRAME_KIND__FRAME_PROFILE;
+    h.payload_bytes = 1u << 20;
+    dp_send(fd, &h, NULL, 0);
+    cr_assert_eq(dp_recv(fd, 3000, &ans, NULL), 0, "a PROFILE with a payload got no answer");
+    cr_assert_eq(ans->kind, TPUEMU__FRAME_KIND__FRAME_ERROR);
+    cr_assert(strstr(ans->status->message, "profiler port") != NULL, "%s", ans->status->message);
+    frame_header_free(ans);
+    cr_assert(tcp_wait_closed(fd, 3000));
+    close(fd);
+
+    cr_assert_eq(dp_handshake(addr, NULL, 0, &fd, &ans, chal), 0);
+    frame_header_free(ans);
+    Tpuemu__FrameHeader q = TPUEMU__FRAME_HEADER__INIT;
+    Tpuemu__ProfileRequest rq = TPUEMU__PROFILE_REQUEST__INIT;
+    q.kind = TPUEMU__FRAME_KIND__FRAME_PROFILE;
+    q.seq = 5;
+    q.profile = &rq;
+    dp_send(fd, &q, NULL, 0);
+    cr_assert_eq(dp_recv(fd, 3000, &ans, NULL), 0, "the profiler port stopped answering");
+    cr_assert_eq(ans->kind, TPUEMU__FRAME_KIND__FRAME_PROFILE_RESULT, "kind %d", ans->kind);
+    cr_assert_not_null(ans->profile_info);
+    cr_assert(ans->profile_info->host_service);
+    cr_assert_str_eq(ans->profile_info->host_id, "h0");
+    cr_assert_eq(ans->profile_info->core, 0);
+    cr_assert_str_eq(ans->profile_info->resolver, t->cl->addr);
+    frame_header_free(ans);
+    close(fd);
     ct_free(t);
 }
