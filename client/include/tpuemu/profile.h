@@ -76,7 +76,10 @@ TPU_API tpu_status tpu_profile_core_info(const tpu_profile *p, size_t i, tpu_pro
  * time, YYYY_MM_DD_HH_MM_SS, as TensorFlow names its runs; HOST: this
  * machine's name), the layout TensorBoard's profile plugin reads. A process per host, a thread per core (and one for
  * its sends and one for its receives), flow arrows from each all-reduce
- * chunk's send to its receive. The file's path goes to path. */
+ * chunk's send to its receive. The file's path goes to path. Unless LOGDIR
+ * holds one already, it also makes the empty event file TensorFlow makes
+ * there, events.out.tfevents.SECONDS.HOST.profile-empty, so TensorBoard lists
+ * LOGDIR as a run. */
 TPU_API tpu_status tpu_profile_write(const tpu_profile *p, const char *logdir, char *path, size_t n);
 
 /* Where the average step's time went, over every core and captured step:
