@@ -946,6 +946,36 @@ Test(profile, profile_batch_counts_executions_with_steps_per_execution, .timeout
     summary_of_json(ov, &sum);
     cr_assert_eq(sum.steps, 2u * 3u, "core-steps with a period in steps 3-6: %zu", sum.steps);
     json_free(ov);
+    /* beside plugins/, TensorFlow's empty event file (save_profile.cc MaybeCreateEmptyEventFile) and the
+     * epoch scalars' file, read by the independent reader */
+    {
+        char dir[700];
+        run_result r;
+        size_t empty = 0, v2 = 0;
+        snprintf(dir, sizeof dir, "%s/train", logdir);
+        run_cmd((const char *const[]){"/usr/bin/env", "python3", TPUEMU_TFEVENTS_READER, dir, NULL}, NULL, 60000,
+                &r);
+        cr_assert_eq(r.code, 0, "tfevents_read.py %s: %s", dir, r.err);
+        json *j = json_parse(r.out, strlen(r.out), ebuf, sizeof ebuf);
+        cr_assert_not_null(j, "%s", ebuf);
+        const json *files = json_get(j, "files");
+        for (size_t i = 0; i < json_len(files); i++) {
+            const json *f = json_at(files, i), *evs = json_get(f, "events");
+            const char *kind = json_str(json_get(f, "kind"));
+            cr_assert_str_eq(json_str(json_get(json_at(evs, 0), "file_version")), "brain.Event:2");
+            if (kind && !strcmp(kind, "profile-empty")) {
+                empty++;
+                cr_assert_eq(json_len(evs), 1u, "the .profile-empty file holds %zu events", json_len(evs));
+            } else {
+                v2++;
+                cr_assert_eq(json_len(evs), 1u + 2u * 2u, "2 epochs of loss and accuracy: %zu events",
+                             json_len(evs));
+            }
+        }
+        cr_assert(empty == 1 && v2 == 1, "%zu .profile-empty and %zu .v2 files in %s", empty, v2, dir);
+        json_free(j);
+        run_result_free(&r);
+    }
     tpu_callback_free(&cb);
     tpu_model_free(m);
     ct_free(t);

@@ -33,6 +33,7 @@ import struct
 import sys
 
 NAME = re.compile(r"^events\.out\.tfevents\.(\d{10})\.(.+)\.(\d+)\.(\d+)\.v2$")
+EMPTY = re.compile(r"^events\.out\.tfevents\.(\d{10})\.(.+)\.profile-empty$")
 
 
 class Bad(Exception):
@@ -209,16 +210,21 @@ def main(dirs):
             if "tfevents" not in name:
                 continue
             m = NAME.match(name)
-            if not m:
-                raise Bad("%s: not events.out.tfevents.SECONDS.HOST.PID.N.v2" % name)
+            empty = EMPTY.match(name)
+            if not m and not empty:
+                raise Bad("%s: not events.out.tfevents.SECONDS.HOST.PID.N.v2 or SECONDS.HOST.profile-empty" % name)
             with open(os.path.join(d, name), "rb") as f:
                 data = f.read()
             try:
                 evs = [event(r) for r in records(data)]
             except Bad as e:
                 raise Bad("%s: %s" % (os.path.join(d, name), e))
-            out.append({"dir": d, "name": name, "seconds": int(m.group(1)), "host": m.group(2),
-                        "pid": int(m.group(3)), "uid": int(m.group(4)), "events": evs})
+            if empty:
+                out.append({"dir": d, "name": name, "kind": "profile-empty", "seconds": int(empty.group(1)),
+                            "host": empty.group(2), "events": evs})
+            else:
+                out.append({"dir": d, "name": name, "kind": "v2", "seconds": int(m.group(1)), "host": m.group(2),
+                            "pid": int(m.group(3)), "uid": int(m.group(4)), "events": evs})
     json.dump({"files": out}, sys.stdout)
     sys.stdout.write("\n")
 
