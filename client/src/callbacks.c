@@ -293,6 +293,12 @@ static tpu_status prof_train_begin(tpu_model *m, void *user)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     p->t_begin = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
     p->prev_step = m->step;
+    /* Keras' on_train_begin: _global_train_batch = 0, the batches count from there again */
+    p->seen = 0;
+    if (!p->written) {
+        p->n = 0;
+        p->step_first = p->step_last = 0;
+    }
     /* Keras opens its train writer when training begins */
     if (!p->train_ev.f && tfevents_open(&p->train_ev, p->train_dir, &e) != CODE_OK)
         return cli_fail(&e);
