@@ -3,7 +3,9 @@
  * strategy, use a global batch of 128 x num_replicas_in_sync with the
  * mixed_bfloat16 policy, batch and prefetch the dataset, build
  * Dense(128, relu) -> Dense(10, softmax) with Adam and sparse categorical
- * cross-entropy, and fit for 10 epochs with the profiler on batches 10-20.
+ * cross-entropy, and fit for 10 epochs with TensorBoard's callback: the
+ * profiler on batches 10-20 (LOGDIR/train/plugins/profile/RUN/) and the
+ * epoch scalars (LOGDIR/train/events.out.tfevents.*).
  *
  *   fashion_mnist [--tpu ADDR] [--epochs N] [--data DIR] [--logdir DIR]
  *                 [--checkpoint FILE [--checkpoint-every N]] [--recover N [--recover-wait S]]
@@ -58,7 +60,8 @@ static int usage(const char *why)
                     "  --epochs N    epochs to train (default 10)\n"
                     "  --data DIR    the Fashion-MNIST IDX files (default " DEFAULT_DATA ",\n"
                     "                Debian package dataset-fashion-mnist)\n"
-                    "  --logdir DIR  where the profiler writes batches 10-20 (default logs)\n"
+                    "  --logdir DIR  TensorBoard's log directory: the profile of batches 10-20 and the\n"
+                    "                epoch scalars go under DIR/train (default logs)\n"
                     "  --learning-rate LR  Adam's (default 0.001 x sqrt(global batch / 128))\n"
                     "  --checkpoint FILE   save the model there after every epoch\n"
                     "  --checkpoint-every N  ... every N steps instead (1..1000000)\n"
@@ -368,7 +371,7 @@ int main(int argc, char **argv)
     tpu_callback cbs[3];
     tpu_fit_options fo;
     size_t ncb = 2;
-    if (tpu_callback_progress(stdout, &cbs[0]) || tpu_callback_profiler(logdir, 10, 20, &cbs[1]))
+    if (tpu_callback_progress(stdout, &cbs[0]) || tpu_callback_tensorboard(logdir, 10, 20, &cbs[1]))
         return fail("making the callbacks");
     if (ckpt && tpu_callback_checkpoint(ckpt, (uint64_t)ckpt_every, &cbs[ncb++]))
         return fail("making the checkpoint callback");
@@ -425,14 +428,14 @@ int main(int argc, char **argv)
         } while ((st = recover(cluster, &topology, model, &co, ckpt, replicas, recover_wait, &fo.resume)) != TPU_OK);
         if (!*tpu_callback_profiler_dir(&cbs[1])) { /* its batches start again after the resume */
             tpu_callback_free(&cbs[1]);
-            if (tpu_callback_profiler(logdir, 10, 20, &cbs[1]))
-                return fail("making the profiler callback");
+            if (tpu_callback_tensorboard(logdir, 10, 20, &cbs[1]))
+                return fail("making the TensorBoard callback");
         }
     }
     if (!exit_code && *tpu_callback_profiler_dir(&cbs[1]))
         printf("profile of batches 10-20 in %s (the .trace.json.gz opens in Perfetto, chrome://tracing or "
-               "speedscope; steps.svg in a browser)\n",
-               tpu_callback_profiler_dir(&cbs[1]));
+               "speedscope; steps.svg in a browser); tensorboard --logdir %s shows it and the epoch scalars\n",
+               tpu_callback_profiler_dir(&cbs[1]), logdir);
     if (!exit_code)
         printf("test loss: %.4f\ntest accuracy: %.4f\n", loss, accuracy);
 

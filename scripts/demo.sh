@@ -47,7 +47,7 @@ done
 
 export TPU_NAME="grpc://$tpu"
 step "$bin/tpuctl" init --expect 8 --timeout-ms 10000  # waits until all 8 cores registered
-cd "$logdir"  # the profiler writes logs/plugins/profile/RUN/ here
+cd "$logdir"  # TensorBoard's callback writes logs/train/plugins/profile/RUN/ and logs/train/events.* here
 step "$OLDPWD/$bin/fashion_mnist" --epochs "${TPUEMU_DEMO_EPOCHS:-10}"
 cd "$OLDPWD"
 step "$bin/tpuctl" cluster

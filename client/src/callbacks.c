@@ -1,7 +1,8 @@
 /* The built-in callbacks of fit: Keras' progress bar, ModelCheckpoint, and
- * the profiler hook (TensorBoard's profile_batch range). */
+ * TensorBoard (its profile_batch range and its per-epoch scalars). */
 #include "model_int.h"
 #include "profile_int.h"
+#include "tfevents.h"
 
 #include <errno.h>
 #include <math.h>
@@ -167,22 +168,29 @@ tpu_status tpu_callback_checkpoint(const char *path, uint64_t save_every_steps, 
     return TPU_OK;
 }
 
-/* ---- profiler hook ---- */
+/* ---- TensorBoard: the profiler hook and the epoch scalars ---- */
 
 struct prof {
     char *logdir;
-    uint64_t first, last, seen; /* batches since train begin, 1-based */
+    char train_dir[4200], val_dir[4200]; /* LOGDIR/train, LOGDIR/validation */
+    int profile;                    /* profile_batch given (not 0) */
+    uint64_t first, last, seen;     /* executions since train begin, 1-based (Keras' _global_train_batch) */
     tpu_step_stats *steps;
     size_t n, cap;
-    uint64_t step_first, step_last; /* the global steps of those batches */
+    uint64_t prev_step;             /* the global step before the current execution */
+    uint64_t step_first, step_last; /* the global steps of those executions */
     int64_t t_begin;                /* CLOCK_MONOTONIC ns when training began */
     char dir[4700];
     int written;
+    tfevents train_ev, val_ev;      /* the event files, opened when first needed */
 };
 
 static void prof_free(void *user)
 {
     struct prof *p = user;
+    err e;
+    tfevents_close(&p->train_ev, &e);
+    tfevents_close(&p->val_ev, &e);
     free(p->logdir);
     free(p->steps);
     free(p);
@@ -200,7 +208,7 @@ static tpu_status prof_write(struct prof *p, tpu_model *m)
     if (tpu_profile_capture(m->s->c, 0, &pr) != TPU_OK)
         return tpu_last_status();
     profile_keep_steps(pr, p->step_first, p->step_last, p->t_begin);
-    if (tpu_profile_write(pr, p->logdir, file, sizeof file) != TPU_OK) {
+    if (tpu_profile_write(pr, p->train_dir, file, sizeof file) != TPU_OK) {
         tpu_profile_free(pr);
         return tpu_last_status();
     }
@@ -251,15 +259,19 @@ static tpu_status prof_write(struct prof *p, tpu_model *m)
     return TPU_OK;
 }
 
+/* Keras' TensorBoard callback counts profile_batch in calls of its batch
+ * hooks, which fit makes once per execution (steps_per_execution steps). */
 static tpu_status prof_batch_end(tpu_model *m, int epoch, size_t batch, const tpu_logs *l, void *user)
 {
     struct prof *p = user;
+    uint64_t before = p->prev_step;
     (void)epoch, (void)batch;
-    p->seen += m->co.steps_per_execution;
-    if (p->written || p->seen < p->first)
+    p->seen++;
+    p->prev_step = l->step;
+    if (!p->profile || p->written || p->seen < p->first)
         return TPU_OK;
     if (!p->step_first)
-        p->step_first = l->step + 1 > m->co.steps_per_execution ? l->step + 1 - m->co.steps_per_execution : 1;
+        p->step_first = before + 1;
     p->step_last = l->step;
     if (p->n == p->cap) {
         size_t cap = p->cap ? 2 * p->cap : 64;
@@ -277,40 +289,101 @@ static tpu_status prof_train_begin(tpu_model *m, void *user)
 {
     struct prof *p = user;
     struct timespec ts;
-    (void)m;
+    err e;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     p->t_begin = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    p->prev_step = m->step;
+    /* Keras' on_train_begin: _global_train_batch = 0, the batches count from there again */
+    p->seen = 0;
+    if (!p->written) {
+        p->n = 0;
+        p->step_first = p->step_last = 0;
+    }
+    /* Keras opens its train writer when training begins */
+    if (!p->train_ev.f && tfevents_open(&p->train_ev, p->train_dir, &e) != CODE_OK)
+        return cli_fail(&e);
+    return TPU_OK;
+}
+
+/* Keras' _log_epoch_metrics: epoch_NAME at step epoch in LOGDIR/train, and
+ * the validation's under LOGDIR/validation without their val_ prefix; its
+ * on_test_end adds evaluation_NAME_vs_iterations at the optimizer's
+ * iterations (the global step) there. */
+static tpu_status prof_epoch_end(tpu_model *m, int epoch, const tpu_logs *l, void *user)
+{
+    struct prof *p = user;
+    err e;
+    if (!p->train_ev.f && tfevents_open(&p->train_ev, p->train_dir, &e) != CODE_OK)
+        return cli_fail(&e);
+    if (tfevents_scalar(&p->train_ev, "epoch_loss", epoch, (float)l->loss, &e) != CODE_OK ||
+        (!isnan(l->accuracy) && tfevents_scalar(&p->train_ev, "epoch_accuracy", epoch, (float)l->accuracy, &e)))
+        return cli_fail(&e);
+    if (!l->has_val)
+        return TPU_OK;
+    if (!p->val_ev.f && tfevents_open(&p->val_ev, p->val_dir, &e) != CODE_OK)
+        return cli_fail(&e);
+    if (tfevents_scalar(&p->val_ev, "evaluation_loss_vs_iterations", (int64_t)m->step, (float)l->val_loss, &e) ||
+        (!isnan(l->val_accuracy) && tfevents_scalar(&p->val_ev, "evaluation_accuracy_vs_iterations",
+                                                     (int64_t)m->step, (float)l->val_accuracy, &e)) ||
+        tfevents_scalar(&p->val_ev, "epoch_loss", epoch, (float)l->val_loss, &e) ||
+        (!isnan(l->val_accuracy) && tfevents_scalar(&p->val_ev, "epoch_accuracy", epoch, (float)l->val_accuracy, &e)))
+        return cli_fail(&e);
     return TPU_OK;
 }
 
 static tpu_status prof_train_end(tpu_model *m, const tpu_logs *l, void *user)
 {
     struct prof *p = user;
+    err e;
+    tpu_status st = TPU_OK;
     (void)l;
-    return !p->written && p->n ? prof_write(p, m) : TPU_OK;
+    if (p->profile && !p->written && p->n)
+        st = prof_write(p, m);
+    /* Keras closes its writers when training ends */
+    if (tfevents_close(&p->train_ev, &e) != CODE_OK || tfevents_close(&p->val_ev, &e) != CODE_OK)
+        return st == TPU_OK ? cli_fail(&e) : st;
+    return st;
+}
+
+tpu_status tpu_callback_tensorboard(const char *log_dir, uint64_t first, uint64_t last, tpu_callback *cb)
+{
+    struct prof *p;
+    memset(cb, 0, sizeof *cb);
+    if (!log_dir || !*log_dir)
+        return cli_failf(TPU_INVALID_ARGUMENT, "TensorBoard: no log directory");
+    if ((first == 0) != (last == 0) || last < first)
+        return cli_failf(TPU_INVALID_ARGUMENT, "TensorBoard: profile_batch '%llu,%llu' is not 0 (no profile) or a "
+                         "range of batches counted from 1", (unsigned long long)first, (unsigned long long)last);
+    if (strlen(log_dir) > 4000)
+        return cli_failf(TPU_INVALID_ARGUMENT, "TensorBoard: the log directory's path is too long (%zu bytes)",
+                         strlen(log_dir));
+    if (!(p = calloc(1, sizeof *p)) || !(p->logdir = strdup(log_dir))) {
+        free(p);
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    snprintf(p->train_dir, sizeof p->train_dir, "%s/train", log_dir);
+    snprintf(p->val_dir, sizeof p->val_dir, "%s/validation", log_dir);
+    p->profile = first != 0;
+    p->first = first;
+    p->last = last;
+    cb->on_train_begin = prof_train_begin;
+    cb->on_batch_end = prof_batch_end;
+    cb->on_epoch_end = prof_epoch_end;
+    cb->on_train_end = prof_train_end;
+    cb->destroy = prof_free;
+    cb->user = p;
+    return TPU_OK;
 }
 
 tpu_status tpu_callback_profiler(const char *logdir, uint64_t first, uint64_t last, tpu_callback *cb)
 {
-    struct prof *p;
     memset(cb, 0, sizeof *cb);
     if (!logdir || !*logdir)
         return cli_failf(TPU_INVALID_ARGUMENT, "profiler: no log directory");
     if (first < 1 || last < first)
         return cli_failf(TPU_INVALID_ARGUMENT, "profiler: profile_batch '%llu,%llu' is not a range of batches "
                          "counted from 1", (unsigned long long)first, (unsigned long long)last);
-    if (!(p = calloc(1, sizeof *p)) || !(p->logdir = strdup(logdir))) {
-        free(p);
-        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
-    }
-    p->first = first;
-    p->last = last;
-    cb->on_train_begin = prof_train_begin;
-    cb->on_batch_end = prof_batch_end;
-    cb->on_train_end = prof_train_end;
-    cb->destroy = prof_free;
-    cb->user = p;
-    return TPU_OK;
+    return tpu_callback_tensorboard(logdir, first, last, cb);
 }
 
 const char *tpu_callback_profiler_dir(const tpu_callback *cb)

@@ -23,6 +23,7 @@
 #include "dpio.h"
 #include "frame.h"
 #include "profile_int.h"
+#include "tfevents.h"
 
 #define KIND(k) TPUEMU__FRAME_KIND__FRAME_##k
 #define TK(k) TPUEMU__TRACE_KIND__TRACE_##k
@@ -308,7 +309,20 @@ static int by_replica(const void *a, const void *b)
     return h ? h : x->peer.core - y->peer.core;
 }
 
-tpu_status tpu_profile_capture(tpu_cluster *c, uint32_t duration_ms, tpu_profile **out)
+static int in_hosts(const char *host, const char *const *hosts, size_t nhosts)
+{
+    if (!hosts)
+        return 1;
+    for (size_t i = 0; i < nhosts; i++)
+        if (strcmp(hosts[i], host) == 0)
+            return 1;
+    return 0;
+}
+
+/* The capture of the cores of c's cluster on hosts[0..nhosts) (NULL: every
+ * host). */
+static tpu_status capture_cores(tpu_cluster *c, const char *const *hosts, size_t nhosts, uint32_t duration_ms,
+                                tpu_profile **out)
 {
     tpu_cluster_spec *spec = NULL;
     tpu_profile *p;
@@ -322,7 +336,8 @@ tpu_status tpu_profile_capture(tpu_cluster *c, uint32_t duration_ms, tpu_profile
     n = tpu_cluster_spec_num_cores(spec);
     for (size_t i = 0; i < n; i++) {
         tpu_core_info ci;
-        if (tpu_cluster_spec_core(spec, i, &ci) == TPU_OK && ci.state == TPU_CORE_READY)
+        if (tpu_cluster_spec_core(spec, i, &ci) == TPU_OK && ci.state == TPU_CORE_READY &&
+            in_hosts(ci.host_id, hosts, nhosts))
             ready++;
     }
     if (!(p = calloc(1, sizeof *p)) || !(p->c = calloc(n ? n : 1, sizeof *p->c))) {
@@ -334,7 +349,8 @@ tpu_status tpu_profile_capture(tpu_cluster *c, uint32_t duration_ms, tpu_profile
         tpu_core_info ci;
         struct pcore *pc = &p->c[p->n];
         if (tpu_cluster_spec_core(spec, i, &ci) != TPU_OK || ci.state == TPU_CORE_DEAD ||
-            (ready && ci.state != TPU_CORE_READY) || !ci.data_addr || !*ci.data_addr)
+            (ready && ci.state != TPU_CORE_READY) || !ci.data_addr || !*ci.data_addr ||
+            !in_hosts(ci.host_id, hosts, nhosts))
             continue;
         snprintf(pc->peer.host, sizeof pc->peer.host, "%s", ci.host_id);
         pc->peer.core = ci.core;
@@ -344,6 +360,15 @@ tpu_status tpu_profile_capture(tpu_cluster *c, uint32_t duration_ms, tpu_profile
         p->n++;
     }
     tpu_cluster_spec_free(spec);
+    for (size_t h = 0; hosts && h < nhosts; h++) {
+        size_t k = 0;
+        while (k < p->n && strcmp(p->c[k].peer.host, hosts[h]) != 0)
+            k++;
+        if (k == p->n) {
+            tpu_profile_free(p);
+            return cli_failf(TPU_NOT_FOUND, "profile: host %s has no live core in the cluster", hosts[h]);
+        }
+    }
     if (!p->n) {
         tpu_profile_free(p);
         return cli_failf(TPU_NOT_FOUND, "profile: the cluster has no live core to profile");
@@ -371,6 +396,14 @@ tpu_status tpu_profile_capture(tpu_cluster *c, uint32_t duration_ms, tpu_profile
         p->end = now_ns();
     for (size_t i = 0; i < p->n && rc == CODE_OK; i++)
         rc = drain(&p->c[i], p->end, &e);
+    if (duration_ms && rc == CODE_OK) /* events already under way when the capture began are not in it */
+        for (size_t i = 0; i < p->n; i++) {
+            size_t k = 0;
+            for (size_t j = 0; j < p->c[i].n; j++)
+                if (p->c[i].ev[j].t0 >= p->start)
+                    p->c[i].ev[k++] = p->c[i].ev[j];
+            p->c[i].n = k;
+        }
     if (!duration_ms && rc == CODE_OK) { /* the capture spans what the rings held */
         int64_t lo = p->end;
         for (size_t i = 0; i < p->n; i++)
@@ -388,6 +421,98 @@ tpu_status tpu_profile_capture(tpu_cluster *c, uint32_t duration_ms, tpu_profile
     qsort(p->c, p->n, sizeof *p->c, by_replica);
     *out = p;
     return TPU_OK;
+}
+
+tpu_status tpu_profile_capture(tpu_cluster *c, uint32_t duration_ms, tpu_profile **out)
+{
+    return capture_cores(c, NULL, 0, duration_ms, out);
+}
+
+#define PROF_MAX_SERVICES 64
+
+tpu_status tpu_profile_capture_hosts(tpu_resolver *r, const char *service_addr, uint32_t duration_ms,
+                                     tpu_profile **out)
+{
+    char hosts[PROF_MAX_SERVICES][DPIO_HOST_MAX], resolver[ADDR_HOST_MAX + 16] = "";
+    const char *hp[PROF_MAX_SERVICES];
+    char list[4096], *save = NULL, *tok;
+    size_t n = 0;
+    tpu_resolver *r2 = NULL;
+    tpu_cluster *c2 = NULL;
+    tpu_status st;
+    err e;
+
+    *out = NULL;
+    if (!r)
+        return cli_failf(TPU_INVALID_ARGUMENT, "capture_tpu_profile: no resolver handle (it holds the cluster token)");
+    if (!service_addr || !*service_addr)
+        return cli_failf(TPU_INVALID_ARGUMENT, "capture_tpu_profile: --service_addr is empty: give a host's profiler "
+                                               "address, HOST:PORT (port 8466 by default), or a comma list");
+    if (strlen(service_addr) >= sizeof list)
+        return cli_failf(TPU_INVALID_ARGUMENT, "capture_tpu_profile: --service_addr is too long (%zu bytes)",
+                         strlen(service_addr));
+    snprintf(list, sizeof list, "%s", service_addr);
+    for (tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        struct pcore pc;
+        addr a;
+        Tpuemu__ProfileInfo *pi;
+        Tpuemu__TraceEvents *ev;
+        int64_t t0, t1;
+        int rc;
+        if (strncmp(tok, "grpc://", 7) == 0) /* TensorFlow's form; profiler_client strips it too */
+            tok += 7;
+        if (n == PROF_MAX_SERVICES)
+            return cli_failf(TPU_INVALID_ARGUMENT, "capture_tpu_profile: more than %d addresses in --service_addr",
+                             PROF_MAX_SERVICES);
+        if (addr_parse(tok, 8466, &a, &e) != CODE_OK)
+            return cli_failf(TPU_INVALID_ARGUMENT, "capture_tpu_profile: --service_addr '%s': %s", tok, e.msg);
+        memset(&pc, 0, sizeof pc);
+        pc.peer.fd = -1;
+        addr_format(a.host, a.port, pc.peer.addr, sizeof pc.peer.addr);
+        snprintf(pc.peer.host, sizeof pc.peer.host, "%.*s", (int)sizeof pc.peer.host - 1, pc.peer.addr);
+        if ((rc = dpio_dial(&pc.peer, &r->auth, r->sender, wire_now_ms() + DPIO_CONNECT_MS, &e)) != CODE_OK) {
+            dpio_close(&pc.peer);
+            return cli_failf(rc, "capture_tpu_profile: the profiler service at %s: %s (a host's profiler port is "
+                                 "tpu-worker --profiler-port, 8466 by default, served by the host's core 0)",
+                             pc.peer.addr, e.msg);
+        }
+        rc = ask(&pc, 0, 0, 0, &pi, &ev, &t0, &t1, &e);
+        dpio_close(&pc.peer);
+        if (rc != CODE_OK)
+            return cli_failf(rc, "capture_tpu_profile: the profiler service at %s: %s", pc.peer.addr, e.msg);
+        if (ev)
+            tpuemu__trace_events__free_unpacked(ev, NULL);
+        if (!pi->host_service || !pi->host_id || !*pi->host_id || !pi->resolver || !*pi->resolver) {
+            tpuemu__profile_info__free_unpacked(pi, NULL);
+            return cli_failf(TPU_INVALID_ARGUMENT, "capture_tpu_profile: %s is a core's data port, not a host's "
+                             "profiler port (tpu-worker --profiler-port)", pc.peer.addr);
+        }
+        if (*resolver && strcmp(resolver, pi->resolver) != 0) {
+            st = cli_failf(TPU_INVALID_ARGUMENT, "capture_tpu_profile: the hosts of --service_addr register with "
+                           "different resolvers (%s and %s at %s): capture each cluster on its own", resolver,
+                           pi->resolver, pc.peer.addr);
+            tpuemu__profile_info__free_unpacked(pi, NULL);
+            return st;
+        }
+        snprintf(resolver, sizeof resolver, "%s", pi->resolver);
+        snprintf(hosts[n], sizeof hosts[n], "%s", pi->host_id);
+        hp[n] = hosts[n];
+        n++;
+        tpuemu__profile_info__free_unpacked(pi, NULL);
+    }
+    if (!n)
+        return cli_failf(TPU_INVALID_ARGUMENT, "capture_tpu_profile: --service_addr '%s' names no address",
+                         service_addr);
+    /* the hosts' cores, as their resolver lists them, with r's token */
+    if ((st = tpu_resolver_new(resolver, &r2)) != TPU_OK)
+        return st;
+    r2->auth = r->auth;
+    r2->timeout_ms = r->timeout_ms;
+    if ((st = tpu_connect_to_cluster(r2, &c2)) == TPU_OK)
+        st = capture_cores(c2, hp, n, duration_ms, out);
+    tpu_cluster_free(c2);
+    tpu_resolver_free(r2);
+    return st;
 }
 
 size_t tpu_profile_num_cores(const tpu_profile *p)
@@ -653,9 +778,14 @@ tpu_status tpu_profile_write(const tpu_profile *p, const char *logdir, char *pat
 
     if (!logdir || !*logdir)
         return cli_failf(TPU_INVALID_ARGUMENT, "profile: no log directory");
-    gmtime_r(&p->wall, &tm);
+    localtime_r(&p->wall, &tm); /* TensorFlow's GetCurrentTimeStampAsString: local time */
     strftime(run, sizeof run, "%Y_%m_%d_%H_%M_%S", &tm);
     gethostname(host, sizeof host - 1);
+    {
+        err e;
+        if (tfevents_profile_empty(logdir, &e) != CODE_OK)
+            return cli_fail(&e);
+    }
     snprintf(dir, sizeof dir, "%s/plugins/profile/%s", logdir, run);
     if (mkdirs(dir) < 0)
         return cli_failf(TPU_PERMISSION_DENIED, "profile: cannot create %s: %s", dir, strerror(errno));
@@ -897,6 +1027,45 @@ size_t profile_core_steps(const tpu_profile *p, size_t i, struct profile_step **
     return n;
 }
 
+/* With a MODERATELY input-bound step the overview page says to reduce both the
+ * input time and the rest: the fix of the largest other part, and the input's. */
+static const char *const cat_fix_moderate[NCAT] = {
+    "",
+    "compute: use a bigger batch, in multiples of 128 per core, and the mixed_bfloat16 policy; and the input "
+    "pipeline (moderately input-bound): cache() the dataset and prefetch(AUTOTUNE)",
+    "the all-reduce: use a bigger batch (more compute per byte reduced) or more steps per execution; and the "
+    "input pipeline (moderately input-bound): cache() the dataset and prefetch(AUTOTUNE)",
+    "",
+    "idle time between steps: more steps per execution, and prefetch the input; and the input pipeline "
+    "(moderately input-bound): cache() the dataset and prefetch(AUTOTUNE)"};
+
+#define PROF_MODERATELY_INPUT_PCT 5.0 /* kModeratelyInfeedBoundThresholdInPercent */
+#define PROF_HIGHLY_INPUT_PCT 20.0    /* kHighlyInfeedBoundThresholdInPercent */
+
+/* TensorFlow's InputAnalysis, with its names and words. */
+static void input_analysis(double input_pct, tpu_profile_summary *out)
+{
+    if (input_pct >= PROF_HIGHLY_INPUT_PCT) {
+        out->input_bound = "HIGHLY input-bound";
+        out->input_classification = "host";
+        snprintf(out->input_statement, sizeof out->input_statement,
+                 "Your program is HIGHLY input-bound because %.1f%% of the total step time sampled is waiting for "
+                 "input. Therefore, you should first focus on reducing the input time.", input_pct);
+    } else if (input_pct >= PROF_MODERATELY_INPUT_PCT) {
+        out->input_bound = "MODERATELY input-bound";
+        out->input_classification = "both";
+        snprintf(out->input_statement, sizeof out->input_statement,
+                 "Your program is MODERATELY input-bound because %.1f%% of the total step time sampled is waiting "
+                 "for input. Therefore, you would need to reduce both the input time and other time.", input_pct);
+    } else {
+        out->input_bound = "NOT input-bound";
+        out->input_classification = "device";
+        snprintf(out->input_statement, sizeof out->input_statement,
+                 "Your program is NOT input-bound because only %.1f%% of the total step time sampled is waiting "
+                 "for input. Therefore, you should focus on reducing other time.", input_pct);
+    }
+}
+
 static const char *const cat_fix[NCAT] = {
     "the input pipeline: cache() the dataset and prefetch(AUTOTUNE) so the next batch is ready",
     "compute: use a bigger batch, in multiples of 128 per core, and the mixed_bfloat16 policy",
@@ -980,6 +1149,10 @@ tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out)
 
     memset(out, 0, sizeof *out);
     out->straggler = -1;
+    out->input_bound = "unknown";
+    out->input_classification = "unknown";
+    snprintf(out->input_statement, sizeof out->input_statement,
+             "No step time measured. Therefore we cannot tell where the performance bottleneck is.");
     out->bottleneck = "none";
     out->advice = "capture while the model trains: no training step was in the capture";
     if (!rows || !nrows || !last_count || !late_sum) {
@@ -1023,6 +1196,7 @@ tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out)
     out->step_ms = all.period / (double)all.steps / 1e6;
     for (int c = 0; c < NCAT; c++)
         out->fraction[c] = all.cat[c] / all.period;
+    input_analysis(100.0 * out->fraction[CAT_INPUT], out);
     /* who arrives last at each step's all-reduce, and after the next latest by how much */
     for (size_t j = 0; p->n > 1 && rows[0] && j < nrows[0]; j++) {
         int64_t mx = INT64_MIN, second = INT64_MIN;
@@ -1064,13 +1238,16 @@ tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out)
         out->bottleneck = "memory";
         out->advice = "memory: HBM is nearly full; use a smaller batch per core, or recompute activations in "
                       "the backward pass instead of keeping them";
+    } else if (strcmp(out->input_classification, "host") == 0) {
+        out->bottleneck = cat_names[CAT_INPUT];
+        out->advice = cat_fix[CAT_INPUT];
     } else {
-        int top = CAT_INPUT;
-        for (int c = 1; c < NCAT; c++)
+        int top = CAT_COMPUTE;
+        for (int c = CAT_COMPUTE + 1; c < NCAT; c++)
             if (c != CAT_OPT && all.cat[c] > all.cat[top])
                 top = c;
         out->bottleneck = cat_names[top];
-        out->advice = cat_fix[top];
+        out->advice = strcmp(out->input_classification, "both") == 0 ? cat_fix_moderate[top] : cat_fix[top];
     }
 done:
     for (size_t i = 0; rows && i < p->n; i++)
@@ -1145,6 +1322,7 @@ void tpu_profile_print_overview(const tpu_profile *p, FILE *f)
                    "measured here %.3f ms\n",
                 sum.tpu_type, sum.est_step_ms, sum.est_matmul_ms, sum.est_ops, sum.est_hbm_bound_ops,
                 sum.est_optimizer_ms, sum.est_allreduce_ms, sum.step_ms);
+    fprintf(f, "Input (the overview page's classes): %s. %s\n", sum.input_bound, sum.input_statement);
     if (strcmp(sum.bottleneck, "memory") == 0)
         fprintf(f, "Bottleneck: memory (HBM peak %.0f%% of capacity): %s\n", 100.0 * sum.hbm_peak_fraction,
                 sum.advice);
@@ -1217,7 +1395,13 @@ tpu_status tpu_profile_write_overview_json(const tpu_profile *p, FILE *f)
         fprintf(f, "null");
     fprintf(f, ",\"hbm\":{\"peak_fraction\":%.6f,\"core\":", sum.hbm_peak_fraction);
     fcore(f, p, sum.hbm_core);
-    fprintf(f, "},\"bottleneck\":");
+    fprintf(f, "},\"input_bound\":");
+    fjstr(f, sum.input_bound);
+    fprintf(f, ",\"input_classification\":");
+    fjstr(f, sum.input_classification);
+    fprintf(f, ",\"input_statement\":");
+    fjstr(f, sum.input_statement);
+    fprintf(f, ",\"bottleneck\":");
     fjstr(f, sum.bottleneck);
     fprintf(f, ",\"advice\":");
     fjstr(f, sum.advice);

@@ -1072,39 +1072,115 @@ static int cmd_version(const struct tpuctl *g, int argc, char **argv)
 
 /* ---- profile ---- */
 
+/* One capture: through the hosts' profiler ports (--service_addr) or every
+ * core of the cluster (--tpu). */
+static tpu_status profile_once(const struct tpuctl *g, const char *service_addr, uint32_t duration, tpu_profile **p,
+                               int *usage)
+{
+    tpu_resolver *r;
+    tpu_cluster *c;
+    tpu_status st;
+    *usage = 0;
+    if (service_addr) {
+        /* the resolver handle carries the token; each service names its resolver */
+        if ((st = tpu_resolver_new(g->tpu, &r)) != TPU_OK) {
+            *usage = 1;
+            return st;
+        }
+        if (!(g->token_file && *g->token_file && (st = tpu_resolver_set_token_file(r, g->token_file)) != TPU_OK) &&
+            (st = tpu_resolver_set_timeout_ms(r, (uint32_t)g->timeout_ms)) == TPU_OK)
+            st = tpu_profile_capture_hosts(r, service_addr, duration, p);
+        tpu_resolver_free(r);
+        return st;
+    }
+    if (tpu_resolver_new(g->tpu, &r) != TPU_OK) {
+        *usage = 1;
+        return tpu_last_status();
+    }
+    if ((g->token_file && *g->token_file && (st = tpu_resolver_set_token_file(r, g->token_file)) != TPU_OK) ||
+        (st = tpu_resolver_set_timeout_ms(r, (uint32_t)g->timeout_ms)) != TPU_OK ||
+        (st = tpu_connect_to_cluster(r, &c)) != TPU_OK) {
+        tpu_resolver_free(r);
+        return st;
+    }
+    st = tpu_profile_capture(c, duration, p);
+    tpu_cluster_free(c);
+    tpu_resolver_free(r);
+    return st;
+}
+
 static int cmd_profile(const struct tpuctl *g, int argc, char **argv)
 {
-    const char *logdir = NULL, *plot = NULL;
-    long long duration = 2000;
+    const char *logdir = NULL, *plot = NULL, *service_addr = NULL;
+    long long duration = 2000, attempts = 3;
     struct opt t[] = {
         {"logdir", NULL, OPT_STRING, NULL, 0, 0, "DIR",
          "where the trace goes: DIR/plugins/profile/RUN/HOST.trace.json.gz (required)", &logdir},
         {"duration-ms", NULL, OPT_INT, "2000", 0, 600000, "MS",
          "how long to record, from now (0: what the cores' rings hold now)", &duration},
+        {"duration_ms", NULL, OPT_INT, NULL, 0, 600000, "MS", "the same (capture_tpu_profile's spelling)",
+         &duration},
+        {"service_addr", NULL, OPT_STRING, NULL, 0, 0, "ADDR[,ADDR]",
+         "profile the hosts whose profiler ports these are (HOST:PORT, grpc://HOST:PORT or a bare HOST for port "
+         "8466; tpu-worker --profiler-port) instead of every core of --tpu's cluster", &service_addr},
+        {"num_tracing_attempts", NULL, OPT_INT, "3", 1, 100, "N",
+         "capture up to N times while a capture has no event (a model not running yet)", &attempts},
         {"plot", NULL, OPT_STRING, NULL, 0, 0, "FILE.svg",
          "also draw the step-time breakdown over the steps and per core as an SVG picture", &plot},
     };
-    tpu_resolver *r;
-    tpu_cluster *c;
-    tpu_profile *p;
+    tpu_profile *p = NULL;
     char path[4600];
-    int rc = cmd_flags(t, sizeof t / sizeof t[0], argc, argv, "tpuctl profile --logdir DIR [--duration-ms N] [--plot FILE.svg]",
-                       "Record what every core of the cluster does for N ms (capture_tpu_profile), write it "
-                       "as one trace for chrome://tracing, Perfetto or TensorBoard, and print where each "
-                       "step's time went (with --json, the overview as JSON).");
+    FILE *say = g->json ? stderr : stdout; /* capture_tpu_profile's progress lines */
+    tpu_status st = TPU_OK;
+    int usage;
+    int rc = cmd_flags(t, sizeof t / sizeof t[0], argc, argv,
+                       "tpuctl profile --logdir DIR [--duration-ms N] [--service_addr ADDR[,ADDR]] "
+                       "[--num_tracing_attempts N] [--plot FILE.svg]",
+                       "Record what every core of the cluster (or of the hosts of --service_addr) does for N ms "
+                       "(capture_tpu_profile), write it as one trace for chrome://tracing, Perfetto or TensorBoard, "
+                       "and print where each step's time went (with --json, the overview as JSON). "
+                       "'tpuctl capture_tpu_profile' is the same command.");
 
     if (rc >= 0)
         return rc;
     if (!logdir || !*logdir) {
-        fprintf(stderr, "tpuctl profile: --logdir is required (see tpuctl profile --help)\n");
+        fprintf(stderr, "tpuctl %s: --logdir is required (see tpuctl %s --help)\n", argv[0], argv[0]);
         return EXIT_USAGE;
     }
-    if ((rc = connect_cluster(g, &r, &c)) >= 0)
-        return rc;
-    if (tpu_profile_capture(c, (uint32_t)duration, &p) != TPU_OK) {
-        rc = fail();
-        disconnect(r, c);
-        return rc;
+    if (service_addr && duration <= 0) {
+        fprintf(stderr, "tpuctl %s: --duration_ms must be greater than zero with --service_addr (a trace of the "
+                        "next N ms, as capture_tpu_profile takes it)\n", argv[0]);
+        return EXIT_USAGE;
+    }
+    /* capture_tpu_profile's loop (tensorflow/core/profiler/rpc/client/capture_profile.cc, Trace): a capture
+     * with no event is tried again, up to --num_tracing_attempts in all */
+    for (long long left = attempts;;) {
+        fprintf(say, "Starting to trace for %lld ms. Remaining attempt(s): %lld\n", duration, --left);
+        fflush(say);
+        st = profile_once(g, service_addr, (uint32_t)duration, &p, &usage);
+        if (st != TPU_OK) {
+            if (usage) {
+                fprintf(stderr, "tpuctl: --tpu: %s\n", tpu_last_error());
+                return EXIT_USAGE;
+            }
+            return fail();
+        }
+        if (tpu_profile_num_events(p) > 0)
+            break;
+        tpu_profile_free(p);
+        p = NULL;
+        if (left <= 0)
+            break;
+        fprintf(say, "No trace event is collected. Automatically retrying.\n\n");
+    }
+    if (!p) {
+        fprintf(say, "No trace event is collected after %lld attempt(s). Perhaps, you want to try again (with more "
+                     "attempts?).\nTip: increase number of attempts with --num_tracing_attempts.\n", attempts);
+        fflush(say);
+        fprintf(stderr, "%s: No trace event was collected: no core of %s recorded anything during the %lld ms "
+                        "(is a model running?)\n", tpu_status_name(TPU_UNAVAILABLE),
+                service_addr ? service_addr : "the cluster", duration);
+        return EXIT_ERROR;
     }
     rc = EXIT_OK;
     if (tpu_profile_write(p, logdir, path, sizeof path) != TPU_OK ||
@@ -1130,7 +1206,6 @@ static int cmd_profile(const struct tpuctl *g, int argc, char **argv)
             printf("Picture: %s\n", plot);
     }
     tpu_profile_free(p);
-    disconnect(r, c);
     return rc;
 }
 
@@ -1145,6 +1220,8 @@ const struct tpuctl_cmd tpuctl_cmds[] = {
     {"health", "cluster and per-core health; exit 1 if any core is unhealthy", cmd_health},
     {"version", "print versions", cmd_version},
     {"profile", "record every core for N ms: trace file and step-time breakdown", cmd_profile},
+    {"capture_tpu_profile", "the same as profile, by TensorFlow's name (--service_addr, --duration_ms, "
+                            "--num_tracing_attempts, --logdir)", cmd_profile},
     {"bench", "benchmark a collective: bench allreduce [--dtype --algo --op --min --max]", tpuctl_cmd_bench},
 };
 const int tpuctl_ncmds = (int)(sizeof tpuctl_cmds / sizeof tpuctl_cmds[0]);

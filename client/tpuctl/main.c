@@ -46,7 +46,7 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     }
     if (first >= argc) {
-        fprintf(stderr, "tpuctl: no command given (commands: cluster, init, shutdown, forget, chaos, health, version, profile, bench; "
+        fprintf(stderr, "tpuctl: no command given (commands: cluster, init, shutdown, forget, chaos, health, version, profile, capture_tpu_profile, bench; "
                         "see tpuctl --help)\n");
         return EXIT_USAGE;
     }
@@ -57,7 +57,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < tpuctl_ncmds; i++)
         if (strcmp(argv[first], tpuctl_cmds[i].name) == 0)
             return tpuctl_cmds[i].run(&g, argc - first, argv + first);
-    fprintf(stderr, "tpuctl: unknown command '%s' (commands: cluster, init, shutdown, forget, chaos, health, version, profile, bench; "
+    fprintf(stderr, "tpuctl: unknown command '%s' (commands: cluster, init, shutdown, forget, chaos, health, version, profile, capture_tpu_profile, bench; "
                     "see tpuctl --help)\n", argv[first]);
     return EXIT_USAGE;
 }

@@ -24,8 +24,9 @@ fail() { echo "FAIL: $*"; exit 1; }
 [ $rc -eq 0 ] || fail "fashion_mnist exited $rc"
 grep -q "^Epoch 5/5" out.txt || fail "no progress line for epoch 5"
 grep -qE "^117/117 \[=+\]" out.txt || fail "an epoch did not end with 117/117 batches (60000 / 512, drop_remainder)"
-ls logs/plugins/profile/*/steps.json >/dev/null 2>&1 || fail "no profile under logs/plugins/profile/"
-ls logs/plugins/profile/*/*.trace.json.gz >/dev/null 2>&1 || fail "no trace file under logs/plugins/profile/RUN/"
+ls logs/train/plugins/profile/*/steps.json >/dev/null 2>&1 || fail "no profile under logs/train/plugins/profile/"
+ls logs/train/plugins/profile/*/*.trace.json.gz >/dev/null 2>&1 || fail "no trace file under logs/train/plugins/profile/RUN/"
+ls logs/train/events.out.tfevents.* >/dev/null 2>&1 || fail "no TensorBoard event file under logs/train/"
 grep -q "^Bottleneck: " out.txt || fail "the profiler printed no bottleneck"
 acc=$(sed -n 's/^test accuracy: //p' out.txt)
 [ -n "$acc" ] || fail "no 'test accuracy:' line"

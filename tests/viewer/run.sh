@@ -43,9 +43,9 @@ start_local_cluster "$bin" "$work"
 cd "$work"
 timeout 300 "$bin/fashion_mnist" --tpu "$tpu" --epochs 1 >out.txt 2>err.txt ||
     { cat out.txt err.txt; fail "fashion_mnist failed"; }
-trace=$(ls logs/plugins/profile/*/*.trace.json.gz 2>/dev/null | head -1)
-svg=$(ls logs/plugins/profile/*/steps.svg 2>/dev/null | head -1)
-[ -n "$trace" ] && [ -n "$svg" ] || fail "the profiler callback wrote no trace or no steps.svg under logs/plugins/profile/RUN/"
+trace=$(ls logs/train/plugins/profile/*/*.trace.json.gz 2>/dev/null | head -1)
+svg=$(ls logs/train/plugins/profile/*/steps.svg 2>/dev/null | head -1)
+[ -n "$trace" ] && [ -n "$svg" ] || fail "the profiler callback wrote no trace or no steps.svg under logs/train/plugins/profile/RUN/"
 
 mkdir -p www
 tar -xzf "$tgz" -C "$work" package/dist/release || fail "cannot unpack $tgz"

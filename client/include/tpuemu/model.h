@@ -192,12 +192,25 @@ TPU_API tpu_status tpu_callback_progress(FILE *out, tpu_callback *cb);
  * save_every_steps steps when that is > 0. */
 TPU_API tpu_status tpu_callback_checkpoint(const char *path, uint64_t save_every_steps, tpu_callback *cb);
 /* TensorBoard(log_dir, profile_batch='first,last'): when batch last (1-based,
- * counted from the start of training, as Keras counts them) is done, reads
- * every core's events of batches first..last (tpuemu/profile.h), writes the
- * trace to logdir/plugins/profile/RUN/HOST.trace.json.gz, and beside it the
- * overview (HOST.overview.json), its picture (steps.svg) and the client's
- * per-step times (steps.json), and prints the overview. */
+ * counted from the start of training, as Keras counts them: once per
+ * execution, so with steps_per_execution k a "batch" is k steps) is done,
+ * reads every core's events of batches first..last (tpuemu/profile.h),
+ * writes the trace to logdir/train/plugins/profile/RUN/HOST.trace.json.gz
+ * (RUN: the local time, YYYY_MM_DD_HH_MM_SS), and beside it the overview
+ * (HOST.overview.json), its picture (steps.svg) and the client's per-step
+ * times (steps.json), and prints the overview. It also writes the epoch
+ * scalars as tpu_callback_tensorboard does. */
 TPU_API tpu_status tpu_callback_profiler(const char *logdir, uint64_t first, uint64_t last, tpu_callback *cb);
+/* Keras' TensorBoard(log_dir, profile_batch): after every epoch, the
+ * scalars epoch_loss and epoch_accuracy (step: the epoch, from 0) in an
+ * event file under log_dir/train, and when validation ran, the validation's
+ * epoch_loss and epoch_accuracy and evaluation_loss_vs_iterations and
+ * evaluation_accuracy_vs_iterations (step: the global step) under
+ * log_dir/validation; the files are named
+ * events.out.tfevents.SECONDS.HOST.PID.N.v2, TensorBoard reads them. first =
+ * last = 0 profiles nothing (profile_batch=0); else batches first..last are
+ * profiled as tpu_callback_profiler does. */
+TPU_API tpu_status tpu_callback_tensorboard(const char *log_dir, uint64_t first, uint64_t last, tpu_callback *cb);
 /* The run directory the profiler callback wrote ("" before it wrote one). */
 TPU_API const char *tpu_callback_profiler_dir(const tpu_callback *cb);
 

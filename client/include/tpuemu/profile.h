@@ -36,6 +36,20 @@ typedef struct tpu_profile tpu_profile;
  * takes what the rings hold now. Errors: TPU_UNAVAILABLE naming the core that
  * could not be reached; TPU_NOT_FOUND when the cluster has no live core. */
 TPU_API tpu_status tpu_profile_capture(tpu_cluster *c, uint32_t duration_ms, tpu_profile **out);
+/* capture_tpu_profile --service_addr: the same capture of the cores of the
+ * hosts named by their profiler addresses. service_addr is one host's
+ * profiler address ("HOST:PORT", "grpc://HOST:PORT", a bare HOST for port
+ * 8466, TensorFlow's profiler port) or a comma list of them. Each host's
+ * profiler port (tpu-worker --profiler-port) is served by its core 0, which
+ * answers with its host id and the resolver its cores register with; the
+ * capture then reads every live core of those hosts (from that resolver's
+ * cluster spec) directly. r gives the cluster token and the deadline of each
+ * call (its endpoints are not used). Errors: TPU_INVALID_ARGUMENT (a bad
+ * address, a core's data port, hosts of different resolvers), TPU_UNAVAILABLE
+ * naming the address nothing answers at, TPU_NOT_FOUND (a host without a live
+ * core). */
+TPU_API tpu_status tpu_profile_capture_hosts(tpu_resolver *r, const char *service_addr, uint32_t duration_ms,
+                                             tpu_profile **out);
 TPU_API void tpu_profile_free(tpu_profile *p);
 
 TPU_API size_t tpu_profile_num_cores(const tpu_profile *p);
@@ -58,11 +72,14 @@ typedef struct tpu_profile_core {
 TPU_API tpu_status tpu_profile_core_info(const tpu_profile *p, size_t i, tpu_profile_core *out);
 
 /* Writes the trace as Chrome trace-event JSON, gzip'd, to
- * LOGDIR/plugins/profile/RUN/HOST.trace.json.gz (RUN: the capture's UTC time,
- * YYYY_MM_DD_HH_MM_SS; HOST: this machine's name), the layout TensorBoard's
- * profile plugin reads. A process per host, a thread per core (and one for
+ * LOGDIR/plugins/profile/RUN/HOST.trace.json.gz (RUN: the capture's local
+ * time, YYYY_MM_DD_HH_MM_SS, as TensorFlow names its runs; HOST: this
+ * machine's name), the layout TensorBoard's profile plugin reads. A process per host, a thread per core (and one for
  * its sends and one for its receives), flow arrows from each all-reduce
- * chunk's send to its receive. The file's path goes to path. */
+ * chunk's send to its receive. The file's path goes to path. Unless LOGDIR
+ * holds one already, it also makes the empty event file TensorFlow makes
+ * there, events.out.tfevents.SECONDS.HOST.profile-empty, so TensorBoard lists
+ * LOGDIR as a run. */
 TPU_API tpu_status tpu_profile_write(const tpu_profile *p, const char *logdir, char *path, size_t n);
 
 /* Where the average step's time went, over every core and captured step:
@@ -78,7 +95,11 @@ TPU_API tpu_status tpu_profile_write(const tpu_profile *p, const char *logdir, c
  * cores is always last, by at least a tenth of a step); the highest HBM peak
  * of any core;
  * the bottleneck ("input", "compute", "memory", "all-reduce" or "idle") with
- * its fix; and the roofline estimate of the same step on the real generation.
+ * its fix: memory when a core's HBM peak is 90% of its capacity, else input
+ * when the step is HIGHLY input-bound (the overview page's first focus),
+ * else the largest of compute, all-reduce and idle (when MODERATELY
+ * input-bound the fix names the input pipeline too); and the roofline
+ * estimate of the same step on the real generation.
  *
  * The estimate, per core and step (the generation's published peaks, sent
  * by the workers): each matmul takes the longer of its FLOPs padded to the
@@ -116,6 +137,17 @@ typedef struct tpu_profile_summary {
     const char *tpu_type;
     double est_step_ms, est_matmul_ms, est_optimizer_ms, est_allreduce_ms;
     size_t est_ops, est_hbm_bound_ops; /* matmuls per step, of which bound by HBM bandwidth */
+    /* The input-bound classes of TensorFlow's profiler overview page
+     * (tensorflow/core/profiler/convert/op_stats_to_input_pipeline_analysis.cc,
+     * InputAnalysis): with input = fraction[TPU_PROFILE_INPUT] of the step,
+     * "HIGHLY input-bound" from 20%, "MODERATELY input-bound" from 5%, "NOT
+     * input-bound" below ("unknown" without a step); its
+     * input_classification "host", "both", "device" ("unknown"), and its
+     * statement ("Your program is HIGHLY input-bound because 23.4% of the
+     * total step time sampled is waiting for input. ..."). */
+    const char *input_bound;
+    const char *input_classification;
+    char input_statement[320];
 } tpu_profile_summary;
 TPU_API tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out);
 

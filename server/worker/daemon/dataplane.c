@@ -57,6 +57,12 @@ static void on_ready(dp_conn *c)
     log_debug("data-plane peer authenticated", "peer=%s name=%s replica=%d epoch=%llu", dp_conn_peer_addr(c),
               log_q(dp_conn_peer_name(c)), (int)dp_conn_auth_replica(c),
               (unsigned long long)dp_conn_auth_epoch(c));
+    if (dp->env.profiler_only && dp_conn_auth_epoch(c) != 0 && dp_conn_auth_replica(c) >= 0) {
+        dp_conn_fail(c, CODE_INVALID_ARGUMENT,
+                     "this is core %s/%d's profiler port: links between workers go to its data port",
+                     dp->env.id->host_id, dp->env.id->core);
+        return;
+    }
     if (dp_conn_auth_epoch(c) == 0 || dp_conn_auth_replica(c) < 0) { /* a client */
         if (dp->nauth >= DP_MAX_CONNS) {
             dp_conn_fail(c, CODE_RESOURCE_EXHAUSTED,
@@ -115,6 +121,8 @@ static void profile_answer(const struct dp_env *env, dp_conn *c, const Tpuemu__F
     pi.hbm_bandwidth = env->preset->hbm_bw_per_core;
     pi.ici_bandwidth = env->preset->ici_bw_per_chip / env->preset->cores_per_chip;
     pi.mxu_dim = (uint32_t)env->preset->mxu_dim;
+    pi.host_service = env->profiler_only != 0;
+    pi.resolver = (char *)(env->profiler_only && env->resolver_addr ? env->resolver_addr : "");
     a.kind = TPUEMU__FRAME_KIND__FRAME_PROFILE_RESULT;
     a.epoch = env->id->epoch;
     a.seq = h->seq;
@@ -126,6 +134,14 @@ static void profile_answer(const struct dp_env *env, dp_conn *c, const Tpuemu__F
 static void on_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload, size_t len)
 {
     struct dp_peer *p = dp_conn_data(c);
+
+    if (p->dp->env.profiler_only && h->kind != TPUEMU__FRAME_KIND__FRAME_PROFILE) {
+        free(payload);
+        dp_conn_fail(c, CODE_INVALID_ARGUMENT,
+                     "this is host %s's profiler port: it answers profile requests only (frame kind %d); "
+                     "collectives and training go to a core's data port", p->dp->env.id->host_id, (int)h->kind);
+        return;
+    }
 
     if (h->kind == TPUEMU__FRAME_KIND__FRAME_COLL) {
         coll_on_client_frame(p->dp->env.coll, c, h, payload, len);
@@ -160,6 +176,11 @@ static void on_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload,
 static enum dp_buf client_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, void **buf)
 {
     (void)buf;
+    if (((struct dp_peer *)dp_conn_data(c))->dp->env.profiler_only && h->payload_bytes > 0) {
+        dp_conn_fail(c, CODE_INVALID_ARGUMENT,
+                     "this is a profiler port: it answers profile requests, which carry no payload");
+        return DP_BUF_FAILED;
+    }
     if (h->kind == TPUEMU__FRAME_KIND__FRAME_PING && h->payload_bytes > DP_MAX_PING) {
         dp_conn_fail(c, CODE_INVALID_ARGUMENT, "a PING payload is at most %u bytes (announced %llu)",
                      DP_MAX_PING, (unsigned long long)h->payload_bytes);
@@ -311,8 +332,9 @@ int dp_start(struct dataplane *dp, const struct dp_env *env, err *e)
     dp->started = 1;
     if ((rc = uv_tcp_bind(&dp->listener, (struct sockaddr *)&ss, 0)) < 0 ||
         (rc = uv_listen((uv_stream_t *)&dp->listener, 128, on_connection)) < 0)
-        return err_set(e, CODE_UNAVAILABLE, "cannot listen for the data plane on %s port %d: %s", env->listen,
-                       env->port, uv_strerror(rc));
+        return err_set(e, rc == UV_EADDRINUSE ? CODE_ALREADY_EXISTS : CODE_UNAVAILABLE,
+                       "cannot listen for the %s on %s port %d: %s", env->profiler_only ? "profiler" : "data plane",
+                       env->listen, env->port, uv_strerror(rc));
     if ((rc = uv_tcp_getsockname(&dp->listener, (struct sockaddr *)&ss, &sl)) < 0)
         return err_set(e, CODE_INTERNAL, "data-plane getsockname: %s", uv_strerror(rc));
     dp->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port

@@ -7,7 +7,8 @@
  * handshake (a new one evicts the oldest of them: strangers cannot hold the
  * port), DP_MAX_CONNS authenticated clients beside them (links taken over by
  * peers leave both counts: at most one per peer replica), FRAME_MAX_PAYLOAD
- * per COLL, DP_MAX_PING per PING, DP_MAX_PENDING queued copied bytes each. */
+ * per COLL, DP_MAX_PING per PING, DP_MAX_PENDING queued copied bytes each.
+ * The same listener, with profiler_only, serves the host's profiler port. */
 #ifndef TPUEMU_WORKER_DATAPLANE_H
 #define TPUEMU_WORKER_DATAPLANE_H
 
@@ -47,6 +48,11 @@ struct dp_env {
     struct trace *trace;             /* PROFILE: the events */
     const hbm *hbm;                  /* PROFILE: the core's HBM */
     const struct tpu_preset *preset; /* PROFILE: the generation's peaks */
+    /* The host's profiler port (tpu-worker --profiler-port): a listener that
+     * answers PROFILE only, naming the resolver, and refuses every other
+     * frame and other workers' links. */
+    int profiler_only;
+    const char *resolver_addr;       /* PROFILE on the profiler port: HOST:PORT */
 };
 
 struct dataplane {

@@ -23,11 +23,47 @@
 #define RUN (-1) /* configure(): start the daemon */
 #define MAX_REPLICAS 4096
 
+/* The host's profiler port, served by the host's core 0 (which the worker
+ * knows at start with --core 0, else once the resolver assigned it): every
+ * worker keeps its own core's events, so the one port is the host's entry
+ * point; it answers with core 0's events and names the resolver, where the
+ * client finds the host's other cores and reads each directly. Another
+ * process holding the port (a second emulated host on this machine) is
+ * logged once, naming the flag; the cores still answer on their data ports. */
+static void profiler_maybe_start(struct worker *w)
+{
+    struct dp_env env;
+    err e;
+    if (w->prof_tried || w->stopping || !w->profiler_port || w->id.core != 0)
+        return;
+    w->prof_tried = 1;
+    env = w->dp.env;
+    env.port = w->profiler_port;
+    env.profiler_only = 1;
+    env.resolver_addr = w->resolver_hp;
+    env.peers = NULL;
+    env.coll = NULL;
+    env.train = NULL;
+    if (dp_start(&w->prof, &env, &e) != CODE_OK) {
+        log_warn("the host's profiler port is not served by this core",
+                 "host=%s core=%d port=%d reason=%s hint=%s", log_q(w->id.host_id), w->id.core, w->profiler_port,
+                 log_q(e.msg),
+                 log_q(e.code == CODE_ALREADY_EXISTS ? "another process holds it (another host's core 0 on this "
+                                                       "machine?): give each host its own --profiler-port"
+                                                     : "check --listen and --profiler-port"));
+        dp_stop(&w->prof);
+        return;
+    }
+    log_info("profiler service listening", "host=%s core=%d addr=%s:%d", log_q(w->id.host_id), w->id.core,
+             w->advertise, w->prof.port);
+}
+
 /* Fills out (an initialized WorkerInfo) from w; strings point into w. The
  * heartbeat and the control socket's replies carry it. */
 static void worker_info(void *arg, Tpuemu__WorkerInfo *out)
 {
     struct worker *w = arg;
+    profiler_maybe_start(w);
     out->host_id = w->id.host_id;
     out->core = w->id.core;
     out->incarnation = w->id.incarnation;
@@ -179,6 +215,7 @@ static void worker_stop(struct worker *w, int exit_code)
     ctl_stop(&w->ctl);
     fault_stop(&w->fault);
     dp_stop(&w->dp);
+    dp_stop(&w->prof);
     peers_stop(w->peers);
     close_signal(&w->sigint);
     close_signal(&w->sigterm);
@@ -257,6 +294,7 @@ static int configure(struct worker *w, int argc, char **argv)
     const char *tpu_type = NULL, *token_file = NULL, *log_level = NULL, *transport = NULL;
     const char *advertise_data = NULL;
     long long data_port = 0, core = -1, hbm_bytes = 0, trace_events = TRACE_DEFAULT_EVENTS, throttle = 100, metrics_port = 0;
+    long long profiler_port = 8466;
     int insecure = 0, probe = 0, probe_ready = 0, first, rc, lvl;
     char hostname[256];
     err e;
@@ -299,6 +337,9 @@ static int configure(struct worker *w, int argc, char **argv)
         {"metrics-port", "TPUEMU_METRICS_PORT", OPT_INT, "0", 0, 65535, "PORT",
          "serve Prometheus metrics (/metrics), /healthz and /readyz over HTTP on this port of the --listen "
          "address; 0: off", &metrics_port},
+        {"profiler-port", "TPUEMU_PROFILER_PORT", OPT_INT, "8466", 0, 65535, "PORT",
+         "the host's profiler port (capture_tpu_profile --service_addr HOST:PORT), on the --listen address, "
+         "served by the host's core 0 and naming the host's cores; 0: off", &profiler_port},
         {"probe", NULL, OPT_BOOL, NULL, 0, 0, NULL,
          "liveness check: GET /healthz on the metrics port of the --listen address and exit 0 if it answers "
          "200 (the process and its loop answer, its ports listen), 1 if not, 2 without a metrics port",
@@ -399,6 +440,8 @@ static int configure(struct worker *w, int argc, char **argv)
     w->trace_cap = (size_t)trace_events;
     w->throttle_pct = (int)throttle;
     w->metrics_port = (int)metrics_port;
+    w->profiler_port = (int)profiler_port;
+    addr_format(w->resolver.host, w->resolver.port, w->resolver_hp, sizeof w->resolver_hp);
     hbm_init(&w->hbm, hbm_bytes > 0 ? (uint64_t)hbm_bytes : w->preset->hbm_per_core);
     coll_stats_init(&w->coll_stats);
     train_stats_init(&w->train_stats);
@@ -415,7 +458,8 @@ static int start(struct worker *w, err *e)
                                  &w->notice, NULL,        notified, preempted, maintenance,
                                  link_check, link_fault};
     const struct dp_env dp = {w->loop, &w->auth, w->listen, w->data_port, &w->id, &w->stopping,
-                              NULL,    NULL,     NULL,      NULL,         &w->hbm, w->preset};
+                              NULL,    NULL,     NULL,      NULL,         &w->hbm, w->preset,
+                              0,       NULL};
     const struct wm_env wm = {w->loop, w->listen, w->resolver_url, &w->id, &w->hbm, &w->coll_stats,
                               &w->train_stats, &w->hb, &w->ctl, &w->dp, &w->fault, &w->stopping};
     struct peers_env pe = {w->loop, &w->auth, &w->id, NULL, w->tcp_only};

@@ -40,6 +40,7 @@ struct worker {
     const struct tpu_preset *preset;
     int tcp_only;             /* --transport tcp: no shared memory between same-host cores */
     int metrics_port;         /* --metrics-port; 0: off */
+    int profiler_port;        /* --profiler-port: the host's profiler port, served by its core 0; 0: off */
     size_t trace_cap;
     int throttle_pct;         /* --throttle-pct: training compute runs at this % of its speed */
 
@@ -69,6 +70,9 @@ struct worker {
     struct control ctl;
     struct wmetrics metrics;  /* Prometheus counters and the HTTP server (metrics.h) */
     struct dataplane dp;
+    struct dataplane prof;    /* the host's profiler port, when this is its core 0 (dataplane.h) */
+    int prof_tried;           /* bound it, or tried and logged why not */
+    char resolver_hp[300];    /* the resolver as HOST:PORT, told on the profiler port */
     struct fault fault;       /* injected faults (fault.h) */
     uv_signal_t sigint, sigterm;
     int stopping;
