@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -137,6 +138,7 @@ int main(int argc, char **argv)
             args[fixed + k] = argv[first + k];
         p = fork();
         if (p == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGTERM); /* the slice's workers go with it */
             execvp(bin, args);
             fprintf(stderr, "tpu-slice: cannot run %s: %s\n", bin, strerror(errno));
             _exit(127);
