@@ -111,5 +111,21 @@ int slice_parse(const char *name, struct slice *out, err *e)
     }
     out->devices = out->chips * out->type->cores_per_chip;
     slice_mesh(out->type, out->devices, out->mesh);
+    {
+        /* Cloud TPU's system-architecture pages: a v2/v3/v4/v5p host drives 4
+         * chips; v5e and v6e slices up to 8 chips are one host, larger ones 4
+         * chips per host */
+        unsigned per_host = 4;
+        if (!out->type->name_counts_tensorcores && out->chips <= 8)
+            per_host = out->chips;
+        if (per_host > out->chips)
+            per_host = out->chips;
+        if (out->chips % per_host)
+            return err_set(e, CODE_INVALID_ARGUMENT,
+                           "slice '%s': %u chips do not fill hosts of %u chips each", name, out->chips,
+                           per_host);
+        out->hosts = out->chips / per_host;
+        out->devices_per_host = per_host * out->type->cores_per_chip;
+    }
     return CODE_OK;
 }

@@ -32,6 +32,12 @@ struct slice {
     unsigned chips;
     unsigned devices;            /* TPU devices the framework sees: num_replicas */
     unsigned mesh[4];
+    /* Hosts (TensorFlow tasks, Cloud TPU's workers) the slice has and the
+     * devices each has: 4 chips per host (v2, v3, v4, v5p; v3-8 is one host of
+     * 8 cores, v4-16 two hosts of 4 devices), v5e and v6e 8 chips on a single
+     * host of up to 8 chips, else 4 per host. Every host has the same count. */
+    unsigned hosts;
+    unsigned devices_per_host;
 };
 
 /* CODE_INVALID_ARGUMENT, saying what is wrong, for a name that is not a slice

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job: install what is needed, build, start a local emulated TPU
-# cluster (a resolver and 8 workers: 2 hosts x 4 cores of a v3), initialize it
+# cluster (a resolver named demo-tpu and a v4-16 slice from tpu-slice: 8
+# workers, 2 hosts x 4 devices, as Cloud TPU shapes a v4-16), initialize it
 # and show its topology, and run the TensorFlow TPU walk-through against it
 # (it initializes the system again, as the walk-through does): examples/fashion_mnist trains
 # Dense(128, relu) -> Dense(10, softmax) on Fashion-MNIST for 10 epochs with a
@@ -34,18 +35,15 @@ trap cleanup EXIT
 if [ -t 1 ]; then b=$(printf "\033[1m"); n=$(printf "\033[0m"); else b=""; n=""; fi
 step() { printf "\n%s$ %s%s\n" "$b" "$*" "$n"; "$@"; }
 
-echo "starting tpu-resolver on $tpu and 8 tpu-workers (hosts host0, host1; 4 cores each; v3)"
-"$bin/tpu-resolver" --listen "$tpu" 2>"$logdir/resolver.log" &
+echo "starting tpu-resolver on $tpu (TPU name demo-tpu) and a v4-16 slice: 8 tpu-workers (hosts host0, host1; 4 devices each)"
+"$bin/tpu-resolver" --listen "$tpu" --name demo-tpu 2>"$logdir/resolver.log" &
 pids+=($!)
-for h in 0 1; do
-    for c in 0 1 2 3; do
-        "$bin/tpu-worker" --resolver "$tpu" --host-id "host$h" --core "$c" --tpu-type v3 \
-            2>"$logdir/worker-host$h-$c.log" &
-        pids+=($!)
-    done
-done
+"$bin/tpu-slice" --accelerator-type v4-16 --resolver "$tpu" 2>"$logdir/workers.log" &
+pids+=($!)
 
-export TPU_NAME="grpc://$tpu"
+# TPU_NAME is the TPU's name, as on Cloud TPU; the client looks it up at the
+# resolver ($TPUEMU_TPU_API plays the Cloud TPU API)
+export TPU_NAME=demo-tpu TPUEMU_TPU_API="$tpu"
 step "$bin/tpuctl" init --expect 8 --timeout-ms 10000  # waits until all 8 cores registered
 cd "$logdir"  # TensorBoard's callback writes logs/train/plugins/profile/RUN/ and logs/train/events.* here
 step "$OLDPWD/$bin/fashion_mnist" --epochs "${TPUEMU_DEMO_EPOCHS:-10}"

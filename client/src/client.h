@@ -30,6 +30,9 @@ struct tpu_resolver {
     char ep_str[CLI_MAX_ENDPOINTS][ADDR_HOST_MAX + 16]; /* "host:port" */
     size_t n;
     char master[ADDR_HOST_MAX + 24];                    /* "grpc://host:port" */
+    /* TPU_NAME a bare word: the TPU node name, looked up at the Cloud TPU API
+     * (the resolver at eps[0]: $TPUEMU_TPU_API); "" for an address or a list */
+    char tpu_name[64];
     auth auth;
     uint32_t timeout_ms;
     char client_id[300]; /* "PID@HOST" */
@@ -49,9 +52,14 @@ struct tpu_cluster {
     void (*coll_free)(tpu_cluster *c);
 };
 
+#define CLI_TASK_ADDR_MAX (ADDR_HOST_MAX + 16)
+
 struct tpu_cluster_spec {
     uint32_t magic;
     wire_msg *m; /* body: cluster_spec */
+    /* TensorFlow's ClusterSpec: job "worker", one task per host ("HOST:PORT") */
+    char (*tasks)[CLI_TASK_ADDR_MAX];
+    size_t ntasks;
 };
 
 struct tpu_topology {

@@ -14,7 +14,16 @@ static int fetch_spec(tpu_cluster *c, wire_msg **out, err *e)
 
     req.body_case = TPUEMU__MESSAGE__BODY_CLUSTER_SPEC_REQUEST;
     req.cluster_spec_request = &body;
+    body.tpu_name = c->r->tpu_name;
     rc = call_do(c, &req, TPUEMU__MESSAGE__BODY_CLUSTER_SPEC, c->r->timeout_ms, out, e);
+    if (rc != CODE_OK && c->r->tpu_name[0]) {
+        /* as tensorflow/python/tpu/client/client.py words a failed lookup */
+        char why[ERR_MSG_MAX];
+        snprintf(why, sizeof why, "%s", e->msg);
+        return err_set(e, rc, "Could not lookup TPU metadata from name '%s'. Please doublecheck the tpu "
+                       "argument in the TPUClusterResolver constructor. Exception: %s (the Cloud TPU API: "
+                       "the resolver at %s, $TPUEMU_TPU_API)", c->r->tpu_name, why, c->r->ep_str[c->ep]);
+    }
     if (rc != CODE_OK)
         return rc;
     if (!(*out)->cluster_spec)
@@ -34,8 +43,8 @@ bad:
 tpu_status tpu_connect_to_cluster(tpu_resolver *r, tpu_cluster **out)
 {
     tpu_cluster *c;
-    char why[ERR_MSG_MAX] = "";
-    size_t wl = 0;
+    wire_msg *m = NULL;
+    int rc;
     err e;
 
     CHECK_HANDLE(r, MAGIC_RESOLVER, "tpu_resolver");
@@ -48,31 +57,20 @@ tpu_status tpu_connect_to_cluster(tpu_resolver *r, tpu_cluster **out)
     c->magic = MAGIC_CLUSTER;
     c->r = r;
     c->sock = -1;
-    for (size_t i = 0; i < r->n; i++) {
-        wire_msg *m = NULL;
-        int rc = call_open(c, i, r->timeout_ms, &e);
-        if (rc == CODE_OK)
-            rc = fetch_spec(c, &m, &e);
-        if (rc == CODE_OK) {
-            wire_msg_free(m);
-            *out = c;
-            return TPU_OK;
-        }
-        call_close(c);
-        if (r->n == 1 || rc != CODE_UNAVAILABLE) {
-            /* one endpoint, or one that answered and refused us: its own words */
-            if (r->n > 1)
-                err_prefix(&e, "%s", r->ep_str[i]);
-            c->magic = MAGIC_DEAD;
-            free(c);
-            return cli_fail(&e);
-        }
-        if (wl < sizeof why)
-            wl += (size_t)snprintf(why + wl, sizeof why - wl, "%s%s: %s", i ? "; " : "", r->ep_str[i], e.msg);
+    /* the master: the first address (task 0 of a comma list of hosts, as
+     * TPUClusterResolver.master() is), or the Cloud TPU API for a TPU name */
+    rc = call_open(c, 0, r->timeout_ms, &e);
+    if (rc == CODE_OK)
+        rc = fetch_spec(c, &m, &e);
+    if (rc == CODE_OK) {
+        wire_msg_free(m);
+        *out = c;
+        return TPU_OK;
     }
+    call_close(c);
     c->magic = MAGIC_DEAD;
     free(c);
-    return cli_failf(TPU_UNAVAILABLE, "none of the %zu resolver endpoints answered: %s", r->n, why);
+    return cli_fail(&e);
 }
 
 void tpu_cluster_free(tpu_cluster *c)
@@ -129,6 +127,36 @@ const char *tpu_core_state_name(tpu_core_state s)
     }
 }
 
+/* TensorFlow's ClusterSpec: job "worker", a task per host. A comma list of
+ * hosts in TPU_NAME is taken as given (client.py's network_endpoints from the
+ * variable); otherwise each host the resolver knows (the spec is sorted by
+ * host, then core) at its lowest core's control address. */
+static tpu_status spec_tasks(const tpu_resolver *r, tpu_cluster_spec *s)
+{
+    const Tpuemu__ClusterSpec *cs = s->m->cluster_spec;
+    size_t n = r->n > 1 ? r->n : cs->n_cores;
+
+    s->tasks = calloc(n ? n : 1, sizeof *s->tasks);
+    if (!s->tasks)
+        return TPU_RESOURCE_EXHAUSTED;
+    if (r->n > 1) {
+        for (size_t i = 0; i < r->n; i++)
+            snprintf(s->tasks[i], sizeof s->tasks[i], "%s", r->ep_str[i]);
+        s->ntasks = r->n;
+        return TPU_OK;
+    }
+    for (size_t i = 0; i < cs->n_cores; i++) {
+        const Tpuemu__WorkerInfo *w = cs->cores[i]->worker;
+        const char *a = w->control_addr ? w->control_addr : "";
+        if (i > 0 && strcmp(cs->cores[i - 1]->worker->host_id, w->host_id) == 0)
+            continue;
+        if (strncmp(a, "tcp://", 6) == 0)
+            a += 6;
+        snprintf(s->tasks[s->ntasks++], sizeof s->tasks[0], "%s", a);
+    }
+    return TPU_OK;
+}
+
 tpu_status tpu_cluster_spec_get(tpu_cluster *c, tpu_cluster_spec **out)
 {
     tpu_cluster_spec *s;
@@ -148,6 +176,10 @@ tpu_status tpu_cluster_spec_get(tpu_cluster *c, tpu_cluster_spec **out)
     }
     s->magic = MAGIC_SPEC;
     s->m = m;
+    if (spec_tasks(c->r, s) != TPU_OK) {
+        tpu_cluster_spec_free(s);
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+    }
     *out = s;
     return TPU_OK;
 }
@@ -158,6 +190,7 @@ void tpu_cluster_spec_free(tpu_cluster_spec *s)
         return;
     CHECK_HANDLE(s, MAGIC_SPEC, "tpu_cluster_spec");
     wire_msg_free(s->m);
+    free(s->tasks);
     s->magic = MAGIC_DEAD;
     free(s);
 }
@@ -263,17 +296,76 @@ static tpu_status live_counts(tpu_cluster *c, tpu_system_metadata *md)
     return TPU_OK;
 }
 
+const char *tpu_cluster_spec_job_name(const tpu_cluster_spec *s)
+{
+    CHECK_HANDLE(s, MAGIC_SPEC, "tpu_cluster_spec");
+    return "worker";
+}
+
+size_t tpu_cluster_spec_num_tasks(const tpu_cluster_spec *s)
+{
+    CHECK_HANDLE(s, MAGIC_SPEC, "tpu_cluster_spec");
+    return s->ntasks;
+}
+
+const char *tpu_cluster_spec_task_address(const tpu_cluster_spec *s, size_t i)
+{
+    CHECK_HANDLE(s, MAGIC_SPEC, "tpu_cluster_spec");
+    return i < s->ntasks ? s->tasks[i] : NULL;
+}
+
+const char *tpu_cluster_spec_tpu_name(const tpu_cluster_spec *s)
+{
+    return SPEC(s)->tpu_name;
+}
+
+/* TPUClusterResolver.num_accelerators(): the live cores per host, the same
+ * on every host, else the RuntimeError of _verify_and_return_same_core_count
+ * with the hosts and their cores. */
 tpu_status tpu_num_accelerators(tpu_cluster *c, int *out)
 {
-    tpu_system_metadata md;
+    tpu_cluster_spec *s;
     tpu_status st;
+    char devs[ERR_MSG_MAX - 160];
+    size_t dl = 0;
+    const char *prev = NULL;
+    int per = -1, on_host = 0, differ = 0;
 
     CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
     if (!out)
         return cli_failf(TPU_INVALID_ARGUMENT, "tpu_num_accelerators: out is NULL");
-    if ((st = live_counts(c, &md)) != TPU_OK)
+    if ((st = tpu_cluster_spec_get(c, &s)) != TPU_OK)
         return st;
-    *out = md.num_cores;
+    devs[0] = '\0';
+    for (size_t i = 0; i <= s->m->cluster_spec->n_cores; i++) {
+        const Tpuemu__CoreInfo *ci = i < s->m->cluster_spec->n_cores ? s->m->cluster_spec->cores[i] : NULL;
+        if (ci && ci->state != TPUEMU__CORE_STATE__CORE_IDLE && ci->state != TPUEMU__CORE_STATE__CORE_READY)
+            continue;
+        if (prev && (!ci || strcmp(prev, ci->worker->host_id) != 0)) {
+            if (per < 0)
+                per = on_host;
+            else if (per != on_host)
+                differ = 1;
+            if (dl < sizeof devs)
+                dl += (size_t)snprintf(devs + dl, sizeof devs - dl, "]");
+            prev = NULL;
+            on_host = 0;
+        }
+        if (!ci)
+            break;
+        if (dl < sizeof devs && !prev)
+            dl += (size_t)snprintf(devs + dl, sizeof devs - dl, "%s'%s': ['%d'", dl ? ", " : "",
+                                   ci->worker->host_id, (int)ci->worker->core);
+        else if (dl < sizeof devs)
+            dl += (size_t)snprintf(devs + dl, sizeof devs - dl, ", '%d'", (int)ci->worker->core);
+        prev = ci->worker->host_id;
+        on_host++;
+    }
+    tpu_cluster_spec_free(s);
+    if (differ)
+        return cli_failf(TPU_FAILED_PRECONDITION, "TPU cores on each device is not the same. This should "
+                         "never happen. Devices: {%s}", devs);
+    *out = per < 0 ? 0 : per;
     return TPU_OK;
 }
 

@@ -1,5 +1,7 @@
-/* tpu_resolver: where the cluster is and which token to use. Parses the
- * address list ($TPU_NAME when none is given) and loads the token; it sends
+/* tpu_resolver: where the cluster is and which token to use. Reads $TPU_NAME
+ * (when no tpu is given) as TensorFlow's TPUClusterResolver does: an address
+ * or a comma list of every host's, or a TPU node name that the Cloud TPU API
+ * (here: the resolver at $TPUEMU_TPU_API) resolves. Loads the token; it sends
  * nothing over the network. */
 #include "client.h"
 
@@ -9,6 +11,42 @@
 #include <unistd.h>
 
 #define DEFAULT_TPU "127.0.0.1:8470"
+#define DEFAULT_TPU_API "127.0.0.1:8470"
+
+/* A Cloud TPU node name: a lowercase letter, then lowercase letters, digits
+ * and hyphens, at most 63. */
+static int node_name(const char *s)
+{
+    size_t n = strlen(s);
+    return n >= 1 && n <= 63 && s[0] >= 'a' && s[0] <= 'z' &&
+           strspn(s, "abcdefghijklmnopqrstuvwxyz0123456789-") == n;
+}
+
+/* tpu without a scheme, a port or a comma: TensorFlow's TPU name. */
+static int bare_word(const char *s)
+{
+    return !strchr(s, ',') && !strchr(s, ':') && !strchr(s, '[') && !strchr(s, '/');
+}
+
+static int parse_name(tpu_resolver *r, const char *tpu, err *e)
+{
+    const char *api = getenv("TPUEMU_TPU_API");
+
+    if (!node_name(tpu))
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       "'%s' is not a TPU name (1 to 63 characters of a-z, 0-9 and -, starting with a "
+                       "letter) nor an address: an address has a port or a scheme, HOST:8470 or "
+                       "grpc://HOST", tpu);
+    if (!api || !*api)
+        api = DEFAULT_TPU_API;
+    if (addr_parse(api, ADDR_DEFAULT_PORT, &r->eps[0], e) != CODE_OK) {
+        err_prefix(e, "$TPUEMU_TPU_API");
+        return e->code;
+    }
+    r->n = 1;
+    snprintf(r->tpu_name, sizeof r->tpu_name, "%s", tpu);
+    return CODE_OK;
+}
 
 tpu_status tpu_resolver_new(const char *tpu, tpu_resolver **out)
 {
@@ -27,8 +65,12 @@ tpu_status tpu_resolver_new(const char *tpu, tpu_resolver **out)
     r = calloc(1, sizeof *r);
     if (!r)
         return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
-    if (addr_parse_list(tpu, ADDR_DEFAULT_PORT, r->eps, CLI_MAX_ENDPOINTS, &r->n, &e) != CODE_OK)
+    if (bare_word(tpu)) {
+        if (parse_name(r, tpu, &e) != CODE_OK)
+            goto fail;
+    } else if (addr_parse_list(tpu, ADDR_DEFAULT_PORT, r->eps, CLI_MAX_ENDPOINTS, &r->n, &e) != CODE_OK) {
         goto fail;
+    }
     for (size_t i = 0; i < r->n; i++) {
         if (r->eps[i].port == 0) {
             err_set(&e, CODE_INVALID_ARGUMENT, "address '%s': port 0 is not a resolver port",
@@ -103,4 +145,10 @@ const char *tpu_resolver_endpoint(const tpu_resolver *r, size_t i)
 {
     CHECK_HANDLE(r, MAGIC_RESOLVER, "tpu_resolver");
     return i < r->n ? r->ep_str[i] : NULL;
+}
+
+const char *tpu_resolver_tpu_name(const tpu_resolver *r)
+{
+    CHECK_HANDLE(r, MAGIC_RESOLVER, "tpu_resolver");
+    return r->tpu_name[0] ? r->tpu_name : NULL;
 }

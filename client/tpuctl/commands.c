@@ -152,6 +152,24 @@ static void cluster_json_head(json *j, tpu_cluster *c, const tpu_cluster_spec *s
     json_uint(j, "dead_after", tpu_cluster_spec_dead_after(s));
     json_str(j, "owner", tpu_cluster_spec_owner(s));
     json_str(j, "resolver_version", tpu_cluster_spec_resolver_version(s));
+    json_str(j, "tpu_name", tpu_cluster_spec_tpu_name(s));
+    /* TensorFlow's ClusterSpec.as_dict(): {"worker": ["HOST:PORT", ...]}, a task per host */
+    json_obj(j, "cluster_spec");
+    json_arr(j, tpu_cluster_spec_job_name(s));
+    for (size_t i = 0; i < tpu_cluster_spec_num_tasks(s); i++)
+        json_str(j, NULL, tpu_cluster_spec_task_address(s, i));
+    json_end(j);
+    json_end(j);
+}
+
+/* "cluster spec: {'worker': ['10.0.0.2:40001', '10.0.0.3:40001']}", as TensorFlow prints one */
+static void print_cluster_spec(const tpu_cluster_spec *s)
+{
+    const char *name = tpu_cluster_spec_tpu_name(s);
+    printf("cluster spec: {'%s': [", tpu_cluster_spec_job_name(s));
+    for (size_t i = 0; i < tpu_cluster_spec_num_tasks(s); i++)
+        printf("%s'%s'", i ? ", " : "", tpu_cluster_spec_task_address(s, i));
+    printf("]}%s%s\n", name && *name ? ", TPU name " : "", name ? name : "");
 }
 
 static void cluster_json_core(json *j, const tpu_core_info *ci)
@@ -294,6 +312,7 @@ static int cmd_cluster(const struct tpuctl *g, int argc, char **argv)
                n, cnt[TPU_CORE_READY], cnt[TPU_CORE_IDLE], cnt[TPU_CORE_DEAD], more, count_hosts(s),
                (unsigned long long)tpu_cluster_spec_epoch(s),
                tpu_cluster_spec_initialized(s) ? "yes" : "no", tpu_cluster_spec_heartbeat_ms(s));
+        print_cluster_spec(s);
         print_shown(shown, n, hosts, states);
         if (!n) {
             printf("no cores have registered; start workers with tpu-worker --resolver %s\n",

@@ -24,8 +24,10 @@ int main(int argc, char **argv)
 {
     struct tpuctl g = {0};
     struct opt table[] = {
-        {"tpu", "TPU_NAME", OPT_STRING, NULL, 0, 0, "ADDR",
-         "resolver HOST:PORT, grpc://HOST:PORT or a comma list (default 127.0.0.1:8470)", &g.tpu},
+        {"tpu", "TPU_NAME", OPT_STRING, NULL, 0, 0, "TPU",
+         "the resolver's HOST:PORT or grpc://HOST:PORT, a comma list of every host of the slice (the "
+         "first is the master), or a TPU name looked up at $TPUEMU_TPU_API (default 127.0.0.1:8470)",
+         &g.tpu},
         {"token-file", "TPUEMU_TOKEN_FILE", OPT_STRING, NULL, 0, 0, "FILE",
          "cluster token file (else $TPUEMU_TOKEN)", &g.token_file},
         {"json", NULL, OPT_BOOL, NULL, 0, 0, NULL, "print one JSON object instead of text", &g.json},

@@ -10,6 +10,7 @@
 #include "corelink.h"
 #include "log.h"
 #include "resolver.h"
+#include "slice.h"
 
 /* ---- heartbeat ---- */
 
@@ -93,6 +94,54 @@ static int assign_core(const registry *g, const winfo *w)
         idx++;
     }
     return idx > REG_CORE_MAX ? -1 : idx;
+}
+
+/* A core of a slice (--accelerator-type) must fit it, as a Cloud TPU slice's
+ * hosts do: an index below its host's device count, the same slice as every
+ * other live core that names one, and no more hosts than the slice has. A
+ * core outside any slice is not checked. */
+static int slice_check(const registry *g, const winfo *w, err *e)
+{
+    struct slice sl;
+    char hosts[256];
+    const char *prev = NULL;
+    size_t hl = 0;
+    unsigned nhosts = 0;
+    int mine = 0;
+
+    if (!w->accelerator_type[0])
+        return CODE_OK;
+    if (slice_parse(w->accelerator_type, &sl, e) != CODE_OK) /* reg_validate parsed it */
+        return e->code;
+    if (w->core >= (int)sl.devices_per_host)
+        return err_set(e, CODE_INVALID_ARGUMENT, "host %s has no free core of a %s host (cores 0..%u are "
+                       "taken)", w->host_id, w->accelerator_type, sl.devices_per_host - 1);
+    for (size_t i = 0; i < g->n; i++) {
+        const rentry *en = g->v[i];
+        if (en->dead || !en->w.accelerator_type[0] ||
+            (en->w.core == w->core && strcmp(en->w.host_id, w->host_id) == 0))
+            continue;
+        if (strcmp(en->w.accelerator_type, w->accelerator_type) != 0)
+            return err_set(e, CODE_INVALID_ARGUMENT,
+                           "core %s/%d is part of a %s, but core %s/%d is part of a %s: one resolver "
+                           "serves one slice; give every worker the same --accelerator-type",
+                           w->host_id, w->core, w->accelerator_type, en->w.host_id, en->w.core,
+                           en->w.accelerator_type);
+        if (prev && strcmp(prev, en->w.host_id) == 0)
+            continue;
+        prev = en->w.host_id;
+        nhosts++;
+        if (strcmp(prev, w->host_id) == 0)
+            mine = 1;
+        if (hl < sizeof hosts)
+            hl += (size_t)snprintf(hosts + hl, sizeof hosts - hl, "%s%s", nhosts > 1 ? ", " : "", prev);
+    }
+    if (!mine && nhosts >= sl.hosts)
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       "a %s has %u host%s and the resolver has cores of %u already (%s): host %s is one "
+                       "too many", w->accelerator_type, sl.hosts, sl.hosts == 1 ? "" : "s", nhosts, hosts,
+                       w->host_id);
+    return CODE_OK;
 }
 
 static struct claim *take_claim(resolver *r, uint64_t tag)
@@ -228,6 +277,12 @@ static void h_heartbeat(resolver *r, rreq *req, const wire_msg *m)
                         w.host_id, REG_CORE_MAX);
         return;
     }
+    if (slice_check(&r->reg, &w, &e) != CODE_OK) {
+        log_warn_limited("heartbeat refused", "host=%s core=%d reason=%s", log_q(w.host_id), w.core,
+                         log_q(e.msg));
+        rsv_reply_error(r, req, e.code, "heartbeat: %s", e.msg);
+        return;
+    }
     en = reg_lookup(&r->reg, w.host_id, w.core);
     if (!en) {
         rentry *old;
@@ -269,8 +324,19 @@ static void h_cluster_spec(resolver *r, rreq *req, const wire_msg *m)
     Tpuemu__WorkerInfo *wi = calloc(n ? n : 1, sizeof *wi);
     Tpuemu__Notice *nb = calloc(n ? n : 1, sizeof *nb);
     uint64_t now = wire_now_ms();
-    (void)m;
+    const char *want = m->cluster_spec_request ? m->cluster_spec_request->tpu_name : NULL;
 
+    /* a client that names a TPU (TPU_NAME=my-tpu) asks the Cloud TPU API for
+     * that node; another node's name is not found */
+    if (want && *want && strcmp(want, r->tpu_name) != 0) {
+        if (r->tpu_name[0])
+            rsv_reply_error(r, req, CODE_NOT_FOUND, "TPU '%.64s' was not found: this resolver serves the TPU "
+                            "'%s'", want, r->tpu_name);
+        else
+            rsv_reply_error(r, req, CODE_NOT_FOUND, "TPU '%.64s' was not found: this resolver has no TPU "
+                            "name (start it with --name)", want);
+        goto out;
+    }
     if (!ci || !cip || !wi || !nb) {
         rsv_reply_error(r, req, CODE_RESOURCE_EXHAUSTED, "out of memory listing %zu cores", n);
         goto out;
@@ -293,6 +359,7 @@ static void h_cluster_spec(resolver *r, rreq *req, const wire_msg *m)
     cs.dead_after = r->dead_after;
     cs.resolver_version = (char *)TPUEMU_VERSION;
     cs.owner = r->sys.owner;
+    cs.tpu_name = r->tpu_name;
     out.body_case = TPUEMU__MESSAGE__BODY_CLUSTER_SPEC;
     out.cluster_spec = &cs;
     rsv_reply(r, req, &out);

@@ -17,16 +17,29 @@
 #include "resolver.h"
 
 struct settings {
-    const char *listen, *token_file, *log_level;
+    const char *listen, *token_file, *log_level, *name;
     int insecure, probe, probe_ready;
     long long heartbeat_ms, dead_after, max_cores, forget_after_ms, metrics_port;
 };
+
+/* A Cloud TPU node name: a lowercase letter, then lowercase letters, digits and hyphens. */
+static int valid_name(const char *s)
+{
+    size_t n = strlen(s);
+    if (n < 1 || n > 63 || s[0] < 'a' || s[0] > 'z')
+        return 0;
+    return strspn(s, "abcdefghijklmnopqrstuvwxyz0123456789-") == n;
+}
 
 static int parse_settings(int argc, char **argv, struct settings *st)
 {
     const struct opt table[] = {
         {"listen", "TPUEMU_LISTEN", OPT_STRING, "127.0.0.1:8470", 0, 0, "ADDR:PORT",
          "address to accept workers and clients on", &st->listen},
+        {"name", "TPUEMU_TPU_NAME", OPT_STRING, NULL, 0, 0, "NAME",
+         "the TPU node name of this cluster, as Cloud TPU names a node: a client whose TPU_NAME is "
+         "this bare name finds the cluster here; any other name is NOT_FOUND (1..63 of a-z 0-9 -, "
+         "starting with a letter)", &st->name},
         {"token-file", "TPUEMU_TOKEN_FILE", OPT_STRING, NULL, 0, 0, "FILE",
          "cluster token file (else $TPUEMU_TOKEN; none: no authentication)", &st->token_file},
         {"insecure", "TPUEMU_INSECURE", OPT_BOOL, NULL, 0, 0, NULL,
@@ -70,6 +83,11 @@ static int parse_settings(int argc, char **argv, struct settings *st)
     }
     if (first < argc) {
         fprintf(stderr, "tpu-resolver: unexpected argument '%s' (see --help)\n", argv[first]);
+        return 2;
+    }
+    if (st->name && *st->name && !valid_name(st->name)) {
+        fprintf(stderr, "tpu-resolver: --name: '%s' is not a TPU name: 1 to 63 characters of a-z, 0-9 "
+                        "and -, starting with a letter (as Cloud TPU names nodes)\n", st->name);
         return 2;
     }
     if (log_level_parse(st->log_level) < 0) {
@@ -201,6 +219,7 @@ int main(int argc, char **argv)
     r.dead_after = (uint32_t)st.dead_after;
     r.max_cores = (uint32_t)st.max_cores;
     r.forget_after_ms = (uint64_t)st.forget_after_ms;
+    snprintf(r.tpu_name, sizeof r.tpu_name, "%s", st.name ? st.name : "");
     reg_init(&r.reg, (size_t)st.max_cores);
     signal(SIGPIPE, SIG_IGN);
     /* every core: its link and its worker's connection; clients; the metrics port */

@@ -60,6 +60,22 @@ int reg_validate(const Tpuemu__WorkerInfo *w, err *e)
                        REG_SHM_MAX);
     if (!slice_type_find(w->tpu_type))
         return err_set(e, CODE_INVALID_ARGUMENT, "tpu_type must be one of %s", slice_type_names());
+    if (w->accelerator_type && *w->accelerator_type) {
+        struct slice sl;
+        err se;
+        if (strlen(w->accelerator_type) >= sizeof ((winfo *)0)->accelerator_type)
+            return err_set(e, CODE_INVALID_ARGUMENT, "accelerator_type must be shorter than %zu characters",
+                           sizeof ((winfo *)0)->accelerator_type);
+        if (slice_parse(w->accelerator_type, &sl, &se) != CODE_OK)
+            return err_set(e, CODE_INVALID_ARGUMENT, "accelerator_type: %s", se.msg);
+        if (strcmp(sl.type->name, w->tpu_type) != 0)
+            return err_set(e, CODE_INVALID_ARGUMENT, "accelerator_type %s is a %s slice, but tpu_type is %s",
+                           w->accelerator_type, sl.type->name, w->tpu_type);
+        if (w->core >= (int)sl.devices_per_host)
+            return err_set(e, CODE_INVALID_ARGUMENT,
+                           "core %d does not exist on a %s host: it has %u devices (cores 0..%u)",
+                           (int)w->core, w->accelerator_type, sl.devices_per_host, sl.devices_per_host - 1);
+    }
     if (w->hbm_capacity == 0)
         return err_set(e, CODE_INVALID_ARGUMENT, "hbm_capacity must be greater than 0");
     if (w->notice && (w->notice->kind < TPUEMU__NOTICE_KIND__NOTICE_NONE ||
@@ -89,6 +105,7 @@ void reg_winfo_copy(winfo *d, const Tpuemu__WorkerInfo *s, uint64_t now_ms)
     d->replica_id = s->replica_id;
     snprintf(d->shm_name, sizeof d->shm_name, "%s", s->shm_name ? s->shm_name : "");
     d->hbm_ooms = s->hbm_ooms;
+    snprintf(d->accelerator_type, sizeof d->accelerator_type, "%s", s->accelerator_type ? s->accelerator_type : "");
     d->notice_kind = s->notice ? (int)s->notice->kind : 0;
     d->notice_at_ms = s->notice ? now_ms + s->notice->event_in_ms : 0;
     d->notice_window_ms = s->notice ? s->notice->window_ms : 0;
@@ -113,6 +130,7 @@ void reg_winfo_view(const winfo *w, Tpuemu__WorkerInfo *o, Tpuemu__Notice *nbuf,
     o->epoch = w->epoch;
     o->replica_id = w->replica_id;
     o->hbm_ooms = w->hbm_ooms;
+    o->accelerator_type = (char *)w->accelerator_type;
     if (w->notice_kind) {
         tpuemu__notice__init(nbuf);
         nbuf->kind = (Tpuemu__NoticeKind)w->notice_kind;

@@ -38,6 +38,7 @@ typedef struct winfo {
     int32_t replica_id;
     char shm_name[REG_SHM_MAX]; /* same-host shared-memory socket, "" if none */
     uint32_t hbm_ooms;
+    char accelerator_type[32]; /* its slice ("v4-16"), "" if none */
     /* its notice (preemption, maintenance): kind 0 none; the event at
      * notice_at_ms on this resolver's monotonic clock */
     int notice_kind;

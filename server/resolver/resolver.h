@@ -55,6 +55,7 @@ typedef struct resolver {
     uv_signal_t sigint, sigterm;
     uint32_t heartbeat_ms, dead_after, max_cores;
     uint64_t forget_after_ms; /* a dead core silent this long is forgotten; 0: never */
+    char tpu_name[64];        /* --name: the TPU node name clients may look up; "" if none */
     registry reg;
     /* incarnations that left lately: a heartbeat of theirs still on its way
      * (sent just before the Leave) must not register the core again */

@@ -191,6 +191,48 @@ static void init_ack(void *ctx, uint64_t tag, int idx, int code, const char *msg
 static void ignore_ack(void *ctx, uint64_t tag, int idx, int code, const char *msg,
                        const Tpuemu__WorkerInfo *w);
 
+/* TensorFlow's Topology has the same number of devices on every task
+ * (tensorflow/python/tpu/topology.py; TPUClusterResolver.num_accelerators
+ * raises otherwise): a slice's cores (registered with an accelerator type)
+ * are refused, naming each host and its count, when their hosts differ.
+ * Cores outside any slice are as many per host as were started. Returns 1 to
+ * go on; else the initialize has failed. */
+static int hosts_equal(resolver *r, struct init_op *op)
+{
+    const char *slice = NULL;
+    char list[512];
+    size_t ll = 0, first = 0, i;
+    int differ = 0;
+    size_t want = 0;
+
+    for (i = 0; i < op->nchosen && !slice; i++) {
+        const rentry *en = reg_lookup(&r->reg, op->chosen[i].host, op->chosen[i].core);
+        if (en && en->w.accelerator_type[0])
+            slice = en->w.accelerator_type;
+    }
+    if (!slice)
+        return 1;
+    for (i = 1; i <= op->nchosen; i++) {
+        if (i < op->nchosen && strcmp(op->chosen[i].host, op->chosen[first].host) == 0)
+            continue;
+        if (first == 0)
+            want = i - first;
+        else if (i - first != want)
+            differ = 1;
+        if (ll < sizeof list)
+            ll += (size_t)snprintf(list + ll, sizeof list - ll, "%s%s: %zu", first ? ", " : "",
+                                   op->chosen[first].host, i - first);
+        first = i;
+    }
+    if (!differ)
+        return 1;
+    init_fail(r, CODE_FAILED_PRECONDITION,
+              "initialize: the hosts of the %s have different numbers of cores (%s); TensorFlow's "
+              "Topology needs the same number of devices on every host: bring the missing cores back, "
+              "or stop every core of the short host", slice, list);
+    return 0;
+}
+
 /* Chooses the first n alive cores in ring order and resets every alive core. */
 static void init_proceed(resolver *r, size_t n)
 {
@@ -231,6 +273,8 @@ static void init_proceed(resolver *r, size_t n)
             snprintf(op->tpu_type, sizeof op->tpu_type, "%s", en->w.tpu_type);
     }
     op->nchosen = k;
+    if (!hosts_equal(r, op))
+        return;
     op->epoch = bump_epoch(r, SYS_EV_INIT, op->client);
     snprintf(r->sys.owner, sizeof r->sys.owner, "%s", op->client);
     op->phase = INIT_RESETTING;

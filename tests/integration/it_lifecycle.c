@@ -91,8 +91,9 @@ Test(lifecycle, eight_workers_on_two_hosts_sorted, .timeout = 30)
     tpu_cluster *cc = connect_ok(c, &r);
     int n = 0;
     tpu_system_metadata md;
+    /* num_accelerators() is per host, as TensorFlow's {'TPU': 4} (tpu_cluster_resolver.py) */
     cr_assert_eq(tpu_num_accelerators(cc, &n), TPU_OK);
-    cr_assert_eq(n, 8);
+    cr_assert_eq(n, 4);
     cr_assert_eq(tpu_system_metadata_get(cc, &md), TPU_OK);
     cr_assert_eq(md.num_cores, 8);
     cr_assert_eq(md.num_hosts, 2);
@@ -558,6 +559,9 @@ Test(lifecycle, initialize_bad_arguments, .timeout = 30)
     cluster_free(c);
 }
 
+/* TPU_NAME as tensorflow/python/tpu/client/client.py reads it: a comma list
+ * is every host of the slice (_environment_var_to_network_endpoints: each
+ * item's grpc:// dropped, port 8470 when none); master() is the first. */
 Test(lifecycle, resolver_addresses, .timeout = 10)
 {
     tpu_resolver *r;

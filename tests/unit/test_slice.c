@@ -61,3 +61,41 @@ Test(slice, known_types)
     cr_assert_null(slice_type_find("v7"));
     cr_assert_null(slice_type_find(NULL));
 }
+
+static void expect_hosts(const char *name, unsigned hosts, unsigned per_host)
+{
+    struct slice s;
+    err e;
+    cr_assert_eq(slice_parse(name, &s, &e), CODE_OK, "%s: %s", name, e.msg);
+    cr_assert(s.hosts == hosts && s.devices_per_host == per_host,
+              "%s: %u hosts of %u devices, Cloud TPU has %u hosts of %u", name, s.hosts, s.devices_per_host,
+              hosts, per_host);
+    cr_assert_eq(s.hosts * s.devices_per_host, s.devices, "%s: every host has the same count", name);
+}
+
+/* Cloud TPU's system-architecture pages (docs/system-architecture-tpu-vm, the
+ * v4, v5e and v5p pages): a v2/v3 host has 4 chips of 2 cores (a v3-8 is one
+ * host of 8 cores, a v3-32 four); a v4 or v5p host 4 megacore chips, one
+ * device each (v4-16: 2 hosts of 4); v5e and v6e slices of up to 8 chips are
+ * one host, larger ones 4 chips per host. TensorFlow's num_accelerators() is
+ * the per-host count (tensorflow/python/distribute/cluster_resolver/tpu/
+ * tpu_cluster_resolver.py). */
+Test(slice, hosts_and_devices_per_host)
+{
+    expect_hosts("v2-8", 1, 8);
+    expect_hosts("v3-8", 1, 8);
+    expect_hosts("v3-32", 4, 8);
+    expect_hosts("v4-8", 1, 4);
+    expect_hosts("v4-16", 2, 4);
+    expect_hosts("v4-32", 4, 4);
+    expect_hosts("v5p-16", 2, 4);
+    expect_hosts("v5litepod-8", 1, 8);
+    expect_hosts("v5litepod-4", 1, 4);
+    expect_hosts("v5litepod-16", 4, 4);
+    expect_hosts("v6e-8", 1, 8);
+
+    struct slice s;
+    err e;
+    cr_assert_eq(slice_parse("v3-12", &s, &e), CODE_INVALID_ARGUMENT, "6 chips do not fill hosts of 4");
+    cr_assert(strstr(e.msg, "do not fill hosts of 4 chips"), "%s", e.msg);
+}

@@ -75,10 +75,16 @@ TPU_API const char *tpu_version(void);
 
 typedef struct tpu_resolver tpu_resolver;
 
-/* tpu: "HOST:PORT", "grpc://HOST:PORT", "HOST" (port 8470), or a comma list of
- * those (tried in order; the first that answers is used). NULL or "" means
- * $TPU_NAME, and 127.0.0.1:8470 when that is unset too. The cluster token is
- * read from $TPUEMU_TOKEN_FILE or $TPUEMU_TOKEN if set; see
+/* tpu, as TensorFlow's TPUClusterResolver(tpu=...) and $TPU_NAME:
+ * - "HOST:PORT" or "grpc://HOST:PORT" (port 8470 if none): the resolver there;
+ * - a comma list "grpc://10.0.0.2:8470,grpc://10.0.0.3:8470": every host of
+ *   the slice, task 0 first; the client talks to the first (the master) and
+ *   the cluster spec's tasks are the list as given;
+ * - a bare word "my-tpu": a TPU node name, looked up when connecting at the
+ *   Cloud TPU API, here the resolver at $TPUEMU_TPU_API (HOST:PORT, default
+ *   127.0.0.1:8470) started with --name my-tpu; another name is TPU_NOT_FOUND.
+ * NULL or "" means $TPU_NAME, and 127.0.0.1:8470 when that is unset too. The
+ * cluster token is read from $TPUEMU_TOKEN_FILE or $TPUEMU_TOKEN if set; see
  * tpu_resolver_set_token_file(). Errors: TPU_INVALID_ARGUMENT. */
 TPU_API tpu_status tpu_resolver_new(const char *tpu, tpu_resolver **out);
 TPU_API void tpu_resolver_free(tpu_resolver *r);
@@ -92,17 +98,23 @@ TPU_API tpu_status tpu_resolver_set_timeout_ms(tpu_resolver *r, uint32_t ms);
  * Owned by r. */
 TPU_API const char *tpu_resolver_master(const tpu_resolver *r);
 TPU_API size_t tpu_resolver_num_endpoints(const tpu_resolver *r);
-/* "HOST:PORT" of endpoint i, or NULL. Owned by r. */
+/* "HOST:PORT" of endpoint i, or NULL. Owned by r. (A comma list: each
+ * host's; a TPU name: the Cloud TPU API's.) */
 TPU_API const char *tpu_resolver_endpoint(const tpu_resolver *r, size_t i);
+/* The TPU node name tpu gave ("my-tpu"), or NULL for an address. Owned by r. */
+TPU_API const char *tpu_resolver_tpu_name(const tpu_resolver *r);
 
 /* ---- cluster: a connection to the resolver ---- */
 
 typedef struct tpu_cluster tpu_cluster;
 
-/* Connects (experimental_connect_to_cluster) and checks that the resolver
- * answers and accepts our token. r must outlive the cluster.
- * Errors: TPU_UNAVAILABLE (no endpoint answered in time, naming each),
- * TPU_UNAUTHENTICATED (wrong or missing token). */
+/* Connects (experimental_connect_to_cluster) to the first endpoint (for a
+ * TPU name: looks it up there) and checks that the resolver answers and
+ * accepts our token. r must outlive the cluster.
+ * Errors: TPU_UNAVAILABLE (it did not answer in time), TPU_UNAUTHENTICATED
+ * (wrong or missing token), TPU_NOT_FOUND (no TPU of that name: "Could not
+ * lookup TPU metadata from name 'NAME'. Please doublecheck the tpu argument
+ * in the TPUClusterResolver constructor. Exception: ..."). */
 TPU_API tpu_status tpu_connect_to_cluster(tpu_resolver *r, tpu_cluster **out);
 TPU_API void tpu_cluster_free(tpu_cluster *c);
 
@@ -216,7 +228,22 @@ TPU_API tpu_status tpu_cluster_spec_core_health(const tpu_cluster_spec *s, size_
  * without cores. */
 TPU_API tpu_health tpu_cluster_spec_health(const tpu_cluster_spec *s);
 
-/* num_accelerators(): live (IDLE or READY) cores. */
+/* TensorFlow's ClusterSpec of the cluster (TPUClusterResolver.cluster_spec()):
+ * job "worker" with one task per host, "HOST:PORT": for a comma list in
+ * TPU_NAME the list as given, else every host the spec lists, at its lowest
+ * core's control address, in host order. Strings owned by s. */
+TPU_API const char *tpu_cluster_spec_job_name(const tpu_cluster_spec *s); /* "worker" */
+TPU_API size_t tpu_cluster_spec_num_tasks(const tpu_cluster_spec *s);
+/* Task i's address, or NULL past the end. */
+TPU_API const char *tpu_cluster_spec_task_address(const tpu_cluster_spec *s, size_t i);
+/* The resolver's TPU node name (tpu-resolver --name), "" if none. Owned by s. */
+TPU_API const char *tpu_cluster_spec_tpu_name(const tpu_cluster_spec *s);
+
+/* num_accelerators(), TensorFlow's {'TPU': N}: the live (IDLE or READY) cores
+ * per host, which must be the same on every host (0 without live cores).
+ * Errors: TPU_FAILED_PRECONDITION when hosts differ, as TensorFlow's
+ * RuntimeError: "TPU cores on each device is not the same. This should never
+ * happen. Devices: {'host0': ['0', '1'], 'host1': ['0']}". */
 TPU_API tpu_status tpu_num_accelerators(tpu_cluster *c, int *out);
 
 /* TPUSystemMetadata, counted over live cores. */

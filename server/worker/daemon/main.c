@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "slice.h"
 #include "fdlimit.h"
 #include "httpd.h"
 #include "log.h"
@@ -79,6 +80,7 @@ static void worker_info(void *arg, Tpuemu__WorkerInfo *out)
     out->replica_id = w->id.replica_id;
     out->shm_name = (char *)peers_shm_name(w->peers);
     out->hbm_ooms = w->hbm.ooms;
+    out->accelerator_type = w->accelerator_type;
     tpuemu__notice__init(&w->notice_pb);
     if (notice_fill(&w->notice, uv_now(w->loop), &w->notice_pb))
         out->notice = &w->notice_pb;
@@ -292,7 +294,8 @@ static int configure(struct worker *w, int argc, char **argv)
 {
     const char *resolver = NULL, *listen = NULL, *advertise = NULL, *host_id = NULL;
     const char *tpu_type = NULL, *token_file = NULL, *log_level = NULL, *transport = NULL;
-    const char *advertise_data = NULL;
+    const char *advertise_data = NULL, *accel = NULL;
+    struct slice sl;
     long long data_port = 0, core = -1, hbm_bytes = 0, trace_events = TRACE_DEFAULT_EVENTS, throttle = 100, metrics_port = 0;
     long long profiler_port = 8466;
     int insecure = 0, probe = 0, probe_ready = 0, first, rc, lvl;
@@ -317,8 +320,14 @@ static int configure(struct worker *w, int argc, char **argv)
          &host_id},
         {"core", "TPUEMU_CORE", OPT_INT, "-1", -1, 1023, "N",
          "core index on the host; -1 lets the resolver assign the lowest free one", &core},
-        {"tpu-type", "TPUEMU_TPU_TYPE", OPT_STRING, "v3", 0, 0, "TYPE",
-         "TPU generation to emulate: v2, v3, v4, v5e, v5p, v6e", &tpu_type},
+        {"tpu-type", "TPUEMU_TPU_TYPE", OPT_STRING, NULL, 0, 0, "TYPE",
+         "TPU generation to emulate: v2, v3, v4, v5e, v5p, v6e (default: the --accelerator-type's, "
+         "else v3)", &tpu_type},
+        {"accelerator-type", "TPUEMU_ACCELERATOR_TYPE", OPT_STRING, NULL, 0, 0, "SLICE",
+         "the Cloud TPU slice this core is part of (v2-8, v3-32, v4-16, v5p-16, v5litepod-16, ...): "
+         "its generation, and --core must be below the slice's devices per host (8 on a v3 host, "
+         "4 on a v4 host); the resolver checks the host count and that every core names the same slice",
+         &accel},
         {"hbm-bytes", "TPUEMU_HBM_BYTES", OPT_BYTES, NULL, 1, 1LL << 50, "N",
          "HBM capacity of this core, suffixes K/M/G (default: the generation's per-core HBM)",
          &hbm_bytes},
@@ -384,6 +393,28 @@ static int configure(struct worker *w, int argc, char **argv)
         return EXIT_USAGE;
     }
     addr_nn_url(w->resolver.host, w->resolver.port, w->resolver_url, sizeof w->resolver_url);
+    if (accel && *accel) {
+        if (slice_parse(accel, &sl, &e) != CODE_OK) {
+            fprintf(stderr, "tpu-worker: --accelerator-type: %s\n", e.msg);
+            return EXIT_USAGE;
+        }
+        if (tpu_type && *tpu_type && strcmp(tpu_type, sl.type->name) != 0) {
+            fprintf(stderr, "tpu-worker: --tpu-type %s contradicts --accelerator-type %s (a %s slice); "
+                            "give one of them\n", tpu_type, accel, sl.type->name);
+            return EXIT_USAGE;
+        }
+        if (core >= (long long)sl.devices_per_host) {
+            fprintf(stderr, "tpu-worker: --core %lld does not exist on a %s host: it has %u devices "
+                            "(cores 0..%u); the slice is %u host%s of %u\n", core, accel,
+                            sl.devices_per_host, sl.devices_per_host - 1, sl.hosts, sl.hosts == 1 ? "" : "s",
+                            sl.devices_per_host);
+            return EXIT_USAGE;
+        }
+        tpu_type = sl.type->name;
+        snprintf(w->accelerator_type, sizeof w->accelerator_type, "%s", accel);
+    }
+    if (!tpu_type || !*tpu_type)
+        tpu_type = "v3";
     if (!(w->preset = preset_find(tpu_type))) {
         fprintf(stderr, "tpu-worker: --tpu-type: '%s' is not a TPU type (%s)\n", tpu_type, preset_names());
         return EXIT_USAGE;
@@ -503,9 +534,10 @@ static int start(struct worker *w, err *e)
     w->dp.env.coll = w->coll;
     w->dp.env.train = w->train;
     w->dp.env.trace = w->trace;
-    log_info("started", "host=%s core=%d tpu_type=%s hbm_bytes=%llu control=%s data=%s listen=%s "
+    log_info("started", "host=%s core=%d tpu_type=%s accelerator_type=%s hbm_bytes=%llu control=%s data=%s listen=%s "
              "metrics_port=%d resolver=%s auth=%s pid=%d version=%s", log_q(w->id.host_id), w->id.core,
-             w->preset->name, (unsigned long long)w->hbm.capacity, log_q(w->control_addr),
+             w->preset->name, w->accelerator_type[0] ? w->accelerator_type : "-",
+             (unsigned long long)w->hbm.capacity, log_q(w->control_addr),
              log_q(w->data_addr), log_q(w->listen), w->metrics.port, log_q(w->resolver_url),
              w->auth.enabled ? "on" : "off", (int)getpid(), TPUEMU_VERSION);
     return hb_start(&w->hb, e);

@@ -38,6 +38,7 @@ struct worker {
     char listen[ADDR_HOST_MAX];
     char advertise[ADDR_HOST_MAX];
     const struct tpu_preset *preset;
+    char accelerator_type[32]; /* --accelerator-type: the slice ("v4-16"), "" for none */
     int tcp_only;             /* --transport tcp: no shared memory between same-host cores */
     int metrics_port;         /* --metrics-port; 0: off */
     int profiler_port;        /* --profiler-port: the host's profiler port, served by its core 0; 0: off */
