@@ -172,10 +172,16 @@ fail:
         dnnl_post_ops_destroy(po);
     if (attr)
         dnnl_primitive_attr_destroy(attr);
+    /* before entry_free zeroes the entry op points into */
+    err_set(e, CODE_INTERNAL, "matrix unit: oneDNN cannot %s for %s %lldx%lld . %lldx%lld (status %d)%s", what,
+            en->dt == dnnl_bf16 ? "bf16" : "f32", (long long)op->m, (long long)op->k, (long long)op->k,
+            (long long)op->n, (int)st,
+            en->dt == dnnl_bf16 && st == dnnl_unimplemented
+                ? "; oneDNN has no bf16 matmul for this CPU (it needs AVX-512): compile the model with "
+                  "deterministic (the portable matrix unit) or the float32 policy"
+                : "");
     entry_free(en);
-    return err_set(e, CODE_INTERNAL, "matrix unit: oneDNN cannot %s for %s %lldx%lld . %lldx%lld (status %d)",
-                   what, en->dt == dnnl_bf16 ? "bf16" : "f32", (long long)op->m, (long long)op->k,
-                   (long long)op->k, (long long)op->n, (int)st);
+    return CODE_INTERNAL;
 }
 
 /* The cached primitive for op, created on a miss (evicting the least recently
