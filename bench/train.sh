@@ -151,19 +151,19 @@ run_rows() {
 }
 : >"$rows.current"
 [ -n "$base_bin" ] && : >"$rows.base"
-[ "$det" = 1 ] && : >"$rows.base"
+[ "$det" = 1 ] && : >"$rows.deterministic"
 for n in $cores_list; do
     for ((r = 0; r < rounds; r++)); do
         run_rows current "$bin" "$n"
         [ -n "$base_bin" ] && run_rows base "$base_bin" "$n"
-        [ "$det" = 1 ] && run_rows base "$bin" "$n" --deterministic
+        [ "$det" = 1 ] && run_rows deterministic "$bin" "$n" --deterministic
     done
 done
 t_total=$(( $(date +%s) - t_begin ))
 
 printf '\ntraining benchmark: Fashion-MNIST model (784 -> Dense(128, relu) -> Dense(10, softmax)), Adam, sparse CCE,\n'
 printf 'mixed_bfloat16, %s workers (hosts of up to 4 cores), %s data; warm-up %s steps, then %s s per row\n' \
-    "$tpu_type" "${DATA:+Fashion-MNIST from $DATA}${DATA:-synthetic 60000-row}" "$warmup" "$secs"
+    "$tpu_type" "$([ -n "${DATA:-}" ] && echo "Fashion-MNIST from $DATA" || echo "synthetic 60000-row")" "$warmup" "$secs"
 printf 'machine: %s cores (nproc), %s; %s\n\n' "$(nproc)" \
     "$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')" "$(uname -sr)"
 [ -n "$base_bin" ] && echo "this build ($(git rev-parse --short HEAD 2>/dev/null || echo '?')):"
@@ -177,7 +177,9 @@ if [ -n "$base_bin" ] || [ "$det" = 1 ]; then
         printf '\nBASE %s (%s):\n' "$BASE" "$sha"
     fi
     "$bin/bench_train" --header-only
-    cat "$rows.base"
+    other=$rows.base
+    [ "$det" = 1 ] && other=$rows.deterministic
+    cat "$other"
     if [ "$det" = 1 ]; then
         printf '\nexamples/s, median of %s rounds each (the modes alternating):\n\n' "$rounds"
         printf '| cores | batch/core | default | deterministic | default / deterministic |\n|--:|--:|--:|--:|--:|\n'
@@ -190,13 +192,13 @@ if [ -n "$base_bin" ] || [ "$det" = 1 ]; then
             for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
             return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
         { gsub(/[ ,]/, "", $2); gsub(/[ ,]/, "", $3); gsub(/[ ,]/, "", $5)
-          k = FILENAME ~ /base$/ ? "b" : "c"; key = $2 " " $3
+          k = FILENAME ~ /(base|deterministic)$/ ? "b" : "c"; key = $2 " " $3
           if (!(key in seen)) { seen[key] = 1; order[++nk] = key }
           v[k SUBSEP key] = v[k SUBSEP key] " " $5 }
         END { for (i = 1; i <= nk; i++) { split(order[i], kb, " ")
                   c = med("c" SUBSEP order[i]); b = med("b" SUBSEP order[i])
                   printf "| %s | %s | %.0f | %.0f | %s |\n", kb[1], kb[2], c, b, (b > 0 ? sprintf("%.2fx", c / b) : "-") } }
-    ' "$rows.current" "$rows.base"
+    ' "$rows.current" "$other"
 fi
 cat <<EOF
 

@@ -7,7 +7,7 @@
  *
  *   fashion_mnist [--tpu ADDR] [--epochs N] [--data DIR] [--logdir DIR]
  *                 [--learning-rate LR] [--lr-schedule cosine|exponential|constant]
- *                 [--warmup-epochs N] [--decay-rate R] [--deterministic]
+ *                 [--warmup-epochs N] [--decay-rate R] [--deterministic] [--seed N]
  *                 [--checkpoint FILE [--checkpoint-every N]] [--recover N [--recover-wait S]]
  *                 [--elastic N [--elastic-wait S] [--elastic-batch global|per-replica]]
  *
@@ -30,10 +30,11 @@
  *
  * The learning rate follows Keras' CosineDecay with a linear warm-up (TF
  * 2.13+: CosineDecay(0, decay_steps, warmup_target=LR, warmup_steps)): from 0
- * to LR over the first epoch, then down to 0 along a half cosine by the last
- * step. LR scales linearly with the global batch (0.0025 per 128 rows: 0.02
- * at 1024), the large-batch rule the warm-up makes safe (Goyal et al. 2017,
- * "Accurate, Large Minibatch SGD", which the Cloud TPU docs cite).
+ * to LR over the first epoch, then down to 0 along a half cosine by the
+ * last step. LR is Keras' defaults (Adam's 0.001 at fit's batch of 32) scaled
+ * linearly with the global batch: 0.032 at 1024. That is the large-batch
+ * rule the warm-up makes safe (Goyal et al. 2017, "Accurate, Large Minibatch
+ * SGD": scale the learning rate with the batch, warm it up).
  * --lr-schedule exponential uses ExponentialDecay(LR, steps per epoch,
  * --decay-rate) instead; constant, Adam(LR) with the square-root rule.
  * --deterministic compiles the model in deterministic mode: the same bits on
@@ -66,7 +67,7 @@ static int usage(const char *why)
         fprintf(stderr, "fashion_mnist: %s\n", why);
     fprintf(stderr, "usage: fashion_mnist [--tpu ADDR] [--epochs N] [--data DIR] [--logdir DIR]\n"
                     "                     [--learning-rate LR] [--lr-schedule cosine|exponential|constant]\n"
-                    "                     [--warmup-epochs N] [--decay-rate R] [--deterministic]\n"
+                    "                     [--warmup-epochs N] [--decay-rate R] [--deterministic] [--seed N]\n"
                     "                     [--checkpoint FILE [--checkpoint-every N]] [--recover N [--recover-wait S]]\n"
                     "                     [--elastic N [--elastic-wait S] [--elastic-batch global|per-replica]]\n"
                     "  --tpu ADDR    the TPU resolver, HOST:PORT (default $TPU_NAME, else 127.0.0.1:8470)\n"
@@ -74,13 +75,14 @@ static int usage(const char *why)
                     "  --data DIR    the Fashion-MNIST IDX files (default " DEFAULT_DATA ",\n"
                     "                Debian package dataset-fashion-mnist)\n"
                     "  --logdir DIR  where the profiler writes batches 10-20 (default logs)\n"
-                    "  --learning-rate LR  Adam's peak learning rate (default 0.0025 x global batch / 128;\n"
+                    "  --learning-rate LR  Adam's peak learning rate (default 0.001 x global batch / 32;\n"
                     "                with --lr-schedule constant 0.001 x sqrt(global batch / 128))\n"
                     "  --lr-schedule S  cosine (default): linear warm-up from 0 to LR, then cosine decay\n"
                     "                to 0 at the last step (Keras' CosineDecay with warmup_target);\n"
                     "                exponential: LR x R^(step / steps per epoch) (ExponentialDecay);\n"
                     "                constant: LR throughout\n"
                     "  --warmup-epochs N  epochs of warm-up for cosine (default 1; 0: none)\n"
+                    "  --seed N      the initial weights' seed (default 42)\n"
                     "  --decay-rate R  exponential's decay per epoch (default 0.7)\n"
                     "  --deterministic  the same bits on any host CPU (portable matrix unit; slower)\n"
                     "  --checkpoint FILE   save the model there after every epoch\n"
@@ -246,6 +248,7 @@ int main(int argc, char **argv)
     long ckpt_every = 0;
     float lr = 0, decay_rate = 0.7f;
     int warmup_epochs = 1, deterministic = 0;
+    unsigned long long seed = 42;
     enum { SCHED_COSINE, SCHED_EXPONENTIAL, SCHED_CONSTANT } sched = SCHED_COSINE;
 
     setvbuf(stdout, NULL, _IOLBF, 0); /* progress lines as they happen, also into a pipe */
@@ -286,6 +289,11 @@ int main(int argc, char **argv)
             decay_rate = strtof(argv[++i], &end);
             if (*end || !(decay_rate > 0 && decay_rate <= 1))
                 return usage("--decay-rate: a number in (0, 1]");
+        } else if (!strcmp(a, "--seed")) {
+            char *end;
+            seed = strtoull(argv[++i], &end, 10);
+            if (*end || argv[i][0] == '-' || !argv[i][0])
+                return usage("--seed: a number from 0 to 2^64-1");
         } else if (!strcmp(a, "--warmup-epochs")) {
             char *end;
             long v = strtol(argv[++i], &end, 10);
@@ -392,19 +400,20 @@ int main(int argc, char **argv)
     tpu_compile_options co;
     char summary[2048];
     if (tpu_model_new(strategy, 784, &model) || tpu_model_add_dense(model, 128, TPU_ACT_RELU) ||
-        tpu_model_add_dense(model, 10, TPU_ACT_SOFTMAX) || tpu_model_set_seed(model, 42))
+        tpu_model_add_dense(model, 10, TPU_ACT_SOFTMAX) || tpu_model_set_seed(model, (uint64_t)seed))
         return fail("building the model");
     tpu_compile_options_init(&co);
     /* A global batch k times Keras' 128 takes k times fewer steps per epoch.
-     * The recipe for that: scale the learning rate linearly with the batch,
-     * warm it up over the first epoch, and decay it along a cosine to 0 by the
-     * last step (Keras' CosineDecay with warmup_target). The constant schedule
-     * keeps the gentler square-root rule, which is stable without a warm-up. */
+     * The recipe for that: scale Keras' default learning rate (Adam's 0.001
+     * at batch 32) linearly with the batch, warm it up over the first epoch,
+     * and decay it along a cosine to 0 by the last step (Keras' CosineDecay
+     * with warmup_target). The constant schedule keeps the gentler
+     * square-root rule, which is stable without a warm-up. */
     uint64_t steps_per_epoch = n_train / batch_size, total = steps_per_epoch * (uint64_t)epochs;
     uint64_t warmup = steps_per_epoch * (uint64_t)(warmup_epochs < epochs ? warmup_epochs : epochs - 1);
     if (!(lr > 0))
         lr = sched == SCHED_CONSTANT ? 0.001f * sqrtf((float)batch_size / 128.0f)
-                                     : 0.0025f * (float)batch_size / 128.0f;
+                                     : 0.001f * (float)batch_size / 32.0f;
     if (sched == SCHED_COSINE) {
         co.optimizer = tpu_optimizer_adam_schedule(
             warmup ? tpu_cosine_decay_warmup(0.0f, total - warmup, 0.0f, lr, warmup) : tpu_cosine_decay(lr, total, 0.0f));
