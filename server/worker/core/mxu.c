@@ -333,13 +333,24 @@ static int growf(float **buf, size_t *cap, size_t n, err *e)
 }
 
 /* dst[r x c] = src (stored r x c, or c x r when trans), each value rounded to
- * bfloat16 and back when bf (exact, as the MXU's inputs are) */
-static void normalize(float *restrict dst, const float *restrict src, int64_t r, int64_t c, int trans, int bf)
+ * bfloat16 and back when bf (exact, as the MXU's inputs are); tmp: room for
+ * r x c bfloat16 values */
+static void normalize(float *restrict dst, const float *restrict src, int64_t r, int64_t c, int trans, int bf,
+                      uint16_t *tmp)
 {
     size_t R = (size_t)r, C = (size_t)c;
+    if (!trans && bf) { /* the array conversions' vector paths, both exact to the scalar one */
+        bf16_from_f32_n(tmp, src, R * C);
+        bf16_to_f32_n(dst, tmp, R * C);
+        return;
+    }
+    if (!trans) {
+        memcpy(dst, src, R * C * sizeof *dst);
+        return;
+    }
     for (size_t i = 0; i < R; i++)
         for (size_t j = 0; j < C; j++) {
-            float v = trans ? src[j * R + i] : src[i * C + j];
+            float v = src[j * R + i];
             dst[i * C + j] = bf ? bf16_to_f32(bf16_from_f32(v)) : v;
         }
 }
@@ -358,11 +369,12 @@ int mxu_matmul_fixed(mxu *u, mxu_precision p, const struct mxu_op *op, const flo
     na = (size_t)op->m * (size_t)op->k;
     nb = (size_t)op->k * (size_t)op->n;
     if ((rc = growf(&u->fa, &u->facap, na, e)) != CODE_OK || (rc = growf(&u->fb, &u->fbcap, nb, e)) != CODE_OK ||
-        (rc = growf(&u->facc, &u->fccap, 4 * (size_t)op->n, e)) != CODE_OK)
+        (rc = growf(&u->facc, &u->fccap, 4 * (size_t)op->n, e)) != CODE_OK ||
+        (rc = grow(&u->abuf, &u->acap, na > nb ? na : nb, e)) != CODE_OK)
         return rc;
     t0 = now();
-    normalize(u->fa, a, op->m, op->k, op->trans_a, p == MXU_DEFAULT);
-    normalize(u->fb, b, op->k, op->n, op->trans_b, p == MXU_DEFAULT);
+    normalize(u->fa, a, op->m, op->k, op->trans_a, p == MXU_DEFAULT, u->abuf);
+    normalize(u->fb, b, op->k, op->n, op->trans_b, p == MXU_DEFAULT, u->abuf);
     mxu_fixed_gemm(op->m, op->n, op->k, u->fa, u->fb, c, op->accumulate, u->facc);
     if (stats) {
         stats->seconds = now() - t0;
