@@ -1,7 +1,8 @@
 /* bench/mxu: GFLOP/s of the emulated matrix unit (oneDNN bf16 x bf16 -> f32,
  * one thread) on square shapes and on the training shapes of
  * Dense(784->128) -> Dense(128->10), next to this machine's bf16 peak (a short
- * vdpbf16ps loop) and the same shapes in float32 (precision HIGHEST).
+ * vdpbf16ps loop), the same shapes in float32 (precision HIGHEST) and on the
+ * portable matrix unit of a deterministic compile (mxu_matmul_fixed).
  *
  *   build/bin/bench_mxu [--quick]
  *
