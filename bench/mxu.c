@@ -1,7 +1,8 @@
 /* bench/mxu: GFLOP/s of the emulated matrix unit (oneDNN bf16 x bf16 -> f32,
  * one thread) on square shapes and on the training shapes of
  * Dense(784->128) -> Dense(128->10), next to this machine's bf16 peak (a short
- * vdpbf16ps loop) and the same shapes in float32 (precision HIGHEST).
+ * vdpbf16ps loop), the same shapes in float32 (precision HIGHEST) and on the
+ * portable matrix unit of a deterministic compile (mxu_matmul_fixed).
  *
  *   build/bin/bench_mxu [--quick]
  *
@@ -82,7 +83,9 @@ static void fill(float *x, size_t n, unsigned seed)
     }
 }
 
-/* GFLOP/s of op in the given precision: warm up (creates the primitive), then
+/* GFLOP/s of op in the given precision (bf16: 1 oneDNN bf16 from bf16 inputs,
+ * 0 oneDNN float32, 2 the portable unit of a deterministic compile from
+ * float32 inputs, its bf16 rounding included): warm up (creates the primitive), then
  * repeat for at least `seconds`. */
 static double gflops(mxu *u, const struct mxu_op *op, int bf16, double seconds, double *util)
 {
@@ -103,8 +106,9 @@ static double gflops(mxu *u, const struct mxu_op *op, int bf16, double seconds, 
     fill(b, nb, 2);
     bf16_from_f32_n(ha, a, na);
     bf16_from_f32_n(hb, b, nb);
-#define CALL() (bf16 ? mxu_matmul_bf16(u, op, ha, hb, c, &st, &e) \
-                     : mxu_matmul(u, MXU_HIGHEST, op, a, b, c, &st, &e))
+#define CALL() (bf16 == 2 ? mxu_matmul_fixed(u, MXU_DEFAULT, op, a, b, c, &st, &e) \
+                : bf16    ? mxu_matmul_bf16(u, op, ha, hb, c, &st, &e)                 \
+                          : mxu_matmul(u, MXU_HIGHEST, op, a, b, c, &st, &e))
     if ((rc = CALL()) != CODE_OK) {
         fprintf(stderr, "bench_mxu: %s\n", e.msg);
         exit(1);
@@ -164,10 +168,11 @@ int main(int argc, char **argv)
 
     /* measure every row first, then the peak before and after (the larger one
      * counts): a busy machine only ever lowers a figure */
-    double bfs[32], f32s[32], utils[32];
+    double bfs[32], f32s[32], fixed[32], utils[32];
     for (int i = 0; i < ns; i++) {
         bfs[i] = gflops(u, &shapes[i].op, 1, secs, &utils[i]);
         f32s[i] = gflops(u, &shapes[i].op, 0, secs, &utils[i]);
+        fixed[i] = gflops(u, &shapes[i].op, 2, secs, &utils[i]);
     }
 #if defined(__x86_64__)
     if (__builtin_cpu_supports("avx512bf16")) {
@@ -183,19 +188,22 @@ int main(int argc, char **argv)
         printf("measured bf16 peak of this core (vdpbf16ps loop): %.1f GFLOP/s\n\n", peak);
     else
         printf("no AVX512-BF16 on this CPU: no measured peak\n\n");
-    printf("%-40s %6s %6s %6s  %9s %7s  %9s %7s\n", "shape (* = N,K >= 128)", "M", "N", "K", "bf16 GF/s",
-           "% peak", "fp32 GF/s", "MXU use");
+    printf("%-40s %6s %6s %6s  %9s %7s  %9s %10s %7s\n", "shape (* = N,K >= 128)", "M", "N", "K", "bf16 GF/s",
+           "% peak", "fp32 GF/s", "fixed GF/s", "MXU use");
     for (int i = 0; i < ns; i++) {
         const struct mxu_op *op = &shapes[i].op;
         int goal = op->n >= 128 && op->k >= 128;
         char pct[16] = "-";
         if (peak > 0)
             snprintf(pct, sizeof pct, "%.0f%%", 100.0 * bfs[i] / peak);
-        printf("%-38s %s %6lld %6lld %6lld  %9.1f %7s  %9.1f %6.0f%%\n", shapes[i].name, goal ? "*" : " ",
-               (long long)op->m, (long long)op->n, (long long)op->k, bfs[i], pct, f32s[i], 100.0 * utils[i]);
+        printf("%-38s %s %6lld %6lld %6lld  %9.1f %7s  %9.1f %10.1f %6.0f%%\n", shapes[i].name, goal ? "*" : " ",
+               (long long)op->m, (long long)op->n, (long long)op->k, bfs[i], pct, f32s[i], fixed[i],
+               100.0 * utils[i]);
     }
     printf("\nMXU use: useful FLOPs over the FLOPs of the shape padded to the 128x128 MXU tile "
            "(N and K to 128, M to 8).\n");
+    printf("fixed: the portable matrix unit of a deterministic compile (bf16 rounding of float32 inputs\n"
+           "included; in-order float32 sums, no FMA).\n");
     printf("primitives created: %u (one per shape and precision)\n", mxu_primitives_created(u));
     mxu_free(u);
     return 0;

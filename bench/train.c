@@ -65,14 +65,17 @@ static int usage(const char *why)
         fprintf(stderr, "bench_train: %s\n", why);
     fprintf(stderr,
             "usage: bench_train --tpu HOST:PORT --cores N --batch PER_CORE [--seconds S] [--warmup STEPS]\n"
-            "                   [--data DIR] [--rows R] [--tile T] [--header | --no-header | --header-only]\n"
+            "                   [--data DIR] [--rows R] [--tile T] [--deterministic]\n"
+            "                   [--header | --no-header | --header-only]\n"
             "  --cores N       cores to initialize (and train on)\n"
             "  --batch B       per-core batch; the global batch is B x N\n"
             "  --seconds S     measured time on the pod after the warm-up (default 2)\n"
             "  --warmup STEPS  steps before measuring (default 20)\n"
             "  --data DIR      the real Fashion-MNIST IDX files instead of synthetic rows\n"
             "  --rows R        synthetic training rows (default 60000, as Fashion-MNIST)\n"
-            "  --tile T        MXU tile of the in-process matrix unit (default 128: v2..v5p)\n");
+            "  --tile T        MXU tile of the in-process matrix unit (default 128: v2..v5p)\n"
+            "  --deterministic compile the model deterministic (the portable matrix unit, fixed exp/log;\n"
+            "                  the in-process figures too)\n");
     return 2;
 }
 
@@ -157,6 +160,8 @@ struct inproc {
     int steps;
 };
 
+static int deterministic;
+
 static int measure_inproc(int batch, unsigned tile, const float *x, const int32_t *y, struct inproc *out)
 {
     struct model_cfg cfg;
@@ -182,6 +187,7 @@ static int measure_inproc(int batch, unsigned tile, const float *x, const int32_
     cfg.seed = 1;
     cfg.max_rows = batch;
     cfg.mxu_tile = tile;
+    cfg.deterministic = deterministic;
     if (mxu_new(&u, tile, &e) != CODE_OK) {
         fprintf(stderr, "bench_train: matrix unit: %s\n", e.msg);
         return 1;
@@ -319,6 +325,10 @@ int main(int argc, char **argv)
             hdr = 0;
             continue;
         }
+        if (!strcmp(a, "--deterministic")) {
+            deterministic = 1;
+            continue;
+        }
         if (i + 1 >= argc)
             return usage("a flag needs a value");
         const char *v = argv[++i];
@@ -408,6 +418,7 @@ int main(int argc, char **argv)
     co.loss = TPU_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY;
     co.metrics_accuracy = 1;
     co.policy = TPU_POLICY_MIXED_BFLOAT16;
+    co.deterministic = deterministic;
     co.batch_size = global;
     tpu_set_warning_handler(quiet_warning, NULL); /* batch 32 is deliberately small */
     if (tpu_model_compile(mdl, &co) != TPU_OK)

@@ -23,7 +23,9 @@
 # Environment: SECONDS_PER_RUN (measured seconds per configuration, default 2),
 # WARMUP (warm-up steps, default 20), DATA (a Fashion-MNIST IDX directory to
 # train on instead of synthetic rows), KEEP_LOGS=1 (keep the daemon logs),
-# TPU_TYPE (default v3), SCRAPE_MS=N (give every worker a --metrics-port and
+# TPU_TYPE (default v3), DETERMINISTIC=1 (run every row twice, in the default
+# mode and compiled deterministic, alternating ROUNDS times, default 3, and
+# print each mode's median examples/s and their ratio), SCRAPE_MS=N (give every worker a --metrics-port and
 # fetch each one's /metrics every N ms while the rows run; 0, the default: off).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,6 +55,11 @@ if [ -n "${BASE:-}" ]; then
             { echo "cannot build $BASE: see $bdir/cmake.log" >&2; exit 2; }
     fi
     base_bin=$bdir/build/bin
+fi
+det=${DETERMINISTIC:-0}
+if [ "$det" = 1 ]; then
+    [ -n "$base_bin" ] && { echo "BASE and DETERMINISTIC=1 are two comparisons: choose one" >&2; exit 2; }
+    rounds=${ROUNDS:-3}
 fi
 data_args=()
 [ -n "${DATA:-}" ] && data_args=(--data "$DATA")
@@ -105,9 +112,11 @@ start_resolver() {
 
 t_begin=$(date +%s)
 failed=0
-# run_rows LABEL BIN N: one cluster of N workers of BIN, a row per batch size into $rows.LABEL
+# run_rows LABEL BIN N [BENCH_ARGS...]: one cluster of N workers of BIN, a row per batch size into $rows.LABEL
 run_rows() {
     local label=$1 b_bin=$2 n=$3 h c i b mports=() margs
+    shift 3
+    local extra=("$@")
     start_resolver "$logdir/resolver.$label.n$n.log" "$b_bin" || { failed=1; return; }
     for ((i = 0; i < n; i++)); do
         h=$((i / 4)) c=$((i % 4))
@@ -133,7 +142,7 @@ run_rows() {
     for b in $batches_list; do
         echo "bench_train ($label): $n cores, per-core batch $b (warm-up $warmup steps, then ${secs} s)" >&2
         if ! "$b_bin/bench_train" --tpu "$tpu" --cores "$n" --batch "$b" --seconds "$secs" --warmup "$warmup" \
-                "${data_args[@]}" --no-header >>"$rows.$label" 2>"$logdir/bench.$label.n$n.b$b.err"; then
+                "${data_args[@]}" "${extra[@]}" --no-header >>"$rows.$label" 2>"$logdir/bench.$label.n$n.b$b.err"; then
             echo "  FAILED: $(head -3 "$logdir/bench.$label.n$n.b$b.err")" >&2
             failed=1
         fi
@@ -142,40 +151,54 @@ run_rows() {
 }
 : >"$rows.current"
 [ -n "$base_bin" ] && : >"$rows.base"
+[ "$det" = 1 ] && : >"$rows.deterministic"
 for n in $cores_list; do
     for ((r = 0; r < rounds; r++)); do
         run_rows current "$bin" "$n"
         [ -n "$base_bin" ] && run_rows base "$base_bin" "$n"
+        [ "$det" = 1 ] && run_rows deterministic "$bin" "$n" --deterministic
     done
 done
 t_total=$(( $(date +%s) - t_begin ))
 
 printf '\ntraining benchmark: Fashion-MNIST model (784 -> Dense(128, relu) -> Dense(10, softmax)), Adam, sparse CCE,\n'
 printf 'mixed_bfloat16, %s workers (hosts of up to 4 cores), %s data; warm-up %s steps, then %s s per row\n' \
-    "$tpu_type" "${DATA:+Fashion-MNIST from $DATA}${DATA:-synthetic 60000-row}" "$warmup" "$secs"
+    "$tpu_type" "$([ -n "${DATA:-}" ] && echo "Fashion-MNIST from $DATA" || echo "synthetic 60000-row")" "$warmup" "$secs"
 printf 'machine: %s cores (nproc), %s; %s\n\n' "$(nproc)" \
     "$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')" "$(uname -sr)"
 [ -n "$base_bin" ] && echo "this build ($(git rev-parse --short HEAD 2>/dev/null || echo '?')):"
+[ "$det" = 1 ] && echo "default mode (oneDNN's kernels, libm):"
 "$bin/bench_train" --header-only
 cat "$rows.current"
-if [ -n "$base_bin" ]; then
-    printf '\nBASE %s (%s):\n' "$BASE" "$sha"
+if [ -n "$base_bin" ] || [ "$det" = 1 ]; then
+    if [ "$det" = 1 ]; then
+        printf '\ndeterministic mode (portable matrix unit, fixed exp/log):\n'
+    else
+        printf '\nBASE %s (%s):\n' "$BASE" "$sha"
+    fi
     "$bin/bench_train" --header-only
-    cat "$rows.base"
-    printf '\nexamples/s, median of %s rounds each (the builds alternating):\n\n' "$rounds"
-    printf '| cores | batch/core | this build | BASE | ratio |\n|--:|--:|--:|--:|--:|\n'
+    other=$rows.base
+    [ "$det" = 1 ] && other=$rows.deterministic
+    cat "$other"
+    if [ "$det" = 1 ]; then
+        printf '\nexamples/s, median of %s rounds each (the modes alternating):\n\n' "$rounds"
+        printf '| cores | batch/core | default | deterministic | default / deterministic |\n|--:|--:|--:|--:|--:|\n'
+    else
+        printf '\nexamples/s, median of %s rounds each (the builds alternating):\n\n' "$rounds"
+        printf '| cores | batch/core | this build | BASE | ratio |\n|--:|--:|--:|--:|--:|\n'
+    fi
     awk -F'|' '
         function med(k,  n, i, j, t, a) { n = split(v[k], a, " ")
             for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
             return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
         { gsub(/[ ,]/, "", $2); gsub(/[ ,]/, "", $3); gsub(/[ ,]/, "", $5)
-          k = FILENAME ~ /base$/ ? "b" : "c"; key = $2 " " $3
+          k = FILENAME ~ /(base|deterministic)$/ ? "b" : "c"; key = $2 " " $3
           if (!(key in seen)) { seen[key] = 1; order[++nk] = key }
           v[k SUBSEP key] = v[k SUBSEP key] " " $5 }
         END { for (i = 1; i <= nk; i++) { split(order[i], kb, " ")
                   c = med("c" SUBSEP order[i]); b = med("b" SUBSEP order[i])
                   printf "| %s | %s | %.0f | %.0f | %s |\n", kb[1], kb[2], c, b, (b > 0 ? sprintf("%.2fx", c / b) : "-") } }
-    ' "$rows.current" "$rows.base"
+    ' "$rows.current" "$other"
 fi
 cat <<EOF
 

@@ -8,6 +8,8 @@
  * epoch scalars (LOGDIR/train/events.out.tfevents.*).
  *
  *   fashion_mnist [--tpu ADDR] [--epochs N] [--data DIR] [--logdir DIR]
+ *                 [--learning-rate LR] [--lr-schedule cosine|exponential|constant]
+ *                 [--warmup-epochs N] [--decay-rate R] [--deterministic] [--seed N]
  *                 [--checkpoint FILE [--checkpoint-every N]] [--recover N [--recover-wait S]]
  *                 [--elastic N [--elastic-wait S] [--elastic-batch global|per-replica]]
  *
@@ -27,6 +29,18 @@
  * within --elastic-wait seconds, else with the survivors, from the newest
  * state (the checkpoint or fit's snapshot in memory); a notice does not stop
  * it. It prints the history's events at the end.
+ *
+ * The learning rate follows Keras' CosineDecay with a linear warm-up (TF
+ * 2.13+: CosineDecay(0, decay_steps, warmup_target=LR, warmup_steps)): from 0
+ * to LR over the first epoch, then down to 0 along a half cosine by the
+ * last step. LR is Keras' defaults (Adam's 0.001 at fit's batch of 32) scaled
+ * linearly with the global batch: 0.032 at 1024. That is the large-batch
+ * rule the warm-up makes safe (Goyal et al. 2017, "Accurate, Large Minibatch
+ * SGD": scale the learning rate with the batch, warm it up).
+ * --lr-schedule exponential uses ExponentialDecay(LR, steps per epoch,
+ * --decay-rate) instead; constant, Adam(LR) with the square-root rule.
+ * --deterministic compiles the model in deterministic mode: the same bits on
+ * any host CPU.
  *
  * It uses only the public API (tpuemu/model.h, tpuemu/data.h). */
 #include <math.h>
@@ -54,6 +68,8 @@ static int usage(const char *why)
     if (why)
         fprintf(stderr, "fashion_mnist: %s\n", why);
     fprintf(stderr, "usage: fashion_mnist [--tpu ADDR] [--epochs N] [--data DIR] [--logdir DIR]\n"
+                    "                     [--learning-rate LR] [--lr-schedule cosine|exponential|constant]\n"
+                    "                     [--warmup-epochs N] [--decay-rate R] [--deterministic] [--seed N]\n"
                     "                     [--checkpoint FILE [--checkpoint-every N]] [--recover N [--recover-wait S]]\n"
                     "                     [--elastic N [--elastic-wait S] [--elastic-batch global|per-replica]]\n"
                     "  --tpu TPU     the TPU: HOST:PORT, grpc://HOST:PORT or a TPU name\n"
@@ -61,9 +77,30 @@ static int usage(const char *why)
                     "  --epochs N    epochs to train (default 10)\n"
                     "  --data DIR    the Fashion-MNIST IDX files (default " DEFAULT_DATA ",\n"
                     "                Debian package dataset-fashion-mnist)\n"
-                    "  --logdir DIR  TensorBoard's log directory: the profile of batches 10-20 and the\n"
-                    "                epoch scalars go under DIR/train (default logs)\n"
-                    "  --learning-rate LR  Adam's (default 0.001 x sqrt(global batch / 128))\n"
+                    "  --logdir DIR  TensorBoard's log directory: the profile of batches 10-20 and the
+"
+                    "                epoch scalars go under DIR/train (default logs)
+"
+                    "  --learning-rate LR  Adam's peak learning rate (default 0.001 x global batch / 32;
+"
+                    "                with --lr-schedule constant 0.001 x sqrt(global batch / 128))
+"
+                    "  --lr-schedule S  cosine (default): linear warm-up from 0 to LR, then cosine decay
+"
+                    "                to 0 at the last step (Keras' CosineDecay with warmup_target);
+"
+                    "                exponential: LR x R^(step / steps per epoch) (ExponentialDecay);
+"
+                    "                constant: LR throughout
+"
+                    "  --warmup-epochs N  epochs of warm-up for cosine (default 1; 0: none)
+"
+                    "  --seed N      the initial weights' seed (default 42)
+"
+                    "  --decay-rate R  exponential's decay per epoch (default 0.7)
+"
+                    "  --deterministic  the same bits on any host CPU (portable matrix unit; slower)
+"
                     "  --checkpoint FILE   save the model there after every epoch\n"
                     "  --checkpoint-every N  ... every N steps instead (1..1000000)\n"
                     "  --recover N   when a core fails (UNAVAILABLE), up to N times (1..100): wait for\n"
@@ -227,7 +264,10 @@ int main(int argc, char **argv)
     int epochs = 10, recover_max = 0, recover_wait = 120, elastic = 0, elastic_wait = 30;
     tpu_elastic_batch elastic_batch = TPU_ELASTIC_KEEP_GLOBAL_BATCH;
     long ckpt_every = 0;
-    float lr = 0;
+    float lr = 0, decay_rate = 0.7f;
+    int warmup_epochs = 1, deterministic = 0;
+    unsigned long long seed = 42;
+    enum { SCHED_COSINE, SCHED_EXPONENTIAL, SCHED_CONSTANT } sched = SCHED_COSINE;
 
     setvbuf(stdout, NULL, _IOLBF, 0); /* progress lines as they happen, also into a pipe */
 
@@ -235,6 +275,10 @@ int main(int argc, char **argv)
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help"))
             return usage(NULL), 0;
+        if (!strcmp(a, "--deterministic")) {
+            deterministic = 1;
+            continue;
+        }
         if (i + 1 >= argc)
             return usage("a flag needs a value");
         if (!strcmp(a, "--tpu"))
@@ -248,6 +292,32 @@ int main(int argc, char **argv)
             lr = strtof(argv[++i], &end);
             if (*end || !(lr > 0))
                 return usage("--learning-rate: a positive number");
+        } else if (!strcmp(a, "--lr-schedule")) {
+            const char *v = argv[++i];
+            if (!strcmp(v, "cosine"))
+                sched = SCHED_COSINE;
+            else if (!strcmp(v, "exponential"))
+                sched = SCHED_EXPONENTIAL;
+            else if (!strcmp(v, "constant"))
+                sched = SCHED_CONSTANT;
+            else
+                return usage("--lr-schedule: cosine, exponential or constant");
+        } else if (!strcmp(a, "--decay-rate")) {
+            char *end;
+            decay_rate = strtof(argv[++i], &end);
+            if (*end || !(decay_rate > 0 && decay_rate <= 1))
+                return usage("--decay-rate: a number in (0, 1]");
+        } else if (!strcmp(a, "--seed")) {
+            char *end;
+            seed = strtoull(argv[++i], &end, 10);
+            if (*end || argv[i][0] == '-' || !argv[i][0])
+                return usage("--seed: a number from 0 to 2^64-1");
+        } else if (!strcmp(a, "--warmup-epochs")) {
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || v < 0 || v > 1000)
+                return usage("--warmup-epochs: a number from 0 to 1000");
+            warmup_epochs = (int)v;
         } else if (!strcmp(a, "--epochs")) {
             char *end;
             long v = strtol(argv[++i], &end, 10);
@@ -349,16 +419,39 @@ int main(int argc, char **argv)
     tpu_compile_options co;
     char summary[2048];
     if (tpu_model_new(strategy, 784, &model) || tpu_model_add_dense(model, 128, TPU_ACT_RELU) ||
-        tpu_model_add_dense(model, 10, TPU_ACT_SOFTMAX) || tpu_model_set_seed(model, 42))
+        tpu_model_add_dense(model, 10, TPU_ACT_SOFTMAX) || tpu_model_set_seed(model, (uint64_t)seed))
         return fail("building the model");
     tpu_compile_options_init(&co);
-    /* A global batch k times Keras' 128 takes k times fewer steps per epoch;
-     * the square-root rule scales Adam's learning rate to make up for it. */
+    /* A global batch k times Keras' 128 takes k times fewer steps per epoch.
+     * The recipe for that: scale Keras' default learning rate (Adam's 0.001
+     * at batch 32) linearly with the batch, warm it up over the first epoch,
+     * and decay it along a cosine to 0 by the last step (Keras' CosineDecay
+     * with warmup_target). The constant schedule keeps the gentler
+     * square-root rule, which is stable without a warm-up. */
+    uint64_t steps_per_epoch = n_train / batch_size, total = steps_per_epoch * (uint64_t)epochs;
+    uint64_t warmup = steps_per_epoch * (uint64_t)(warmup_epochs < epochs ? warmup_epochs : epochs - 1);
     if (!(lr > 0))
-        lr = 0.001f * sqrtf((float)batch_size / 128.0f);
-    printf("global batch %zu (128 x %d replicas), mixed_bfloat16, Adam(learning_rate=%.4g)\n", batch_size, replicas,
-           (double)lr);
-    co.optimizer = tpu_optimizer_adam(lr);
+        lr = sched == SCHED_CONSTANT ? 0.001f * sqrtf((float)batch_size / 128.0f)
+                                     : 0.001f * (float)batch_size / 32.0f;
+    if (sched == SCHED_COSINE) {
+        co.optimizer = tpu_optimizer_adam_schedule(
+            warmup ? tpu_cosine_decay_warmup(0.0f, total - warmup, 0.0f, lr, warmup) : tpu_cosine_decay(lr, total, 0.0f));
+        printf("global batch %zu (128 x %d replicas), mixed_bfloat16, Adam(CosineDecay(0, decay_steps=%llu, "
+               "warmup_target=%.4g, warmup_steps=%llu))%s\n",
+               batch_size, replicas, (unsigned long long)(total - warmup), (double)lr, (unsigned long long)warmup,
+               deterministic ? ", deterministic" : "");
+    } else if (sched == SCHED_EXPONENTIAL) {
+        co.optimizer = tpu_optimizer_adam_schedule(tpu_exponential_decay(lr, steps_per_epoch, decay_rate, 0));
+        printf("global batch %zu (128 x %d replicas), mixed_bfloat16, Adam(ExponentialDecay(%.4g, decay_steps=%llu, "
+               "decay_rate=%.3g))%s\n",
+               batch_size, replicas, (double)lr, (unsigned long long)steps_per_epoch, (double)decay_rate,
+               deterministic ? ", deterministic" : "");
+    } else {
+        co.optimizer = tpu_optimizer_adam(lr);
+        printf("global batch %zu (128 x %d replicas), mixed_bfloat16, Adam(learning_rate=%.4g)%s\n", batch_size,
+               replicas, (double)lr, deterministic ? ", deterministic" : "");
+    }
+    co.deterministic = deterministic;
     co.loss = TPU_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY;
     co.metrics_accuracy = 1;
     co.policy = TPU_POLICY_MIXED_BFLOAT16;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "ckpt.h"
+#include "lrsched.h"
 
 #define KIND(k) TPUEMU__FRAME_KIND__FRAME_##k
 #define CALL_FLOOR_MS 30000u
@@ -110,6 +111,118 @@ tpu_optimizer tpu_optimizer_adam(float learning_rate)
     o.beta_2 = 0.999f;
     o.epsilon = 1e-7f;
     return o;
+}
+
+tpu_optimizer tpu_optimizer_sgd_schedule(tpu_lr_schedule s, float momentum)
+{
+    tpu_optimizer o = tpu_optimizer_sgd(0, momentum);
+    o.schedule = s;
+    return o;
+}
+
+tpu_optimizer tpu_optimizer_adam_schedule(tpu_lr_schedule s)
+{
+    tpu_optimizer o = tpu_optimizer_adam(0);
+    o.schedule = s;
+    return o;
+}
+
+tpu_lr_schedule tpu_exponential_decay(float initial_learning_rate, uint64_t decay_steps, float decay_rate,
+                                      int staircase)
+{
+    tpu_lr_schedule s;
+    memset(&s, 0, sizeof s);
+    s.kind = TPU_LR_EXPONENTIAL_DECAY;
+    s.initial_learning_rate = initial_learning_rate;
+    s.decay_steps = decay_steps;
+    s.decay_rate = decay_rate;
+    s.staircase = staircase != 0;
+    return s;
+}
+
+tpu_lr_schedule tpu_cosine_decay(float initial_learning_rate, uint64_t decay_steps, float alpha)
+{
+    tpu_lr_schedule s;
+    memset(&s, 0, sizeof s);
+    s.kind = TPU_LR_COSINE_DECAY;
+    s.initial_learning_rate = initial_learning_rate;
+    s.decay_steps = decay_steps;
+    s.alpha = alpha;
+    return s;
+}
+
+tpu_lr_schedule tpu_cosine_decay_warmup(float initial_learning_rate, uint64_t decay_steps, float alpha,
+                                        float warmup_target, uint64_t warmup_steps)
+{
+    tpu_lr_schedule s = tpu_cosine_decay(initial_learning_rate, decay_steps, alpha);
+    s.has_warmup_target = 1;
+    s.warmup_target = warmup_target;
+    s.warmup_steps = warmup_steps;
+    return s;
+}
+
+/* the common library's form of a public schedule */
+static void sched_to_lrs(const tpu_lr_schedule *s, struct lr_schedule *l)
+{
+    memset(l, 0, sizeof *l);
+    l->kind = (enum lrs_kind)s->kind;
+    l->initial = s->initial_learning_rate;
+    l->decay_steps = s->decay_steps;
+    l->decay_rate = s->decay_rate;
+    l->staircase = s->staircase != 0;
+    l->alpha = s->alpha;
+    l->has_warmup = s->has_warmup_target != 0;
+    l->warmup_target = s->warmup_target;
+    l->warmup_steps = s->warmup_steps;
+    l->nbounds = s->num_boundaries <= TPU_LR_MAX_BOUNDARIES ? s->num_boundaries : TPU_LR_MAX_BOUNDARIES + 1;
+    for (size_t i = 0; i < TPU_LR_MAX_BOUNDARIES; i++)
+        l->bounds[i] = s->boundaries[i];
+    for (size_t i = 0; i <= TPU_LR_MAX_BOUNDARIES; i++)
+        l->values[i] = s->values[i];
+}
+
+static int sched_check(const tpu_lr_schedule *s, char *why, size_t n)
+{
+    struct lr_schedule l;
+    if (!s || (unsigned)s->kind > TPU_LR_COSINE_DECAY) {
+        snprintf(why, n, "learning-rate schedule kind %d is unknown (TPU_LR_CONSTANT, TPU_LR_EXPONENTIAL_DECAY, "
+                         "TPU_LR_PIECEWISE_CONSTANT_DECAY, TPU_LR_COSINE_DECAY)", s ? (int)s->kind : -1);
+        return -1;
+    }
+    sched_to_lrs(s, &l);
+    return lrs_check(&l, why, n);
+}
+
+tpu_status tpu_piecewise_constant_decay(const uint64_t *boundaries, size_t n, const float *values,
+                                        tpu_lr_schedule *out)
+{
+    tpu_lr_schedule s;
+    char why[200];
+    if (!out || (n && (!boundaries || !values)))
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_piecewise_constant_decay: missing boundaries, values or out");
+    memset(out, 0, sizeof *out);
+    if (n < 1 || n > TPU_LR_MAX_BOUNDARIES)
+        return cli_failf(TPU_INVALID_ARGUMENT, "PiecewiseConstantDecay: %zu boundaries; give 1 to %d and one value "
+                         "more", n, TPU_LR_MAX_BOUNDARIES);
+    memset(&s, 0, sizeof s);
+    s.kind = TPU_LR_PIECEWISE_CONSTANT_DECAY;
+    s.num_boundaries = n;
+    memcpy(s.boundaries, boundaries, n * sizeof *boundaries);
+    memcpy(s.values, values, (n + 1) * sizeof *values);
+    if (sched_check(&s, why, sizeof why) != 0)
+        return cli_failf(TPU_INVALID_ARGUMENT, "%s", why);
+    *out = s;
+    return TPU_OK;
+}
+
+float tpu_lr_schedule_value(const tpu_lr_schedule *s, uint64_t step)
+{
+    struct lr_schedule l;
+    char why[200];
+    if (sched_check(s, why, sizeof why) != 0)
+        return NAN;
+    sched_to_lrs(s, &l);
+    return lrs_value(&l, step);
 }
 
 void tpu_compile_options_init(tpu_compile_options *o)
@@ -342,7 +455,11 @@ tpu_status tpu_model_compile(tpu_model *m, const tpu_compile_options *o)
     if ((unsigned)co.optimizer.kind > TPU_OPT_ADAM)
         return cli_failf(TPU_INVALID_ARGUMENT, "optimizer %d is unknown (TPU_OPT_SGD, TPU_OPT_ADAM)",
                          (int)co.optimizer.kind);
-    if (!(co.optimizer.learning_rate > 0) || !isfinite(co.optimizer.learning_rate))
+    if (co.optimizer.schedule.kind != TPU_LR_CONSTANT) {
+        char why[200];
+        if (sched_check(&co.optimizer.schedule, why, sizeof why) != 0)
+            return cli_failf(TPU_INVALID_ARGUMENT, "%s", why);
+    } else if (!(co.optimizer.learning_rate > 0) || !isfinite(co.optimizer.learning_rate))
         return cli_failf(TPU_INVALID_ARGUMENT, "learning_rate %g must be a positive number (tpu_optimizer_adam(0) "
                          "gives Keras' default)", (double)co.optimizer.learning_rate);
     if (co.optimizer.kind == TPU_OPT_ADAM &&
@@ -495,6 +612,26 @@ int model_ensure_compiled(tpu_model *m, size_t global_batch, err *e)
     os.beta_1 = m->co.optimizer.beta_1;
     os.beta_2 = m->co.optimizer.beta_2;
     os.epsilon = m->co.optimizer.epsilon;
+    const tpu_lr_schedule *sc = &m->co.optimizer.schedule;
+    os.schedule = (uint32_t)sc->kind;
+    os.initial_learning_rate = sc->initial_learning_rate;
+    os.decay_steps = sc->decay_steps;
+    os.decay_rate = sc->decay_rate;
+    os.staircase = sc->staircase != 0;
+    os.alpha = sc->alpha;
+    os.has_warmup_target = sc->has_warmup_target != 0;
+    os.warmup_target = sc->warmup_target;
+    os.warmup_steps = sc->warmup_steps;
+    uint64_t bounds[TPU_LR_MAX_BOUNDARIES];
+    float values[TPU_LR_MAX_BOUNDARIES + 1];
+    if (sc->kind == TPU_LR_PIECEWISE_CONSTANT_DECAY) {
+        os.n_boundaries = sc->num_boundaries;
+        os.boundaries = bounds;
+        memcpy(bounds, sc->boundaries, sc->num_boundaries * sizeof *bounds);
+        os.n_values = sc->num_boundaries + 1;
+        os.values = values;
+        memcpy(values, sc->values, os.n_values * sizeof *values);
+    }
     ms.model_id = m->id;
     ms.input_dim = (uint32_t)m->in_dim;
     ms.n_layers = m->nlayers;
@@ -506,6 +643,7 @@ int model_ensure_compiled(tpu_model *m, size_t global_batch, err *e)
     ms.batch_per_core = (uint32_t)per;
     ms.infeed_depth = m->co.infeed_depth;
     ms.steps_per_execution = m->co.steps_per_execution;
+    ms.deterministic = m->co.deterministic != 0;
     ms.label_dim = m->co.loss == TPU_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY ? 1 : (uint32_t)m->units[m->nlayers - 1];
     h.kind = KIND(COMPILE);
     h.model = &ms;

@@ -3,7 +3,12 @@
 # cores) on loopback, examples/fashion_mnist for 5 epochs on the Fashion-MNIST
 # files of Debian's dataset-fashion-mnist, and the checks a user makes: it
 # exits 0, prints the progress of every epoch, writes the profile of batches
-# 10-20, and reaches a test accuracy of at least 0.85.
+# 10-20, and reaches a test accuracy of at least 0.865. The example trains
+# under Keras' CosineDecay with a linear warm-up (TF 2.13+,
+# keras/src/optimizers/schedules/learning_rate_schedule.py) from 0 to
+# 0.001 x 512 / 32 = 0.016 over the first epoch; those 5 epochs end at
+# 0.876-0.880 (the seeds tried), the square-root rule's constant
+# rate at about 0.86.
 #
 #   tests/example/run.sh BUILD_DIR
 set -uo pipefail
@@ -30,5 +35,5 @@ ls logs/train/events.out.tfevents.* >/dev/null 2>&1 || fail "no TensorBoard even
 grep -q "^Bottleneck: " out.txt || fail "the profiler printed no bottleneck"
 acc=$(sed -n 's/^test accuracy: //p' out.txt)
 [ -n "$acc" ] || fail "no 'test accuracy:' line"
-awk -v a="$acc" 'BEGIN { exit !(a >= 0.85) }' || fail "test accuracy $acc is below 0.85 after 5 epochs"
+awk -v a="$acc" 'BEGIN { exit !(a >= 0.865) }' || fail "test accuracy $acc is below 0.865 after 5 epochs"
 echo "1 passed, 0 failed: fashion_mnist reached test accuracy $acc in 5 epochs on 4 cores"

@@ -41,7 +41,7 @@ static struct model_cfg base_cfg(int in, int nl, const int *units, const enum mo
     for (int l = 0; l < nl; l++)
         c.units[l] = units[l], c.act[l] = act[l];
     c.loss = loss;
-    c.opt = (struct model_opt_cfg){OPT_ADAM, 0.001f, 0, 0, 0.9f, 0.999f, 1e-7f};
+    c.opt = (struct model_opt_cfg){OPT_ADAM, 0.001f, 0, 0, 0.9f, 0.999f, 1e-7f, {0}};
     c.precision = MODEL_FLOAT32;
     c.seed = 42;
     c.max_rows = 64;
@@ -282,7 +282,7 @@ Test(model, sgd_plain_momentum_nesterov_by_hand)
      * nesterov: w += 0.9 v - 0.1 g = -0.19, then -0.271  -> -0.19, -0.461 */
     const double want[3][2] = {{-0.1, -0.2}, {-0.1, -0.29}, {-0.19, -0.461}};
     for (int kind = 0; kind < 3; kind++) {
-        model *m = opt_model((struct model_opt_cfg){OPT_SGD, 0.1f, kind ? 0.9f : 0, kind == 2, 0, 0, 0});
+        model *m = opt_model((struct model_opt_cfg){OPT_SGD, 0.1f, kind ? 0.9f : 0, kind == 2, 0, 0, 0, {0}});
         cr_assert_eq(model_opt_num_slots(m), kind ? 1 : 0);
         memset(model_params(m), 0, 6 * sizeof(float));
         for (int step = 0; step < 2; step++) {
@@ -301,7 +301,7 @@ Test(model, sgd_plain_momentum_nesterov_by_hand)
 Test(model, sgd_momentum_follows_keras_formula)
 {
     for (int nest = 0; nest < 2; nest++) {
-        model *m = opt_model((struct model_opt_cfg){OPT_SGD, 0.05f, 0.8f, nest, 0, 0, 0});
+        model *m = opt_model((struct model_opt_cfg){OPT_SGD, 0.05f, 0.8f, nest, 0, 0, 0, {0}});
         double w[6], v[6] = {0};
         for (int i = 0; i < 6; i++)
             w[i] = model_params(m)[i];
@@ -323,7 +323,7 @@ Test(model, sgd_momentum_follows_keras_formula)
 Test(model, adam_follows_keras_formula)
 {
     const double lr = 0.01, b1 = 0.9, b2 = 0.999, eps = 1e-7;
-    model *m = opt_model((struct model_opt_cfg){OPT_ADAM, 0.01f, 0, 0, 0.9f, 0.999f, 1e-7f});
+    model *m = opt_model((struct model_opt_cfg){OPT_ADAM, 0.01f, 0, 0, 0.9f, 0.999f, 1e-7f, {0}});
     double w[6], mm[6] = {0}, vv[6] = {0};
     cr_assert_eq(model_opt_num_slots(m), 2);
     for (int i = 0; i < 6; i++)
@@ -359,7 +359,7 @@ Test(model, adam_follows_keras_formula)
 Test(model, adam_bias_correction_uses_the_iteration_count)
 {
     /* restored at iteration 999: step 1000 uses lr_t = lr sqrt(1-b2^1000)/(1-b1^1000) */
-    model *m = opt_model((struct model_opt_cfg){OPT_ADAM, 0.01f, 0, 0, 0.9f, 0.999f, 1e-7f});
+    model *m = opt_model((struct model_opt_cfg){OPT_ADAM, 0.01f, 0, 0, 0.9f, 0.999f, 1e-7f, {0}});
     float w0 = model_params(m)[0];
     model_set_opt_iterations(m, 999);
     model_grads(m)[0] = 1;
@@ -718,8 +718,8 @@ Test(model, updates_are_bit_exact_against_scalar_float_math)
      * and must give the bits of plain scalar float32 in the same order */
     struct model_cfg c = base_cfg(30, 1, (int[]){20}, (enum model_act[]){ACT_LINEAR}, LOSS_MSE);
     for (int kind = 0; kind < 4; kind++) {
-        c.opt = kind == 3 ? (struct model_opt_cfg){OPT_ADAM, 0.003f, 0, 0, 0.9f, 0.999f, 1e-7f}
-                          : (struct model_opt_cfg){OPT_SGD, 0.01f, kind ? 0.9f : 0, kind == 2, 0, 0, 0};
+        c.opt = kind == 3 ? (struct model_opt_cfg){OPT_ADAM, 0.003f, 0, 0, 0.9f, 0.999f, 1e-7f, {0}}
+                          : (struct model_opt_cfg){OPT_SGD, 0.01f, kind ? 0.9f : 0, kind == 2, 0, 0, 0, {0}};
         model *m = make(&c);
         size_t np = model_num_params(m);
         float *w = malloc(sizeof *w * np), *s0 = calloc(np, sizeof *s0), *s1 = calloc(np, sizeof *s1);

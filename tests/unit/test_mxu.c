@@ -202,3 +202,75 @@ Test(mxu, bad_shapes_are_refused)
     cr_assert_eq(mxu_matmul(u, (mxu_precision)7, &(struct mxu_op){1, 1, 1, 0, 0, 0}, x, x, x, NULL, &e),
                  CODE_INVALID_ARGUMENT);
 }
+
+/* The portable matrix unit (a deterministic compile): each C[i][j] is the
+ * float32 sum over k in order 0..k-1, from +0, of the products of the
+ * bf16-rounded inputs, every product and sum rounded on its own: the sum a
+ * plain loop computes (volatile keeps the compiler from fusing it into an
+ * FMA here). The same math as the TPU's MXU at precision DEFAULT (bf16
+ * inputs, float32 accumulation; XLA's PrecisionConfig.DEFAULT,
+ * tensorflow/compiler/xla/xla_data.proto), with one fixed order. */
+static void sequential(const struct mxu_op *op, const float *a, const float *b, float *c, int round)
+{
+    for (int64_t i = 0; i < op->m; i++)
+        for (int64_t j = 0; j < op->n; j++) {
+            float s = 0.0f;
+            for (int64_t p = 0; p < op->k; p++) {
+                float x = op->trans_a ? a[p * op->m + i] : a[i * op->k + p];
+                float y = op->trans_b ? b[j * op->k + p] : b[p * op->n + j];
+                volatile float prod;
+                if (round) {
+                    x = bf16_to_f32(bf16_from_f32(x));
+                    y = bf16_to_f32(bf16_from_f32(y));
+                }
+                prod = x * y;
+                s = s + prod;
+            }
+            c[i * op->n + j] = op->accumulate ? c[i * op->n + j] + s : s;
+        }
+}
+
+Test(mxu, fixed_unit_sums_in_order_bit_for_bit)
+{
+    static const int64_t shapes[][3] = {{128, 128, 784}, {7, 10, 128}, {784, 128, 128}, {5, 3, 1}, {1, 1, 9}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int t = 0; t < 8; t++) {
+            struct mxu_op op = {shapes[s][0], shapes[s][1], shapes[s][2], t & 1, (t >> 1) & 1, (t >> 2) & 1};
+            size_t na = (size_t)(op.m * op.k), nb = (size_t)(op.k * op.n), nc = (size_t)(op.m * op.n);
+            float *a = malloc(na * sizeof *a), *b = malloc(nb * sizeof *b), *c = malloc(nc * sizeof *c),
+                  *want = malloc(nc * sizeof *want);
+            double *ref = malloc(nc * sizeof *ref);
+            for (int p = 0; p < 2; p++) {
+                mxu_precision prec = p ? MXU_HIGHEST : MXU_DEFAULT;
+                struct mxu_stats st;
+                err e;
+                fill(a, na, 11 + (unsigned)s);
+                fill(b, nb, 29 + (unsigned)t);
+                fill(c, nc, 3);
+                memcpy(want, c, nc * sizeof *c);
+                cr_assert_eq(mxu_matmul_fixed(u, prec, &op, a, b, c, &st, &e), CODE_OK, "%s", e.msg);
+                sequential(&op, a, b, want, !p);
+                cr_assert(memcmp(c, want, nc * sizeof *c) == 0,
+                          "%lldx%lldx%lld trans %d/%d acc %d %s: not the in-order float32 sum", (long long)op.m,
+                          (long long)op.n, (long long)op.k, op.trans_a, op.trans_b, op.accumulate,
+                          p ? "HIGHEST" : "DEFAULT");
+                cr_assert_gt(st.flops, 0.0);
+                if (!op.accumulate) { /* and the product itself: close to the exact one */
+                    reference(&op, a, b, ref, !p);
+                    cr_assert_lt(max_err(c, ref, nc), 1e-5 * (double)op.k, "far from the exact product");
+                }
+            }
+            free(a), free(b), free(c), free(want), free(ref);
+        }
+}
+
+Test(mxu, fixed_unit_refuses_bad_shapes)
+{
+    struct mxu_op op = {0, 4, 4, 0, 0, 0};
+    float x[16] = {0}, y[16] = {0}, z[16];
+    err e;
+    cr_assert_eq(mxu_matmul_fixed(u, MXU_DEFAULT, &op, x, y, z, NULL, &e), CODE_INVALID_ARGUMENT);
+    cr_assert(strstr(e.msg, "m=0"), "%s", e.msg);
+    op.m = 4;
+    cr_assert_eq(mxu_matmul_fixed(u, (mxu_precision)7, &op, x, y, z, NULL, &e), CODE_INVALID_ARGUMENT);
+}

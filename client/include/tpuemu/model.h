@@ -82,18 +82,82 @@ typedef enum tpu_policy {
 
 typedef enum tpu_optimizer_kind { TPU_OPT_SGD = 0, TPU_OPT_ADAM = 1 } tpu_optimizer_kind;
 
+/* A learning-rate schedule (tf.keras.optimizers.schedules), given to an
+ * optimizer in place of a constant learning rate. The cores evaluate it at
+ * the optimizer's iteration count before each update (0 for the first, as
+ * Keras' optimizer calls learning_rate(self.iterations)); the count is the
+ * one a checkpoint saves, so a resumed fit goes on along the schedule.
+ *   ExponentialDecay:       initial * decay_rate^(step / decay_steps)
+ *                           (staircase: the quotient's floor)
+ *   PiecewiseConstantDecay: values[0] while step <= boundaries[0], values[i]
+ *                           while boundaries[i-1] < step <= boundaries[i],
+ *                           values[n] after the last boundary
+ *   CosineDecay:            s = min(step, decay_steps);
+ *                           initial * ((1 - alpha) * 0.5 * (1 + cos(pi s / decay_steps)) + alpha);
+ *                           with a warmup_target (TF 2.13+): linear from
+ *                           initial to warmup_target over warmup_steps, then
+ *                           the cosine from warmup_target over decay_steps
+ * Values are computed in double with fixed (host-independent) cos and pow
+ * and rounded to float. Make one with the constructors below. */
+typedef enum tpu_lr_schedule_kind {
+    TPU_LR_CONSTANT = 0,                 /* no schedule: the optimizer's learning_rate */
+    TPU_LR_EXPONENTIAL_DECAY = 1,
+    TPU_LR_PIECEWISE_CONSTANT_DECAY = 2,
+    TPU_LR_COSINE_DECAY = 3,
+} tpu_lr_schedule_kind;
+
+#define TPU_LR_MAX_BOUNDARIES 16
+
+typedef struct tpu_lr_schedule {
+    tpu_lr_schedule_kind kind;
+    float initial_learning_rate;         /* ExponentialDecay, CosineDecay */
+    uint64_t decay_steps;                /* ExponentialDecay, CosineDecay: > 0 */
+    float decay_rate;                    /* ExponentialDecay */
+    int staircase;                       /* ExponentialDecay */
+    float alpha;                         /* CosineDecay: floor as a fraction, in [0, 1] */
+    int has_warmup_target;               /* CosineDecay: warmup_target given (Keras: not None) */
+    float warmup_target;                 /* CosineDecay */
+    uint64_t warmup_steps;               /* CosineDecay */
+    size_t num_boundaries;               /* PiecewiseConstantDecay: 1..16 */
+    uint64_t boundaries[TPU_LR_MAX_BOUNDARIES];
+    float values[TPU_LR_MAX_BOUNDARIES + 1];
+} tpu_lr_schedule;
+
+/* tf.keras.optimizers.schedules.ExponentialDecay(initial_learning_rate,
+ * decay_steps, decay_rate, staircase). */
+TPU_API tpu_lr_schedule tpu_exponential_decay(float initial_learning_rate, uint64_t decay_steps, float decay_rate,
+                                              int staircase);
+/* CosineDecay(initial_learning_rate, decay_steps, alpha) without warm-up. */
+TPU_API tpu_lr_schedule tpu_cosine_decay(float initial_learning_rate, uint64_t decay_steps, float alpha);
+/* CosineDecay(initial_learning_rate, decay_steps, alpha, warmup_target=,
+ * warmup_steps=): linear warm-up, then cosine decay. */
+TPU_API tpu_lr_schedule tpu_cosine_decay_warmup(float initial_learning_rate, uint64_t decay_steps, float alpha,
+                                                float warmup_target, uint64_t warmup_steps);
+/* PiecewiseConstantDecay(boundaries, values): n boundaries (1..16, strictly
+ * increasing) and n + 1 values. TPU_INVALID_ARGUMENT otherwise. */
+TPU_API tpu_status tpu_piecewise_constant_decay(const uint64_t *boundaries, size_t n, const float *values,
+                                                tpu_lr_schedule *out);
+/* schedule(step): the learning rate the cores use for the update at optimizer
+ * step `step` (bit for bit what they compute). NaN for a malformed schedule. */
+TPU_API float tpu_lr_schedule_value(const tpu_lr_schedule *s, uint64_t step);
+
 typedef struct tpu_optimizer {
     tpu_optimizer_kind kind;
-    float learning_rate;
+    float learning_rate;        /* without a schedule */
     float momentum;             /* SGD */
     int nesterov;               /* SGD */
     float beta_1, beta_2, epsilon; /* Adam */
+    tpu_lr_schedule schedule;   /* kind TPU_LR_CONSTANT (zero): none */
 } tpu_optimizer;
 
 /* Keras' defaults: SGD(learning_rate 0.01 when 0 is given, momentum),
  * Adam(learning_rate 0.001 when 0, beta_1 0.9, beta_2 0.999, epsilon 1e-7). */
 TPU_API tpu_optimizer tpu_optimizer_sgd(float learning_rate, float momentum);
 TPU_API tpu_optimizer tpu_optimizer_adam(float learning_rate);
+/* The optimizer with a schedule as its learning rate: SGD(learning_rate=s,
+ * momentum), Adam(learning_rate=s). */
+TPU_API tpu_optimizer tpu_optimizer_sgd_schedule(tpu_lr_schedule s, float momentum);
+TPU_API tpu_optimizer tpu_optimizer_adam_schedule(tpu_lr_schedule s);
 
 typedef struct tpu_model tpu_model;
 
@@ -115,6 +179,14 @@ typedef struct tpu_compile_options {
     tpu_policy policy;
     size_t batch_size;             /* global batch to compile for now; 0: at the first fit/evaluate/predict */
     unsigned infeed_depth;         /* executions the client may run ahead (1..16) */
+    /* Results that do not depend on the host CPUs, as a TPU's do not: every
+     * core multiplies on a portable matrix unit (bf16 inputs, float32 sums in a
+     * fixed order, no FMA) instead of oneDNN's kernel for its CPU, and takes
+     * exp, log and tanh from a fixed implementation instead of libm; the same
+     * seed and data then give bitwise identical weights on any x86-64 host.
+     * Slower (README, "The emulated core"). Also runs mixed_bfloat16 on hosts
+     * without AVX-512, where oneDNN has no bf16 matmul. */
+    int deterministic;
 } tpu_compile_options;
 
 /* Adam, sparse categorical cross-entropy, accuracy, 1 step per execution,

@@ -13,6 +13,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "detmath.h"
+
 #define MODEL_MAX_ROWS (1 << 20)
 #define CLIP_LO 1e-7f           /* Keras' backend epsilon */
 #define CLIP_HI (1.0f - 1e-7f)
@@ -99,7 +101,11 @@ static int check_cfg(const struct model_cfg *c, err *e)
                        model_loss_name(c->loss), c->nlayers - 1, last);
     if ((unsigned)o->kind > OPT_ADAM)
         return err_set(e, CODE_INVALID_ARGUMENT, "opt.kind %d is not sgd (0) or adam (1)", (int)o->kind);
-    if (!positive_finite(o->learning_rate))
+    if (o->sched.kind != LRS_CONSTANT) {
+        char why[160];
+        if (lrs_check(&o->sched, why, sizeof why) != 0)
+            return err_set(e, CODE_INVALID_ARGUMENT, "opt.sched: %s", why);
+    } else if (!positive_finite(o->learning_rate))
         return err_set(e, CODE_INVALID_ARGUMENT, "opt.learning_rate %g is not a finite number above 0",
                        (double)o->learning_rate);
     if (o->kind == OPT_SGD && !(o->momentum >= 0.0f && o->momentum <= 1.0f))
@@ -317,7 +323,8 @@ static int matmul(model *m, int layer, int which, int64_t M, int64_t N, int64_t 
     struct mxu_op op = {M, N, K, ta, tb, 0};
     struct mxu_stats st;
     uint64_t t0 = m->rec ? model_now_ns() : 0;
-    int rc = mxu_matmul(m->u, m->prec, &op, a, b, c, &st, e);
+    int rc = m->cfg.deterministic ? mxu_matmul_fixed(m->u, m->prec, &op, a, b, c, &st, e)
+                                  : mxu_matmul(m->u, m->prec, &op, a, b, c, &st, e);
     if (rc == CODE_OK) {
         m->mm_seconds += st.seconds;
         m->mm_calls++;
@@ -328,8 +335,9 @@ static int matmul(model *m, int layer, int which, int64_t M, int64_t N, int64_t 
 }
 
 /* z = act(z + b), row by row: one pass over the matmul's output. */
-static void activate(float *z, const float *b, int rows, int n, enum model_act act)
+static void activate(float *z, const float *b, int rows, int n, enum model_act act, int det)
 {
+    float (*ex)(float) = det ? det_expf : expf, (*th)(float) = det ? det_tanhf : tanhf;
     for (int r = 0; r < rows; r++) {
         float *restrict v = z + (size_t)r * (size_t)n;
         switch (act) {
@@ -345,11 +353,11 @@ static void activate(float *z, const float *b, int rows, int n, enum model_act a
             break;
         case ACT_TANH:
             for (int j = 0; j < n; j++)
-                v[j] = tanhf(v[j] + b[j]);
+                v[j] = th(v[j] + b[j]);
             break;
         case ACT_SIGMOID:
             for (int j = 0; j < n; j++)
-                v[j] = 1.0f / (1.0f + expf(-(v[j] + b[j])));
+                v[j] = 1.0f / (1.0f + ex(-(v[j] + b[j])));
             break;
         case ACT_SOFTMAX: {
             float mx, sum = 0.0f;
@@ -359,7 +367,7 @@ static void activate(float *z, const float *b, int rows, int n, enum model_act a
             for (int j = 1; j < n; j++)
                 mx = v[j] > mx ? v[j] : mx;
             for (int j = 0; j < n; j++) {
-                v[j] = expf(v[j] - mx);
+                v[j] = ex(v[j] - mx);
                 sum += v[j];
             }
             for (int j = 0; j < n; j++)
@@ -429,8 +437,9 @@ static int argmax(const float *v, int n)
  * gradient: dL/dz when fused (softmax last layer, cross-entropy), dL/dp
  * otherwise. */
 static float row_loss(enum model_loss loss, int fused, const float *restrict p, int n, const float *restrict y,
-                      int cls, float *restrict g)
+                      int cls, float *restrict g, int det)
 {
+    float (*lg)(float) = det ? det_logf : logf;
     float s = 0.0f;
 
     switch (loss) {
@@ -449,7 +458,7 @@ static float row_loss(enum model_loss loss, int fused, const float *restrict p, 
             if (in_clip(p[cls]))
                 g[cls] -= 1.0f / cy;
         }
-        return logf(s) - logf(cy);
+        return lg(s) - lg(cy);
     }
     case LOSS_CCE: {
         float l = 0.0f, h = 0.0f;
@@ -457,7 +466,7 @@ static float row_loss(enum model_loss loss, int fused, const float *restrict p, 
             s += p[j];
         for (int j = 0; j < n; j++) {
             float q = p[j] / s, c = clip(q);
-            l -= y[j] * logf(c);
+            l -= y[j] * lg(c);
             if (g && !fused) {
                 g[j] = in_clip(q) ? -y[j] / c : 0.0f;   /* dL/dq */
                 h += g[j] * q;
@@ -516,7 +525,7 @@ static int loss_pass(model *m, const void *y, int rows, struct model_metrics *ou
         size_t o = (size_t)r * (size_t)n;
         const float *p = L->a + o, *yr = loss == LOSS_SPARSE_CCE ? NULL : yf + o;
         int cls = loss == LOSS_SPARSE_CCE ? ids[r] : 0;
-        mt.loss_sum += (double)row_loss(loss, fused, p, n, yr, cls, dz ? dz + o : NULL);
+        mt.loss_sum += (double)row_loss(loss, fused, p, n, yr, cls, dz ? dz + o : NULL, m->cfg.deterministic);
         if (loss == LOSS_SPARSE_CCE)
             mt.correct += argmax(p, n) == cls;
         else if (loss == LOSS_CCE)
@@ -550,7 +559,7 @@ int model_forward(model *m, const float *x, int rows, float *out, err *e)
             err_prefix(e, "layer %d forward", l);
             return rc;
         }
-        activate(L->a, m->params + L->b, rows, L->units, L->act);
+        activate(L->a, m->params + L->b, rows, L->units, L->act, m->cfg.deterministic);
         in = L->a;
         if (m->rec)
             rec_add(m, MODEL_REC_FORWARD, l, 0, rows, L->units, L->in, t0, model_now_ns());
@@ -674,18 +683,25 @@ static void adam(float *restrict w, float *restrict mm, float *restrict vv, cons
     }
 }
 
+float model_learning_rate(const model *m)
+{
+    const struct model_opt_cfg *o = &m->cfg.opt;
+    return o->sched.kind == LRS_CONSTANT ? o->learning_rate : lrs_value(&o->sched, m->iterations);
+}
+
 void model_apply_gradients(model *m, float scale)
 {
     const struct model_opt_cfg *o = &m->cfg.opt;
     size_t n = m->nparams;
+    float lr = model_learning_rate(m);
 
     if (o->kind == OPT_SGD && m->nslots == 0) {
-        sgd(m->params, m->grads, n, o->learning_rate, scale);
+        sgd(m->params, m->grads, n, lr, scale);
     } else if (o->kind == OPT_SGD) {
-        momentum(m->params, m->slots, m->grads, n, o->learning_rate, scale, o->momentum, o->nesterov);
+        momentum(m->params, m->slots, m->grads, n, lr, scale, o->momentum, o->nesterov);
     } else {
         uint64_t t = m->iterations + 1;
-        float lr_t = (float)((double)o->learning_rate * sqrt(1.0 - powu(o->beta_2, t)) / (1.0 - powu(o->beta_1, t)));
+        float lr_t = (float)((double)lr * sqrt(1.0 - powu(o->beta_2, t)) / (1.0 - powu(o->beta_1, t)));
         adam(m->params, m->slots, m->slots + n, m->grads, n, lr_t, scale, o->beta_1, o->beta_2, o->epsilon);
     }
     m->iterations++;

@@ -28,6 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "lrsched.h"
 #include "mxu.h"
 #include "status.h"
 
@@ -58,6 +59,10 @@ struct model_opt_cfg {
     float momentum;      /* SGD: 0 = plain SGD */
     int nesterov;        /* SGD */
     float beta_1, beta_2, epsilon; /* Adam: 0.9, 0.999, 1e-7 */
+    /* A learning-rate schedule (kind LRS_CONSTANT, the zero value: none, learning_rate
+     * applies): each update uses lrs_value(&sched, iterations) for its learning rate,
+     * iterations counted before that update (Keras' learning_rate(self.iterations)). */
+    struct lr_schedule sched;
 };
 
 struct model_cfg {
@@ -72,6 +77,11 @@ struct model_cfg {
     int max_rows;                     /* largest per-core batch forward/backward will see */
     unsigned mxu_tile;                /* the mxu's systolic array size, for the padded FLOPs
                                          only; 0 = 128 */
+    /* Results independent of the host CPU: every matmul on the portable matrix
+     * unit (mxu_matmul_fixed) instead of oneDNN, and exp, log and tanh from
+     * detmath.h instead of libm. The same math (bf16 inputs, float32 sums),
+     * summed in a fixed order; slower. */
+    int deterministic;
 };
 
 /* Per step metrics over the rows of one shard (summed, so shards add up). */
@@ -140,9 +150,14 @@ int model_backward(model *m, const void *y, int rows, struct model_metrics *out,
 /* One optimizer step with gradients model_grads * scale, as Keras' optimizer
  * applies it (SGD: v = momentum*v - lr*g; w += v (nesterov: w += momentum*v -
  * lr*g); Adam: t += 1; lr_t = lr*sqrt(1-b2^t)/(1-b1^t); m = b1*m + (1-b1)*g;
- * v = b2*v + (1-b2)*g^2; w -= lr_t*m/(sqrt(v) + eps)). Increments the
+ * v = b2*v + (1-b2)*g^2; w -= lr_t*m/(sqrt(v) + eps)), lr from the schedule when there is one
+ * (model_learning_rate). Increments the
  * iteration count. */
 void model_apply_gradients(model *m, float scale);
+
+/* The learning rate the next model_apply_gradients uses (the schedule's value
+ * at the iteration count, or opt.learning_rate). */
+float model_learning_rate(const model *m);
 
 /* Matmul FLOPs of one training step / forward pass over rows rows (useful
  * FLOPs, 2*m*n*k summed; the backward pass skips the input gradient of the

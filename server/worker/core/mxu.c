@@ -11,6 +11,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "bf16.h"
+#include "mxu_fixed.h"
 
 #define MXU_CACHE_MAX 64     /* shapes kept; the least recently used goes first */
 #define MXU_DIM_MAX (1ll << 31)
@@ -32,6 +33,8 @@ struct mxu {
     uint64_t tick;
     uint16_t *abuf, *bbuf;   /* bf16 copies of float32 inputs (precision DEFAULT) */
     size_t acap, bcap;
+    float *fa, *fb, *facc;   /* the portable unit's operands, normalized, and its row accumulators */
+    size_t facap, fbcap, fccap;
 };
 
 static void entry_free(struct entry *en)
@@ -82,6 +85,9 @@ void mxu_free(mxu *u)
     dnnl_engine_destroy(u->eng);
     free(u->abuf);
     free(u->bbuf);
+    free(u->fa);
+    free(u->fb);
+    free(u->facc);
     free(u);
 }
 
@@ -166,10 +172,16 @@ fail:
         dnnl_post_ops_destroy(po);
     if (attr)
         dnnl_primitive_attr_destroy(attr);
+    /* before entry_free zeroes the entry op points into */
+    err_set(e, CODE_INTERNAL, "matrix unit: oneDNN cannot %s for %s %lldx%lld . %lldx%lld (status %d)%s", what,
+            en->dt == dnnl_bf16 ? "bf16" : "f32", (long long)op->m, (long long)op->k, (long long)op->k,
+            (long long)op->n, (int)st,
+            en->dt == dnnl_bf16 && st == dnnl_unimplemented
+                ? "; oneDNN has no bf16 matmul for this CPU (it needs AVX-512): compile the model with "
+                  "deterministic (the portable matrix unit) or the float32 policy"
+                : "");
     entry_free(en);
-    return err_set(e, CODE_INTERNAL, "matrix unit: oneDNN cannot %s for %s %lldx%lld . %lldx%lld (status %d)",
-                   what, en->dt == dnnl_bf16 ? "bf16" : "f32", (long long)op->m, (long long)op->k,
-                   (long long)op->k, (long long)op->n, (int)st);
+    return CODE_INTERNAL;
 }
 
 /* The cached primitive for op, created on a miss (evicting the least recently
@@ -306,4 +318,69 @@ int mxu_matmul(mxu *u, mxu_precision p, const struct mxu_op *op, const float *a,
     bf16_from_f32_n(u->abuf, a, na);
     bf16_from_f32_n(u->bbuf, b, nb);
     return run(u, op, dnnl_bf16, u->abuf, u->bbuf, c, stats, e);
+}
+
+static int growf(float **buf, size_t *cap, size_t n, err *e)
+{
+    float *p;
+    if (n <= *cap)
+        return CODE_OK;
+    if (!(p = realloc(*buf, n * sizeof *p)))
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "matmul: out of host memory for %zu float32 values", n);
+    *buf = p;
+    *cap = n;
+    return CODE_OK;
+}
+
+/* dst[r x c] = src (stored r x c, or c x r when trans), each value rounded to
+ * bfloat16 and back when bf (exact, as the MXU's inputs are); tmp: room for
+ * r x c bfloat16 values */
+static void normalize(float *restrict dst, const float *restrict src, int64_t r, int64_t c, int trans, int bf,
+                      uint16_t *tmp)
+{
+    size_t R = (size_t)r, C = (size_t)c;
+    if (!trans && bf) { /* the array conversions' vector paths, both exact to the scalar one */
+        bf16_from_f32_n(tmp, src, R * C);
+        bf16_to_f32_n(dst, tmp, R * C);
+        return;
+    }
+    if (!trans) {
+        memcpy(dst, src, R * C * sizeof *dst);
+        return;
+    }
+    for (size_t i = 0; i < R; i++)
+        for (size_t j = 0; j < C; j++) {
+            float v = src[j * R + i];
+            dst[i * C + j] = bf ? bf16_to_f32(bf16_from_f32(v)) : v;
+        }
+}
+
+int mxu_matmul_fixed(mxu *u, mxu_precision p, const struct mxu_op *op, const float *a, const float *b, float *c,
+                     struct mxu_stats *stats, err *e)
+{
+    size_t na, nb;
+    double t0;
+    int rc;
+
+    if ((rc = check(op, a, b, c, e)) != CODE_OK)
+        return rc;
+    if (p != MXU_DEFAULT && p != MXU_HIGHEST)
+        return err_set(e, CODE_INVALID_ARGUMENT, "matmul: precision %d is neither DEFAULT nor HIGHEST", (int)p);
+    na = (size_t)op->m * (size_t)op->k;
+    nb = (size_t)op->k * (size_t)op->n;
+    if ((rc = growf(&u->fa, &u->facap, na, e)) != CODE_OK || (rc = growf(&u->fb, &u->fbcap, nb, e)) != CODE_OK ||
+        (rc = growf(&u->facc, &u->fccap, 4 * (size_t)op->n, e)) != CODE_OK ||
+        (rc = grow(&u->abuf, &u->acap, na > nb ? na : nb, e)) != CODE_OK)
+        return rc;
+    t0 = now();
+    normalize(u->fa, a, op->m, op->k, op->trans_a, p == MXU_DEFAULT, u->abuf);
+    normalize(u->fb, b, op->k, op->n, op->trans_b, p == MXU_DEFAULT, u->abuf);
+    mxu_fixed_gemm(op->m, op->n, op->k, u->fa, u->fb, c, op->accumulate, u->facc);
+    if (stats) {
+        stats->seconds = now() - t0;
+        stats->flops = 2.0 * (double)op->m * (double)op->n * (double)op->k;
+        stats->utilization = mxu_utilization(op->m, op->n, op->k, u->tile);
+        stats->padded_flops = stats->flops / stats->utilization;
+    }
+    return CODE_OK;
 }

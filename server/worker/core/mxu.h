@@ -63,6 +63,17 @@ int mxu_matmul_bf16(mxu *u, const struct mxu_op *op, const uint16_t *a, const ui
 int mxu_matmul(mxu *u, mxu_precision p, const struct mxu_op *op, const float *a, const float *b, float *c,
                struct mxu_stats *stats, err *e);
 
+/* The portable matrix unit (a deterministic compile): the same product as
+ * mxu_matmul (DEFAULT: inputs rounded to bfloat16, products exact, float32
+ * sums; HIGHEST: float32 throughout) without oneDNN, each element of C summed
+ * over k in order 0..k-1 from +0 with every product and sum rounded on its
+ * own (no FMA), so the bits do not depend on the host's CPU or on which
+ * kernel oneDNN would pick for its ISA (see mxu_fixed.c). With accumulate,
+ * C += that sum. Slower than oneDNN (bench/train.sh DETERMINISTIC=1 measures
+ * it). Same errors as mxu_matmul. */
+int mxu_matmul_fixed(mxu *u, mxu_precision p, const struct mxu_op *op, const float *a, const float *b, float *c,
+                     struct mxu_stats *stats, err *e);
+
 /* The MXU utilization of a shape on a tile x tile array (see mxu_stats). */
 double mxu_utilization(int64_t m, int64_t n, int64_t k, unsigned tile);
 

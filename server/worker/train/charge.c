@@ -127,8 +127,46 @@ static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cf
     return CODE_OK;
 }
 
+/* The optimizer's learning-rate schedule, checked: a bad one from the network
+ * is an error naming the field, never a crash or a NaN update. */
+static int sched_from_spec(const Tpuemu__OptimizerSpec *o, struct lr_schedule *s, err *e)
+{
+    char why[200];
+    memset(s, 0, sizeof *s);
+    if (o->schedule == 0)
+        return CODE_OK;
+    if (o->schedule > LRS_COSINE)
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       "learning-rate schedule %u is not none (0), ExponentialDecay (1), PiecewiseConstantDecay (2) "
+                       "or CosineDecay (3)", o->schedule);
+    s->kind = (enum lrs_kind)o->schedule;
+    s->initial = o->initial_learning_rate;
+    s->decay_steps = o->decay_steps;
+    s->decay_rate = o->decay_rate;
+    s->staircase = o->staircase;
+    s->alpha = o->alpha;
+    s->has_warmup = o->has_warmup_target;
+    s->warmup_target = o->warmup_target;
+    s->warmup_steps = o->warmup_steps;
+    if (s->kind == LRS_PIECEWISE) {
+        if (o->n_boundaries < 1 || o->n_boundaries > LRS_MAX_BOUNDARIES || o->n_values != o->n_boundaries + 1)
+            return err_set(e, CODE_INVALID_ARGUMENT,
+                           "PiecewiseConstantDecay: %zu boundaries and %zu values; give 1 to %d boundaries and one "
+                           "value more", o->n_boundaries, o->n_values, LRS_MAX_BOUNDARIES);
+        s->nbounds = o->n_boundaries;
+        for (size_t i = 0; i < o->n_boundaries; i++)
+            s->bounds[i] = o->boundaries[i];
+        for (size_t i = 0; i < o->n_values; i++)
+            s->values[i] = o->values[i];
+    }
+    if (lrs_check(s, why, sizeof why) != 0)
+        return err_set(e, CODE_INVALID_ARGUMENT, "%s", why);
+    return CODE_OK;
+}
+
 static int cfg_from_spec(const Tpuemu__ModelSpec *sp, struct model_cfg *cfg, err *e)
 {
+    int rc;
     memset(cfg, 0, sizeof *cfg);
     if (sp->n_layers < 1 || sp->n_layers > MODEL_MAX_LAYERS)
         return err_set(e, CODE_INVALID_ARGUMENT, "a model has 1..%d Dense layers, not %zu", MODEL_MAX_LAYERS,
@@ -161,6 +199,9 @@ static int cfg_from_spec(const Tpuemu__ModelSpec *sp, struct model_cfg *cfg, err
     cfg->opt.beta_1 = sp->optimizer->beta_1;
     cfg->opt.beta_2 = sp->optimizer->beta_2;
     cfg->opt.epsilon = sp->optimizer->epsilon;
+    if ((rc = sched_from_spec(sp->optimizer, &cfg->opt.sched, e)) != CODE_OK)
+        return rc;
+    cfg->deterministic = sp->deterministic;
     cfg->precision = sp->mixed_bfloat16 ? MODEL_MIXED_BF16 : MODEL_FLOAT32;
     cfg->seed = sp->seed;
     if (sp->batch_per_core < 1 || sp->batch_per_core > (1u << 20))
@@ -252,8 +293,9 @@ int tm_compile(struct train *t, struct treq *r, err *e)
     }
     tm_free(old);
     t->tm = tm;
-    log_info("model compiled", "model=%" PRIu64 " layers=%d params=%zu batch_per_core=%d mixed_bf16=%d hbm_used=%" PRIu64,
-             tm->id, tm->nlayers, model_num_params(tm->m), tm->batch, (int)sp->mixed_bfloat16, t->env.hbm->used);
+    log_info("model compiled", "model=%" PRIu64 " layers=%d params=%zu batch_per_core=%d mixed_bf16=%d deterministic=%d "
+             "lr_schedule=%s hbm_used=%" PRIu64, tm->id, tm->nlayers, model_num_params(tm->m), tm->batch,
+             (int)sp->mixed_bfloat16, (int)sp->deterministic, lrs_name(cfg.opt.sched.kind), t->env.hbm->used);
     return CODE_OK;
 }
 
