@@ -77,30 +77,18 @@ static int usage(const char *why)
                     "  --epochs N    epochs to train (default 10)\n"
                     "  --data DIR    the Fashion-MNIST IDX files (default " DEFAULT_DATA ",\n"
                     "                Debian package dataset-fashion-mnist)\n"
-                    "  --logdir DIR  TensorBoard's log directory: the profile of batches 10-20 and the
-"
-                    "                epoch scalars go under DIR/train (default logs)
-"
-                    "  --learning-rate LR  Adam's peak learning rate (default 0.001 x global batch / 32;
-"
-                    "                with --lr-schedule constant 0.001 x sqrt(global batch / 128))
-"
-                    "  --lr-schedule S  cosine (default): linear warm-up from 0 to LR, then cosine decay
-"
-                    "                to 0 at the last step (Keras' CosineDecay with warmup_target);
-"
-                    "                exponential: LR x R^(step / steps per epoch) (ExponentialDecay);
-"
-                    "                constant: LR throughout
-"
-                    "  --warmup-epochs N  epochs of warm-up for cosine (default 1; 0: none)
-"
-                    "  --seed N      the initial weights' seed (default 42)
-"
-                    "  --decay-rate R  exponential's decay per epoch (default 0.7)
-"
-                    "  --deterministic  the same bits on any host CPU (portable matrix unit; slower)
-"
+                    "  --logdir DIR  TensorBoard's log directory: the profile of batches 10-20 and the\n"
+                    "                epoch scalars go under DIR/train (default logs)\n"
+                    "  --learning-rate LR  Adam's peak learning rate (default 0.001 x global batch / 32;\n"
+                    "                with --lr-schedule constant 0.001 x sqrt(global batch / 128))\n"
+                    "  --lr-schedule S  cosine (default): linear warm-up from 0 to LR, then cosine decay\n"
+                    "                to 0 at the last step (Keras' CosineDecay with warmup_target);\n"
+                    "                exponential: LR x R^(step / steps per epoch) (ExponentialDecay);\n"
+                    "                constant: LR throughout\n"
+                    "  --warmup-epochs N  epochs of warm-up for cosine (default 1; 0: none)\n"
+                    "  --seed N      the initial weights' seed (default 42)\n"
+                    "  --decay-rate R  exponential's decay per epoch (default 0.7)\n"
+                    "  --deterministic  the same bits on any host CPU (portable matrix unit; slower)\n"
                     "  --checkpoint FILE   save the model there after every epoch\n"
                     "  --checkpoint-every N  ... every N steps instead (1..1000000)\n"
                     "  --recover N   when a core fails (UNAVAILABLE), up to N times (1..100): wait for\n"
