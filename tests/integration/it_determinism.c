@@ -203,6 +203,16 @@ Test(determinism, weights_identical_whichever_cpu_isa, .timeout = 300)
                          (unsigned long long)h[i][r], isa_name[i] ? isa_name[i] : "default",
                          (unsigned long long)h[0][r], isa_name[0]);
         }
+    /* The default mode trains in mixed_bfloat16 whatever the CPU: where oneDNN has
+     * no bf16 matmul (below AVX-512), the matrix unit runs on the portable kernel,
+     * the same bf16 inputs and float32 sums (on a TPU the policy never depends on
+     * the host; Keras' mixed_bfloat16 policy, keras/mixed_precision/policy.py,
+     * runs on any device). */
+    for (int i = 0; i < NISA; i++) {
+        cr_assert_eq(st[i][DEF_BF16], TPU_OK, "%s with oneDNN ISA %s: %s", run_name[DEF_BF16],
+                     isa_name[i] ? isa_name[i] : "default", why[i][DEF_BF16]);
+        cr_assert(moved[i][DEF_BF16], "%s: the weights did not move", run_name[DEF_BF16]);
+    }
     {
         int differ = st[0][DEF_F32] == TPU_OK && st[1][DEF_F32] == TPU_OK && st[2][DEF_F32] == TPU_OK &&
                      (h[0][DEF_F32] != h[1][DEF_F32] || h[1][DEF_F32] != h[2][DEF_F32]);

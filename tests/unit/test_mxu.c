@@ -154,12 +154,37 @@ Test(mxu, one_primitive_per_shape)
     struct mxu_op op = {8, 8, 8, 0, 0, 0}, other = {4, 8, 8, 0, 0, 0};
     err e;
     for (int i = 0; i < 5; i++)
-        cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &op, a, b, c, NULL, &e), CODE_OK);
+        cr_assert_eq(mxu_matmul(u, MXU_HIGHEST, &op, a, b, c, NULL, &e), CODE_OK);
     cr_assert_eq(mxu_primitives_created(u), 1, "five calls of one shape build one primitive");
-    cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &other, a, b, c, NULL, &e), CODE_OK);
-    cr_assert_eq(mxu_matmul(u, MXU_HIGHEST, &op, a, b, c, NULL, &e), CODE_OK);
-    cr_assert_eq(mxu_primitives_created(u), 3, "a new shape or precision builds another");
-    cr_assert_eq(mxu_primitives_cached(u), 3);
+    cr_assert_eq(mxu_matmul(u, MXU_HIGHEST, &other, a, b, c, NULL, &e), CODE_OK);
+    cr_assert_eq(mxu_primitives_created(u), 2, "a new shape builds another");
+    cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &op, a, b, c, NULL, &e), CODE_OK);
+    /* bf16 needs AVX-512 in oneDNN; below it the portable unit runs DEFAULT, with no primitive */
+    unsigned want = mxu_bf16_portable(u) ? 2 : 3;
+    cr_assert_eq(mxu_primitives_created(u), want, "a new precision builds another (bf16 portable: %d)",
+                 mxu_bf16_portable(u));
+    cr_assert_eq(mxu_primitives_cached(u), want);
+}
+
+/* Where oneDNN has no bf16 matmul (ONEDNN_MAX_CPU_ISA=AVX2 shows it on any CPU),
+ * DEFAULT precision still multiplies: on the portable unit, bit for bit what it
+ * gives for the same bf16-rounded inputs. */
+Test(mxu, bf16_runs_without_onednn_bf16)
+{
+    float a[6 * 5], b[5 * 7], c[6 * 7], want[6 * 7];
+    struct mxu_op op = {6, 7, 5, 0, 0, 0};
+    err e;
+    for (int i = 0; i < 30; i++)
+        a[i] = 0.1f * (float)(i % 7) - 0.3f;
+    for (int i = 0; i < 35; i++)
+        b[i] = 0.05f * (float)(i % 11) - 0.2f;
+    cr_assert_eq(mxu_matmul_fixed(u, MXU_DEFAULT, &op, a, b, want, NULL, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &op, a, b, c, NULL, &e), CODE_OK, "%s", e.msg);
+    if (mxu_bf16_portable(u))
+        cr_assert_arr_eq(c, want, sizeof c, "the portable unit's result, bit for bit");
+    else /* oneDNN's bf16 kernel: another summation order, the same bf16 inputs */
+        for (int i = 0; i < 42; i++)
+            cr_assert_float_eq(c[i], want[i], 1e-4f, "element %d: %g against %g", i, c[i], want[i]);
 }
 
 Test(mxu, many_shapes_are_evicted_not_leaked)

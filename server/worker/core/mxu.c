@@ -35,6 +35,7 @@ struct mxu {
     size_t acap, bcap;
     float *fa, *fb, *facc;   /* the portable unit's operands, normalized, and its row accumulators */
     size_t facap, fbcap, fccap;
+    int no_bf16;             /* oneDNN has no bf16 matmul for this CPU: DEFAULT runs on the portable unit */
 };
 
 static void entry_free(struct entry *en)
@@ -111,6 +112,11 @@ unsigned mxu_primitives_created(const mxu *u)
     return u->created;
 }
 
+int mxu_bf16_portable(const mxu *u)
+{
+    return u->no_bf16;
+}
+
 unsigned mxu_primitives_cached(const mxu *u)
 {
     return u->ncache;
@@ -172,6 +178,8 @@ fail:
         dnnl_post_ops_destroy(po);
     if (attr)
         dnnl_primitive_attr_destroy(attr);
+    if (en->dt == dnnl_bf16 && st == dnnl_unimplemented)
+        u->no_bf16 = 1;
     /* before entry_free zeroes the entry op points into */
     err_set(e, CODE_INTERNAL, "matrix unit: oneDNN cannot %s for %s %lldx%lld . %lldx%lld (status %d)%s", what,
             en->dt == dnnl_bf16 ? "bf16" : "f32", (long long)op->m, (long long)op->k, (long long)op->k,
@@ -284,7 +292,22 @@ int mxu_matmul_bf16(mxu *u, const struct mxu_op *op, const uint16_t *a, const ui
     int rc;
     if ((rc = check(op, a, b, c, e)) != CODE_OK)
         return rc;
-    return run(u, op, dnnl_bf16, a, b, c, stats, e);
+    if (!u->no_bf16 && ((rc = run(u, op, dnnl_bf16, a, b, c, stats, e)) == CODE_OK || !u->no_bf16))
+        return rc;
+    /* no bf16 matmul in oneDNN for this CPU: the portable unit, on the same values widened (exactly) */
+    size_t na = (size_t)op->m * (size_t)op->k, nb = (size_t)op->k * (size_t)op->n;
+    float *fa = malloc(na * sizeof *fa), *fb = malloc(nb * sizeof *fb);
+    if (!fa || !fb)
+        rc = err_set(e, CODE_RESOURCE_EXHAUSTED, "matmul: out of host memory for %zu float32 values", na + nb);
+    else {
+        err_clear(e);
+        bf16_to_f32_n(fa, a, na);
+        bf16_to_f32_n(fb, b, nb);
+        rc = mxu_matmul_fixed(u, MXU_HIGHEST, op, fa, fb, c, stats, e);
+    }
+    free(fa);
+    free(fb);
+    return rc;
 }
 
 static int grow(uint16_t **buf, size_t *cap, size_t n, err *e)
@@ -315,9 +338,16 @@ int mxu_matmul(mxu *u, mxu_precision p, const struct mxu_op *op, const float *a,
     nb = (size_t)op->k * (size_t)op->n;
     if ((rc = grow(&u->abuf, &u->acap, na, e)) != CODE_OK || (rc = grow(&u->bbuf, &u->bcap, nb, e)) != CODE_OK)
         return rc;
+    if (u->no_bf16)
+        return mxu_matmul_fixed(u, p, op, a, b, c, stats, e);
     bf16_from_f32_n(u->abuf, a, na);
     bf16_from_f32_n(u->bbuf, b, nb);
-    return run(u, op, dnnl_bf16, u->abuf, u->bbuf, c, stats, e);
+    rc = run(u, op, dnnl_bf16, u->abuf, u->bbuf, c, stats, e);
+    if (rc != CODE_OK && u->no_bf16) { /* found out just now: the same numbers, bf16 inputs and f32 sums */
+        err_clear(e);
+        return mxu_matmul_fixed(u, p, op, a, b, c, stats, e);
+    }
+    return rc;
 }
 
 static int growf(float **buf, size_t *cap, size_t n, err *e)

@@ -80,5 +80,9 @@ double mxu_utilization(int64_t m, int64_t n, int64_t k, unsigned tile);
 /* Primitives created since mxu_new (a cache miss each), and cached now. */
 unsigned mxu_primitives_created(const mxu *u);
 unsigned mxu_primitives_cached(const mxu *u);
+/* 1 once a bf16 matmul found that oneDNN has none for this CPU (below AVX-512):
+ * DEFAULT precision then runs on the portable unit (the same bf16 inputs and
+ * float32 sums), and builds no primitive. */
+int mxu_bf16_portable(const mxu *u);
 
 #endif
