@@ -14,6 +14,19 @@
 #include "log.h"
 #include "train_int.h"
 
+/* A request for the model the last reset dropped: the core was reset since it
+ * was compiled (an initialize elsewhere, or its restart at the end of a
+ * maintenance event), as a TPU worker that restarted has lost its programs:
+ * UNAVAILABLE, worth initializing again, which is what a client that lost a
+ * core does. */
+static int lost(struct train *t, uint64_t model_id, err *e)
+{
+    return err_set(e, CODE_UNAVAILABLE,
+                   "core %s/%d no longer has model %" PRIu64 ": it was reset since the model was compiled (an "
+                   "initialize, or its restart at the end of a maintenance event); initialize the TPU system again",
+                   t->env.id->host_id, t->env.id->core, model_id);
+}
+
 static void kick(struct train *t);
 
 /* Steps of a small model take well under a millisecond, a large batch's tens
@@ -67,6 +80,13 @@ static void kick(struct train *t)
                 log_warn("compile failed", "code=%s reason=%s", code_name(e.code), log_q(e.msg));
             else
                 err_clear(&e);
+            treq_answer(t, r, &e);
+            t->cur = NULL;
+            continue;
+        }
+        if (!t->tm && t->lost_model && r->model_id == t->lost_model) {
+            lost(t, r->model_id, &e);
+            treq_abort_rest(t, r, 0, &e);
             treq_answer(t, r, &e);
             t->cur = NULL;
             continue;
@@ -152,6 +172,8 @@ int train_check_payload(struct train *t, const Tpuemu__FrameHeader *h, err *e)
     if (h->kind == KIND(STEPS)) {
         if ((rc = check_steps(t, h->steps, &want, e)) != CODE_OK)
             return rc;
+        if (h->steps && !t->tm && t->lost_model && h->steps->model_id == t->lost_model)
+            return lost(t, h->steps->model_id, e);
         if (!t->tm || !h->steps || t->tm->id != h->steps->model_id)
             want = h->payload_bytes > 0 ? UINT64_MAX : 0;
     } else if (h->kind == KIND(STATE_SET)) {
@@ -318,6 +340,7 @@ void train_reset(struct train *t)
         return;
     /* queued requests are answered by kick (their epoch is gone) */
     if (t->tm) {
+        t->lost_model = t->tm->id;
         if (t->busy)
             t->orphan = t->tm; /* freed when the pool gives it back */
         else

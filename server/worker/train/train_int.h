@@ -77,6 +77,7 @@ struct train {
     void (*next)(struct train *t);
     mxu *u;
     struct tmodel *tm;
+    uint64_t lost_model;       /* the id of the model the last reset dropped (0: none) */
     struct tmodel *orphan; /* dropped by a reset while the pool had it */
     /* the model the step in hand runs on, taken when it is queued: a reset
      * on the loop may drop tm before the pool's thread starts the step */
