@@ -486,6 +486,19 @@ Test(chaos, maintenance_takes_the_core_down_and_it_comes_back_restarted, .timeou
     cr_assert_eq(cluster_connect(c, &r, &tc), TPU_OK, "%s", tpu_last_error());
     init_system(tc, 2);
     tpu_fault f = {.kind = TPU_FAULT_MAINTENANCE, .notice_ms = 300, .duration_ms = 6000u * (uint32_t)scale};
+    /* a model trained before the event */
+    tpu_strategy *s;
+    tpu_dataset *ds;
+    tpu_model *m;
+    tpu_fit_options fo;
+    tpu_history *hist = NULL;
+    build_model(tc, &s, &ds, &m);
+    cr_assert_eq(compile_model(m), TPU_OK, "%s", tpu_last_error());
+    memset(&fo, 0, sizeof fo);
+    fo.epochs = 1;
+    cr_assert_eq(tpu_model_fit(m, ds, &fo, &hist), TPU_OK, "%s", tpu_last_error());
+    tpu_history_free(hist);
+    hist = NULL;
     cr_assert_eq(tpu_inject_fault(tc, "h0", 0, &f), TPU_OK, "%s", tpu_last_error());
     int64_t end = cl_now_ms() + 5000 * scale;
     do
@@ -512,6 +525,18 @@ Test(chaos, maintenance_takes_the_core_down_and_it_comes_back_restarted, .timeou
     cr_assert(strstr(h.details, "restarted"), "%s", h.details);
     cr_assert_eq(ci.notice.kind, TPU_NOTICE_NONE, "the notice is still listed after the maintenance");
     cr_assert(cl_log_contains(&c->workers[0], "maintenance over: the core is back, restarted"));
+    /* the restart lost the model it had compiled, as a restarted TPU worker loses
+     * its programs: a step on it is UNAVAILABLE (worth initializing again, which
+     * elastic fit and --recover do), naming the core and why */
+    fo.epochs = 2;
+    cr_assert_eq(tpu_model_fit(m, ds, &fo, &hist), TPU_UNAVAILABLE, "a fit on the restarted core: %s",
+                 tpu_last_error());
+    cr_assert(strstr(tpu_last_error(), "h0/0") && strstr(tpu_last_error(), "it was reset since"),
+              "the error does not name h0/0 and its reset: %s", tpu_last_error());
+    tpu_history_free(hist);
+    tpu_model_free(m);
+    tpu_dataset_free(ds);
+    tpu_strategy_free(s);
     /* initialized again, everything is healthy */
     init_system(tc, 2);
     cr_assert(core_health_of(c, "h0", 0, &ci, &h, &node));
