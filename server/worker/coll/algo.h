@@ -31,6 +31,7 @@ enum {
     K_DRED, /* direct: reduce this core's slice across every segment of the host */
     K_DPUB, /* direct: this core's final slice into its segment's result area */
     K_DOUT, /* direct: every core's result slice out of its segment */
+    K_DALL, /* direct, one barrier: the whole buffer reduced from every segment into the output */
     K_HS,   /* direct hand-shake: this core's verdict word */
 };
 
@@ -98,7 +99,13 @@ static inline uint64_t gen_nchunks(uint64_t lo, uint64_t hi, uint64_t c)
  * dies, hangs or is cut off fails the collective as any chunk does. flags:
  * RING_RS (copy in, barrier, reduce: into wbuf, or with RING_FIN finished
  * into the result area), RING_AG (publish obuf's slice unless RING_FIN did,
- * barrier, copy out). The step numbers advance as gen_ring's over L cores. */
+ * barrier, copy out). The step numbers advance as gen_ring's over L cores.
+ * gen_direct_one: small buffers on one host, one barrier: each core copies
+ * its input in, barrier, each reduces the whole buffer from the L segments
+ * (same order, same bits) straight into its output. Each core alternates
+ * between its two areas and says in its barrier word which one it wrote,
+ * so it never overwrites what a slower peer still reads. */
 int gen_direct(struct gen *g, struct direct *d, int flags);
+int gen_direct_one(struct gen *g, struct direct *d);
 
 #endif

@@ -96,6 +96,7 @@ static void run_local(struct sched *s, const struct sop *o)
     case K_DRED:
     case K_DPUB:
     case K_DOUT:
+    case K_DALL:
     case K_HS:
         direct_run_local(s, o);
         break;
@@ -299,7 +300,7 @@ int coll_build(struct cop *op, struct xport x, const int *host, err *e)
             int done = 0;
             /* the cores of one host agreed on the direct path (coll.c), and
              * the buffer fits their segments */
-            if (direct && !(s->buf[SB_B] = own_alloc(s, 16 + 8 * (size_t)op->dir.L)))
+            if (direct && !(s->buf[SB_B] = own_alloc(s, 16 + 16 * (size_t)op->dir.L)))
                 goto oom;
             op->dir.base = 0;
             op->dir.count = n;
@@ -307,7 +308,10 @@ int coll_build(struct cop *op, struct xport x, const int *host, err *e)
                 /* one host: no prologue, the bfloat16 input converts on its way in */
                 op->dir.bf16_in = op->bf16;
                 G.x.fin = 1;
-                gen_direct(&G, &op->dir, RING_RS | RING_FIN | RING_AG);
+                if (n * 4 < op->dir.one_max)
+                    gen_direct_one(&G, &op->dir);
+                else
+                    gen_direct(&G, &op->dir, RING_RS | RING_FIN | RING_AG);
                 algo = ALGO_DIRECT;
                 done = 1;
             }

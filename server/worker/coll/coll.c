@@ -41,7 +41,8 @@ struct coll {
      * hand-shake at the same collective, or none does. */
     int dir_n;
     int dir_set[DIRECT_MAX_L];
-    size_t dir_cap;
+    size_t dir_cap, dir_one_max;
+    int dir_last; /* direct.c: the area of this core's segment peers may still read */
 };
 
 void coll_stats_init(struct coll_stats *s)
@@ -457,8 +458,9 @@ static void on_handshake_done(struct sched *s, const err *e)
         finish(op, e);
         return;
     }
-    op->dir.cap = direct_agreed(s, op);
+    op->dir.cap = direct_agreed(s, op, &op->dir.one_max);
     c->dir_cap = op->dir.cap;
+    c->dir_one_max = op->dir.one_max;
     sched_free(s);
     op->s = NULL;
     log_debug("direct all-reduce hand-shake", "seq=%" PRIu64 " cores=%d agreed=%d bytes=%zu", op->seq, op->dir.L,
@@ -474,6 +476,7 @@ static int direct_prepare(struct coll *c, struct cop *op, err *e)
     int *host, L, same;
 
     op->dir.cap = 0;
+    op->dir.last = &c->dir_last;
     if (!direct_candidate(op, c->env.x))
         return 0;
     if (!(host = malloc(sizeof(int) * (size_t)op->g)) || coll_hosts(c, op, host) != 0) {
@@ -487,6 +490,7 @@ static int direct_prepare(struct coll *c, struct cop *op, err *e)
         same = c->dir_set[k] == op->members[op->dir.loc[k]];
     if (same) {
         op->dir.cap = c->dir_cap;
+        op->dir.one_max = c->dir_one_max;
         return 0;
     }
     c->dir_n = L;
@@ -745,6 +749,7 @@ void coll_reset(struct coll *c)
     c->topo_epoch = 0;
     c->dir_n = 0;
     c->dir_cap = 0;
+    c->dir_one_max = 0;
 }
 
 void coll_free(struct coll *c)

@@ -32,8 +32,11 @@ struct direct {
     size_t cap;                   /* bytes of the smallest segment's area (0: not agreed) */
     uint64_t base, count;         /* the range (elements) set by the generator */
     uint64_t bo[DIRECT_MAX_L + 1];/* slice bounds relative to base */
+    size_t one_max;               /* agreed: below this many float32 bytes, one barrier (K_DALL) */
     int bf16_in;                  /* K_DIN converts the bfloat16 input (flat) instead of copying wbuf */
     int fin;                      /* K_DRED finishes (MEAN, bfloat16) into the result area */
+    int q;                        /* this run's input area (0/1); the result area is the other */
+    int *last;                    /* the core's area peers may still read after its last collective (coll.c) */
     int broken;                   /* a segment was missing when a kernel ran */
 };
 
@@ -93,7 +96,8 @@ int direct_local_set(struct cop *op, const int *host);
  * other core of the host; the second carries whether this core has every
  * other's segment mapped (and its own). NULL when out of memory. */
 struct sched *direct_handshake(struct cop *op, struct xport x, err *e);
-/* After it ran: the agreed area size in bytes (0: not every core could). */
-size_t direct_agreed(struct sched *hs, const struct cop *op);
+/* After it ran: the agreed area size in bytes (0: not every core could),
+ * and in *one_max the agreed bound of the one-barrier variant. */
+size_t direct_agreed(struct sched *hs, const struct cop *op, size_t *one_max);
 
 #endif
