@@ -813,10 +813,10 @@ static uint64_t run_direct(const struct spec *s, unsigned seg_off, int frac, uin
 
 /* The direct intra-host all-reduce (coll/direct.c): with every core of the
  * host holding a segment, the automatic choice reduces through the segments
- * and the links carry only the hand-shake's and the two barriers' 8-byte words
+ * and the links carry only the hand-shake's and the barriers' 8-byte words
  * (at most 32 bytes from one core to another: 2 hand-shake + 2 barrier
  * words); results exact for every op, dtype and count (0, 1, n-1, odd, larger
- * than the L1 block of the reduction) on 2 to 8 cores, with the MEAN divided
+ * than the L1 block of the reduction) on 3 to 8 cores, with the MEAN divided
  * by the group size and bfloat16 rounded once. The same reduced tensor on
  * every replica, as tpu_ops.cross_replica_sum gives
  * (tensorflow/python/tpu/ops/tpu_ops.py: "Sum the input tensor across
@@ -824,7 +824,7 @@ static uint64_t run_direct(const struct spec *s, unsigned seg_off, int frac, uin
 Test(coll, direct_all_reduce_on_one_host_through_the_segments, .timeout = 120)
 {
     const uint64_t counts[] = {0, 1, 0, 1001, 70001}; /* 1001: one barrier; 70001: two */
-    for (int n = 2; n <= MAXN; n++)
+    for (int n = 3; n <= MAXN; n++)
         for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
             for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++)
                 for (int bf = 0; bf < 2; bf++) {
@@ -843,7 +843,7 @@ Test(coll, direct_all_reduce_on_one_host_through_the_segments, .timeout = 120)
  * same bits, run after run, on one host through the segments. */
 Test(coll, direct_all_reduce_is_bitwise_identical_and_repeats, .timeout = 60)
 {
-    for (int n = 2; n <= MAXN; n++)
+    for (int n = 3; n <= MAXN; n++)
         for (int bf = 0; bf < 2; bf++) {
             struct spec s = {n, n, TPUEMU__COLL_KIND__COLL_ALL_REDUCE, TPUEMU__REDUCE_OP__REDUCE_SUM, bf,
                              TPUEMU__ALGO__ALGO_AUTO, 0, 0, 30011, 2048, NULL};
@@ -858,7 +858,8 @@ Test(coll, direct_all_reduce_is_bitwise_identical_and_repeats, .timeout = 60)
         }
 }
 
-/* The cores of a host use the direct path only when every one of them can:
+/* The cores of a host use the direct path only when every one of them can
+ * and they are at least 3 (on 2, hd is one exchange straight from the ring):
  * one core without a segment (a worker with TPUEMU_COLL_SHM_DIRECT=0, or
  * whose link fell back to TCP) makes them all agree on the rings, and the
  * result is still exact. A buffer larger than the segments takes the rings
@@ -876,6 +877,9 @@ Test(coll, direct_all_reduce_needs_every_core_and_room, .timeout = 60)
     s.count = 70001;
     s.algo = TPUEMU__ALGO__ALGO_RING;
     cr_assert(run_direct(&s, 0, 0, 3, NULL) > 70001, "--algo ring is kept");
+    s.algo = TPUEMU__ALGO__ALGO_AUTO;
+    s.n = s.per_host = 2; /* two cores: halving-doubling, one exchange through the ring */
+    cr_assert(run_direct(&s, 0, 0, 4, NULL) > 70001, "two cores keep the rings");
 }
 
 /* Several hosts: the phases inside each host of the hierarchical all-reduce

@@ -248,7 +248,7 @@ int coll_build(struct cop *op, struct xport x, const int *host, err *e)
     /* the cores of one host agreed on the direct path (coll.c), and the
      * buffer fits their segments: the whole group on this host with the
      * automatic choice (direct_flat), or the phases inside the host of hier */
-    int direct = op->kind == TPUEMU__COLL_KIND__COLL_ALL_REDUCE && !repro && op->dir.cap && op->dir.L >= 2 &&
+    int direct = op->kind == TPUEMU__COLL_KIND__COLL_ALL_REDUCE && !repro && op->dir.cap && op->dir.L >= DIRECT_MIN_L &&
                  n * 4 <= op->dir.cap;
     int direct_flat = direct && op->dir.L == g && op->algo == TPUEMU__ALGO__ALGO_AUTO;
     if (reduce) {

@@ -497,7 +497,7 @@ static int direct_prepare(struct coll *c, struct cop *op, err *e)
     for (int k = 0; k < L; k++)
         c->dir_set[k] = op->members[op->dir.loc[k]];
     c->dir_cap = 0;
-    if (L < 2)
+    if (L < DIRECT_MIN_L)
         return 0;
     if (!(op->s = direct_handshake(op, c->env.x, e)))
         return -1;

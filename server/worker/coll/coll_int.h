@@ -23,6 +23,12 @@
 struct coll;
 
 #define DIRECT_MAX_L 64 /* cores of one host in a direct all-reduce */
+/* Fewer cores of a host than this keep the rings: on 2 cores halving-doubling
+ * is one exchange, reduced straight from the ring, and was as fast or faster
+ * (side by side, 5-7 alternating rounds on the 2-core VM: 4 KiB 10.0 against
+ * 10.4 us, 16 KiB 14.0 against 13.9, 64 KiB 48 against 34, 256 KiB 262 against
+ * 183, 512 KiB 547 against 394; 3 cores, 64 KiB: 67 against 96 us). */
+#define DIRECT_MIN_L 3
 
 /* The direct intra-host all-reduce of one collective (direct.c): the cores
  * of this host in the group, agreed on by a hand-shake (coll.c). */
