@@ -8,6 +8,8 @@
  * sender answers with auth_challenge_mac under the cluster key, its replica
  * and the epoch, and the fds; the receiver checks all of it (and the memfd's
  * seals and size: a peer cannot shrink it under us) and answers one byte.
+ * A fourth fd, when the sender has one, is its host segment (peers.c), which
+ * the receiver maps read-only for the direct all-reduce (coll/direct.c).
  * Anything failing is reported to the channel (chan_shm_failed), which
  * falls back to TCP; this file never dials TCP.
  *
