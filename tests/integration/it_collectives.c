@@ -94,6 +94,68 @@ Test(allreduce, n8_two_hosts, .timeout = 200)
     matrix(2, (int[]){4, 4});
 }
 
+/* The direct intra-host all-reduce (server/worker/coll/direct.c): 3 and 4
+ * cores of one host id reduce through their host segments with the automatic
+ * choice, and the cores report it ("direct" over "shm"; 2 cores keep hd, one
+ * exchange through the ring, with the same checks); every op and dtype,
+ * odd counts (0, 1, n-1, 7, 1025, 100003: 400 KB), checked against the
+ * float64 reference and bitwise the same on every replica and run after run:
+ * the same reduced tensor everywhere, as tf.tpu.cross_replica_sum gives
+ * (tensorflow/python/tpu/ops/tpu_ops.py: "Sum the input tensor across
+ * replicas according to group_assignment"). A buffer larger than the
+ * segments (TPUEMU_COLL_SHM_MAX, 1 MiB of float32 by default) takes the
+ * rings. */
+Test(allreduce, direct_on_one_host_n2_n3_n4, .timeout = 240)
+{
+    const size_t counts[] = {0, 1, 2, 7, 1025, 100003};
+    tpu_collective_stats st;
+    int seed = 300;
+    for (int n = 2; n <= 4; n++) {
+        colltest *t = ct_start(1, (int[]){n}, NULL, HEARTBEAT_MS);
+        for (size_t d = 0; d < 2; d++)
+            for (size_t k = 0; k < 4; k++)
+                for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+                    size_t count = counts[c] == 2 ? (size_t)n - 1 : counts[c];
+                    allreduce_checked(t, count, DTYPES[d], OPS[k], TPU_ALGO_AUTO, seed++);
+                    CALL_OK(tpu_last_collective(t->c, &st));
+                    cr_assert_str_eq(st.algorithm, n >= 3 ? "direct" : "hd", "n=%d count=%zu %s %s: algorithm '%s'",
+                                     n, count, tpu_dtype_name(DTYPES[d]), tpu_reduce_op_name(OPS[k]), st.algorithm);
+                    if (count || n >= 3) /* an empty hd moves nothing: no link to name */
+                        cr_assert_str_eq(st.transport, "shm", "n=%d count=%zu: transport '%s'", n, count,
+                                         st.transport);
+                }
+        /* fractional inputs: the order matters, the bits do not change */
+        void **a = ct_bufs(t->n, 30011, TPU_F32, 9, 20, t->n), **b = ct_bufs(t->n, 30011, TPU_F32, 9, 20, t->n);
+        CALL_OK(tpu_all_reduce(t->c, a, 30011, TPU_F32, TPU_SUM, NULL));
+        CALL_OK(tpu_all_reduce(t->c, b, 30011, TPU_F32, TPU_SUM, NULL));
+        cr_assert(ct_same(a, t->n, 30011 * 4, NULL, 0), "n=%d: replicas differ bitwise", n);
+        for (int r = 0; r < t->n; r++)
+            cr_assert(memcmp(a[r], b[r], 30011 * 4) == 0, "n=%d: replica %d differs between two runs", n, r);
+        ct_free_bufs(a, t->n);
+        ct_free_bufs(b, t->n);
+        allreduce_checked(t, 300007, TPU_F32, TPU_SUM, TPU_ALGO_AUTO, seed++); /* 1.2 MB */
+        CALL_OK(tpu_last_collective(t->c, &st));
+        cr_assert_str_neq(st.algorithm, "direct", "n=%d: 1.2 MB does not fit the 1 MiB segments", n);
+        ct_free(t);
+    }
+}
+
+/* TPUEMU_COLL_SHM_DIRECT=0 in the workers' environment: no host segments, the
+ * cores agree on the rings (hd below 2 MiB on 4 cores) with the same results. */
+Test(allreduce, direct_turned_off_by_the_environment, .timeout = 120)
+{
+    tpu_collective_stats st;
+    setenv("TPUEMU_COLL_SHM_DIRECT", "0", 1);
+    colltest *t = ct_start(1, (int[]){4}, NULL, HEARTBEAT_MS);
+    for (size_t k = 0; k < 4; k++) {
+        allreduce_checked(t, 1025, TPU_F32, OPS[k], TPU_ALGO_AUTO, 77);
+        CALL_OK(tpu_last_collective(t->c, &st));
+        cr_assert_str_eq(st.algorithm, "hd", "direct path off: algorithm '%s'", st.algorithm);
+        cr_assert_str_eq(st.transport, "shm", "transport '%s'", st.transport);
+    }
+    ct_free(t);
+}
+
 /* Same inputs, same algorithm: bitwise the same outputs, call after call. */
 Test(allreduce, identical_run_to_run, .timeout = 120)
 {

@@ -25,6 +25,7 @@
 
 #include <criterion/criterion.h>
 
+#include "calls.h"
 #include "colltest.h"
 
 #define ROUNDS 5
@@ -62,12 +63,13 @@ static void *fault_later(void *arg)
     return NULL;
 }
 
-/* One all-reduce with a fault on replica victim after delay_ms; checks every
- * survivor's error and its timing. */
-static void fault_round(colltest *t, int victim, int sig, int delay_ms, int bound_ms)
+/* One all-reduce of count elements, iters times, with a fault on replica
+ * victim after delay_ms; checks every survivor's error and its timing. */
+static void fault_round_sized(colltest *t, int victim, int sig, int delay_ms, int bound_ms, size_t count,
+                              uint32_t iters)
 {
-    void **b = ct_bufs(t->n, COUNT, TPU_F32, 3, 0, t->n);
-    tpu_collective_options o = {TPU_ALGO_AUTO, 0, NULL, 0, ITERS};
+    void **b = ct_bufs(t->n, count, TPU_F32, 3, 0, t->n);
+    tpu_collective_options o = {TPU_ALGO_AUTO, 0, NULL, 0, iters};
     struct fault f = {t->cl->workers[t->worker_of[victim]].pid, sig, delay_ms, 0};
     tpu_collective_stats st;
     pthread_t th;
@@ -75,7 +77,7 @@ static void fault_round(colltest *t, int victim, int sig, int delay_ms, int boun
 
     cr_assert_gt(f.pid, 0);
     cr_assert_eq(pthread_create(&th, NULL, fault_later, &f), 0);
-    tpu_status s = tpu_all_reduce(t->c, b, COUNT, TPU_F32, TPU_SUM, &o);
+    tpu_status s = tpu_all_reduce(t->c, b, count, TPU_F32, TPU_SUM, &o);
     pthread_join(th, NULL);
     cr_assert_neq(s, TPU_OK, "the all-reduce finished before %s hit %s after %d ms; make it longer",
                   sig == SIGKILL ? "kill -9" : "SIGSTOP", t->name[victim], delay_ms);
@@ -112,6 +114,11 @@ static void fault_round(colltest *t, int victim, int sig, int delay_ms, int boun
     cr_assert(strstr(overall, t->name[victim]) && strstr(overall, seq), "the error should name core %s and %s: %s",
               t->name[victim], seq, overall);
     ct_free_bufs(b, t->n);
+}
+
+static void fault_round(colltest *t, int victim, int sig, int delay_ms, int bound_ms)
+{
+    fault_round_sized(t, victim, sig, delay_ms, bound_ms, COUNT, ITERS);
 }
 
 /* Until a re-initialize every survivor refuses, saying why and what to do
@@ -200,5 +207,43 @@ Test(faults, sigstop_with_default_settings, .timeout = 120)
     cluster_signal_worker(t->cl, w, SIGCONT);
     cr_assert(cluster_wait_count(t->cl, CL_ALIVE, t->n, 15000), "the continued worker is not alive");
     works_again(t);
+    ct_free(t);
+}
+
+/* The direct intra-host all-reduce (server/worker/coll/direct.c) on 4 cores
+ * of one host id, 256 KiB (through the host segments: the cores report
+ * "direct"): its two barriers are link operations, so a core killed (-9) or
+ * stopped in the middle fails every survivor within the same bound, with
+ * UNAVAILABLE naming it and the collective, never hanging: a sum across
+ * replicas needs every replica of its group (tf.tpu.cross_replica_sum,
+ * tensorflow/python/tpu/ops/tpu_ops.py), so without one there is no result,
+ * only the error; after a
+ * re-initialize (the old epoch's segments dropped, the cores agree again)
+ * the host reduces through its segments again. */
+#define DIRECT_COUNT (64u * 1024u)
+#define DIRECT_ITERS 50000u
+Test(faults, kill9_and_sigstop_in_the_direct_path, .timeout = 240)
+{
+    colltest *t = ct_start(1, (int[]){4}, NULL, HB_MS);
+    tpu_collective_stats st;
+    works_again(t);
+    CALL_OK(tpu_last_collective(t->c, &st));
+    cr_assert_str_eq(st.algorithm, "direct", "one host, 400 KB: algorithm '%s'", st.algorithm);
+    for (int round = 0; round < 4; round++) {
+        int victim = 1 + round % (t->n - 1), w = t->worker_of[victim], sig = round % 2 ? SIGSTOP : SIGKILL;
+        fault_round_sized(t, victim, sig, 120 + 40 * round, nominal_ms(HB_MS) + ALLOWANCE_MS, DIRECT_COUNT,
+                          DIRECT_ITERS);
+        if (sig == SIGKILL) {
+            cluster_kill_worker(t->cl, w); /* reap */
+            cluster_restart_worker(t->cl, w);
+            cr_assert(cluster_wait_until(is_pid, t->cl, &w, 10000), "the restarted worker did not register");
+        } else {
+            cluster_signal_worker(t->cl, w, SIGCONT);
+            cr_assert(cluster_wait_count(t->cl, CL_ALIVE, t->n, 10000), "the continued worker is not alive");
+        }
+        works_again(t);
+        CALL_OK(tpu_last_collective(t->c, &st));
+        cr_assert_str_eq(st.algorithm, "direct", "after re-initialize: algorithm '%s'", st.algorithm);
+    }
     ct_free(t);
 }

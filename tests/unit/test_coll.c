@@ -81,7 +81,14 @@ struct mnet {
     uint64_t failed_seq[16];
     err failed_e[16];
     int nfailed;
+    /* host segments (xport seg), as net/peers.c makes them: MSEG_AREA bytes of
+     * input and of results per replica; seg_off: replicas without one (as a
+     * worker with TPUEMU_COLL_SHM_DIRECT=0) */
+    uint8_t *seg[MAXN];
+    unsigned seg_off;
 };
+
+#define MSEG_AREA (512u * 1024u)
 
 static void on_defer(uv_timer_t *t)
 {
@@ -259,8 +266,26 @@ static int m_host(void *self, int replica)
     return replica < 0 || replica >= s->net->n ? -1 : replica / s->net->per_host;
 }
 
+/* A replica's own segment, or a peer's on the same host; none across hosts. */
+static uint8_t *m_seg(void *self, int replica, size_t *len)
+{
+    const struct mself *s = self;
+    struct mnet *net = s->net;
+    *len = 0;
+    if (replica < 0 || replica >= net->n || replica / net->per_host != s->r / net->per_host ||
+        (net->seg_off >> replica & 1u))
+        return NULL;
+    if (!net->seg[replica]) {
+        net->seg[replica] = malloc(2 * MSEG_AREA);
+        cr_assert_not_null(net->seg[replica]);
+        memset(net->seg[replica], 0xa5, 2 * MSEG_AREA); /* garbage: the engine must overwrite what it reads */
+    }
+    *len = 2 * MSEG_AREA;
+    return net->seg[replica];
+}
+
 static const struct xport_ops mem_ops = {m_chan,   m_send,   m_recv, m_peer_name,   m_is_shm,
-                                         m_abort,  m_failed, m_fuse, m_recv_reduce, m_host};
+                                         m_abort,  m_failed, m_fuse, m_recv_reduce, m_host, m_seg};
 
 /* n replicas, per_host cores on each host (host of replica r: r / per_host). */
 static void mnet_init(struct mnet *net, int n, int per_host)
@@ -288,6 +313,8 @@ static void mnet_close(struct mnet *net)
     uv_close((uv_handle_t *)&net->defer, NULL);
     uv_run(&net->loop, UV_RUN_DEFAULT);
     cr_assert_eq(uv_loop_close(&net->loop), 0, "handles left open");
+    for (int r = 0; r < MAXN; r++)
+        free(net->seg[r]);
     for (int a = 0; a < MAXN; a++)
         for (int b = 0; b < MAXN; b++) {
             cr_assert_null(net->mq[a][b], "a chunk from %d to %d was never received", a, b);
@@ -303,6 +330,9 @@ struct spec {
     uint64_t count, chunk;
     const uint32_t *groups; /* n entries, or NULL */
 };
+
+/* Iterations of the next run_on (0: once); the direct tests set it. */
+static uint32_t run_iters;
 
 struct result {
     int done;
@@ -349,6 +379,7 @@ static void run_on(struct mnet *net, const struct spec *s, uint8_t *const *in, s
     cs.root = s->root;
     cs.reproducible = s->repro;
     cs.chunk_bytes = s->chunk;
+    cs.iters = run_iters;
     if (s->groups) {
         cs.n_group_of_replica = (size_t)s->n;
         cs.group_of_replica = (uint32_t *)s->groups;
@@ -731,6 +762,143 @@ Test(coll, replica_groups_reduce_independently, .timeout = 60)
         check_exact(&s2);
         check_exact(&s3);
     }
+}
+
+/* Runs s (inputs from seed, fractional with frac) on a fresh in-memory net
+ * whose replicas in seg_off have no host segment; checks every replica's
+ * result exactly (integer inputs) or bitwise equal to replica 0's (frac),
+ * and returns the largest number of bytes one core sent another core of its
+ * own host (*out_first: replica 0's result, when not NULL, malloc'd). */
+static uint64_t run_direct(const struct spec *s, unsigned seg_off, int frac, uint64_t seed, uint8_t **out_first)
+{
+    struct mnet net;
+    uint8_t *in[MAXN], *orig[MAXN];
+    struct result res[MAXN];
+    uint64_t most = 0;
+
+    mnet_init(&net, s->n, s->per_host);
+    net.seg_off = seg_off;
+    for (int r = 0; r < s->n; r++) {
+        in[r] = make_input(s, r, seed, frac);
+        orig[r] = make_input(s, r, seed, frac);
+    }
+    run_on(&net, s, in, res);
+    for (int r = 0; r < s->n; r++) {
+        cr_assert_eq(res[r].len, s->count * esz(s), "replica %d: %zu bytes", r, res[r].len);
+        if (frac)
+            cr_assert_eq(memcmp(res[r].out, res[0].out, res[0].len), 0, "n %d op %d bf16 %d: replica %d differs",
+                         s->n, s->op, s->bf16, r);
+        else
+            for (uint64_t i = 0; i < s->count; i++)
+                cr_assert_eq(elem(s, res[r].out, i), reduce_ref(s, orig, r, i),
+                             "n %d op %d bf16 %d count %llu: replica %d element %llu is %g, not %g", s->n, s->op,
+                             s->bf16, (unsigned long long)s->count, r, (unsigned long long)i,
+                             (double)elem(s, res[r].out, i), (double)reduce_ref(s, orig, r, i));
+        for (int q = 0; q < s->n; q++)
+            if (q / s->per_host == r / s->per_host && net.traffic[r][q] > most)
+                most = net.traffic[r][q];
+    }
+    if (out_first) {
+        *out_first = malloc(res[0].len + 1);
+        memcpy(*out_first, res[0].out, res[0].len);
+    }
+    for (int r = 0; r < s->n; r++) {
+        free(in[r]);
+        free(orig[r]);
+    }
+    free_results(res, s->n);
+    mnet_close(&net);
+    return most;
+}
+
+/* The direct intra-host all-reduce (coll/direct.c): with every core of the
+ * host holding a segment, the automatic choice reduces through the segments
+ * and the links carry only the hand-shake's and the barriers' 8-byte words
+ * (at most 32 bytes from one core to another: 2 hand-shake + 2 barrier
+ * words); results exact for every op, dtype and count (0, 1, n-1, odd, larger
+ * than the L1 block of the reduction) on 3 to 8 cores, with the MEAN divided
+ * by the group size and bfloat16 rounded once. The same reduced tensor on
+ * every replica, as tpu_ops.cross_replica_sum gives
+ * (tensorflow/python/tpu/ops/tpu_ops.py: "Sum the input tensor across
+ * replicas according to group_assignment"). */
+Test(coll, direct_all_reduce_on_one_host_through_the_segments, .timeout = 120)
+{
+    const uint64_t counts[] = {0, 1, 0, 1001, 70001}; /* 1001: one barrier; 70001: two */
+    for (int n = 3; n <= MAXN; n++)
+        for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
+            for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++)
+                for (int bf = 0; bf < 2; bf++) {
+                    struct spec s = {n, n, TPUEMU__COLL_KIND__COLL_ALL_REDUCE, ops[o], bf, TPUEMU__ALGO__ALGO_AUTO,
+                                     0, 0, k == 2 ? (uint64_t)n - 1 : counts[k], 1024, NULL};
+                    run_iters = (uint32_t)(o % 3); /* repeated runs alternate the cores' areas */
+                    uint64_t most = run_direct(&s, 0, 0, s.count + 3, NULL);
+                    run_iters = 0;
+                    cr_assert(most <= 32 * (o % 3 ? o % 3 : 1), "n %d count %llu: a core sent %llu bytes to another over the links; the "
+                              "direct path sends only barrier words", n, (unsigned long long)s.count,
+                              (unsigned long long)most);
+                }
+}
+
+/* Fractional inputs (the sum depends on the order): every replica gets the
+ * same bits, run after run, on one host through the segments. */
+Test(coll, direct_all_reduce_is_bitwise_identical_and_repeats, .timeout = 60)
+{
+    for (int n = 3; n <= MAXN; n++)
+        for (int bf = 0; bf < 2; bf++) {
+            struct spec s = {n, n, TPUEMU__COLL_KIND__COLL_ALL_REDUCE, TPUEMU__REDUCE_OP__REDUCE_SUM, bf,
+                             TPUEMU__ALGO__ALGO_AUTO, 0, 0, 30011, 2048, NULL};
+            uint8_t *a, *b;
+            cr_assert(run_direct(&s, 0, 1, 11, &a) <= 32, "n %d: not the direct path", n);
+            run_iters = 5; /* the cores alternate between their areas: the last run still gives the same bits */
+            run_direct(&s, 0, 1, 11, &b);
+            run_iters = 0;
+            cr_assert_eq(memcmp(a, b, s.count * esz(&s)), 0, "n %d bf16 %d: a second run gives other bits", n, bf);
+            free(a);
+            free(b);
+        }
+}
+
+/* The cores of a host use the direct path only when every one of them can
+ * and they are at least 3 (on 2, hd is one exchange straight from the ring):
+ * one core without a segment (a worker with TPUEMU_COLL_SHM_DIRECT=0, or
+ * whose link fell back to TCP) makes them all agree on the rings, and the
+ * result is still exact. A buffer larger than the segments takes the rings
+ * too; an explicit algorithm is kept. */
+Test(coll, direct_all_reduce_needs_every_core_and_room, .timeout = 60)
+{
+    struct spec s = {4, 4, TPUEMU__COLL_KIND__COLL_ALL_REDUCE, TPUEMU__REDUCE_OP__REDUCE_SUM, 0,
+                     TPUEMU__ALGO__ALGO_AUTO, 0, 0, 70001, 4096, NULL};
+    cr_assert(run_direct(&s, 0, 0, 1, NULL) <= 32, "all four cores have segments: the direct path");
+    for (int r = 0; r < 4; r++)
+        cr_assert(run_direct(&s, 1u << r, 0, 1, NULL) > 70001, "replica %d has no segment: the rings carry the data",
+                  r);
+    s.count = MSEG_AREA / 4 + 1; /* one element more than a segment's area */
+    cr_assert(run_direct(&s, 0, 0, 2, NULL) > MSEG_AREA / 4, "too large for the segments: the rings");
+    s.count = 70001;
+    s.algo = TPUEMU__ALGO__ALGO_RING;
+    cr_assert(run_direct(&s, 0, 0, 3, NULL) > 70001, "--algo ring is kept");
+    s.algo = TPUEMU__ALGO__ALGO_AUTO;
+    s.n = s.per_host = 2; /* two cores: halving-doubling, one exchange through the ring */
+    cr_assert(run_direct(&s, 0, 0, 4, NULL) > 70001, "two cores keep the rings");
+}
+
+/* Several hosts: the phases inside each host of the hierarchical all-reduce
+ * go through the segments (only words between cores of one host), the phase
+ * across hosts is unchanged; exact for every op and dtype, also when one
+ * host's cores agree on the direct path and another's do not (the step
+ * numbers of the cross phase are the same either way). */
+Test(coll, hierarchical_uses_the_segments_inside_each_host, .timeout = 60)
+{
+    for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++)
+        for (int bf = 0; bf < 2; bf++) {
+            struct spec s = {8, 4, TPUEMU__COLL_KIND__COLL_ALL_REDUCE, ops[o], bf, TPUEMU__ALGO__ALGO_HIER, 0, 0,
+                             70001, 4096, NULL};
+            cr_assert(run_direct(&s, 0, 0, 5 + o, NULL) <= 32, "op %d bf16 %d: the intra-host phases used the links",
+                      ops[o], bf);
+            cr_assert(run_direct(&s, 1u << 5, 0, 6 + o, NULL) > 1000, "host 1 without the direct path");
+            s.n = 6, s.per_host = 3;
+            run_direct(&s, 1u << 0, 0, 7 + o, NULL);
+        }
 }
 
 /* A spec the engine refuses is answered at once, exactly once, and aborts

@@ -17,6 +17,8 @@
 
 #include "schedule.h"
 
+struct direct; /* coll_int.h */
+
 /* LOCAL kernels (sched op kern); run by coll.c */
 enum {
     K_F32_SUM, K_F32_MAX, K_F32_MIN, K_I64_SUM, /* dst op= src, len bytes */
@@ -25,7 +27,14 @@ enum {
     K_PRO,  /* prologue of the whole collective (convert the input) */
     K_EXP,  /* reproducible mode: block exponents of the input */
     K_FIX,  /* reproducible mode: input -> fixed point */
+    K_DIN,  /* direct (direct.c): this core's range of the input into its host segment */
+    K_DRED, /* direct: reduce this core's slice across every segment of the host */
+    K_DPUB, /* direct: this core's final slice into its segment's result area */
+    K_DOUT, /* direct: every core's result slice out of its segment */
+    K_DALL, /* direct, one barrier: the whole buffer reduced from every segment into the output */
+    K_HS,   /* direct hand-shake: this core's verdict word */
 };
+
 
 struct xfer {
     int wbuf, rkern;
@@ -68,13 +77,35 @@ int gen_bcast_tree(struct gen *g, int root, uint64_t base, uint64_t count);
 /* Hierarchical all-reduce: host[i] = host index of mem[i]. Reduce-scatter
  * inside each host, all-reduce of each core's part across hosts (ring or hd
  * by `cross_hd`), all-gather inside the host. Needs every host to have the
- * same number of cores; returns -2 when the topology does not fit. */
-int gen_hier_allreduce(struct gen *g, const int *host, uint64_t count, int cross_hd);
+ * same number of cores; returns -2 when the topology does not fit. With d
+ * (not NULL: the cores of this host agreed on it) the phases inside the host
+ * are gen_direct's instead of rings (same slices, same step numbers, so hosts
+ * that chose differently still meet in the cross phase). */
+int gen_hier_allreduce(struct gen *g, const int *host, uint64_t count, int cross_hd, struct direct *d);
 
 /* Chunk i of [lo, hi) in pieces of c elements. */
 static inline uint64_t gen_nchunks(uint64_t lo, uint64_t hi, uint64_t c)
 {
     return hi > lo ? (hi - lo + c - 1) / c : 0;
 }
+
+/* The direct intra-host all-reduce (direct.c), as NCCL's single-node and
+ * OpenMPI's vader/coll-sm schemes: each core of the host copies its range
+ * [base, base + count) once into its host segment, one barrier, each reduces
+ * its 1/L slice straight from the L segments (in core order: the same bits
+ * whichever core does it) into its segment's result area, a second barrier,
+ * each copies the whole result out. Barriers are 8-byte messages to every
+ * other core of the host over the links (shared-memory rings), so a core that
+ * dies, hangs or is cut off fails the collective as any chunk does. flags:
+ * RING_RS (copy in, barrier, reduce: into wbuf, or with RING_FIN finished
+ * into the result area), RING_AG (publish obuf's slice unless RING_FIN did,
+ * barrier, copy out). The step numbers advance as gen_ring's over L cores.
+ * gen_direct_one: small buffers on one host, one barrier: each core copies
+ * its input in, barrier, each reduces the whole buffer from the L segments
+ * (same order, same bits) straight into its output. Each core alternates
+ * between its two areas and says in its barrier word which one it wrote,
+ * so it never overwrites what a slower peer still reads. */
+int gen_direct(struct gen *g, struct direct *d, int flags);
+int gen_direct_one(struct gen *g, struct direct *d);
 
 #endif

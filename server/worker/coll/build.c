@@ -43,6 +43,7 @@
 #define COLL_RD_MAX (32u * 1024u)
 #define COLL_HIER_MIN (1u * 1024u * 1024u)
 #define COLL_MAX_CHUNKS 16384u
+#define ALGO_DIRECT (-1) /* not a wire value: the direct intra-host path (direct.c) */
 
 static unsigned env_uint(const char *name, unsigned def)
 {
@@ -90,6 +91,14 @@ static void run_local(struct sched *s, const struct sop *o)
         else
             repro_to_fixed((int64_t *)(void *)s->buf[SB_Q], (const float *)(void *)s->buf[SB_I], 0,
                            op->count, (const float *)(void *)s->buf[SB_X]);
+        break;
+    case K_DIN:
+    case K_DRED:
+    case K_DPUB:
+    case K_DOUT:
+    case K_DALL:
+    case K_HS:
+        direct_run_local(s, o);
         break;
     case K_FIN:
         if (op->repro && op->bf16)
@@ -236,6 +245,12 @@ int coll_build(struct cop *op, struct xport x, const int *host, err *e)
         goto oom;
     int flags = 0;
 
+    /* the cores of one host agreed on the direct path (coll.c), and the
+     * buffer fits their segments: the whole group on this host with the
+     * automatic choice (direct_flat), or the phases inside the host of hier */
+    int direct = op->kind == TPUEMU__COLL_KIND__COLL_ALL_REDUCE && !repro && op->dir.cap && op->dir.L >= DIRECT_MIN_L &&
+                 n * 4 <= op->dir.cap;
+    int direct_flat = direct && op->dir.L == g && op->algo == TPUEMU__ALGO__ALGO_AUTO;
     if (reduce) {
         int rk = op->op == TPUEMU__REDUCE_OP__REDUCE_MAX ? K_F32_MAX
                  : op->op == TPUEMU__REDUCE_OP__REDUCE_MIN ? K_F32_MIN : K_F32_SUM;
@@ -262,9 +277,10 @@ int coll_build(struct cop *op, struct xport x, const int *host, err *e)
             G.step = G1.step;
             G.x = (struct xfer){SB_Q, K_I64_SUM, 8, SB_O, esz, 1, celems};
         } else if (op->bf16) {
-            if (!(s->buf[SB_W] = own_alloc(s, n * 4)))
+            if (!direct_flat && !(s->buf[SB_W] = own_alloc(s, n * 4)))
                 goto oom;
-            G.dep = sched_local(s, K_PRO, SB_W, 0, SB_I, 0, 0, 0, -1);
+            if (!direct_flat)
+                G.dep = sched_local(s, K_PRO, SB_W, 0, SB_I, 0, 0, 0, -1);
             G.x = (struct xfer){SB_W, rk, 4, SB_O, 2, 1, celems};
         } else {
             s->buf[SB_W] = s->buf[SB_I];
@@ -282,13 +298,31 @@ int coll_build(struct cop *op, struct xport x, const int *host, err *e)
             op->out_len = (bo[me + 1] - bo[me]) * G.x.oesz;
         } else {
             int done = 0;
-            if (algo == TPUEMU__ALGO__ALGO_HIER) {
+            /* the cores of one host agreed on the direct path (coll.c), and
+             * the buffer fits their segments */
+            if (direct && !(s->buf[SB_B] = own_alloc(s, 16 + 16 * (size_t)op->dir.L)))
+                goto oom;
+            op->dir.base = 0;
+            op->dir.count = n;
+            if (direct_flat) {
+                /* one host: no prologue, the bfloat16 input converts on its way in */
+                op->dir.bf16_in = op->bf16;
+                G.x.fin = 1;
+                if (n * 4 < op->dir.one_max)
+                    gen_direct_one(&G, &op->dir);
+                else
+                    gen_direct(&G, &op->dir, RING_RS | RING_FIN | RING_AG);
+                algo = ALGO_DIRECT;
+                done = 1;
+            }
+            if (!done && algo == TPUEMU__ALGO__ALGO_HIER) {
                 if (!host)
                     goto oom; /* coll_needs_hosts said yes: its caller could not find them */
                 int L = 0; /* cores of my host: the cross-host share is bytes / L */
                 for (int i = 0; i < g; i++)
                     L += host[i] == host[me];
-                int r = gen_hier_allreduce(&G, host, n, L > 0 && bytes / (uint64_t)L < hd_max);
+                int r = gen_hier_allreduce(&G, host, n, L > 0 && bytes / (uint64_t)L < hd_max,
+                                           direct && op->dir.L == L ? &op->dir : NULL);
                 done = r != -2;
                 if (!done && op->algo == TPUEMU__ALGO__ALGO_AUTO)
                     algo = bytes < hd_max || (is_pow2(g) && bytes < hd_pow2_max) ? TPUEMU__ALGO__ALGO_HD
@@ -332,7 +366,10 @@ int coll_build(struct cop *op, struct xport x, const int *host, err *e)
         op->input = NULL;
         op->input_len = 0;
     }
-    op->algo_used = algo == TPUEMU__ALGO__ALGO_HD ? "hd" : algo == TPUEMU__ALGO__ALGO_HIER ? "hier" : "ring";
+    op->algo_used = algo == ALGO_DIRECT               ? "direct"
+                    : algo == TPUEMU__ALGO__ALGO_HD   ? "hd"
+                    : algo == TPUEMU__ALGO__ALGO_HIER ? "hier"
+                                                      : "ring";
     return sched_finish(s, e);
 oom:
     return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory building %s #%llu", op->what,

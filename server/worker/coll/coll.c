@@ -34,6 +34,15 @@ struct coll {
     /* schedules of failed collectives still waiting for link callbacks; freed
      * at reset, when the links have dropped them (no callback can come) */
     struct sched *zombies;
+    /* the direct path (direct.c): the same-host cores (replica ids) of the
+     * last all-reduce that could take it, and whether they agreed (area
+     * bytes, 0: no). The cores of a set see the same all-reduces, so their
+     * caches name the same set exactly when one does: they all run the
+     * hand-shake at the same collective, or none does. */
+    int dir_n;
+    int dir_set[DIRECT_MAX_L];
+    size_t dir_cap, dir_one_max;
+    int dir_last; /* direct.c: the area of this core's segment peers may still read */
 };
 
 void coll_stats_init(struct coll_stats *s)
@@ -392,6 +401,13 @@ static void on_sched_done(struct sched *s, const err *e)
     struct cop *op = s->owner;
     uint64_t now = uv_hrtime();
 
+    if (e->code == CODE_OK && op->dir.broken) {
+        err b;
+        err_set(&b, CODE_INTERNAL, "%s #%" PRIu64 ": a host segment of the direct path went missing", op->what,
+                op->seq);
+        finish(op, &b);
+        return;
+    }
     if (e->code != CODE_OK) {
         op->s = s;
         finish(op, e);
@@ -430,6 +446,66 @@ static int build(struct coll *c, struct cop *op, err *e)
     return rc;
 }
 
+static void start_build(struct coll *c, struct cop *op);
+
+static void on_handshake_done(struct sched *s, const err *e)
+{
+    struct cop *op = s->owner;
+    struct coll *c = op->c;
+
+    if (e->code != CODE_OK) {
+        op->s = s;
+        finish(op, e);
+        return;
+    }
+    op->dir.cap = direct_agreed(s, op, &op->dir.one_max);
+    c->dir_cap = op->dir.cap;
+    c->dir_one_max = op->dir.one_max;
+    sched_free(s);
+    op->s = NULL;
+    log_debug("direct all-reduce hand-shake", "seq=%" PRIu64 " cores=%d agreed=%d bytes=%zu", op->seq, op->dir.L,
+              op->dir.cap != 0, op->dir.cap);
+    start_build(c, op);
+}
+
+/* Whether op may take the direct path, from the cache or a hand-shake among
+ * the cores of this host: 0 (op->dir.cap says), 1 (the hand-shake runs and
+ * builds op when done), -1 with e set. */
+static int direct_prepare(struct coll *c, struct cop *op, err *e)
+{
+    int *host, L, same;
+
+    op->dir.cap = 0;
+    op->dir.last = &c->dir_last;
+    if (!direct_candidate(op, c->env.x))
+        return 0;
+    if (!(host = malloc(sizeof(int) * (size_t)op->g)) || coll_hosts(c, op, host) != 0) {
+        free(host);
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory building %s #%" PRIu64, op->what, op->seq), -1;
+    }
+    L = direct_local_set(op, host);
+    free(host);
+    same = L == c->dir_n;
+    for (int k = 0; same && k < L; k++)
+        same = c->dir_set[k] == op->members[op->dir.loc[k]];
+    if (same) {
+        op->dir.cap = c->dir_cap;
+        op->dir.one_max = c->dir_one_max;
+        return 0;
+    }
+    c->dir_n = L;
+    for (int k = 0; k < L; k++)
+        c->dir_set[k] = op->members[op->dir.loc[k]];
+    c->dir_cap = 0;
+    if (L < DIRECT_MIN_L)
+        return 0;
+    if (!(op->s = direct_handshake(op, c->env.x, e)))
+        return -1;
+    op->s->done = on_handshake_done;
+    sched_run(op->s, 0);
+    return 1;
+}
+
 static void start(struct coll *c, struct cop *op)
 {
     const struct core_ident *id = c->env.id;
@@ -446,6 +522,25 @@ static void start(struct coll *c, struct cop *op)
         goto fail;
     }
     op->reserved = 1;
+    switch (direct_prepare(c, op, &e)) {
+    case -1:
+        goto fail;
+    case 1:
+        return; /* the hand-shake runs first; on_handshake_done builds */
+    default:
+        break;
+    }
+    start_build(c, op);
+    return;
+fail:
+    finish(op, &e);
+}
+
+/* Builds op's schedule and runs it. */
+static void start_build(struct coll *c, struct cop *op)
+{
+    err e;
+
     if (build(c, op, &e) != CODE_OK)
         goto fail;
     if (op->iters > 1 && op->input_len) {
@@ -652,6 +747,9 @@ void coll_reset(struct coll *c)
     free(c->host);
     c->host = NULL;
     c->topo_epoch = 0;
+    c->dir_n = 0;
+    c->dir_cap = 0;
+    c->dir_one_max = 0;
 }
 
 void coll_free(struct coll *c)

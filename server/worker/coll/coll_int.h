@@ -22,6 +22,30 @@
 
 struct coll;
 
+#define DIRECT_MAX_L 64 /* cores of one host in a direct all-reduce */
+/* Fewer cores of a host than this keep the rings: on 2 cores halving-doubling
+ * is one exchange, reduced straight from the ring, and was as fast or faster
+ * (side by side, 5-7 alternating rounds on the 2-core VM: 4 KiB 10.0 against
+ * 10.4 us, 16 KiB 14.0 against 13.9, 64 KiB 48 against 34, 256 KiB 262 against
+ * 183, 512 KiB 547 against 394; 3 cores, 64 KiB: 67 against 96 us). */
+#define DIRECT_MIN_L 3
+
+/* The direct intra-host all-reduce of one collective (direct.c): the cores
+ * of this host in the group, agreed on by a hand-shake (coll.c). */
+struct direct {
+    int L, j;                     /* cores of this host in the group; my index among them */
+    int loc[DIRECT_MAX_L];        /* their group ranks, in group order */
+    size_t cap;                   /* bytes of the smallest segment's area (0: not agreed) */
+    uint64_t base, count;         /* the range (elements) set by the generator */
+    uint64_t bo[DIRECT_MAX_L + 1];/* slice bounds relative to base */
+    size_t one_max;               /* agreed: below this many float32 bytes, one barrier (K_DALL) */
+    int bf16_in;                  /* K_DIN converts the bfloat16 input (flat) instead of copying wbuf */
+    int fin;                      /* K_DRED finishes (MEAN, bfloat16) into the result area */
+    int q;                        /* this run's input area (0/1); the result area is the other */
+    int *last;                    /* the core's area peers may still read after its last collective (coll.c) */
+    int broken;                   /* a segment was missing when a kernel ran */
+};
+
 /* One client request, queued then running. */
 struct cop {
     struct cop *next;
@@ -51,6 +75,7 @@ struct cop {
     uint64_t t0, total_ns;
     const char *algo_used;
     char algo_buf[24];
+    struct direct dir;    /* dir.cap != 0: the host's cores agreed on the direct path */
 };
 
 /* 1 when coll_build may choose the hierarchical algorithm for op, and so
@@ -60,7 +85,25 @@ int coll_needs_hosts(const struct cop *op);
  * op->payload from then on). host[i] = host index (0.. by first appearance)
  * of group rank i, when coll_needs_hosts(op), else NULL. */
 int coll_build(struct cop *op, struct xport x, const int *host, err *e);
-/* op->algo_used: "ring", "hd", "hier", "+shm" when a link was shared memory. */
+/* op->algo_used: "ring", "hd", "hier", "direct", "+shm" when a link was shared memory. */
 void coll_algo_name(struct cop *op);
+
+/* direct.c: the LOCAL kernels K_DIN..K_HS (run_local hands them over). */
+void direct_run_local(struct sched *s, const struct sop *o);
+/* 1 when op may take the direct path (an all-reduce, not reproducible, over
+ * a transport with host segments): it then needs the hosts of its group and
+ * the agreement of this host's cores. */
+int direct_candidate(const struct cop *op, struct xport x);
+/* The cores of the group on my host (host[] as coll_needs_hosts gives it)
+ * into op->dir (L, j, loc); L. */
+int direct_local_set(struct cop *op, const int *host);
+/* The hand-shake among op->dir's cores, a schedule of its own run before the
+ * collective's (same seq, steps of its own): two rounds of one word to every
+ * other core of the host; the second carries whether this core has every
+ * other's segment mapped (and its own). NULL when out of memory. */
+struct sched *direct_handshake(struct cop *op, struct xport x, err *e);
+/* After it ran: the agreed area size in bytes (0: not every core could),
+ * and in *one_max the agreed bound of the one-barrier variant. */
+size_t direct_agreed(struct sched *hs, const struct cop *op, size_t *one_max);
 
 #endif

@@ -5,10 +5,11 @@
  * hosts, so every core's inter-host link carries 1/L of the data), then each
  * host all-gathers. Needs the same number of cores L on every host. */
 #include "algo.h"
+#include "coll_int.h"
 
 #include <stdlib.h>
 
-int gen_hier_allreduce(struct gen *g, const int *host, uint64_t count, int cross_hd)
+int gen_hier_allreduce(struct gen *g, const int *host, uint64_t count, int cross_hd, struct direct *d)
 {
     struct sched *s = g->s;
     int m = g->m, H = 0, L = -1, myhost = host[g->me], j = -1;
@@ -65,7 +66,7 @@ int gen_hier_allreduce(struct gen *g, const int *host, uint64_t count, int cross
     in.mem = local;
     in.m = L;
     in.me = j;
-    int bar = gen_ring(&in, bo, RING_RS);
+    int bar = d ? gen_direct(&in, d, RING_RS) : gen_ring(&in, bo, RING_RS);
 
     struct gen cr = *g;
     cr.mem = cross;
@@ -91,7 +92,10 @@ int gen_hier_allreduce(struct gen *g, const int *host, uint64_t count, int cross
      * phase's largest (the cores of one host ran the same cross algorithm) */
     in.dep = bar;
     in.step = cr.step;
-    gen_ring(&in, bo, RING_AG);
+    if (d)
+        gen_direct(&in, d, RING_AG);
+    else
+        gen_ring(&in, bo, RING_AG);
     g->step = in.step;
     rc = sched_barrier(s, since, g->dep);
 out:

@@ -35,7 +35,7 @@
 enum sop_type { SOP_SEND, SOP_RECV, SOP_LOCAL, SOP_NOP };
 
 /* buffers */
-enum { SB_W, SB_O, SB_T, SB_I, SB_X, SB_Q, SB_N };
+enum { SB_W, SB_O, SB_T, SB_I, SB_X, SB_Q, SB_B, SB_N }; /* SB_B: barrier and hand-shake words (direct.c) */
 
 struct sched;
 

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "log.h"
 #include "probe.h"
@@ -166,6 +167,10 @@ void chan_destroy(struct chan *l)
     /* writes stop now; their callbacks (from the loop) free issued ops */
     l->p->tcp->close(l);
     l->p->shmt->close(l);
+    if (l->pseg) {
+        munmap((void *)(uintptr_t)l->pseg, l->pseg_len);
+        l->pseg = NULL;
+    }
     if (l->probe) {
         probe_cancel(l->probe);
         l->probe = NULL;

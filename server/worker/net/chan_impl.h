@@ -142,6 +142,10 @@ struct chan {
     int shm_dialing;        /* set-up under way: sends wait for it */
     struct shm_tx *shm_tx;
     struct shm_rx *shm_rx;
+    /* the peer's host segment (its fourth fd in the shm hello), read-only,
+     * mapped until the channel is destroyed (xport seg) */
+    const uint8_t *pseg;
+    size_t pseg_len;
 
     /* progress: one timer per link */
     uv_timer_t timer;
@@ -195,6 +199,11 @@ struct peers {
     struct shm_listener *shm;  /* NULL: none (tcp only, or it failed) */
     char shm_name[64];         /* "" or "@tpuemu-..." as advertised */
     int shm_fallback_logged;
+    /* this core's host segment for the epoch (peers.c: made at reset when a
+     * same-host peer offers shared memory; shm.c passes segfd in its hello) */
+    int segfd;
+    uint8_t *seg;
+    size_t seg_len;
 
     /* set by peers.c: the transports chan.c chooses from, and the set-level
      * failure of a collective (records it, fails its operations on every

@@ -7,9 +7,13 @@
 
 #include "chan_impl.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "log.h"
 
@@ -28,8 +32,58 @@
  * n = 4 64 KiB 269 -> 200-205 us, 1 MiB 1920 -> 1325-1384 us; TCP n = 2 even. */
 #define PEERS_SPIN_US 200u
 #define PEERS_FUSE_MIN (128u * 1024u)
+/* The host segment's default work bytes (TPUEMU_COLL_SHM_MAX): the largest
+ * all-reduce (in float32 bytes) the direct intra-host path takes. */
+#define PEERS_SEG_DEFAULT (1u * 1024u * 1024u)
+#define PEERS_SEG_LIMIT (256u * 1024u * 1024u)
 
 static void peers_fail_seq(struct peers *p, uint64_t seq, const err *e, int broadcast, int culprit);
+
+/* ---- this core's host segment (the direct all-reduce, coll/direct.c) ---- */
+
+static void seg_drop(struct peers *p)
+{
+    if (p->seg)
+        munmap(p->seg, p->seg_len);
+    if (p->segfd >= 0)
+        close(p->segfd);
+    p->seg = NULL;
+    p->seg_len = 0;
+    p->segfd = -1;
+}
+
+/* A sealed memfd of two areas of TPUEMU_COLL_SHM_MAX bytes (the inputs the
+ * peers read, the slice results they copy out), made for an epoch where a
+ * same-host peer offers shared memory; its pages cost nothing until a
+ * collective touches them. TPUEMU_COLL_SHM_DIRECT=0: none (the cores of the
+ * host then agree not to use the direct path). */
+static void seg_make(struct peers *p)
+{
+    const char *on = getenv("TPUEMU_COLL_SHM_DIRECT"), *mx = getenv("TPUEMU_COLL_SHM_MAX");
+    unsigned long max = mx && *mx ? strtoul(mx, NULL, 0) : PEERS_SEG_DEFAULT;
+    int any = 0;
+    void *m;
+
+    if ((on && *on && strtoul(on, NULL, 0) == 0) || p->tcp_only || !p->shm || p->self < 0 || max < 64)
+        return;
+    for (uint32_t r = 0; r < p->n && !any; r++)
+        any = (int)r != p->self && peers_same_host_shm(p, (int)r);
+    if (!any)
+        return;
+    if (max > PEERS_SEG_LIMIT)
+        max = PEERS_SEG_LIMIT;
+    max = (max + 4095u) & ~4095ul;
+    p->seg_len = 2 * (size_t)max;
+    p->segfd = memfd_create("tpuemu-seg", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (p->segfd < 0 || ftruncate(p->segfd, (off_t)p->seg_len) < 0 ||
+        fcntl(p->segfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 ||
+        (m = mmap(NULL, p->seg_len, PROT_READ | PROT_WRITE, MAP_SHARED, p->segfd, 0)) == MAP_FAILED) {
+        log_warn("no host segment; same-host all-reduces use the rings", "reason=%s", log_q(strerror(errno)));
+        seg_drop(p);
+        return;
+    }
+    p->seg = m;
+}
 
 static void on_handle_closed(uv_handle_t *h)
 {
@@ -63,6 +117,7 @@ int peers_new(const struct peers_env *env, struct peers **out, err *e)
     p->trace = env->trace;
     p->loop = env->loop;
     p->self = -1;
+    p->segfd = -1;
     p->tcp_only = env->tcp_only;
     set_timeouts(p, DEFAULT_HEARTBEAT_MS * DEFAULT_DEAD_AFTER);
     uv_timer_init(env->loop, &p->defer);
@@ -107,6 +162,7 @@ void peers_stop(struct peers *p)
         return;
     p->stopping = 1;
     drop_all(p);
+    seg_drop(p);
     shm_listener_close(p);
     uv_timer_stop(&p->defer);
     uv_close((uv_handle_t *)&p->defer, on_handle_closed);
@@ -120,6 +176,7 @@ void peers_free(struct peers *p)
     if (!p)
         return;
     /* every handle closed with the loop (peers_stop before it ran dry) */
+    seg_drop(p);
     peertab_free(p->tab);
     free(p->links);
     free(p);
@@ -138,6 +195,7 @@ void peers_reset(struct peers *p, const Tpuemu__ResetCore *r)
     if (!p || p->stopping)
         return;
     drop_all(p);
+    seg_drop(p); /* peers that mapped it keep their mapping until their own reset */
     peertab_free(p->tab);
     free(p->links);
     p->tab = NULL;
@@ -176,6 +234,7 @@ void peers_reset(struct peers *p, const Tpuemu__ResetCore *r)
     }
     p->n = (uint32_t)n;
     p->self = r->replica_id;
+    seg_make(p);
 }
 
 static struct chan *peers_chan(struct peers *p, int replica, err *e)
@@ -324,8 +383,25 @@ static int x_host(void *self, int replica)
     return (int)peertab_host_index(p->tab, (size_t)replica);
 }
 
+static uint8_t *x_seg(void *self, int replica, size_t *len)
+{
+    struct peers *p = self;
+    struct chan *l;
+    *len = 0;
+    if (!p || p->stopping || p->self < 0 || replica < 0 || (uint32_t)replica >= p->n)
+        return NULL;
+    if (replica == p->self) {
+        *len = p->seg_len;
+        return p->seg;
+    }
+    if (!p->links || !(l = p->links[replica]) || l->closing || !l->pseg)
+        return NULL;
+    *len = l->pseg_len;
+    return (uint8_t *)(uintptr_t)l->pseg;
+}
+
 static const struct xport_ops peers_ops = {x_chan,  x_send,   x_recv, x_peer_name,   x_is_shm,
-                                           x_abort, x_failed, x_fuse, x_recv_reduce, x_host};
+                                           x_abort, x_failed, x_fuse, x_recv_reduce, x_host, x_seg};
 
 struct xport peers_xport(struct peers *p)
 {

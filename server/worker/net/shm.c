@@ -8,6 +8,8 @@
  * sender answers with auth_challenge_mac under the cluster key, its replica
  * and the epoch, and the fds; the receiver checks all of it (and the memfd's
  * seals and size: a peer cannot shrink it under us) and answers one byte.
+ * A fourth fd, when the sender has one, is its host segment (peers.c), which
+ * the receiver maps read-only for the direct all-reduce (coll/direct.c).
  * Anything failing is reported to the channel (chan_shm_failed), which
  * falls back to TCP; this file never dials TCP.
  *
@@ -42,6 +44,7 @@
 #define SHM_BYTES ((size_t)SHM_CTL + (size_t)SHM_SLOTS * SHM_STRIDE)
 #define SHM_MAGIC 0x74707573686d3032ull /* "tpushm02": the control block with the sleep flags */
 #define SHM_PENDING_MAX 64
+#define SHM_SEG_MAX (1ull << 31) /* a peer's host segment: at most this many bytes */
 
 /* Wake-ups: a side that finds nothing to do sets its flag before it goes
  * back to its event loop and then looks once more; the other side, after
@@ -501,11 +504,12 @@ static void on_dial(uv_poll_t *h, int status, int events)
         struct msghdr mh;
         struct iovec iov;
         union {
-            char buf[CMSG_SPACE(3 * sizeof(int))];
+            char buf[CMSG_SPACE(4 * sizeof(int))];
             struct cmsghdr align;
         } u;
         struct cmsghdr *cm;
-        int fds[3] = {d->memfd, d->efd_data, d->efd_space};
+        int fds[4] = {d->memfd, d->efd_data, d->efd_space, l->p->segfd};
+        size_t nfds = l->p->segfd >= 0 ? 4 : 3;
         ssize_t n = recv(d->sock, chal, sizeof chal, MSG_DONTWAIT);
         if (n < 0 && errno == EAGAIN)
             return;
@@ -526,12 +530,12 @@ static void on_dial(uv_poll_t *h, int status, int events)
         mh.msg_iov = &iov;
         mh.msg_iovlen = 1;
         mh.msg_control = u.buf;
-        mh.msg_controllen = sizeof u.buf;
+        mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
         cm = CMSG_FIRSTHDR(&mh);
         cm->cmsg_level = SOL_SOCKET;
         cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof fds);
-        memcpy(CMSG_DATA(cm), fds, sizeof fds);
+        cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+        memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
         if (sendmsg(d->sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof hm) {
             dial_fallback(d, "cannot pass the segment to the peer");
             return;
@@ -660,6 +664,29 @@ static void pend_refuse(struct pend *pd, const char *why)
     pend_drop(pd);
 }
 
+/* The peer's host segment (the optional fourth fd of its hello): kept
+ * read-only only when sealed against shrinking (no SIGBUS under us) and of a
+ * sane size; the first one of the channel stays (the peer passes the same
+ * segment for the whole epoch). Without it the direct all-reduce is not
+ * agreed on (coll/direct.c) and the rings serve alone. */
+static void map_peer_seg(struct chan *l, int fd)
+{
+    struct stat st;
+    int seals = fcntl(fd, F_GET_SEALS);
+    void *m;
+    if (l->pseg || seals < 0 || !(seals & F_SEAL_SHRINK) || fstat(fd, &st) < 0 || st.st_size <= 0 ||
+        (uint64_t)st.st_size > SHM_SEG_MAX) {
+        if (!l->pseg)
+            log_warn_limited("peer's host segment refused", "peer=%s", log_q(l->name));
+        return;
+    }
+    m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED)
+        return;
+    l->pseg = m;
+    l->pseg_len = (size_t)st.st_size;
+}
+
 static void on_pend(uv_poll_t *h, int status, int events)
 {
     struct pend *pd = h->data;
@@ -668,11 +695,11 @@ static void on_pend(uv_poll_t *h, int status, int events)
     struct msghdr mh;
     struct iovec iov;
     union {
-        char buf[CMSG_SPACE(3 * sizeof(int))];
+        char buf[CMSG_SPACE(4 * sizeof(int))];
         struct cmsghdr align;
     } u;
     struct cmsghdr *cm;
-    int fds[3] = {-1, -1, -1}, seals;
+    int fds[4] = {-1, -1, -1, -1}, seals;
     struct stat st;
     struct chan *l;
     struct shm_end *e;
@@ -703,7 +730,7 @@ static void on_pend(uv_poll_t *h, int status, int events)
                 k = 8;
             memcpy(got, CMSG_DATA(cm), k * sizeof(int));
             for (size_t i = 0; i < k; i++) {
-                if (i < 3 && fds[i] < 0)
+                if (i < 4 && fds[i] < 0)
                     fds[i] = got[i];
                 else
                     close(got[i]);
@@ -711,7 +738,7 @@ static void on_pend(uv_poll_t *h, int status, int events)
         }
 #define REFUSE(why)                                                                                        \
     do {                                                                                                   \
-        for (int i_ = 0; i_ < 3; i_++)                                                                     \
+        for (int i_ = 0; i_ < 4; i_++)                                                                     \
             if (fds[i_] >= 0)                                                                              \
                 close(fds[i_]);                                                                            \
         pend_refuse(pd, why);                                                                              \
@@ -754,10 +781,16 @@ static void on_pend(uv_poll_t *h, int status, int events)
             close(sock);
             close(fds[1]);
             close(fds[2]);
+            if (fds[3] >= 0)
+                close(fds[3]);
             return;
         }
     }
     l->shm_rx = (struct shm_rx *)e;
+    if (fds[3] >= 0) {
+        map_peer_seg(l, fds[3]);
+        close(fds[3]);
+    }
     log_debug("shared-memory link up", "peer=%s", log_q(l->name));
     shm_kick_rx(l);
 }

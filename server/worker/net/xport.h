@@ -86,6 +86,14 @@ struct xport_ops {
      * of the system. Makes no channel: the hierarchical schedule asks it of
      * every replica. */
     int (*host)(void *self, int replica);
+    /* Optional (NULL: not offered). The host segment of replica r: this
+     * core's own (writable; r = this core), or a same-host peer's as mapped
+     * here (read-only: never write through it), for the direct intra-host
+     * all-reduce (coll/direct.c); *len its bytes. NULL when there is none
+     * (no shared memory, or the peer's has not come with its link yet). A
+     * segment stays mapped until the transport is reset (peers_reset), even
+     * after its peer died. */
+    uint8_t *(*seg)(void *self, int replica, size_t *len);
 };
 
 /* A transport: its ops and the object they work on. */
