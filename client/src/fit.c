@@ -269,13 +269,7 @@ static int finish_oldest(struct run *u, uint64_t *t_last, err *e)
             u->loss_sum += a->loss_sum;
             u->correct += a->correct;
             u->rows += a->rows;
-#define MAXF(f) if (a->f > s.f) s.f = a->f
-            MAXF(compute_ns);
-            MAXF(matmul_ns);
-            MAXF(allreduce_ns);
-            MAXF(optimizer_ns);
-            MAXF(infeed_wait_ns);
-#undef MAXF
+            model_stats_max(&s, a);
         }
         if (u->mode == TPUEMU__STEP_MODE__STEP_TRAIN) {
             m->step++;

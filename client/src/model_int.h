@@ -80,6 +80,21 @@ size_t model_nparams(const tpu_model *m);
 int model_nslots(const tpu_model *m);
 /* Emits a performance warning through the handler. */
 void model_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The step's times as its slowest core saw them: each field the largest of
+ * the cores' answers so far (a NULL answer changes nothing). */
+static inline void model_stats_max(tpu_step_stats *s, const struct tio_stat *a)
+{
+    if (!a)
+        return;
+#define MAXF(f) if (a->f > s->f) s->f = a->f
+    MAXF(compute_ns);
+    MAXF(matmul_ns);
+    MAXF(allreduce_ns);
+    MAXF(optimizer_ns);
+    MAXF(infeed_wait_ns);
+#undef MAXF
+}
 /* Deadline for a request moving bytes (per replica) */
 uint64_t model_deadline(tpu_cluster *c, size_t bytes);
 

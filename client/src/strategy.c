@@ -532,13 +532,7 @@ static int run_step(tpu_model *m, int mode, const tpu_per_replica *x, struct tio
         m->notice_replica = -1;
         for (size_t r = 0; r < n; r++) {
             const struct tio_stat *a = ans[r].nstats ? &ans[r].stats[0] : NULL;
-#define MAXF(f) if (a && a->f > s.f) s.f = a->f
-            MAXF(compute_ns);
-            MAXF(matmul_ns);
-            MAXF(allreduce_ns);
-            MAXF(optimizer_ns);
-            MAXF(infeed_wait_ns);
-#undef MAXF
+            model_stats_max(&s, a);
             if (ans[r].hbm_used > m->hbm_used)
                 m->hbm_used = ans[r].hbm_used;
             if (ans[r].notice.kind != TPU_NOTICE_NONE &&
