@@ -76,22 +76,26 @@ static int bigger(const struct hbm_block *a, const struct hbm_block *b)
     return a->bytes > b->bytes || (a->bytes == b->bytes && a->id < b->id);
 }
 
+/* b into out[0..*k), kept sorted largest first and at most n long: insertion
+ * into a short list (n is a message's worth) */
+static void top_insert(struct hbm_block *out, size_t *k, size_t n, const struct hbm_block *b)
+{
+    size_t j;
+    if (*k == n && (n == 0 || !bigger(b, &out[n - 1])))
+        return;
+    j = *k < n ? (*k)++ : n - 1;
+    while (j > 0 && bigger(b, &out[j - 1])) {
+        out[j] = out[j - 1];
+        j--;
+    }
+    out[j] = *b;
+}
+
 size_t hbm_largest(const hbm *h, struct hbm_block *out, size_t n)
 {
     size_t k = 0;
-    /* insertion into a short sorted list: n is small (a message's worth) */
-    for (size_t i = 0; i < h->nblocks; i++) {
-        const struct hbm_block *b = &h->blocks[i];
-        size_t j;
-        if (k == n && (n == 0 || !bigger(b, &out[n - 1])))
-            continue;
-        j = k < n ? k++ : n - 1;
-        while (j > 0 && bigger(b, &out[j - 1])) {
-            out[j] = out[j - 1];
-            j--;
-        }
-        out[j] = *b;
-    }
+    for (size_t i = 0; i < h->nblocks; i++)
+        top_insert(out, &k, n, &h->blocks[i]);
     return k;
 }
 
@@ -263,18 +267,8 @@ static int program_exhausted(const hbm *h, const struct hbm_block *bs, size_t n,
                            "%10s\n    arguments %10s\n\n  Largest allocations in hbm:\n",
                            used, avail, over, total, res, p, a);
     /* the largest of the program's blocks and of what is there already */
-    for (size_t i = 0; i < n + h->nblocks; i++) {
-        const struct hbm_block *b = i < n ? &bs[i] : &h->blocks[i - n];
-        size_t j;
-        if (k == HBM_LIST_MAX && !(b->bytes > top[k - 1].bytes))
-            continue;
-        j = k < HBM_LIST_MAX ? k++ : HBM_LIST_MAX - 1;
-        while (j > 0 && b->bytes > top[j - 1].bytes) {
-            top[j] = top[j - 1];
-            j--;
-        }
-        top[j] = *b;
-    }
+    for (size_t i = 0; i < n + h->nblocks; i++)
+        top_insert(top, &k, HBM_LIST_MAX, i < n ? &bs[i] : &h->blocks[i - n]);
     for (size_t i = 0; i < k && off < sizeof msg; i++) {
         hbm_format_size(top[i].bytes, sz, sizeof sz);
         hbm_format_shape(&top[i], shape, sizeof shape);
