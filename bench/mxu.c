@@ -168,9 +168,20 @@ int main(int argc, char **argv)
 
     /* measure every row first, then the peak before and after (the larger one
      * counts): a busy machine only ever lowers a figure */
-    double bfs[32], f32s[32], fixed[32], utils[32];
+    double bfs[32], f32s[32], fixed[32], emul[32], utils[32];
+    /* where the unit widens, oneDNN's own (emulated) bf16 matmul beside it */
+    mxu *ou = NULL;
+    if (!mxu_bf16_native(u)) {
+        setenv("TPUEMU_MXU_BF16", "onednn", 1);
+        if (mxu_new(&ou, 128, &e) != CODE_OK)
+            ou = NULL;
+        unsetenv("TPUEMU_MXU_BF16");
+    }
     for (int i = 0; i < ns; i++) {
         bfs[i] = gflops(u, &shapes[i].op, 1, secs, &utils[i]);
+        emul[i] = ou ? gflops(ou, &shapes[i].op, 1, secs, &utils[i]) : 0;
+        if (ou && !mxu_bf16_native(ou)) /* oneDNN has no bf16 matmul at all here */
+            emul[i] = 0;
         f32s[i] = gflops(u, &shapes[i].op, 0, secs, &utils[i]);
         fixed[i] = gflops(u, &shapes[i].op, 2, secs, &utils[i]);
     }
@@ -182,29 +193,36 @@ int main(int argc, char **argv)
             peak = again;
     }
 #endif
-    printf("matrix unit: oneDNN %s matmul, 1 thread; bf16 conversion path: %s\n", "bf16 x bf16 -> f32",
+    printf("matrix unit: oneDNN %s matmul, 1 thread; bf16 conversion path: %s\n",
+           mxu_bf16_native(u) ? "bf16 x bf16 -> f32" : "f32 (bf16 inputs widened: no bf16 dot product on this CPU)",
            bf16_path());
     if (peak > 0)
         printf("measured bf16 peak of this core (vdpbf16ps loop): %.1f GFLOP/s\n\n", peak);
     else
         printf("no AVX512-BF16 on this CPU: no measured peak\n\n");
-    printf("%-40s %6s %6s %6s  %9s %7s  %9s %10s %7s\n", "shape (* = N,K >= 128)", "M", "N", "K", "bf16 GF/s",
-           "% peak", "fp32 GF/s", "fixed GF/s", "MXU use");
+    printf("%-40s %6s %6s %6s  %9s %7s  %9s %10s %11s %7s\n", "shape (* = N,K >= 128)", "M", "N", "K",
+           "bf16 GF/s", "% peak", "fp32 GF/s", "fixed GF/s", "oneDNN bf16", "MXU use");
     for (int i = 0; i < ns; i++) {
         const struct mxu_op *op = &shapes[i].op;
         int goal = op->n >= 128 && op->k >= 128;
         char pct[16] = "-";
         if (peak > 0)
             snprintf(pct, sizeof pct, "%.0f%%", 100.0 * bfs[i] / peak);
-        printf("%-38s %s %6lld %6lld %6lld  %9.1f %7s  %9.1f %10.1f %6.0f%%\n", shapes[i].name, goal ? "*" : " ",
-               (long long)op->m, (long long)op->n, (long long)op->k, bfs[i], pct, f32s[i], fixed[i],
-               100.0 * utils[i]);
+        char em[16] = "-";
+        if (emul[i] > 0)
+            snprintf(em, sizeof em, "%.1f", emul[i]);
+        printf("%-38s %s %6lld %6lld %6lld  %9.1f %7s  %9.1f %10.1f %11s %6.0f%%\n", shapes[i].name,
+               goal ? "*" : " ", (long long)op->m, (long long)op->n, (long long)op->k, bfs[i], pct, f32s[i],
+               fixed[i], em, 100.0 * utils[i]);
     }
     printf("\nMXU use: useful FLOPs over the FLOPs of the shape padded to the 128x128 MXU tile "
            "(N and K to 128, M to 8).\n");
     printf("fixed: the portable matrix unit of a deterministic compile (bf16 rounding of float32 inputs\n"
            "included; in-order float32 sums, no FMA).\n");
+    printf("oneDNN bf16: oneDNN's own bf16 matmul, which emulates it on this CPU (the unit widens instead; '-'\n"
+           "where the unit runs it natively, or where oneDNN has none).\n");
     printf("primitives created: %u (one per shape and precision)\n", mxu_primitives_created(u));
+    mxu_free(ou);
     mxu_free(u);
     return 0;
 }

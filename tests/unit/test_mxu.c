@@ -7,6 +7,8 @@
 
 #include <criterion/criterion.h>
 
+#include <oneapi/dnnl/dnnl.h>
+
 #include "bf16.h"
 #include "mxu.h"
 
@@ -159,32 +161,76 @@ Test(mxu, one_primitive_per_shape)
     cr_assert_eq(mxu_matmul(u, MXU_HIGHEST, &other, a, b, c, NULL, &e), CODE_OK);
     cr_assert_eq(mxu_primitives_created(u), 2, "a new shape builds another");
     cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &op, a, b, c, NULL, &e), CODE_OK);
-    /* bf16 needs AVX-512 in oneDNN; below it the portable unit runs DEFAULT, with no primitive */
-    unsigned want = mxu_bf16_portable(u) ? 2 : 3;
-    cr_assert_eq(mxu_primitives_created(u), want, "a new precision builds another (bf16 portable: %d)",
-                 mxu_bf16_portable(u));
+    /* a native bf16 kernel is a primitive of its own; widened inputs reuse the float32 one */
+    unsigned want = mxu_bf16_native(u) ? 3 : 2;
+    cr_assert_eq(mxu_primitives_created(u), want, "DEFAULT after HIGHEST (bf16 native: %d)", mxu_bf16_native(u));
     cr_assert_eq(mxu_primitives_cached(u), want);
 }
 
-/* Where oneDNN has no bf16 matmul (ONEDNN_MAX_CPU_ISA=AVX2 shows it on any CPU),
- * DEFAULT precision still multiplies: on the portable unit, bit for bit what it
- * gives for the same bf16-rounded inputs. */
-Test(mxu, bf16_runs_without_onednn_bf16)
+/* Either bf16 kernel (oneDNN's bf16 matmul, or bf16 inputs widened for its
+ * float32 one) computes the MXU's product: with inputs and sums chosen so that
+ * every partial sum is exact, the bits of the portable unit's in-order sum. */
+static void same_as_portable_unit(mxu *v)
 {
-    float a[6 * 5], b[5 * 7], c[6 * 7], want[6 * 7];
-    struct mxu_op op = {6, 7, 5, 0, 0, 0};
+    enum { M = 6, N = 7, K = 5 };
+    float a[M * K], b[K * N], c[M * N], want[M * N];
+    uint16_t ha[M * K], hb[K * N];
+    struct mxu_op op = {M, N, K, 0, 0, 0};
     err e;
-    for (int i = 0; i < 30; i++)
-        a[i] = 0.1f * (float)(i % 7) - 0.3f;
-    for (int i = 0; i < 35; i++)
-        b[i] = 0.05f * (float)(i % 11) - 0.2f;
-    cr_assert_eq(mxu_matmul_fixed(u, MXU_DEFAULT, &op, a, b, want, NULL, &e), CODE_OK, "%s", e.msg);
-    cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &op, a, b, c, NULL, &e), CODE_OK, "%s", e.msg);
-    if (mxu_bf16_portable(u))
-        cr_assert_arr_eq(c, want, sizeof c, "the portable unit's result, bit for bit");
-    else /* oneDNN's bf16 kernel: another summation order, the same bf16 inputs */
-        for (int i = 0; i < 42; i++)
-            cr_assert_float_eq(c[i], want[i], 1e-4f, "element %d: %g against %g", i, c[i], want[i]);
+    for (int i = 0; i < M * K; i++)
+        a[i] = 0.125f * (float)(i % 7) - 0.375f + 0x1p-12f; /* mostly not a bf16: DEFAULT rounds the 2^-12 off */
+    for (int i = 0; i < K * N; i++)
+        b[i] = 0.25f * (float)(i % 11) - 1.0f;
+    cr_assert_eq(mxu_matmul_fixed(v, MXU_DEFAULT, &op, a, b, want, NULL, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(mxu_matmul(v, MXU_DEFAULT, &op, a, b, c, NULL, &e), CODE_OK, "%s", e.msg);
+    cr_assert_arr_eq(c, want, sizeof c, "float32 entry, bf16 native %d", mxu_bf16_native(v));
+    bf16_from_f32_n(ha, a, M * K);
+    bf16_from_f32_n(hb, b, K * N);
+    memset(c, 0, sizeof c);
+    cr_assert_eq(mxu_matmul_bf16(v, &op, ha, hb, c, NULL, &e), CODE_OK, "%s", e.msg);
+    cr_assert_arr_eq(c, want, sizeof c, "bf16 entry, bf16 native %d", mxu_bf16_native(v));
+}
+
+Test(mxu, default_kernel_is_the_portable_units_product)
+{
+    same_as_portable_unit(u);
+}
+
+/* TPUEMU_MXU_BF16=f32 widens on any CPU: the path of every CPU without a bf16
+ * dot product, checked here on whichever CPU runs the tests. */
+Test(mxu, widened_kernel_matches_a_reference)
+{
+    mxu *v;
+    err e;
+    setenv("TPUEMU_MXU_BF16", "f32", 1);
+    cr_assert_eq(mxu_new(&v, 128, &e), CODE_OK, "%s", e.msg);
+    unsetenv("TPUEMU_MXU_BF16");
+    cr_assert_eq(mxu_bf16_native(v), 0);
+    same_as_portable_unit(v);
+    mxu *keep = u;
+    u = v;
+    check_shape(128, 128, 784, 0, 0);
+    check_shape(784, 128, 128, 1, 0);
+    check_shape(7, 5, 3, 1, 1);
+    u = keep;
+    mxu_free(v);
+}
+
+/* TPUEMU_MXU_BF16=onednn asks for oneDNN's bf16 matmul; where oneDNN has none
+ * (below AVX-512; ONEDNN_MAX_CPU_ISA=AVX2 shows it on any CPU) the unit widens
+ * instead of failing, and says so. */
+Test(mxu, forced_onednn_bf16_runs_or_widens)
+{
+    mxu *v;
+    err e;
+    setenv("TPUEMU_MXU_BF16", "onednn", 1);
+    cr_assert_eq(mxu_new(&v, 128, &e), CODE_OK, "%s", e.msg);
+    unsetenv("TPUEMU_MXU_BF16");
+    same_as_portable_unit(v);
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    int has = (isa & (unsigned)dnnl_cpu_isa_avx512_core) == (unsigned)dnnl_cpu_isa_avx512_core;
+    cr_assert_eq(mxu_bf16_native(v), has, "oneDNN ISA %#x: bf16 native %d", isa, mxu_bf16_native(v));
+    mxu_free(v);
 }
 
 Test(mxu, many_shapes_are_evicted_not_leaked)

@@ -35,7 +35,7 @@ struct mxu {
     size_t acap, bcap;
     float *fa, *fb, *facc;   /* the portable unit's operands, normalized, and its row accumulators */
     size_t facap, fbcap, fccap;
-    int no_bf16;             /* oneDNN has no bf16 matmul for this CPU: DEFAULT runs on the portable unit */
+    int bf16_native;         /* bf16 inputs go to oneDNN's bf16 matmul; else widened to float32 (see mxu_new) */
 };
 
 static void entry_free(struct entry *en)
@@ -51,6 +51,27 @@ static void entry_free(struct entry *en)
     memset(en, 0, sizeof *en);
 }
 
+/* Whether DEFAULT precision runs on oneDNN's bf16 matmul. Only CPUs with a
+ * bf16 dot product (AVX512-BF16, AMX) run it natively; elsewhere oneDNN 2.x
+ * either has none (below AVX-512) or emulates it, converting the inputs inside
+ * its kernel at about a fifth of its own float32 speed (31 against 156 GFLOP/s
+ * on a 128 x 784 x 128 product on an AVX-512 Xeon without AVX512-BF16,
+ * bench_mxu). There the inputs are rounded to bfloat16 and widened back to
+ * float32 (exact), and oneDNN's float32 matmul multiplies them: a product of
+ * two bfloat16 values is exact in float32, so this is the MXU's arithmetic
+ * too, bf16 inputs and float32 sums, only summed in another order.
+ * TPUEMU_MXU_BF16=onednn or =f32 picks one for a measurement. */
+static int bf16_native(void)
+{
+    const char *force = getenv("TPUEMU_MXU_BF16");
+    if (force && strcmp(force, "onednn") == 0)
+        return 1;
+    if (force && strcmp(force, "f32") == 0)
+        return 0;
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    return (isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) == (unsigned)dnnl_cpu_isa_avx512_core_bf16;
+}
+
 int mxu_new(mxu **out, unsigned tile, err *e)
 {
     mxu *u;
@@ -62,6 +83,7 @@ int mxu_new(mxu **out, unsigned tile, err *e)
     if (!(u = calloc(1, sizeof *u)))
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of host memory for the matrix unit");
     u->tile = tile;
+    u->bf16_native = bf16_native();
     omp_set_num_threads(1);
     if (dnnl_engine_create(&u->eng, dnnl_cpu, 0) != dnnl_success) {
         free(u);
@@ -112,9 +134,9 @@ unsigned mxu_primitives_created(const mxu *u)
     return u->created;
 }
 
-int mxu_bf16_portable(const mxu *u)
+int mxu_bf16_native(const mxu *u)
 {
-    return u->no_bf16;
+    return u->bf16_native;
 }
 
 unsigned mxu_primitives_cached(const mxu *u)
@@ -179,15 +201,13 @@ fail:
     if (attr)
         dnnl_primitive_attr_destroy(attr);
     if (en->dt == dnnl_bf16 && st == dnnl_unimplemented)
-        u->no_bf16 = 1;
+        u->bf16_native = 0; /* forced where oneDNN has none: widen from now on */
     /* before entry_free zeroes the entry op points into */
     err_set(e, CODE_INTERNAL, "matrix unit: oneDNN cannot %s for %s %lldx%lld . %lldx%lld (status %d)%s", what,
             en->dt == dnnl_bf16 ? "bf16" : "f32", (long long)op->m, (long long)op->k, (long long)op->k,
-            (long long)op->n, (int)st,
-            en->dt == dnnl_bf16 && st == dnnl_unimplemented
-                ? "; oneDNN has no bf16 matmul for this CPU (it needs AVX-512): compile the model with "
-                  "deterministic (the portable matrix unit) or the float32 policy"
-                : "");
+            (long long)op->n, (int)st, en->dt == dnnl_bf16 && st == dnnl_unimplemented
+                                            ? "; oneDNN has no bf16 matmul for this CPU (it needs AVX-512)"
+                                            : "");
     entry_free(en);
     return CODE_INTERNAL;
 }
@@ -286,28 +306,51 @@ static int run(mxu *u, const struct mxu_op *op, dnnl_data_type_t dt, const void 
     return CODE_OK;
 }
 
+static int growf(float **buf, size_t *cap, size_t n, err *e)
+{
+    float *p;
+    if (n <= *cap)
+        return CODE_OK;
+    if (!(p = realloc(*buf, n * sizeof *p)))
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "matmul: out of host memory for %zu float32 values", n);
+    *buf = p;
+    *cap = n;
+    return CODE_OK;
+}
+
+/* op on bfloat16 operands through oneDNN's float32 matmul (see bf16_native):
+ * a and b widened into the unit's float32 buffers, in their stored layout. */
+static int run_widened(mxu *u, const struct mxu_op *op, const uint16_t *a, const uint16_t *b, float *c,
+                       struct mxu_stats *stats, err *e)
+{
+    size_t na = (size_t)op->m * (size_t)op->k, nb = (size_t)op->k * (size_t)op->n;
+    int rc;
+    if ((rc = growf(&u->fa, &u->facap, na, e)) != CODE_OK || (rc = growf(&u->fb, &u->fbcap, nb, e)) != CODE_OK)
+        return rc;
+    bf16_to_f32_n(u->fa, a, na);
+    bf16_to_f32_n(u->fb, b, nb);
+    return run(u, op, dnnl_f32, u->fa, u->fb, c, stats, e);
+}
+
+/* bf16 operands on whichever kernel this CPU runs best; a forced native run
+ * that oneDNN refuses as unimplemented widens, now and from then on. */
+static int run_bf16(mxu *u, const struct mxu_op *op, const uint16_t *a, const uint16_t *b, float *c,
+                    struct mxu_stats *stats, err *e)
+{
+    int rc;
+    if (u->bf16_native && ((rc = run(u, op, dnnl_bf16, a, b, c, stats, e)) == CODE_OK || u->bf16_native))
+        return rc;
+    err_clear(e);
+    return run_widened(u, op, a, b, c, stats, e);
+}
+
 int mxu_matmul_bf16(mxu *u, const struct mxu_op *op, const uint16_t *a, const uint16_t *b, float *c,
                     struct mxu_stats *stats, err *e)
 {
     int rc;
     if ((rc = check(op, a, b, c, e)) != CODE_OK)
         return rc;
-    if (!u->no_bf16 && ((rc = run(u, op, dnnl_bf16, a, b, c, stats, e)) == CODE_OK || !u->no_bf16))
-        return rc;
-    /* no bf16 matmul in oneDNN for this CPU: the portable unit, on the same values widened (exactly) */
-    size_t na = (size_t)op->m * (size_t)op->k, nb = (size_t)op->k * (size_t)op->n;
-    float *fa = malloc(na * sizeof *fa), *fb = malloc(nb * sizeof *fb);
-    if (!fa || !fb)
-        rc = err_set(e, CODE_RESOURCE_EXHAUSTED, "matmul: out of host memory for %zu float32 values", na + nb);
-    else {
-        err_clear(e);
-        bf16_to_f32_n(fa, a, na);
-        bf16_to_f32_n(fb, b, nb);
-        rc = mxu_matmul_fixed(u, MXU_HIGHEST, op, fa, fb, c, stats, e);
-    }
-    free(fa);
-    free(fb);
-    return rc;
+    return run_bf16(u, op, a, b, c, stats, e);
 }
 
 static int grow(uint16_t **buf, size_t *cap, size_t n, err *e)
@@ -338,28 +381,9 @@ int mxu_matmul(mxu *u, mxu_precision p, const struct mxu_op *op, const float *a,
     nb = (size_t)op->k * (size_t)op->n;
     if ((rc = grow(&u->abuf, &u->acap, na, e)) != CODE_OK || (rc = grow(&u->bbuf, &u->bcap, nb, e)) != CODE_OK)
         return rc;
-    if (u->no_bf16)
-        return mxu_matmul_fixed(u, p, op, a, b, c, stats, e);
     bf16_from_f32_n(u->abuf, a, na);
     bf16_from_f32_n(u->bbuf, b, nb);
-    rc = run(u, op, dnnl_bf16, u->abuf, u->bbuf, c, stats, e);
-    if (rc != CODE_OK && u->no_bf16) { /* found out just now: the same numbers, bf16 inputs and f32 sums */
-        err_clear(e);
-        return mxu_matmul_fixed(u, p, op, a, b, c, stats, e);
-    }
-    return rc;
-}
-
-static int growf(float **buf, size_t *cap, size_t n, err *e)
-{
-    float *p;
-    if (n <= *cap)
-        return CODE_OK;
-    if (!(p = realloc(*buf, n * sizeof *p)))
-        return err_set(e, CODE_RESOURCE_EXHAUSTED, "matmul: out of host memory for %zu float32 values", n);
-    *buf = p;
-    *cap = n;
-    return CODE_OK;
+    return run_bf16(u, op, u->abuf, u->bbuf, c, stats, e);
 }
 
 /* dst[r x c] = src (stored r x c, or c x r when trans), each value rounded to

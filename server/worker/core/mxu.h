@@ -80,9 +80,13 @@ double mxu_utilization(int64_t m, int64_t n, int64_t k, unsigned tile);
 /* Primitives created since mxu_new (a cache miss each), and cached now. */
 unsigned mxu_primitives_created(const mxu *u);
 unsigned mxu_primitives_cached(const mxu *u);
-/* 1 once a bf16 matmul found that oneDNN has none for this CPU (below AVX-512):
- * DEFAULT precision then runs on the portable unit (the same bf16 inputs and
- * float32 sums), and builds no primitive. */
-int mxu_bf16_portable(const mxu *u);
+/* 1 when DEFAULT precision runs on oneDNN's bf16 matmul (CPUs with a bf16
+ * dot product: AVX512-BF16, AMX); 0 when its bfloat16 inputs are widened to
+ * float32 (exactly) for oneDNN's float32 matmul, which elsewhere is several
+ * times faster than oneDNN's emulated bf16 kernel and exists below AVX-512,
+ * where that one does not. Both are bf16 inputs with float32 sums. The
+ * environment variable TPUEMU_MXU_BF16=onednn or =f32, read by mxu_new,
+ * picks one. */
+int mxu_bf16_native(const mxu *u);
 
 #endif
