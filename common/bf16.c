@@ -20,6 +20,12 @@ void bf16_to_f32_n_portable(float *dst, const uint16_t *src, size_t n)
         dst[i] = bf16_to_f32(src[i]);
 }
 
+void bf16_round_n_portable(float *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = bf16_to_f32(bf16_from_f32(src[i]));
+}
+
 #ifdef BF16_X86
 #define AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #define AVX512 __attribute__((target("avx512f,avx512bw")))
@@ -74,6 +80,44 @@ AVX512 static void to_f32_avx512(float *dst, const uint16_t *src, size_t n)
         dst[i] = bf16_to_f32(src[i]);
 }
 
+/* Without AVX512-BF16: bf16_from_f32's integer rounding, 16 lanes at a time.
+ * Returns the rounded bits in the top half of each lane, NaN quieted. */
+AVX512 static __m512i round_lanes(__m512i u)
+{
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x00400000)));
+}
+
+AVX512 static void from_f32_avx512(uint16_t *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i r = round_lanes(_mm512_loadu_si512((const void *)(src + i)));
+        _mm256_storeu_si256((__m256i *)(void *)(dst + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+    }
+    for (; i < n; i++)
+        dst[i] = bf16_from_f32(src[i]);
+}
+
+AVX512 static void round_avx512(float *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i r = round_lanes(_mm512_loadu_si512((const void *)(src + i)));
+        _mm512_storeu_si512((void *)(dst + i), _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
+    }
+    for (; i < n; i++)
+        dst[i] = bf16_to_f32(bf16_from_f32(src[i]));
+}
+
+static int have_avx512(void)
+{
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+}
+
 static int have_avx512bf16(void)
 {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -88,14 +132,29 @@ void bf16_from_f32_n(uint16_t *dst, const float *src, size_t n)
         from_f32_avx512bf16(dst, src, n);
         return;
     }
+    if (have_avx512()) {
+        from_f32_avx512(dst, src, n);
+        return;
+    }
 #endif
     bf16_from_f32_n_portable(dst, src, n);
+}
+
+void bf16_round_n(float *dst, const float *src, size_t n)
+{
+#ifdef BF16_X86
+    if (have_avx512()) {
+        round_avx512(dst, src, n);
+        return;
+    }
+#endif
+    bf16_round_n_portable(dst, src, n);
 }
 
 void bf16_to_f32_n(float *dst, const uint16_t *src, size_t n)
 {
 #ifdef BF16_X86
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+    if (have_avx512()) {
         to_f32_avx512(dst, src, n);
         return;
     }
@@ -108,6 +167,8 @@ const char *bf16_path(void)
 #ifdef BF16_X86
     if (have_avx512bf16())
         return "avx512bf16";
+    if (have_avx512())
+        return "avx512";
 #endif
     return "portable";
 }

@@ -43,16 +43,21 @@ static inline float bf16_to_f32(uint16_t b)
 
 /* Whole arrays, bit-identical to the scalar functions above. On CPUs with
  * AVX512-BF16 (checked at run time) float32 -> bfloat16 uses vcvtne2ps2bf16,
- * 32 values per instruction; elsewhere a portable loop. dst and src must not
- * overlap. */
+ * 32 values per instruction; with AVX-512 alone the integer rounding, 16 lanes
+ * at a time; elsewhere a portable loop. dst and src must not overlap. */
 void bf16_from_f32_n(uint16_t *dst, const float *src, size_t n);
 void bf16_to_f32_n(float *dst, const uint16_t *src, size_t n);
+/* dst[i] = bf16_to_f32(bf16_from_f32(src[i])) in one pass: float32 values
+ * rounded to the bfloat16 they become (the matrix unit's widened inputs).
+ * dst may be src. */
+void bf16_round_n(float *dst, const float *src, size_t n);
 
 /* The portable loops, always available (the tests compare both paths). */
 void bf16_from_f32_n_portable(uint16_t *dst, const float *src, size_t n);
 void bf16_to_f32_n_portable(float *dst, const uint16_t *src, size_t n);
+void bf16_round_n_portable(float *dst, const float *src, size_t n);
 
-/* "avx512bf16" or "portable": the path bf16_from_f32_n takes on this CPU. */
+/* "avx512bf16", "avx512" or "portable": the path bf16_from_f32_n takes on this CPU. */
 const char *bf16_path(void);
 
 #endif

@@ -35,7 +35,7 @@ static uint16_t from_bits(uint32_t u)
 
 struct sweep {
     uint64_t first, end;         /* bit patterns [first, end) */
-    uint64_t bad_scalar, bad_array;
+    uint64_t bad_scalar, bad_array, bad_round;
     uint32_t first_bad;
 };
 
@@ -44,25 +44,29 @@ static void *sweep_range(void *arg)
     struct sweep *s = arg;
     float *src = malloc(CHUNK * sizeof *src);
     uint16_t *dst = malloc(CHUNK * sizeof *dst);
-    uint32_t *bits = malloc(CHUNK * sizeof *bits);
-    if (!src || !dst || !bits)
+    uint32_t *bits = malloc(CHUNK * sizeof *bits), *rounded = malloc(CHUNK * sizeof *rounded);
+    if (!src || !dst || !bits || !rounded)
         abort();
     for (uint64_t base = s->first; base < s->end; base += CHUNK) {
         for (uint32_t i = 0; i < CHUNK; i++)
             bits[i] = (uint32_t)base + i;
         memcpy(src, bits, CHUNK * sizeof *src);
         bf16_from_f32_n(dst, src, CHUNK);
+        bf16_round_n((float *)(void *)rounded, src, CHUNK);
         for (uint32_t i = 0; i < CHUNK; i++) {
             uint16_t want = reference(bits[i]);
             uint16_t scalar = bf16_from_f32(src[i]);
-            if (scalar != want || dst[i] != want) {
-                if (!s->bad_scalar && !s->bad_array)
+            int round_ok = rounded[i] == (uint32_t)want << 16;
+            if (scalar != want || dst[i] != want || !round_ok) {
+                if (!s->bad_scalar && !s->bad_array && !s->bad_round)
                     s->first_bad = bits[i];
                 s->bad_scalar += scalar != want;
                 s->bad_array += dst[i] != want;
+                s->bad_round += !round_ok;
             }
         }
     }
+    free(rounded);
     free(src);
     free(dst);
     free(bits);
@@ -83,11 +87,11 @@ Test(bf16, every_float32_rounds_like_the_reference, .timeout = 120)
         pthread_join(t[i], NULL);
     for (int i = 0; i < THREADS; i++) {
         uint32_t u = s[i].first_bad;
-        cr_assert(s[i].bad_scalar == 0 && s[i].bad_array == 0,
-                  "%llu scalar and %llu array (%s path) conversions differ from the reference; "
+        cr_assert(s[i].bad_scalar == 0 && s[i].bad_array == 0 && s[i].bad_round == 0,
+                  "%llu scalar, %llu array and %llu rounding (%s path) conversions differ from the reference; "
                   "first 0x%08x -> scalar 0x%04x, reference 0x%04x",
                   (unsigned long long)s[i].bad_scalar, (unsigned long long)s[i].bad_array,
-                  bf16_path(), u, from_bits(u), reference(u));
+                  (unsigned long long)s[i].bad_round, bf16_path(), u, from_bits(u), reference(u));
     }
 }
 
@@ -162,5 +166,13 @@ Test(bf16, odd_lengths_use_the_tail)
         cr_assert_eq(memcmp(dst, want, n * sizeof *dst), 0, "n=%zu", n);
         if (n < 45)
             cr_assert_eq(dst[n], 0xabab, "n=%zu writes past the end", n);
+        float r[46], rwant[45];
+        memset(r, 0xab, sizeof r);
+        bf16_round_n(r, src, n);
+        bf16_round_n_portable(rwant, src, n);
+        cr_assert_eq(memcmp(r, rwant, n * sizeof *r), 0, "rounding, n=%zu", n);
+        uint32_t past;
+        memcpy(&past, &r[n], sizeof past);
+        cr_assert_eq(past, 0xababababu, "rounding, n=%zu writes past the end", n);
     }
 }

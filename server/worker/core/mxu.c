@@ -379,6 +379,13 @@ int mxu_matmul(mxu *u, mxu_precision p, const struct mxu_op *op, const float *a,
         return err_set(e, CODE_INVALID_ARGUMENT, "matmul: precision %d is neither DEFAULT nor HIGHEST", (int)p);
     na = (size_t)op->m * (size_t)op->k;
     nb = (size_t)op->k * (size_t)op->n;
+    if (!u->bf16_native) { /* widened: round in place of a copy, one pass each (see bf16_native) */
+        if ((rc = growf(&u->fa, &u->facap, na, e)) != CODE_OK || (rc = growf(&u->fb, &u->fbcap, nb, e)) != CODE_OK)
+            return rc;
+        bf16_round_n(u->fa, a, na);
+        bf16_round_n(u->fb, b, nb);
+        return run(u, op, dnnl_f32, u->fa, u->fb, c, stats, e);
+    }
     if ((rc = grow(&u->abuf, &u->acap, na, e)) != CODE_OK || (rc = grow(&u->bbuf, &u->bcap, nb, e)) != CODE_OK)
         return rc;
     bf16_from_f32_n(u->abuf, a, na);
@@ -387,15 +394,12 @@ int mxu_matmul(mxu *u, mxu_precision p, const struct mxu_op *op, const float *a,
 }
 
 /* dst[r x c] = src (stored r x c, or c x r when trans), each value rounded to
- * bfloat16 and back when bf (exact, as the MXU's inputs are); tmp: room for
- * r x c bfloat16 values */
-static void normalize(float *restrict dst, const float *restrict src, int64_t r, int64_t c, int trans, int bf,
-                      uint16_t *tmp)
+ * bfloat16 and back when bf (exact, as the MXU's inputs are) */
+static void normalize(float *restrict dst, const float *restrict src, int64_t r, int64_t c, int trans, int bf)
 {
     size_t R = (size_t)r, C = (size_t)c;
-    if (!trans && bf) { /* the array conversions' vector paths, both exact to the scalar one */
-        bf16_from_f32_n(tmp, src, R * C);
-        bf16_to_f32_n(dst, tmp, R * C);
+    if (!trans && bf) { /* the array rounding's vector path, exact to the scalar one */
+        bf16_round_n(dst, src, R * C);
         return;
     }
     if (!trans) {
@@ -423,12 +427,11 @@ int mxu_matmul_fixed(mxu *u, mxu_precision p, const struct mxu_op *op, const flo
     na = (size_t)op->m * (size_t)op->k;
     nb = (size_t)op->k * (size_t)op->n;
     if ((rc = growf(&u->fa, &u->facap, na, e)) != CODE_OK || (rc = growf(&u->fb, &u->fbcap, nb, e)) != CODE_OK ||
-        (rc = growf(&u->facc, &u->fccap, 4 * (size_t)op->n, e)) != CODE_OK ||
-        (rc = grow(&u->abuf, &u->acap, na > nb ? na : nb, e)) != CODE_OK)
+        (rc = growf(&u->facc, &u->fccap, 4 * (size_t)op->n, e)) != CODE_OK)
         return rc;
     t0 = now();
-    normalize(u->fa, a, op->m, op->k, op->trans_a, p == MXU_DEFAULT, u->abuf);
-    normalize(u->fb, b, op->k, op->n, op->trans_b, p == MXU_DEFAULT, u->abuf);
+    normalize(u->fa, a, op->m, op->k, op->trans_a, p == MXU_DEFAULT);
+    normalize(u->fb, b, op->k, op->n, op->trans_b, p == MXU_DEFAULT);
     mxu_fixed_gemm(op->m, op->n, op->k, u->fa, u->fb, c, op->accumulate, u->facc);
     if (stats) {
         stats->seconds = now() - t0;
