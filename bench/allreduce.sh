@@ -14,8 +14,12 @@
 # next to the best anchor of each kind (TCP; shared memory = vader) and the ratio.
 # Without ../shared (or without mpirun/Gloo) it runs ours alone and says so.
 #
-# Environment: NS, MIN, MAX, ITERS (timed iterations per size, default 20),
-# WARMUP (default 3), ALGO (auto), TRANSPORTS ("tcp shm"), ANCHORS (auto|none),
+# Every size is timed as the anchors time theirs: at least WARMUP_MS (200) ms of
+# warm-up and MIN_MS (700) ms of back-to-back iterations, and compared by the
+# per-iteration median (p50), the anchors' figure; the means are shown too.
+#
+# Environment: NS, MIN, MAX, ITERS (at least this many timed iterations per
+# size, default 20), WARMUP (default 3), MIN_MS, WARMUP_MS, ALGO (auto), TRANSPORTS ("tcp shm"), ANCHORS (auto|none),
 # ANCHOR_CONFIGS (default "mpi_tcp mpi_tcp_recdbl mpi_tcp_rabenseifner mpi_vader
 # gloo_ring"), OUT (directory for raw results; default a temp dir, kept).
 set -euo pipefail
@@ -32,6 +36,8 @@ MIN=${MIN:-4K}
 MAX=${MAX:-64M}
 ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-3}
+MIN_MS=${MIN_MS:-700}       # the anchors' timing policy: >= 700 ms of ops, >= 200 ms warm-up per size
+WARMUP_MS=${WARMUP_MS:-200}
 ALGO=${ALGO:-auto}
 TRANSPORTS=${TRANSPORTS:-"tcp shm"}
 ANCHORS=${ANCHORS:-auto}
@@ -79,7 +85,7 @@ ours() {
     done
     if [ "$i" -ge 50 ] ||
        ! "$bin/tpuctl" --tpu "$tpu" --json bench allreduce --init --min "$MIN" --max "$MAX" --iters "$ITERS" \
-            --warmup "$WARMUP" --algo "$ALGO" >"$OUT/ours.$t.n$n.json" 2>"$OUT/ours.$t.n$n.err"; then
+            --warmup "$WARMUP" --min-ms "$MIN_MS" --warmup-ms "$WARMUP_MS" --algo "$ALGO" >"$OUT/ours.$t.n$n.json" 2>"$OUT/ours.$t.n$n.err"; then
         echo "  FAILED: $(cat "$OUT/ours.$t.n$n.err" 2>/dev/null | head -3) (logs in $logs)" >&2
         rm -f "$OUT/ours.$t.n$n.json"
     fi

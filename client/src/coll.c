@@ -366,6 +366,8 @@ static tpu_status run(tpu_cluster *c, const struct call *a, const tpu_collective
             continue;
         if (res->ns > k->last.time_ns)
             k->last.time_ns = res->ns;
+        if (res->p50_ns > k->last.time_p50_ns)
+            k->last.time_p50_ns = res->p50_ns;
         if (!k->last.algorithm[0]) {
             snprintf(k->last.algorithm, sizeof k->last.algorithm, "%s", res->algo);
             char *plus = strchr(k->last.algorithm, '+');
@@ -455,6 +457,7 @@ tpu_status tpu_last_collective_replica(const tpu_cluster *c, int replica, tpu_re
     out->message = res->msg;
     out->answered_mono_ms = res->mono_ms;
     out->time_ns = res->ns;
+    out->time_p50_ns = res->p50_ns;
     out->algorithm = res->algo;
     return TPU_OK;
 }

@@ -82,6 +82,7 @@ static int on_header(void *arg, size_t r, Tpuemu__FrameHeader *h, void **dst)
     }
     *dst = part->out;
     res->ns = h->elapsed_ns;
+    res->p50_ns = h->elapsed_p50_ns;
     snprintf(res->algo, sizeof res->algo, "%s", h->algo_used ? h->algo_used : "");
     return DPIO_PAYLOAD; /* the OK result is recorded only once its payload is in */
 }

@@ -20,6 +20,7 @@ struct cli_res {
     int from_core;            /* 1: the core said so (COLL_RESULT/ERROR); 0: seen by the client */
     uint64_t mono_ms;         /* when it came; 0: never */
     uint64_t ns;              /* the core's time per iteration */
+    uint64_t p50_ns;          /* the median of its iterations' times (0: one iteration) */
     char algo[COLL_ALGO_MAX]; /* the core's algo_used */
 };
 

@@ -26,7 +26,7 @@ struct bench {
     tpu_dtype dtype;
     tpu_reduce_op op;
     tpu_algo algo;
-    long long min, max, iters, warmup, chunk;
+    long long min, max, iters, warmup, chunk, min_ms, warmup_ms;
     int repro;
     int n;
 };
@@ -182,6 +182,12 @@ static int bench_allreduce(const struct tpuctl *g, int argc, char **argv)
         {"iters", NULL, OPT_INT, "20", 1, 100000, "N", "timed iterations per size (run back to back "
                                                        "on the cores; the time is their average)", &b.iters},
         {"warmup", NULL, OPT_INT, "5", 0, 100000, "N", "untimed iterations first", &b.warmup},
+        {"min-ms", NULL, OPT_INT, "0", 0, 3600000, "MS",
+         "time each size for at least MS milliseconds: more iterations than --iters where the warm-up "
+         "shows they are short (at most 100000)", &b.min_ms},
+        {"warmup-ms", NULL, OPT_INT, "0", 0, 3600000, "MS",
+         "warm up each size for at least MS milliseconds (the OpenMPI and Gloo anchors: 200 ms warm-up, "
+         "700 ms timed)", &b.warmup_ms},
         {"chunk", NULL, OPT_BYTES, "0", 0, 1ll << 30, "BYTES", "pipeline chunk (0: the cores choose)",
          &b.chunk},
         {"reproducible", NULL, OPT_BOOL, NULL, 0, 0, NULL,
@@ -197,7 +203,7 @@ static int bench_allreduce(const struct tpuctl *g, int argc, char **argv)
     table tb;
     json j;
     static const char *const head[] = {"size", "count", "type", "redop", "algo", "time(us)",
-                                       "algbw(GB/s)", "busbw(GB/s)", "check"};
+                                       "p50(us)", "iters", "algbw(GB/s)", "busbw(GB/s)", "check"};
     int first = argc;
     err e;
 
@@ -206,9 +212,11 @@ static int bench_allreduce(const struct tpuctl *g, int argc, char **argv)
     if (rc == CODE_CANCELLED) {
         opt_usage(flags, nflags,
                   "tpuctl bench allreduce [--dtype f32|bf16] [--algo auto|ring|hd|hier] [--op sum|mean|max|min] "
-                  "[--min 4K] [--max 64M] [--iters N] [--warmup N] [--chunk BYTES] [--reproducible] [--init]",
+                  "[--min 4K] [--max 64M] [--iters N] [--warmup N] [--min-ms MS] [--warmup-ms MS] [--chunk BYTES] "
+                  "[--reproducible] [--init]",
                   "All-reduce bandwidth and latency across every replica of the system, nccl-tests style: "
-                  "busbw = algbw x 2(n-1)/n; time is the slowest core's average per iteration. Every "
+                  "busbw = algbw x 2(n-1)/n; time is the slowest core's average per iteration, p50 the "
+                  "largest of the cores' median iteration times (the anchors' figure). Every "
                   "result is checked against a float64 reference (f32: within (n-1) x 2^-24 x sum|x|; "
                   "bf16: that + 2^-8 |ref|; max/min: exact) and for bitwise equality across replicas.");
         return EXIT_OK;
@@ -257,11 +265,16 @@ static int bench_allreduce(const struct tpuctl *g, int argc, char **argv)
         json_bool(&j, "reproducible", b.repro);
         json_int(&j, "iters", b.iters);
         json_int(&j, "warmup", b.warmup);
+        json_int(&j, "min_ms", b.min_ms);
+        json_int(&j, "warmup_ms", b.warmup_ms);
         json_arr(&j, "rows");
     } else {
-        printf("# all-reduce on %d replicas: %s %s, algo %s%s, %lld iterations after %lld warm-up\n", b.n,
+        printf("# all-reduce on %d replicas: %s %s, algo %s%s, %lld iterations after %lld warm-up", b.n,
                tpu_dtype_name(b.dtype), tpu_reduce_op_name(b.op), tpu_algo_name(b.algo),
                b.repro ? " (reproducible)" : "", b.iters, b.warmup);
+        if (b.min_ms || b.warmup_ms)
+            printf(" (at least %lld ms timed, %lld ms warm-up)", b.min_ms, b.warmup_ms);
+        printf("\n");
         table_init(&tb, sizeof head / sizeof head[0], head);
     }
     char transport[8] = "";
@@ -273,13 +286,30 @@ static int bench_allreduce(const struct tpuctl *g, int argc, char **argv)
         double worst = 0, t_us, algbw, busbw;
         char sz[32];
         int good;
-        if (b.warmup) {
-            o.iters = (uint32_t)b.warmup;
+        uint64_t est = 0; /* ns per iteration, from the warm-up */
+        long long iters = b.iters;
+        if (b.warmup || b.min_ms || b.warmup_ms) {
+            o.iters = (uint32_t)(b.warmup ? b.warmup : 1);
             fill(&b, bufs, count);
             if (tpu_all_reduce(c, bufs, count, b.dtype, b.op, &o) != TPU_OK)
                 goto failed;
+            tpu_last_collective(c, &st);
+            est = st.time_ns;
+            double more = est ? (double)b.warmup_ms * 1e6 / (double)est - (double)o.iters : 0;
+            if (more >= 1) {
+                o.iters = more > 100000 ? 100000u : (uint32_t)more;
+                if (tpu_all_reduce(c, bufs, count, b.dtype, b.op, &o) != TPU_OK)
+                    goto failed;
+                tpu_last_collective(c, &st);
+                est = st.time_ns;
+            }
         }
-        o.iters = (uint32_t)b.iters;
+        if (b.min_ms && est) {
+            double want = (double)b.min_ms * 1e6 / (double)est;
+            if (want > (double)iters)
+                iters = want > 100000 ? 100000 : (long long)want + 1;
+        }
+        o.iters = (uint32_t)iters;
         fill(&b, bufs, count);
         if (tpu_all_reduce(c, bufs, count, b.dtype, b.op, &o) != TPU_OK)
             goto failed;
@@ -301,8 +331,11 @@ static int bench_allreduce(const struct tpuctl *g, int argc, char **argv)
             json_str(&j, "dtype", tpu_dtype_name(b.dtype));
             json_str(&j, "algorithm", st.algorithm);
             json_str(&j, "transport", st.transport);
+            json_uint(&j, "iters", (uint64_t)iters);
             json_uint(&j, "time_ns", st.time_ns);
             json_double(&j, "time_us", t_us, 6);
+            json_uint(&j, "time_p50_ns", st.time_p50_ns);
+            json_double(&j, "time_p50_us", (double)st.time_p50_ns / 1e3, 6);
             json_double(&j, "algbw_gbps", algbw, 5);
             json_double(&j, "busbw_gbps", busbw, 5);
             json_double(&j, "err_over_tol", worst, 4);
@@ -315,6 +348,11 @@ static int bench_allreduce(const struct tpuctl *g, int argc, char **argv)
             table_cell(&tb, "%s", tpu_reduce_op_name(b.op));
             table_cell(&tb, "%s%s%s", st.algorithm, st.transport[0] ? "/" : "", st.transport);
             table_cell(&tb, "%.1f", t_us);
+            if (st.time_p50_ns)
+                table_cell(&tb, "%.1f", (double)st.time_p50_ns / 1e3);
+            else
+                table_cell(&tb, "-");
+            table_cell(&tb, "%lld", iters);
             table_cell(&tb, "%.3f", algbw);
             table_cell(&tb, "%.3f", busbw);
             if (good)

@@ -568,6 +568,8 @@ typedef struct tpu_collective_stats {
     char algorithm[32];      /* as the cores reported it: "ring", "hd", "hier" */
     char transport[8];       /* "tcp", "shm" (any core reported "+shm"), "" if unknown */
     int num_failed;          /* replicas whose core reported or caused an error */
+    uint64_t time_p50_ns;    /* the largest of the cores' median times per iteration, as the
+                                OpenMPI and Gloo benchmarks report theirs (0: one iteration) */
 } tpu_collective_stats;
 TPU_API tpu_status tpu_last_collective(const tpu_cluster *c, tpu_collective_stats *out);
 
@@ -581,6 +583,7 @@ typedef struct tpu_replica_result {
     uint64_t answered_mono_ms; /* 0: never answered */
     uint64_t time_ns;          /* that core's time per iteration */
     const char *algorithm;     /* that core's algo_used; owned by c */
+    uint64_t time_p50_ns;      /* the median of that core's iterations' times (0: one iteration) */
 } tpu_replica_result;
 TPU_API tpu_status tpu_last_collective_replica(const tpu_cluster *c, int replica, tpu_replica_result *out);
 

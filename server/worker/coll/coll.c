@@ -85,9 +85,27 @@ static void cop_free(struct cop *op)
         return;
     free(op->members);
     free(op->input_copy);
+    free(op->iter_ns);
     if (!op->borrowed)
         free(op->payload);
     free(op);
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of the iterations' times (sorts them), as the anchors' per-op
+ * p50: a benchmark's figure that one descheduled iteration does not move. */
+static uint64_t iter_median(struct cop *op)
+{
+    uint32_t n = op->iters_done;
+    if (!op->iter_ns || n < 2)
+        return 0;
+    qsort(op->iter_ns, n, sizeof *op->iter_ns, cmp_u32);
+    return n & 1 ? op->iter_ns[n / 2] : ((uint64_t)op->iter_ns[n / 2 - 1] + op->iter_ns[n / 2]) / 2;
 }
 
 static void reply(struct cop *op, const err *e, const void *payload, size_t len, dp_write_cb cb, void *arg)
@@ -103,6 +121,7 @@ static void reply(struct cop *op, const err *e, const void *payload, size_t len,
     st.message = (char *)e->msg;
     h.status = &st;
     h.elapsed_ns = op->iters_done ? op->total_ns / op->iters_done : 0;
+    h.elapsed_p50_ns = iter_median(op);
     h.algo_used = (char *)op->algo_used;
     if (op->done) {
         coll_done_fn done = op->done;
@@ -414,6 +433,8 @@ static void on_sched_done(struct sched *s, const err *e)
         return;
     }
     op->total_ns += now - op->t0;
+    if (op->iter_ns)
+        op->iter_ns[op->iters_done] = now - op->t0 > UINT32_MAX ? UINT32_MAX : (uint32_t)(now - op->t0);
     op->iters_done++;
     if (op->iters_done < op->iters) {
         /* The result is the last iteration's: the input is restored before
@@ -662,6 +683,8 @@ static void accept_frame(struct coll *c, const struct answer_to *to, const Tpuem
     op->root = sp->root;
     op->repro = sp->reproducible;
     op->iters = sp->iters ? sp->iters : 1;
+    /* without room for the times, only the median is missing (0) */
+    op->iter_ns = op->iters > 1 ? malloc(sizeof *op->iter_ns * op->iters) : NULL;
     op->chunk_bytes = sp->chunk_bytes;
     op->payload = payload;
     op->len = len;

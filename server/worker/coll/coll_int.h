@@ -73,6 +73,7 @@ struct cop {
     const uint8_t *out;   /* the result (inside a schedule buffer) */
     size_t out_len;
     uint64_t t0, total_ns;
+    uint32_t *iter_ns;    /* each iteration's time when iters > 1 (saturating), for the median */
     const char *algo_used;
     char algo_buf[24];
     struct direct dir;    /* dir.cap != 0: the host's cores agreed on the direct path */
