@@ -1,5 +1,6 @@
-/* bench/mxu: GFLOP/s of the emulated matrix unit (oneDNN bf16 x bf16 -> f32,
- * one thread) on square shapes and on the training shapes of
+/* bench/mxu: GFLOP/s of the emulated matrix unit (bf16 x bf16 -> f32 on
+ * oneDNN, one thread; widened to its float32 matmul on CPUs without a bf16
+ * dot product, with oneDNN's own emulated bf16 matmul beside it) on square shapes and on the training shapes of
  * Dense(784->128) -> Dense(128->10), next to this machine's bf16 peak (a short
  * vdpbf16ps loop), the same shapes in float32 (precision HIGHEST) and on the
  * portable matrix unit of a deterministic compile (mxu_matmul_fixed).
@@ -83,8 +84,8 @@ static void fill(float *x, size_t n, unsigned seed)
     }
 }
 
-/* GFLOP/s of op in the given precision (bf16: 1 oneDNN bf16 from bf16 inputs,
- * 0 oneDNN float32, 2 the portable unit of a deterministic compile from
+/* GFLOP/s of op in the given precision (bf16: 1 the unit from bf16 inputs,
+ * oneDNN bf16 or widened to float32 as the CPU decides; 0 oneDNN float32; 2 the portable unit of a deterministic compile from
  * float32 inputs, its bf16 rounding included): warm up (creates the primitive), then
  * repeat for at least `seconds`. */
 static double gflops(mxu *u, const struct mxu_op *op, int bf16, double seconds, double *util)

@@ -204,7 +204,7 @@ cat <<EOF
 
 step ms: client wall time per step (measured steps / their time; epoch boundaries included).
 matmul ms (in-proc): the step's forward + backward matmuls for one per-core shard, run by bench_train
-  itself through the worker's model.h / mxu.h (oneDNN bf16, 1 thread) while the cluster is idle (median step);
+  itself through the worker's model.h / mxu.h (the matrix unit, 1 thread) while the cluster is idle (median step);
   fwd+bwd ms (in-proc): model_forward + model_backward there (matmuls + elementwise math + loss);
   optimizer ms (in-proc): model_apply_gradients there (Adam over the 101770 parameters).
 on core: tpu_model_last_step_stats averaged over the measured steps (each step's slowest core):
