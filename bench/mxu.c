@@ -85,9 +85,10 @@ static void fill(float *x, size_t n, unsigned seed)
 }
 
 /* GFLOP/s of op in the given precision (bf16: 1 the unit from bf16 inputs,
- * oneDNN bf16 or widened to float32 as the CPU decides; 0 oneDNN float32; 2 the portable unit of a deterministic compile from
- * float32 inputs, its bf16 rounding included): warm up (creates the primitive), then
- * repeat for at least `seconds`. */
+ * oneDNN bf16 or widened to float32 as the CPU decides; 0 oneDNN float32;
+ * 2 the portable unit of a deterministic compile from float32 inputs, its
+ * bf16 rounding included): warm up (creates the primitive), then repeat for
+ * at least `seconds`. */
 static double gflops(mxu *u, const struct mxu_op *op, int bf16, double seconds, double *util)
 {
     size_t na = (size_t)(op->m * op->k), nb = (size_t)(op->k * op->n), nc = (size_t)(op->m * op->n);
