@@ -18,8 +18,12 @@
 # warm-up and MIN_MS (700) ms of back-to-back iterations, and compared by the
 # per-iteration median (p50), the anchors' figure; the means are shown too.
 #
+# ROUNDS=R (default 1) repeats the whole comparison R times, ours and then the
+# anchors each round, and prints each cell's median over the rounds with the
+# spread of its ratio: on a shared machine one round's ratio moves by 20 % and more.
+#
 # Environment: NS, MIN, MAX, ITERS (at least this many timed iterations per
-# size, default 20), WARMUP (default 3), MIN_MS, WARMUP_MS, ALGO (auto), TRANSPORTS ("tcp shm"), ANCHORS (auto|none),
+# size, default 20), WARMUP (default 3), MIN_MS, WARMUP_MS, ROUNDS, ALGO (auto), TRANSPORTS ("tcp shm"), ANCHORS (auto|none),
 # ANCHOR_CONFIGS (default "mpi_tcp mpi_tcp_recdbl mpi_tcp_rabenseifner mpi_vader
 # gloo_ring"), OUT (directory for raw results; default a temp dir, kept).
 set -euo pipefail
@@ -38,6 +42,7 @@ ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-3}
 MIN_MS=${MIN_MS:-700}       # the anchors' timing policy: >= 700 ms of ops, >= 200 ms warm-up per size
 WARMUP_MS=${WARMUP_MS:-200}
+ROUNDS=${ROUNDS:-1}
 ALGO=${ALGO:-auto}
 TRANSPORTS=${TRANSPORTS:-"tcp shm"}
 ANCHORS=${ANCHORS:-auto}
@@ -92,13 +97,7 @@ ours() {
     stop_all
 }
 
-for n in $NS; do
-    for t in $TRANSPORTS; do
-        ours "$t" "$n"
-    done
-done
-
-# ---- the anchors ----
+# ---- the anchors: checked and copied once, run once per round ----
 anchors_dir=""
 shared="$root/../shared/anchors/collectives"
 why_no_anchors=""
@@ -113,15 +112,31 @@ if [ -z "$why_no_anchors" ]; then
     anchors_dir=$(mktemp -d /tmp/tpuemu-anchors.XXXXXX)
     cp -r "$shared/." "$anchors_dir/"
     rm -rf "$anchors_dir/results"
-    echo "anchors: $ANCHOR_CONFIGS for n = $NS (in $anchors_dir)" >&2
-    if ! (cd "$anchors_dir" && ONLY="$ANCHOR_CONFIGS" NS="$NS" RUNS=1 DO_LIMITS=0 QUIET_MAX_WAIT=5 \
-            OUT=results/now ./run.sh >"$OUT/anchors.log" 2>&1); then
-        why_no_anchors="the anchors' run.sh failed (see $OUT/anchors.log)"
-    fi
-    mkdir -p "$OUT/anchors"
-    cp "$anchors_dir"/results/now/run1/*.csv "$OUT/anchors/" 2>/dev/null || true
-    rm -rf "$anchors_dir"
 fi
+
+# Each round: ours for every n and transport, then the anchors right after, so
+# that both see the same spell of this machine; ROUNDS > 1 takes the medians.
+whole_out=$OUT
+for ((round = 1; round <= ROUNDS; round++)); do
+    OUT=$whole_out
+    [ "$ROUNDS" -gt 1 ] && OUT=$whole_out/r$round && mkdir -p "$OUT" && echo "round $round of $ROUNDS" >&2
+    for n in $NS; do
+        for t in $TRANSPORTS; do
+            ours "$t" "$n"
+        done
+    done
+    if [ -n "$anchors_dir" ] && [ -z "$why_no_anchors" ]; then
+        echo "anchors: $ANCHOR_CONFIGS for n = $NS (in $anchors_dir)" >&2
+        if ! (cd "$anchors_dir" && ONLY="$ANCHOR_CONFIGS" NS="$NS" RUNS=1 DO_LIMITS=0 QUIET_MAX_WAIT=5 \
+                OUT=results/r$round ./run.sh >"$OUT/anchors.log" 2>&1); then
+            why_no_anchors="the anchors' run.sh failed (see $OUT/anchors.log)"
+        fi
+        mkdir -p "$OUT/anchors"
+        cp "$anchors_dir"/results/r$round/run1/*.csv "$OUT/anchors/" 2>/dev/null || true
+    fi
+done
+OUT=$whole_out
+[ -n "$anchors_dir" ] && rm -rf "$anchors_dir"
 [ -n "$why_no_anchors" ] && echo "anchors not run: $why_no_anchors; showing ours alone" >&2
 
 python3 "$root/bench/allreduce_report.py" "$OUT" "$NS" "$why_no_anchors"

@@ -59,49 +59,91 @@ def best(anchors, labels, size, key):
     return min(cands) if key == 0 else max(cands)
 
 
+def cells(out, t, n, labels, with_anchors):
+    """Per size: our p50/mean/iters/algo/check and the best anchor's figures
+    with the ratios; None when our run failed or is missing."""
+    ours = load_ours(out, t, n)
+    if ours is None:
+        return None
+    anchors = load_anchors(out, n) if with_anchors else {}
+    busf = 2.0 * (int(n) - 1) / int(n)
+    res = {}
+    for s in SIZES:
+        r = ours.get(s)
+        if not r:
+            continue
+        p50 = r.get("time_p50_us") or r["time_us"]
+        c = {"p50": p50, "bus": s / (p50 * 1e3) * busf if p50 else 0.0, "mean": r["time_us"],
+             "iters": r.get("iters", ""), "algo": r.get("algorithm", ""), "ok": bool(r.get("correct"))}
+        b = best(anchors, labels, s, 0 if s == 4096 else 1) if with_anchors else None
+        if b is not None:
+            tu, bw, mu = anchors[(b[1], s)]
+            c.update(label=b[1], a_p50=tu, a_bus=bw, a_mean=mu,
+                     rb=c["bus"] / bw if bw else float("nan"), rt=p50 / tu if tu else float("nan"),
+                     rm=r["time_us"] / mu if mu else float("nan"))
+        res[s] = c
+    return res
+
+
+def med(v):
+    v = sorted(v)
+    return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+
+
+def show(rows):
+    w = [max(len(x[i]) for x in rows) for i in range(len(rows[0]))]
+    for x in rows:
+        print("  ".join(c.ljust(w[i]) for i, c in enumerate(x)).rstrip())
+
+
 def main():
     out, ns = sys.argv[1], sys.argv[2].split()
     why = sys.argv[3] if len(sys.argv) > 3 else ""
+    rounds = sorted((d for d in glob.glob(os.path.join(out, "r[0-9]*")) if os.path.isdir(d)),
+                    key=lambda d: int(os.path.basename(d)[1:]))
+    dirs = rounds or [out]
     if why:
         print(f"\n(anchors not run: {why}; our figures alone)")
+    if len(dirs) > 1:
+        print(f"\n(medians over {len(dirs)} rounds, ours and then the anchors in each; "
+              "'ratio range': the busbw ratio's lowest and highest round)")
     for t in ("tcp", "shm"):
+        labels = KINDS[t]
         for n in ns:
-            ours = load_ours(out, t, n)
-            if ours is None:
-                if os.path.exists(os.path.join(out, f"ours.{t}.n{n}.err")):
-                    print(f"\n## {t}, n={n}: our run failed (see ours.{t}.n{n}.err)")
+            per = [cells(d, t, n, labels, not why) for d in dirs]
+            if any(p is None for p in per):
+                bad = [d for d, p in zip(dirs, per) if p is None]
+                print(f"\n## {t}, n={n}: our run failed (see ours.{t}.n{n}.err in {', '.join(bad)})")
                 continue
-            anchors = load_anchors(out, n)
-            labels = KINDS[t]
             print(f"\n## {t}, n={n}" + ("" if why else f"  (best anchor among {', '.join(labels)})"))
             hdr = ["size", "ours p50(us)", "busbw", "mean(us)", "iters", "algo", "check"]
             if not why:
                 hdr += ["best anchor", "p50(us)", "busbw", "mean(us)", "busbw ratio", "time ratio", "mean ratio"]
+                if len(dirs) > 1:
+                    hdr += ["ratio range"]
             rows = [hdr]
-            busf = 2.0 * (int(n) - 1) / int(n)
             for s in SIZES:
-                r = ours.get(s)
-                if not r:
+                cs = [p[s] for p in per if s in p]
+                if not cs:
                     continue
-                p50 = r.get("time_p50_us") or r["time_us"]
-                bus = s / (p50 * 1e3) * busf if p50 else 0.0
-                row = [size_name(s), f"{p50:.1f}", f"{bus:.3f}", f"{r['time_us']:.1f}", str(r.get("iters", "")),
-                       r.get("algorithm", ""), "ok" if r.get("correct") else "WRONG"]
+                algos = sorted({c["algo"] for c in cs})
+                row = [size_name(s), f"{med([c['p50'] for c in cs]):.1f}", f"{med([c['bus'] for c in cs]):.3f}",
+                       f"{med([c['mean'] for c in cs]):.1f}", str(cs[0]["iters"]) if len(cs) == 1 else "-",
+                       "/".join(algos), "ok" if all(c["ok"] for c in cs) else "WRONG"]
                 if not why:
-                    key = 0 if s == 4096 else 1
-                    b = best(anchors, labels, s, key)
-                    if b is None:
-                        row += ["-"] * 7
+                    ac = [c for c in cs if "label" in c]
+                    if not ac:
+                        row += ["-"] * (8 if len(dirs) > 1 else 7)
                     else:
-                        tu, bw, mu = anchors[(b[1], s)]
-                        rb = bus / bw if bw else float("nan")
-                        rt = p50 / tu if tu else float("nan")
-                        rm = r["time_us"] / mu if mu else float("nan")
-                        row += [b[1], f"{tu:.1f}", f"{bw:.3f}", f"{mu:.1f}", f"{rb:.2f}x", f"{rt:.2f}x", f"{rm:.2f}x"]
+                        names = [c["label"] for c in ac]
+                        row += [max(set(names), key=names.count), f"{med([c['a_p50'] for c in ac]):.1f}",
+                                f"{med([c['a_bus'] for c in ac]):.3f}", f"{med([c['a_mean'] for c in ac]):.1f}",
+                                f"{med([c['rb'] for c in ac]):.2f}x", f"{med([c['rt'] for c in ac]):.2f}x",
+                                f"{med([c['rm'] for c in ac]):.2f}x"]
+                        if len(dirs) > 1:
+                            row += [f"{min(c['rb'] for c in ac):.2f}-{max(c['rb'] for c in ac):.2f}x"]
                 rows.append(row)
-            w = [max(len(x[i]) for x in rows) for i in range(len(hdr))]
-            for x in rows:
-                print("  ".join(c.ljust(w[i]) for i, c in enumerate(x)).rstrip())
+            show(rows)
 
 
 if __name__ == "__main__":
