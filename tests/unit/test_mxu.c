@@ -98,7 +98,7 @@ Test(mxu, default_rounds_inputs_to_bf16_and_accumulates_in_f32)
     cr_assert_float_eq(c[0], K * (1.0 + 1.0 / 128), 1e-3);
 }
 
-static void check_shape(int64_t m, int64_t n, int64_t k, int ta, int tb)
+static void check_shape_on(mxu *v, int64_t m, int64_t n, int64_t k, int ta, int tb)
 {
     struct mxu_op op = {m, n, k, ta, tb, 0};
     float *a = malloc((size_t)(m * k) * sizeof *a), *b = malloc((size_t)(k * n) * sizeof *b);
@@ -109,16 +109,21 @@ static void check_shape(int64_t m, int64_t n, int64_t k, int ta, int tb)
     fill(a, (size_t)(m * k), 7);
     fill(b, (size_t)(k * n), 11);
     reference(&op, a, b, ref, 1);
-    cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &op, a, b, c, NULL, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(mxu_matmul(v, MXU_DEFAULT, &op, a, b, c, NULL, &e), CODE_OK, "%s", e.msg);
     /* same bf16 products, f32 vs double accumulation: error ~ k * 2^-24 */
     double tol = 1e-5 * (double)k;
     cr_assert_leq(max_err(c, ref, (size_t)(m * n)), tol, "DEFAULT %lldx%lldx%lld ta=%d tb=%d", (long long)m,
                   (long long)n, (long long)k, ta, tb);
     reference(&op, a, b, ref, 0);
-    cr_assert_eq(mxu_matmul(u, MXU_HIGHEST, &op, a, b, c, NULL, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(mxu_matmul(v, MXU_HIGHEST, &op, a, b, c, NULL, &e), CODE_OK, "%s", e.msg);
     cr_assert_leq(max_err(c, ref, (size_t)(m * n)), tol, "HIGHEST %lldx%lldx%lld ta=%d tb=%d", (long long)m,
                   (long long)n, (long long)k, ta, tb);
     free(a), free(b), free(c), free(ref);
+}
+
+static void check_shape(int64_t m, int64_t n, int64_t k, int ta, int tb)
+{
+    check_shape_on(u, m, n, k, ta, tb);
 }
 
 Test(mxu, layer_shapes_and_transposes_match_a_reference)
@@ -196,36 +201,36 @@ Test(mxu, default_kernel_is_the_portable_units_product)
     same_as_portable_unit(u);
 }
 
+/* A unit made with TPUEMU_MXU_BF16=kernel in the environment. */
+static mxu *forced_unit(const char *kernel)
+{
+    mxu *v;
+    err e;
+    setenv("TPUEMU_MXU_BF16", kernel, 1);
+    cr_assert_eq(mxu_new(&v, 128, &e), CODE_OK, "%s", e.msg);
+    unsetenv("TPUEMU_MXU_BF16");
+    return v;
+}
+
 /* TPUEMU_MXU_BF16=f32 widens on any CPU: the path of every CPU without a bf16
  * dot product, checked here on whichever CPU runs the tests. */
 Test(mxu, widened_kernel_matches_a_reference)
 {
-    mxu *v;
-    err e;
-    setenv("TPUEMU_MXU_BF16", "f32", 1);
-    cr_assert_eq(mxu_new(&v, 128, &e), CODE_OK, "%s", e.msg);
-    unsetenv("TPUEMU_MXU_BF16");
+    mxu *v = forced_unit("f32");
     cr_assert_eq(mxu_bf16_native(v), 0);
     same_as_portable_unit(v);
-    mxu *keep = u;
-    u = v;
-    check_shape(128, 128, 784, 0, 0);
-    check_shape(784, 128, 128, 1, 0);
-    check_shape(7, 5, 3, 1, 1);
-    u = keep;
+    check_shape_on(v, 128, 128, 784, 0, 0);
+    check_shape_on(v, 784, 128, 128, 1, 0);
+    check_shape_on(v, 7, 5, 3, 1, 1);
     mxu_free(v);
 }
 
 /* TPUEMU_MXU_BF16=onednn asks for oneDNN's bf16 matmul; where oneDNN has none
  * (below AVX-512; ONEDNN_MAX_CPU_ISA=AVX2 shows it on any CPU) the unit widens
- * instead of failing, and says so. */
+ * instead of failing, and mxu_bf16_native then answers 0. */
 Test(mxu, forced_onednn_bf16_runs_or_widens)
 {
-    mxu *v;
-    err e;
-    setenv("TPUEMU_MXU_BF16", "onednn", 1);
-    cr_assert_eq(mxu_new(&v, 128, &e), CODE_OK, "%s", e.msg);
-    unsetenv("TPUEMU_MXU_BF16");
+    mxu *v = forced_unit("onednn");
     same_as_portable_unit(v);
     unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
     int has = (isa & (unsigned)dnnl_cpu_isa_avx512_core) == (unsigned)dnnl_cpu_isa_avx512_core;
