@@ -895,7 +895,7 @@ struct csum {
 
 struct srow {
     uint64_t step;
-    int64_t end, ar_start;
+    int64_t end, ar_start, ar_end;
     double cat[NCAT - 1];
 };
 
@@ -903,6 +903,19 @@ static int cmp_step(const void *a, const void *b)
 {
     const struct srow *x = a, *y = b;
     return x->step < y->step ? -1 : x->step > y->step;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of v[0..n-1], n >= 1 (sorts v). */
+static double median_of(double *v, size_t n)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    return n & 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static struct srow *find_row(struct srow *rows, size_t n, uint64_t step)
@@ -972,6 +985,7 @@ static struct srow *core_rows(const struct pcore *c, size_t ncores, struct csum 
         else if (e->kind == TK(ALLREDUCE)) {
             r->cat[CAT_ALLREDUCE] += (double)e->dur;
             r->ar_start = e->t0;
+            r->ar_end = e->t0 + (int64_t)e->dur;
         } else if (e->kind == TK(OPTIMIZER))
             r->cat[CAT_OPT] += (double)e->dur;
     }
@@ -1197,9 +1211,11 @@ tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out)
     for (int c = 0; c < NCAT; c++)
         out->fraction[c] = all.cat[c] / all.period;
     input_analysis(100.0 * out->fraction[CAT_INPUT], out);
-    /* who arrives last at each step's all-reduce, and after the next latest by how much */
-    for (size_t j = 0; p->n > 1 && rows[0] && j < nrows[0]; j++) {
-        int64_t mx = INT64_MIN, second = INT64_MIN;
+    /* who arrives last at each step's all-reduce, and after the next latest by
+     * how much; how far apart the cores arrive, and how long it runs after the last */
+    double *spread = p->n > 1 && rows[0] ? malloc(sizeof *spread * (2 * nrows[0] + 1)) : NULL;
+    for (size_t j = 0; spread && j < nrows[0]; j++) {
+        int64_t mx = INT64_MIN, second = INT64_MIN, mn = INT64_MAX, end = INT64_MIN;
         size_t who = 0, m = 0;
         for (size_t i = 0; i < p->n; i++) {
             struct srow *r = rows[i] ? find_row(rows[i], nrows[i], rows[0][j].step) : NULL;
@@ -1212,14 +1228,23 @@ tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out)
             } else if (r->ar_start > second) {
                 second = r->ar_start;
             }
+            mn = r->ar_start < mn ? r->ar_start : mn;
+            end = r->ar_end > end ? r->ar_end : end;
             m++;
         }
         if (m != p->n)
             continue;
         last_count[who]++;
         late_sum[who] += (double)(mx - second);
+        spread[compared] = (double)(mx - mn);
+        spread[nrows[0] + compared] = (double)(end > mx ? end - mx : 0);
         compared++;
     }
+    if (compared) {
+        out->ar_spread_ms = median_of(spread, compared) / 1e6;
+        out->ar_after_last_ms = median_of(spread + nrows[0], compared) / 1e6;
+    }
+    free(spread);
     if (compared) {
         size_t worst = 0;
         for (size_t i = 1; i < p->n; i++)
@@ -1306,6 +1331,10 @@ void tpu_profile_print_overview(const tpu_profile *p, FILE *f)
         fprintf(f, "Last at the all-reduce: core %s/%d in %.0f%% of the steps, %.3f ms after the next latest%s\n",
                 p->c[sum.last_core].peer.host, p->c[sum.last_core].peer.core, 100.0 * sum.last_share,
                 sum.last_by_ms, sum.straggler >= 0 ? ": a straggler, the other cores wait for it" : "");
+    if (p->n > 1 && (sum.ar_spread_ms > 0 || sum.ar_after_last_ms > 0))
+        fprintf(f, "All-reduce: the cores reach it %.3f ms apart (first to last, median step) and it ends %.3f ms "
+                   "after the last one arrives\n",
+                sum.ar_spread_ms, sum.ar_after_last_ms);
     for (size_t l = 0; l < sum.num_layers; l++)
         if (sum.layers[l].mxu_utilization < PROF_MXU_GOOD && sum.layers[l].padding[0])
             fprintf(f, "MXU of %-9s %5.1f%%: %s\n", layer_name(l), 100.0 * sum.layers[l].mxu_utilization,
@@ -1388,6 +1417,8 @@ tpu_status tpu_profile_write_overview_json(const tpu_profile *p, FILE *f)
     } else {
         fprintf(f, "null");
     }
+    fprintf(f, ",\"allreduce_spread_ms\":%.6f,\"allreduce_after_last_ms\":%.6f", sum.ar_spread_ms,
+            sum.ar_after_last_ms);
     fprintf(f, ",\"straggler\":");
     if (sum.straggler >= 0)
         fcore(f, p, sum.straggler);

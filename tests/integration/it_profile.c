@@ -489,6 +489,14 @@ Test(profile, slowed_core_is_the_straggler, .timeout = 120)
             sum.last_core, 100 * sum.last_share, sum.steps, sum.last_by_ms, sum.step_ms);
     cr_assert_geq(sum.straggler, 0, "no straggler found (last core %d in %.0f%% of steps, by %.3f ms; step %.3f ms)",
                   sum.last_core, 100 * sum.last_share, sum.last_by_ms, sum.step_ms);
+    /* the others wait for it: they reach the all-reduce far apart (the
+     * throttled core sleeps tens of ms a step), and the exchange once it is
+     * there (3.2 MB of gradients) takes less than that wait */
+    fprintf(stderr, "straggler: the cores reach the all-reduce %.3f ms apart, it ends %.3f ms after the last\n",
+            sum.ar_spread_ms, sum.ar_after_last_ms);
+    cr_assert_gt(sum.ar_after_last_ms, 0.0);
+    cr_assert_gt(sum.ar_spread_ms, sum.ar_after_last_ms, "spread %.3f ms, after the last %.3f ms", sum.ar_spread_ms,
+                 sum.ar_after_last_ms);
     CALL_OK(tpu_profile_core_info(p, (size_t)sum.straggler, &pc));
     cr_assert_str_eq(pc.host_id, "h1", "the straggler is %s/%d, not the throttled h1/0", pc.host_id, pc.core);
     cr_assert_eq(pc.core, 0);

@@ -148,6 +148,12 @@ typedef struct tpu_profile_summary {
     const char *input_bound;
     const char *input_classification;
     char input_statement[320];
+    /* Each step's gradient all-reduce as the cores met in it (median over the
+     * steps every core shows, 0 with one core): how far apart they reached it
+     * (the last core's arrival after the first's) and how long it ran after
+     * the last one arrived. The first is waiting, for a straggler or for
+     * CPUs that emulated cores share; the second is the exchange itself. */
+    double ar_spread_ms, ar_after_last_ms;
 } tpu_profile_summary;
 TPU_API tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out);
 
