@@ -306,23 +306,22 @@ static int run(mxu *u, const struct mxu_op *op, dnnl_data_type_t dt, const void 
     return CODE_OK;
 }
 
-/* buf grown to room for n elements of size elem (what it held is kept), or
- * NULL when out of memory (buf is then unchanged). */
+/* buf grown to room for n > *cap elements of size elem (what it held is
+ * kept), or NULL when out of memory (buf is then unchanged). */
 static void *grow_buf(void *buf, size_t *cap, size_t n, size_t elem)
 {
-    void *p;
-    if (n <= *cap)
-        return buf;
-    if (!(p = realloc(buf, n * elem)))
-        return NULL;
-    *cap = n;
+    void *p = realloc(buf, n * elem);
+    if (p)
+        *cap = n;
     return p;
 }
 
 static int growf(float **buf, size_t *cap, size_t n, err *e)
 {
-    float *p = grow_buf(*buf, cap, n, sizeof *p);
-    if (!p)
+    float *p;
+    if (n <= *cap)
+        return CODE_OK;
+    if (!(p = grow_buf(*buf, cap, n, sizeof *p)))
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "matmul: out of host memory for %zu float32 values", n);
     *buf = p;
     return CODE_OK;
@@ -365,8 +364,10 @@ int mxu_matmul_bf16(mxu *u, const struct mxu_op *op, const uint16_t *a, const ui
 
 static int grow(uint16_t **buf, size_t *cap, size_t n, err *e)
 {
-    uint16_t *p = grow_buf(*buf, cap, n, sizeof *p);
-    if (!p)
+    uint16_t *p;
+    if (n <= *cap)
+        return CODE_OK;
+    if (!(p = grow_buf(*buf, cap, n, sizeof *p)))
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "matmul: out of host memory for %zu bf16 values", n);
     *buf = p;
     return CODE_OK;
