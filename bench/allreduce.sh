@@ -57,7 +57,8 @@ stop_all() {
     for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
     pids=()
 }
-trap stop_all EXIT
+anchors_dir=""
+trap 'stop_all; [ -z "$anchors_dir" ] || rm -rf "$anchors_dir"' EXIT
 
 free_port() {
     local p=$((20000 + RANDOM % 12000)) # below the ephemeral ports
@@ -98,7 +99,6 @@ ours() {
 }
 
 # ---- the anchors: checked and copied once, run once per round ----
-anchors_dir=""
 shared="$root/../shared/anchors/collectives"
 why_no_anchors=""
 if [ "$ANCHORS" = none ]; then
@@ -136,7 +136,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
     fi
 done
 OUT=$whole_out
-[ -n "$anchors_dir" ] && rm -rf "$anchors_dir"
+[ -n "$anchors_dir" ] && rm -rf "$anchors_dir" && anchors_dir=""
 [ -n "$why_no_anchors" ] && echo "anchors not run: $why_no_anchors; showing ours alone" >&2
 
 python3 "$root/bench/allreduce_report.py" "$OUT" "$NS" "$why_no_anchors"

@@ -1214,7 +1214,7 @@ tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out)
     /* who arrives last at each step's all-reduce, and after the next latest by
      * how much; how far apart the cores arrive, and how long it runs after the last */
     double *spread = p->n > 1 && rows[0] ? malloc(sizeof *spread * (2 * nrows[0] + 1)) : NULL;
-    for (size_t j = 0; spread && j < nrows[0]; j++) {
+    for (size_t j = 0; p->n > 1 && rows[0] && j < nrows[0]; j++) {
         int64_t mx = INT64_MIN, second = INT64_MIN, mn = INT64_MAX, end = INT64_MIN;
         size_t who = 0, m = 0;
         for (size_t i = 0; i < p->n; i++) {
@@ -1236,11 +1236,13 @@ tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out)
             continue;
         last_count[who]++;
         late_sum[who] += (double)(mx - second);
-        spread[compared] = (double)(mx - mn);
-        spread[nrows[0] + compared] = (double)(end > mx ? end - mx : 0);
+        if (spread) { /* without it (no memory) only the split is missing */
+            spread[compared] = (double)(mx - mn);
+            spread[nrows[0] + compared] = (double)(end > mx ? end - mx : 0);
+        }
         compared++;
     }
-    if (compared) {
+    if (compared && spread) {
         out->ar_spread_ms = median_of(spread, compared) / 1e6;
         out->ar_after_last_ms = median_of(spread + nrows[0], compared) / 1e6;
     }
