@@ -248,7 +248,7 @@ struct meas {
     double t_start, t_end;
     uint64_t steps;        /* measured */
     double rows;
-    double wall, input, compute, matmul, allreduce, optimizer, infeed;
+    double wall, input, compute, matmul, allreduce, allreduce_min, optimizer, infeed;
 };
 
 static tpu_status on_batch_end(tpu_model *m, int epoch, size_t batch, const tpu_logs *logs, void *user)
@@ -276,6 +276,7 @@ static tpu_status on_batch_end(tpu_model *m, int epoch, size_t batch, const tpu_
     s->compute += (double)st.compute_ns;
     s->matmul += (double)st.matmul_ns;
     s->allreduce += (double)st.allreduce_ns;
+    s->allreduce_min += (double)st.allreduce_min_ns;
     s->optimizer += (double)st.optimizer_ns;
     s->infeed += (double)st.infeed_wait_ns;
     s->t_end = t;
@@ -289,10 +290,12 @@ static tpu_status on_batch_end(tpu_model *m, int epoch, size_t batch, const tpu_
 static void header(void)
 {
     fputs("| cores | batch/core | global | examples/s | step ms | matmul ms (in-proc) | fwd+bwd ms (in-proc) "
-           "| optimizer ms (in-proc) | matmul ms (on core) | compute ms (on core) | all-reduce ms | optimizer ms | infeed wait ms "
+           "| optimizer ms (in-proc) | matmul ms (on core) | compute ms (on core) | all-reduce ms | all-reduce ms (shortest core) | optimizer ms "
+           "| infeed wait ms "
            "| input wait ms | non-matmul % | non-matmul % (time-shared) | steps |\n", stdout);
     fputs("|------:|-----------:|-------:|-----------:|--------:|--------------------:|---------------------:"
-           "|-----------------------:|--------------------:|---------------------:|--------------:|-------------:|---------------:"
+           "|-----------------------:|--------------------:|---------------------:|--------------:|------------------------------:"
+           "|-------------:|---------------:"
            "|--------------:|-------------:|---------------------------:|------:|\n", stdout);
 }
 
@@ -459,10 +462,10 @@ int main(int argc, char **argv)
         nonmm_ts = 0;
     if (hdr)
         header();
-    printf("| %5ld | %10ld | %6zu | %10.0f | %7.3f | %19.3f | %20.3f | %22.3f | %19.3f | %20.3f | %13.3f | %12.3f | "
+    printf("| %5ld | %10ld | %6zu | %10.0f | %7.3f | %19.3f | %20.3f | %22.3f | %19.3f | %20.3f | %13.3f | %29.3f | %12.3f | "
            "%14.3f | %13.3f | %11.1f %% | %25.1f %% | %5llu |\n",
            cores, batch, global, eps, step_ms, ip.matmul_ms, ip.fwdbwd_ms, ip.opt_ms, s.matmul / k, s.compute / k,
-           s.allreduce / k, s.optimizer / k, s.infeed / k, s.input / k, nonmm, nonmm_ts,
+           s.allreduce / k, s.allreduce_min / k, s.optimizer / k, s.infeed / k, s.input / k, nonmm, nonmm_ts,
            (unsigned long long)s.steps);
     fflush(stdout);
 

@@ -208,9 +208,14 @@ matmul ms (in-proc): the step's forward + backward matmuls for one per-core shar
   fwd+bwd ms (in-proc): model_forward + model_backward there (matmuls + elementwise math + loss);
   optimizer ms (in-proc): model_apply_gradients there (Adam over the 101770 parameters).
 on core: tpu_model_last_step_stats averaged over the measured steps (each step's slowest core):
-  compute = forward + backward, of which matmul; all-reduce of the gradients; optimizer (Adam, applied at
-  the start of the next step); infeed wait = the core idle, waiting for its next shard; input wait = the
+  compute = forward + backward, of which matmul; all-reduce of the gradients, from the core's arrival to
+  its result (the first core to arrive waits there for the others); all-reduce (shortest core): the core
+  that arrived last waits for no one, so this is the exchange itself; optimizer (Adam, applied at the
+  start of the next step); infeed wait = the core idle, waiting for its next shard; input wait = the
   client waiting for the dataset.
+  With N workers on P < N CPUs, cores whose compute runs to completion share at most P CPUs, so on
+  average a core computes for at most P/N of the step and waits for the rest, most of it inside the
+  all-reduce: with 4 workers on 2 CPUs the slowest core's all-reduce cannot fall under half the step.
   The optimizer's time depends on the data: Adam's moments of parameters whose gradients stay 0 decay
   into float32 denormals (and stay there: round-to-nearest keeps the smallest ones fixed), which cost
   microcode assists on x86 unless the thread flushes denormals to zero.

@@ -201,7 +201,7 @@ static tpu_status prof_write(struct prof *p, tpu_model *m)
     char file[4700 - 32];
     tpu_profile *pr;
     FILE *f;
-    double sum[7] = {0};
+    double sum[8] = {0};
     char *slash;
     p->written = 1;
     /* every core's events of those steps: the trace, and the overview */
@@ -241,19 +241,20 @@ static tpu_status prof_write(struct prof *p, tpu_model *m)
     for (size_t i = 0; i < p->n; i++) {
         const tpu_step_stats *s = &p->steps[i];
         fprintf(f, "%s\n  {\"step\": %llu, \"rows\": %zu, \"wall_ns\": %llu, \"input_wait_ns\": %llu, \"compute_ns\": %llu, "
-                   "\"matmul_ns\": %llu, \"allreduce_ns\": %llu, \"optimizer_ns\": %llu, \"infeed_wait_ns\": %llu}",
+                   "\"matmul_ns\": %llu, \"allreduce_ns\": %llu, \"allreduce_min_ns\": %llu, \"optimizer_ns\": %llu, "
+                   "\"infeed_wait_ns\": %llu}",
                 i ? "," : "", (unsigned long long)s->step, s->rows, (unsigned long long)s->wall_ns,
                 (unsigned long long)s->input_wait_ns, (unsigned long long)s->compute_ns,
                 (unsigned long long)s->matmul_ns, (unsigned long long)s->allreduce_ns,
-                (unsigned long long)s->optimizer_ns, (unsigned long long)s->infeed_wait_ns);
+                (unsigned long long)s->allreduce_min_ns, (unsigned long long)s->optimizer_ns, (unsigned long long)s->infeed_wait_ns);
         sum[0] += (double)s->wall_ns, sum[1] += (double)s->input_wait_ns, sum[2] += (double)s->compute_ns;
         sum[3] += (double)s->matmul_ns, sum[4] += (double)s->allreduce_ns, sum[5] += (double)s->optimizer_ns;
-        sum[6] += (double)s->infeed_wait_ns;
+        sum[6] += (double)s->infeed_wait_ns, sum[7] += (double)s->allreduce_min_ns;
     }
     double k = p->n ? 1.0 / (double)p->n : 0;
     fprintf(f, "\n], \"average_ns\": {\"wall\": %.0f, \"input_wait\": %.0f, \"compute\": %.0f, \"matmul\": %.0f, "
-               "\"allreduce\": %.0f, \"optimizer\": %.0f, \"infeed_wait\": %.0f}}\n",
-            sum[0] * k, sum[1] * k, sum[2] * k, sum[3] * k, sum[4] * k, sum[5] * k, sum[6] * k);
+               "\"allreduce\": %.0f, \"allreduce_min\": %.0f, \"optimizer\": %.0f, \"infeed_wait\": %.0f}}\n",
+            sum[0] * k, sum[1] * k, sum[2] * k, sum[3] * k, sum[4] * k, sum[7] * k, sum[5] * k, sum[6] * k);
     if (fclose(f) != 0)
         return cli_failf(TPU_UNAVAILABLE, "profiler: writing %s failed: %s", file, strerror(errno));
     return TPU_OK;

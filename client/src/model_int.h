@@ -82,7 +82,8 @@ int model_nslots(const tpu_model *m);
 void model_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* The step's times as its slowest core saw them: each field the largest of
- * the cores' answers so far (a NULL answer changes nothing). */
+ * the cores' answers so far, and allreduce_min_ns the smallest non-zero
+ * all-reduce (a NULL answer changes nothing). */
 static inline void model_stats_max(tpu_step_stats *s, const struct tio_stat *a)
 {
     if (!a)
@@ -94,6 +95,8 @@ static inline void model_stats_max(tpu_step_stats *s, const struct tio_stat *a)
     MAXF(optimizer_ns);
     MAXF(infeed_wait_ns);
 #undef MAXF
+    if (a->allreduce_ns && (!s->allreduce_min_ns || a->allreduce_ns < s->allreduce_min_ns))
+        s->allreduce_min_ns = a->allreduce_ns;
 }
 /* Deadline for a request moving bytes (per replica) */
 uint64_t model_deadline(tpu_cluster *c, size_t bytes);

@@ -226,14 +226,17 @@ typedef struct tpu_logs {
 } tpu_logs;
 
 /* Time of the last step, as the client and the cores saw it (nanoseconds;
- * per-core figures are the slowest core's). */
+ * per-core figures are the slowest core's, but for allreduce_min_ns). */
 typedef struct tpu_step_stats {
     uint64_t step;
     uint64_t wall_ns;        /* client: this step's share of its execution */
     uint64_t input_wait_ns;  /* client: waiting for the dataset */
     uint64_t compute_ns;     /* forward + backward */
     uint64_t matmul_ns;      /* of which in the matrix unit */
-    uint64_t allreduce_ns;
+    uint64_t allreduce_ns;   /* from the core's arrival to its result: the first to
+                                * arrive waits there for the others */
+    uint64_t allreduce_min_ns; /* the shortest core's: the last to arrive waits for
+                                * no one, so this is the exchange itself */
     uint64_t optimizer_ns;
     uint64_t infeed_wait_ns; /* cores waiting for their shard */
     size_t rows;             /* global batch */
