@@ -170,6 +170,13 @@ printf 'machine: %s cores (nproc), %s; %s\n\n' "$(nproc)" \
 [ "$det" = 1 ] && echo "default mode (oneDNN's kernels, libm):"
 "$bin/bench_train" --header-only
 cat "$rows.current"
+# the gradient all-reduce's share of the step, per row of this build: the
+# slowest core's (waiting for its peers included) and the shortest core's
+awk -F'|' 'BEGIN { n = 0 }
+    { gsub(/ /, "", $2); gsub(/ /, "", $3); gsub(/ /, "", $6); gsub(/ /, "", $12); gsub(/ /, "", $13) }
+    $2 > 1 && $6 > 0 { if (!n++) printf "\nthe gradient all-reduce, share of the step (this build):\n"
+        printf "  %s cores, batch %s: %.0f %% on the slowest core (waiting for its peers included), %.0f %% on the shortest\n",
+            $2, $3, 100 * $12 / $6, 100 * $13 / $6 }' "$rows.current"
 if [ -n "$base_bin" ] || [ "$det" = 1 ]; then
     if [ "$det" = 1 ]; then
         printf '\ndeterministic mode (portable matrix unit, fixed exp/log):\n'
