@@ -150,22 +150,22 @@ int main(int argc, char **argv)
         static char names[4][32];
         int i = ns;
         snprintf(names[i], sizeof names[i], "square %d", s);
-        shapes[ns++] = (struct shape){names[i], {s, s, s, 0, 0, 0}};
+        shapes[ns++] = (struct shape){names[i], {s, s, s, 0, 0, 0, 0, 0}};
     }
     static const int batches[] = {32, 128, 1024};
     for (int i = 0; i < 3; i++) {
         static char names[3][5][48];
         int bsz = batches[i];
         snprintf(names[i][0], 48, "b%-4d fwd   x.W1      [B,784].[784,128]", bsz);
-        shapes[ns++] = (struct shape){names[i][0], {bsz, 128, 784, 0, 0, 0}};
+        shapes[ns++] = (struct shape){names[i][0], {bsz, 128, 784, 0, 0, 0, 0, 0}};
         snprintf(names[i][1], 48, "b%-4d fwd   h.W2      [B,128].[128,10]", bsz);
-        shapes[ns++] = (struct shape){names[i][1], {bsz, 10, 128, 0, 0, 0}};
+        shapes[ns++] = (struct shape){names[i][1], {bsz, 10, 128, 0, 0, 0, 0, 0}};
         snprintf(names[i][2], 48, "b%-4d bwd   dy.W2^T   [B,10].[10,128]", bsz);
-        shapes[ns++] = (struct shape){names[i][2], {bsz, 128, 10, 0, 1, 0}};
+        shapes[ns++] = (struct shape){names[i][2], {bsz, 128, 10, 0, 1, 0, 0, 0}};
         snprintf(names[i][3], 48, "b%-4d bwd   h^T.dy    [128,B].[B,10]", bsz);
-        shapes[ns++] = (struct shape){names[i][3], {128, 10, bsz, 1, 0, 0}};
+        shapes[ns++] = (struct shape){names[i][3], {128, 10, bsz, 1, 0, 0, 0, 0}};
         snprintf(names[i][4], 48, "b%-4d bwd   x^T.dh    [784,B].[B,128]", bsz);
-        shapes[ns++] = (struct shape){names[i][4], {784, 128, bsz, 1, 0, 0}};
+        shapes[ns++] = (struct shape){names[i][4], {784, 128, bsz, 1, 0, 0, 0, 0}};
     }
 
     /* measure every row first, then the peak before and after (the larger one

@@ -67,7 +67,7 @@ Test(mxu, small_product_by_hand)
     /* [1 2; 3 4] . [5 6; 7 8] = [19 22; 43 50], exact in bf16 */
     const float a[] = {1, 2, 3, 4}, b[] = {5, 6, 7, 8};
     float c[4];
-    struct mxu_op op = {2, 2, 2, 0, 0, 0};
+    struct mxu_op op = {2, 2, 2, 0, 0, 0, 0, 0};
     struct mxu_stats st;
     err e;
     cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &op, a, b, c, &st, &e), CODE_OK, "%s", e.msg);
@@ -80,7 +80,7 @@ Test(mxu, default_rounds_inputs_to_bf16_and_accumulates_in_f32)
     /* 1 + 2^-10 is not a bf16: DEFAULT multiplies 1.0, HIGHEST the exact value */
     const float a[] = {1.0f + 0x1p-10f}, b[] = {1.0f};
     float c[1];
-    struct mxu_op op = {1, 1, 1, 0, 0, 0};
+    struct mxu_op op = {1, 1, 1, 0, 0, 0, 0, 0};
     err e;
     cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &op, a, b, c, NULL, &e), CODE_OK);
     cr_assert_eq(c[0], 1.0f, "DEFAULT sees bf16(1 + 2^-10) = 1");
@@ -93,14 +93,14 @@ Test(mxu, default_rounds_inputs_to_bf16_and_accumulates_in_f32)
     float ones[K], w[K];
     for (int i = 0; i < K; i++)
         ones[i] = 1.0f, w[i] = 1.0f + 1.0f / 128;
-    struct mxu_op dot = {1, 1, K, 0, 0, 0};
+    struct mxu_op dot = {1, 1, K, 0, 0, 0, 0, 0};
     cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &dot, ones, w, c, NULL, &e), CODE_OK);
     cr_assert_float_eq(c[0], K * (1.0 + 1.0 / 128), 1e-3);
 }
 
 static void check_shape_on(mxu *v, int64_t m, int64_t n, int64_t k, int ta, int tb)
 {
-    struct mxu_op op = {m, n, k, ta, tb, 0};
+    struct mxu_op op = {m, n, k, ta, tb, 0, 0, 0};
     float *a = malloc((size_t)(m * k) * sizeof *a), *b = malloc((size_t)(k * n) * sizeof *b);
     float *c = malloc((size_t)(m * n) * sizeof *c);
     double *ref = malloc((size_t)(m * n) * sizeof *ref);
@@ -139,7 +139,7 @@ Test(mxu, accumulate_adds_into_c)
 {
     const float a[] = {1, 2}, b[] = {3, 4};
     float c[1] = {100};
-    struct mxu_op op = {1, 1, 2, 0, 0, 1};
+    struct mxu_op op = {1, 1, 2, 0, 0, 1, 0, 0};
     err e;
     cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &op, a, b, c, NULL, &e), CODE_OK);
     cr_assert_eq(c[0], 111, "100 + 1*3 + 2*4");
@@ -149,7 +149,7 @@ Test(mxu, bf16_entry_takes_raw_bits)
 {
     uint16_t a[] = {bf16_from_f32(2.0f)}, b[] = {bf16_from_f32(-3.0f)};
     float c[1];
-    struct mxu_op op = {1, 1, 1, 0, 0, 0};
+    struct mxu_op op = {1, 1, 1, 0, 0, 0, 0, 0};
     err e;
     cr_assert_eq(mxu_matmul_bf16(u, &op, a, b, c, NULL, &e), CODE_OK);
     cr_assert_eq(c[0], -6.0f);
@@ -158,7 +158,7 @@ Test(mxu, bf16_entry_takes_raw_bits)
 Test(mxu, one_primitive_per_shape)
 {
     float a[64] = {0}, b[64] = {0}, c[64];
-    struct mxu_op op = {8, 8, 8, 0, 0, 0}, other = {4, 8, 8, 0, 0, 0};
+    struct mxu_op op = {8, 8, 8, 0, 0, 0, 0, 0}, other = {4, 8, 8, 0, 0, 0, 0, 0};
     err e;
     for (int i = 0; i < 5; i++)
         cr_assert_eq(mxu_matmul(u, MXU_HIGHEST, &op, a, b, c, NULL, &e), CODE_OK);
@@ -180,7 +180,7 @@ static void same_as_portable_unit(mxu *v)
     enum { M = 6, N = 7, K = 5 };
     float a[M * K], b[K * N], c[M * N], want[M * N];
     uint16_t ha[M * K], hb[K * N];
-    struct mxu_op op = {M, N, K, 0, 0, 0};
+    struct mxu_op op = {M, N, K, 0, 0, 0, 0, 0};
     err e;
     for (int i = 0; i < M * K; i++)
         a[i] = 0.125f * (float)(i % 7) - 0.375f + 0x1p-12f; /* mostly not a bf16: DEFAULT rounds the 2^-12 off */
@@ -225,6 +225,45 @@ Test(mxu, widened_kernel_matches_a_reference)
     mxu_free(v);
 }
 
+/* An operand marked exact (already rounded, as the model keeps a layer's
+ * input and kernel for its backward matmuls) gives the bits of the unmarked
+ * raw operand, on each kernel and for every transpose: the unit rounds only
+ * what is not rounded yet, and the same rounded values give the same sums. */
+static void exact_operands_same_bits(mxu *v, int fixed)
+{
+    enum { M = 48, N = 40, K = 72 };
+    static float a[M * K], b[K * N], ar[M * K], br[K * N], want[M * N], c[M * N];
+    unsigned s = 5;
+    err e;
+    for (int i = 0; i < M * K; i++)
+        a[i] = (float)((s = s * 1103515245u + 12345u) >> 8) / 16777216.0f - 0.5f; /* 24 bits: rarely a bf16 */
+    for (int i = 0; i < K * N; i++)
+        b[i] = (float)((s = s * 1103515245u + 12345u) >> 8) / 16777216.0f - 0.5f;
+    bf16_round_n(ar, a, M * K);
+    bf16_round_n(br, b, K * N);
+    for (int t = 0; t < 4; t++)
+        for (int x = 1; x < 4; x++) {
+            struct mxu_op raw = {M, N, K, t & 1, t >> 1, 0, 0, 0}, op = raw;
+            op.exact_a = x & 1, op.exact_b = x >> 1;
+            int (*mm)(mxu *, mxu_precision, const struct mxu_op *, const float *, const float *, float *,
+                      struct mxu_stats *, err *) = fixed ? mxu_matmul_fixed : mxu_matmul;
+            cr_assert_eq(mm(v, MXU_DEFAULT, &raw, a, b, want, NULL, &e), CODE_OK, "%s", e.msg);
+            cr_assert_eq(mm(v, MXU_DEFAULT, &op, op.exact_a ? ar : a, op.exact_b ? br : b, c, NULL, &e), CODE_OK,
+                         "%s", e.msg);
+            cr_assert_arr_eq(c, want, sizeof c, "transposes %d, exact a %d b %d, fixed %d, native %d", t,
+                             op.exact_a, op.exact_b, fixed, mxu_bf16_native(v));
+        }
+}
+
+Test(mxu, exact_operands_are_not_rounded_again)
+{
+    mxu *v = forced_unit("f32");
+    exact_operands_same_bits(v, 0);
+    exact_operands_same_bits(v, 1);
+    mxu_free(v);
+    exact_operands_same_bits(u, 0);
+}
+
 /* TPUEMU_MXU_BF16=onednn asks for oneDNN's bf16 matmul; where oneDNN has none
  * (below AVX-512; ONEDNN_MAX_CPU_ISA=AVX2 shows it on any CPU) the unit widens
  * instead of failing, and mxu_bf16_native then answers 0. */
@@ -243,7 +282,7 @@ Test(mxu, many_shapes_are_evicted_not_leaked)
     float a[100] = {0}, b[100] = {0}, c[100];
     err e;
     for (int i = 1; i <= 100; i++) {
-        struct mxu_op op = {1, 1, i, 0, 0, 0};
+        struct mxu_op op = {1, 1, i, 0, 0, 0, 0, 0};
         cr_assert_eq(mxu_matmul(u, MXU_HIGHEST, &op, a, b, c, NULL, &e), CODE_OK);
     }
     cr_assert_eq(mxu_primitives_created(u), 100);
@@ -254,7 +293,7 @@ Test(mxu, utilization_shows_padding_waste)
 {
     struct mxu_stats st;
     float *a = calloc(32 * 784, sizeof *a), *b = calloc(784 * 100, sizeof *b), *c = calloc(32 * 100, sizeof *c);
-    struct mxu_op op = {32, 100, 784, 0, 0, 0};
+    struct mxu_op op = {32, 100, 784, 0, 0, 0, 0, 0};
     err e;
     cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &op, a, b, c, &st, &e), CODE_OK);
     /* N = 100 pads to 128 and K = 784 to 896: 100/128 * 784/896 = 68.4% */
@@ -269,13 +308,13 @@ Test(mxu, utilization_shows_padding_waste)
 Test(mxu, bad_shapes_are_refused)
 {
     float x[4] = {0};
-    struct mxu_op zero = {0, 1, 1, 0, 0, 0}, neg = {1, -2, 1, 0, 0, 0};
+    struct mxu_op zero = {0, 1, 1, 0, 0, 0, 0, 0}, neg = {1, -2, 1, 0, 0, 0, 0, 0};
     err e;
     cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &zero, x, x, x, NULL, &e), CODE_INVALID_ARGUMENT);
     cr_assert(strstr(e.msg, "m=0"), "%s", e.msg);
     cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &neg, x, x, x, NULL, &e), CODE_INVALID_ARGUMENT);
     cr_assert_eq(mxu_matmul(u, MXU_DEFAULT, &neg, NULL, x, x, NULL, &e), CODE_INVALID_ARGUMENT);
-    cr_assert_eq(mxu_matmul(u, (mxu_precision)7, &(struct mxu_op){1, 1, 1, 0, 0, 0}, x, x, x, NULL, &e),
+    cr_assert_eq(mxu_matmul(u, (mxu_precision)7, &(struct mxu_op){1, 1, 1, 0, 0, 0, 0, 0}, x, x, x, NULL, &e),
                  CODE_INVALID_ARGUMENT);
 }
 
@@ -311,7 +350,7 @@ Test(mxu, fixed_unit_sums_in_order_bit_for_bit)
     static const int64_t shapes[][3] = {{128, 128, 784}, {7, 10, 128}, {784, 128, 128}, {5, 3, 1}, {1, 1, 9}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         for (int t = 0; t < 8; t++) {
-            struct mxu_op op = {shapes[s][0], shapes[s][1], shapes[s][2], t & 1, (t >> 1) & 1, (t >> 2) & 1};
+            struct mxu_op op = {shapes[s][0], shapes[s][1], shapes[s][2], t & 1, (t >> 1) & 1, (t >> 2) & 1, 0, 0};
             size_t na = (size_t)(op.m * op.k), nb = (size_t)(op.k * op.n), nc = (size_t)(op.m * op.n);
             float *a = malloc(na * sizeof *a), *b = malloc(nb * sizeof *b), *c = malloc(nc * sizeof *c),
                   *want = malloc(nc * sizeof *want);
@@ -342,7 +381,7 @@ Test(mxu, fixed_unit_sums_in_order_bit_for_bit)
 
 Test(mxu, fixed_unit_refuses_bad_shapes)
 {
-    struct mxu_op op = {0, 4, 4, 0, 0, 0};
+    struct mxu_op op = {0, 4, 4, 0, 0, 0, 0, 0};
     float x[16] = {0}, y[16] = {0}, z[16];
     err e;
     cr_assert_eq(mxu_matmul_fixed(u, MXU_DEFAULT, &op, x, y, z, NULL, &e), CODE_INVALID_ARGUMENT);

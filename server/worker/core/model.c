@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bf16.h"
 #include "detmath.h"
 
 #define MODEL_MAX_ROWS (1 << 20)
@@ -24,6 +25,10 @@ struct layer {
     enum model_act act;
     size_t w, b;                /* offsets of kernel and bias in the parameter array */
     float *a;                   /* activations of the last forward, max_rows x units */
+    /* The last forward's bfloat16-rounded input (max_rows x in) and kernel
+     * (in x units), kept for the backward matmuls when the model rounds its
+     * operands itself (see preround); NULL in float32 models. */
+    float *ar, *wr;
 };
 
 struct model {
@@ -41,6 +46,7 @@ struct model {
     float *d0, *d1;             /* backward ping-pong, max_rows x widest layer */
     int out_rows;               /* rows of the last forward's outputs, -1 if none */
     int fresh;                  /* that forward ran on the current weights */
+    int rounded;                /* that forward kept its rounded operands (preround) */
     double mm_seconds;
     uint64_t mm_calls;
     struct model_rec *rec;      /* the profiler's records of this pass, or NULL */
@@ -167,6 +173,9 @@ int model_new(model **out, const struct model_cfg *cfg, mxu *u, err *e)
             widest = (size_t)L->units;
         if (!(L->a = floats(rows, (size_t)L->units)))
             goto oom;
+        if (m->prec == MXU_DEFAULT &&
+            (!(L->ar = floats(rows, (size_t)L->in)) || !(L->wr = floats((size_t)L->in, (size_t)L->units))))
+            goto oom;
     }
     m->nparams = off;
     m->nslots = cfg->opt.kind == OPT_ADAM ? 2 : cfg->opt.momentum != 0.0f ? 1 : 0;
@@ -190,8 +199,11 @@ void model_free(model *m)
 {
     if (!m)
         return;
-    for (int l = 0; l < MODEL_MAX_LAYERS; l++)
+    for (int l = 0; l < MODEL_MAX_LAYERS; l++) {
         free(m->layer[l].a);
+        free(m->layer[l].ar);
+        free(m->layer[l].wr);
+    }
     free(m->params);
     free(m->grads);
     free(m->slots);
@@ -317,10 +329,11 @@ static void rec_add(model *m, enum model_rec_kind kind, int layer, int op, int64
     r->t1 = t1;
 }
 
+/* exact_a, exact_b: that operand is already rounded to bfloat16 (mxu.h) */
 static int matmul(model *m, int layer, int which, int64_t M, int64_t N, int64_t K, int ta, int tb,
-                  const float *a, const float *b, float *c, err *e)
+                  const float *a, int exact_a, const float *b, int exact_b, float *c, err *e)
 {
-    struct mxu_op op = {M, N, K, ta, tb, 0};
+    struct mxu_op op = {M, N, K, ta, tb, 0, exact_a, exact_b};
     struct mxu_stats st;
     uint64_t t0 = m->rec ? model_now_ns() : 0;
     int rc = m->cfg.deterministic ? mxu_matmul_fixed(m->u, m->prec, &op, a, b, c, &st, e)
@@ -538,6 +551,17 @@ static int loss_pass(model *m, const void *y, int rows, struct model_metrics *ou
     return CODE_OK;
 }
 
+/* Whether the model rounds its matmuls' operands to bfloat16 itself, once a
+ * step, instead of the matrix unit rounding them at every matmul: the layer's
+ * input and kernel are each used by two matmuls (forward, then the weight- and
+ * input-gradient ones), and a product of the same rounded values has the same
+ * bits. Only where the unit rounds in float32 (the widened kernel, the
+ * portable one): a native bf16 kernel converts its operands anyway. */
+static int preround(const model *m)
+{
+    return m->prec == MXU_DEFAULT && (m->cfg.deterministic || !mxu_bf16_native(m->u));
+}
+
 int model_forward(model *m, const float *x, int rows, float *out, err *e)
 {
     const float *in = x;
@@ -552,10 +576,18 @@ int model_forward(model *m, const float *x, int rows, float *out, err *e)
     if (rows > 0 && !x)
         return err_set(e, CODE_INVALID_ARGUMENT, "model: missing input for %d rows", rows);
     m->x = x;
+    m->rounded = preround(m);
     for (int l = 0; l < m->cfg.nlayers && rows > 0; l++) {
         uint64_t t0 = m->rec ? model_now_ns() : 0;
+        const float *a = in, *w;
         L = &m->layer[l];
-        if ((rc = matmul(m, l, 0, rows, L->units, L->in, 0, 0, in, m->params + L->w, L->a, e)) != CODE_OK) {
+        w = m->params + L->w;
+        if (m->rounded) { /* once here, for the backward matmuls too */
+            bf16_round_n(L->ar, in, (size_t)rows * (size_t)L->in);
+            bf16_round_n(L->wr, w, (size_t)L->in * (size_t)L->units);
+            a = L->ar, w = L->wr;
+        }
+        if ((rc = matmul(m, l, 0, rows, L->units, L->in, 0, 0, a, m->rounded, w, m->rounded, L->a, e)) != CODE_OK) {
             err_prefix(e, "layer %d forward", l);
             return rc;
         }
@@ -600,14 +632,15 @@ int model_backward(model *m, const void *y, int rows, struct model_metrics *out,
     }
     for (int l = m->cfg.nlayers - 1; l >= 0; l--) {
         const struct layer *L = &m->layer[l];
-        const float *ain = l ? m->layer[l - 1].a : m->x;
+        const float *ain = m->rounded ? L->ar : l ? m->layer[l - 1].a : m->x;
+        const float *w = m->rounded ? L->wr : m->params + L->w;
         float *dn = d == m->d0 ? m->d1 : m->d0;
         uint64_t t0 = m->rec ? model_now_ns() : 0;
         /* dW = a_in^T . dZ; db = column sums of dZ; dA_in = dZ . W^T, then
          * through the previous layer's activation (none for the input) */
-        if ((rc = matmul(m, l, 1, L->in, L->units, rows, 1, 0, ain, d, m->grads + L->w, e)) != CODE_OK ||
+        if ((rc = matmul(m, l, 1, L->in, L->units, rows, 1, 0, ain, m->rounded, d, 0, m->grads + L->w, e)) != CODE_OK ||
             (l > 0 &&
-             (rc = matmul(m, l, 2, rows, L->in, L->units, 0, 1, d, m->params + L->w, dn, e)) != CODE_OK)) {
+             (rc = matmul(m, l, 2, rows, L->in, L->units, 0, 1, d, 0, w, m->rounded, dn, e)) != CODE_OK)) {
             err_prefix(e, "layer %d backward", l);
             return rc;
         }

@@ -388,11 +388,14 @@ int mxu_matmul(mxu *u, mxu_precision p, const struct mxu_op *op, const float *a,
     na = (size_t)op->m * (size_t)op->k;
     nb = (size_t)op->k * (size_t)op->n;
     if (!u->bf16_native) { /* widened: round in place of a copy, one pass each (see bf16_native) */
-        if ((rc = growf(&u->fa, &u->facap, na, e)) != CODE_OK || (rc = growf(&u->fb, &u->fbcap, nb, e)) != CODE_OK)
+        if ((!op->exact_a && (rc = growf(&u->fa, &u->facap, na, e)) != CODE_OK) ||
+            (!op->exact_b && (rc = growf(&u->fb, &u->fbcap, nb, e)) != CODE_OK))
             return rc;
-        bf16_round_n(u->fa, a, na);
-        bf16_round_n(u->fb, b, nb);
-        return run(u, op, dnnl_f32, u->fa, u->fb, c, stats, e);
+        if (!op->exact_a)
+            bf16_round_n(u->fa, a, na);
+        if (!op->exact_b)
+            bf16_round_n(u->fb, b, nb);
+        return run(u, op, dnnl_f32, op->exact_a ? a : u->fa, op->exact_b ? b : u->fb, c, stats, e);
     }
     if ((rc = grow(&u->abuf, &u->acap, na, e)) != CODE_OK || (rc = grow(&u->bbuf, &u->bcap, nb, e)) != CODE_OK)
         return rc;
@@ -438,8 +441,8 @@ int mxu_matmul_fixed(mxu *u, mxu_precision p, const struct mxu_op *op, const flo
         (rc = growf(&u->facc, &u->fccap, 4 * (size_t)op->n, e)) != CODE_OK)
         return rc;
     t0 = now();
-    normalize(u->fa, a, op->m, op->k, op->trans_a, p == MXU_DEFAULT);
-    normalize(u->fb, b, op->k, op->n, op->trans_b, p == MXU_DEFAULT);
+    normalize(u->fa, a, op->m, op->k, op->trans_a, p == MXU_DEFAULT && !op->exact_a);
+    normalize(u->fb, b, op->k, op->n, op->trans_b, p == MXU_DEFAULT && !op->exact_b);
     mxu_fixed_gemm(op->m, op->n, op->k, u->fa, u->fb, c, op->accumulate, u->facc);
     if (stats) {
         stats->seconds = now() - t0;

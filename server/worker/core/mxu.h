@@ -34,6 +34,9 @@ struct mxu_op {
     int64_t m, n, k;
     int trans_a, trans_b;
     int accumulate;
+    /* The operand already holds bfloat16 values (bf16_round_n's output):
+     * DEFAULT takes it as it is instead of rounding it again. */
+    int exact_a, exact_b;
 };
 
 /* What one call did. */
