@@ -290,12 +290,12 @@ static tpu_status on_batch_end(tpu_model *m, int epoch, size_t batch, const tpu_
 static void header(void)
 {
     fputs("| cores | batch/core | global | examples/s | step ms | matmul ms (in-proc) | fwd+bwd ms (in-proc) "
-           "| optimizer ms (in-proc) | matmul ms (on core) | compute ms (on core) | all-reduce ms | all-reduce ms (shortest core) | optimizer ms "
-           "| infeed wait ms "
+           "| optimizer ms (in-proc) | matmul ms (on core) | compute ms (on core) | all-reduce ms "
+           "| all-reduce ms (shortest core) | optimizer ms | infeed wait ms "
            "| input wait ms | non-matmul % | non-matmul % (time-shared) | steps |\n", stdout);
     fputs("|------:|-----------:|-------:|-----------:|--------:|--------------------:|---------------------:"
-           "|-----------------------:|--------------------:|---------------------:|--------------:|------------------------------:"
-           "|-------------:|---------------:"
+           "|-----------------------:|--------------------:|---------------------:|--------------:"
+           "|------------------------------:|-------------:|---------------:"
            "|--------------:|-------------:|---------------------------:|------:|\n", stdout);
 }
 

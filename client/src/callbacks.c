@@ -246,7 +246,8 @@ static tpu_status prof_write(struct prof *p, tpu_model *m)
                 i ? "," : "", (unsigned long long)s->step, s->rows, (unsigned long long)s->wall_ns,
                 (unsigned long long)s->input_wait_ns, (unsigned long long)s->compute_ns,
                 (unsigned long long)s->matmul_ns, (unsigned long long)s->allreduce_ns,
-                (unsigned long long)s->allreduce_min_ns, (unsigned long long)s->optimizer_ns, (unsigned long long)s->infeed_wait_ns);
+                (unsigned long long)s->allreduce_min_ns, (unsigned long long)s->optimizer_ns,
+                (unsigned long long)s->infeed_wait_ns);
         sum[0] += (double)s->wall_ns, sum[1] += (double)s->input_wait_ns, sum[2] += (double)s->compute_ns;
         sum[3] += (double)s->matmul_ns, sum[4] += (double)s->allreduce_ns, sum[5] += (double)s->optimizer_ns;
         sum[6] += (double)s->infeed_wait_ns, sum[7] += (double)s->allreduce_min_ns;
