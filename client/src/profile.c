@@ -52,6 +52,8 @@ struct pcore {
     uint64_t hbm_used, hbm_peak, hbm_cap;
     double peak_flops, hbm_bw, ici_bw; /* the real generation's, per device */
     unsigned mxu_dim;
+    unsigned host_cpus;               /* CPUs it may run on; 0: not said */
+    char boot_id[40];                 /* its kernel's; "": not said */
     uint64_t err_ns, dropped, since_w, seq;
     struct pev *ev;
     size_t n, cap;
@@ -195,6 +197,32 @@ static void keep_info(struct pcore *pc, const Tpuemu__ProfileInfo *pi)
     pc->hbm_bw = pi->hbm_bandwidth;
     pc->ici_bw = pi->ici_bandwidth;
     pc->mxu_dim = pi->mxu_dim ? pi->mxu_dim : 128;
+    pc->host_cpus = pi->host_cpus;
+    snprintf(pc->boot_id, sizeof pc->boot_id, "%s", pi->boot_id ? pi->boot_id : "");
+}
+
+/* The machine whose cores most outnumber its CPUs (tpu_profile_summary). */
+static void shared_cpus(const tpu_profile *p, tpu_profile_summary *out)
+{
+    for (size_t i = 0; i < p->n; i++) {
+        unsigned cores = 0, cpus = 0;
+        int first = 1;
+        if (!p->c[i].boot_id[0])
+            continue;
+        for (size_t j = 0; j < p->n; j++)
+            if (strcmp(p->c[j].boot_id, p->c[i].boot_id) == 0) {
+                first &= j >= i;
+                cores++;
+                if (p->c[j].host_cpus > cpus)
+                    cpus = p->c[j].host_cpus;
+            }
+        if (!first || !cpus || cores <= cpus)
+            continue;
+        if (!out->shared_cpus || (double)cores / cpus > (double)out->shared_cores / out->shared_cpus) {
+            out->shared_cores = cores;
+            out->shared_cpus = cpus;
+        }
+    }
 }
 
 static int sync_clock(struct pcore *pc, err *e)
@@ -1169,6 +1197,7 @@ tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out)
              "No step time measured. Therefore we cannot tell where the performance bottleneck is.");
     out->bottleneck = "none";
     out->advice = "capture while the model trains: no training step was in the capture";
+    shared_cpus(p, out);
     if (!rows || !nrows || !last_count || !late_sum) {
         rc = cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory for the profile's summary");
         goto done;
@@ -1337,6 +1366,11 @@ void tpu_profile_print_overview(const tpu_profile *p, FILE *f)
         fprintf(f, "All-reduce: the cores reach it %.3f ms apart (first to last, median step) and it ends %.3f ms "
                    "after the last one arrives\n",
                 sum.ar_spread_ms, sum.ar_after_last_ms);
+    if (sum.shared_cores)
+        fprintf(f, "CPUs: %u emulated cores share %u CPU%s of one machine: at most %u compute at once, and the "
+                   "others wait for their turn inside the all-reduce (the exchange itself is what runs after the "
+                   "last core arrives)\n",
+                sum.shared_cores, sum.shared_cpus, sum.shared_cpus == 1 ? "" : "s", sum.shared_cpus);
     for (size_t l = 0; l < sum.num_layers; l++)
         if (sum.layers[l].mxu_utilization < PROF_MXU_GOOD && sum.layers[l].padding[0])
             fprintf(f, "MXU of %-9s %5.1f%%: %s\n", layer_name(l), 100.0 * sum.layers[l].mxu_utilization,
@@ -1421,6 +1455,7 @@ tpu_status tpu_profile_write_overview_json(const tpu_profile *p, FILE *f)
     }
     fprintf(f, ",\"allreduce_spread_ms\":%.6f,\"allreduce_after_last_ms\":%.6f", sum.ar_spread_ms,
             sum.ar_after_last_ms);
+    fprintf(f, ",\"shared_cores\":%u,\"shared_cpus\":%u", sum.shared_cores, sum.shared_cpus);
     fprintf(f, ",\"straggler\":");
     if (sum.straggler >= 0)
         fcore(f, p, sum.straggler);

@@ -21,6 +21,7 @@
  *    RUN/, RUN the local time; profile_batch counts executions. */
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +114,14 @@ static tpu_model *train_with(colltest *t, const struct how *h)
     tpu_history_free(hist);
     tpu_dataset_free(ds);
     return m;
+}
+
+/* The CPUs this process may run on (its workers inherit them). */
+static unsigned my_cpus(void)
+{
+    cpu_set_t set;
+    cr_assert_eq(sched_getaffinity(0, sizeof set, &set), 0);
+    return (unsigned)CPU_COUNT(&set);
 }
 
 static tpu_model *train(colltest *t, size_t batch, size_t hidden, int epochs)
@@ -220,6 +229,10 @@ static void check_overview_json(const char *trace, const tpu_profile_summary *su
         total += v;
     }
     cr_assert(fabs(total - 1.0) < 0.02, "the JSON's split adds up to %.3f", total);
+    cr_assert_eq(json_num(json_get(o, "shared_cores"), &v), 0);
+    cr_assert_eq(v, (double)sum->shared_cores);
+    cr_assert_eq(json_num(json_get(o, "shared_cpus"), &v), 0);
+    cr_assert_eq(v, (double)sum->shared_cpus);
     json_free(o);
 }
 
@@ -403,6 +416,15 @@ Test(profile, trace_of_a_training_run, .timeout = 120)
                       (unsigned long long)pc.clock_error_ns);
     }
     CALL_OK(tpu_profile_summarize(p, &sum));
+    /* the 4 cores run on this machine's CPUs (the ones this test may use,
+     * which its workers inherit): shared when there are fewer of them */
+    if (4 > my_cpus()) {
+        cr_assert_eq(sum.shared_cores, 4u);
+        cr_assert_eq(sum.shared_cpus, my_cpus());
+    } else {
+        cr_assert_eq(sum.shared_cores, 0u, "%u cores share %u CPUs?", sum.shared_cores, sum.shared_cpus);
+        cr_assert_eq(sum.shared_cpus, 0u);
+    }
     /* 8 steps per core, of which the 7 after the first have a period */
     cr_assert_eq(sum.steps, 4u * 7u, "%zu core-steps with a period", sum.steps);
     double total = 0;
@@ -451,6 +473,46 @@ Test(profile, trace_of_a_training_run, .timeout = 120)
     snprintf(path, sizeof path, "%s/steps.svg", cl_tmpdir());
     CALL_OK(tpu_profile_plot_svg(p, path));
     check_plot(path, &sum, 4, 7); /* steps 2..8 have a period */
+    tpu_profile_free(p);
+    tpu_model_free(m);
+    ct_free(t);
+}
+
+/* Two cores on one CPU (the workers inherit this test's affinity, pinned to
+ * one CPU while they start): the overview says that they take turns, and why
+ * the all-reduce then holds a wait. */
+Test(profile, cores_sharing_a_cpu_are_named, .timeout = 120)
+{
+    cpu_set_t all, one;
+    cr_assert_eq(sched_getaffinity(0, sizeof all, &all), 0);
+    CPU_ZERO(&one);
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &all)) {
+            CPU_SET(c, &one);
+            break;
+        }
+    cr_assert_eq(sched_setaffinity(0, sizeof one, &one), 0);
+    colltest *t = ct_start(1, (int[]){2}, NULL, HB_MS);
+    cr_assert_eq(sched_setaffinity(0, sizeof all, &all), 0);
+    tpu_model *m = train(t, 256, 128, 2);
+    tpu_profile *p;
+    tpu_profile_summary sum;
+    char path[512], line[1024];
+    int said = 0;
+
+    CALL_OK(tpu_profile_capture(t->c, 0, &p));
+    CALL_OK(tpu_profile_summarize(p, &sum));
+    cr_assert_eq(sum.shared_cores, 2u);
+    cr_assert_eq(sum.shared_cpus, 1u);
+    snprintf(path, sizeof path, "%s/overview.txt", cl_tmpdir());
+    FILE *f = fopen(path, "w+");
+    cr_assert_not_null(f);
+    tpu_profile_print_overview(p, f);
+    rewind(f);
+    while (fgets(line, sizeof line, f))
+        said |= strstr(line, "CPUs: 2 emulated cores share 1 CPU of one machine") == line;
+    fclose(f);
+    cr_assert(said, "no line on the shared CPU in the overview (%s)", path);
     tpu_profile_free(p);
     tpu_model_free(m);
     ct_free(t);

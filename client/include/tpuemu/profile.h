@@ -154,6 +154,13 @@ typedef struct tpu_profile_summary {
      * the last one arrived. The first is waiting, for a straggler or for
      * CPUs that emulated cores share; the second is the exchange itself. */
     double ar_spread_ms, ar_after_last_ms;
+    /* The machine whose captured cores most outnumber its CPUs (cores are
+     * grouped by the kernel they run on, so processes, containers and network
+     * namespaces of one machine count together): shared_cores emulated cores
+     * take turns on shared_cpus CPUs there, and a core's all-reduce includes
+     * waiting for the others' turns. Both 0 when no machine has more cores
+     * than CPUs. */
+    unsigned shared_cores, shared_cpus;
 } tpu_profile_summary;
 TPU_API tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out);
 
