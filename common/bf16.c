@@ -98,8 +98,7 @@ AVX512 static void from_f32_avx512(uint16_t *dst, const float *src, size_t n)
         __m512i r = round_lanes(_mm512_loadu_si512((const void *)(src + i)));
         _mm256_storeu_si256((__m256i *)(void *)(dst + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
     }
-    for (; i < n; i++)
-        dst[i] = bf16_from_f32(src[i]);
+    bf16_from_f32_n_portable(dst + i, src + i, n - i);
 }
 
 AVX512 static void round_avx512(float *dst, const float *src, size_t n)
@@ -109,8 +108,7 @@ AVX512 static void round_avx512(float *dst, const float *src, size_t n)
         __m512i r = round_lanes(_mm512_loadu_si512((const void *)(src + i)));
         _mm512_storeu_si512((void *)(dst + i), _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
     }
-    for (; i < n; i++)
-        dst[i] = bf16_to_f32(bf16_from_f32(src[i]));
+    bf16_round_n_portable(dst + i, src + i, n - i);
 }
 
 static int have_avx512(void)

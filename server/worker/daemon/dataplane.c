@@ -90,8 +90,8 @@ static void free_payload(void *arg, int status)
     free(arg);
 }
 
-/* The CPUs this process may run on. */
-static uint32_t cpus_online(void)
+/* The CPUs this process may run on (its affinity; else those online). */
+static uint32_t cpus_allowed(void)
 {
     cpu_set_t set;
     long n;
@@ -154,7 +154,7 @@ static void profile_answer(const struct dp_env *env, dp_conn *c, const Tpuemu__F
     pi.hbm_bandwidth = env->preset->hbm_bw_per_core;
     pi.ici_bandwidth = env->preset->ici_bw_per_chip / env->preset->cores_per_chip;
     pi.mxu_dim = (uint32_t)env->preset->mxu_dim;
-    pi.host_cpus = cpus_online();
+    pi.host_cpus = cpus_allowed();
     pi.boot_id = (char *)boot_id();
     pi.host_service = env->profiler_only != 0;
     pi.resolver = (char *)(env->profiler_only && env->resolver_addr ? env->resolver_addr : "");
