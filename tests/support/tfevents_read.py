@@ -3,7 +3,7 @@
 
 Reads every events.out.tfevents.* file under the directories given and
 prints one JSON object: per file its name's parts and its events. It shares
-no code with the writer (client/src/tfevents.c): its own CRC32C (bit by
+no code with the writer (client/src/profile/tfevents.c): its own CRC32C (bit by
 bit, not a table), its own TFRecord framing and its own protobuf decoding
 (varints, the four wire types, unknown fields skipped), from the formats as
 TensorFlow defines them:

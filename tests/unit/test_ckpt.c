@@ -1,4 +1,4 @@
-/* Unit tests of client/src/ckpt: atomic checkpoint files with a checksum.
+/* Unit tests of client/src/train/ckpt.c: atomic checkpoint files with a checksum.
  * Every test works in its own mkdtemp directory under /tmp, removed after. */
 #include <dirent.h>
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* Unit tests of the client's data-plane I/O (client/src/dpio.c) over real
+/* Unit tests of the client's data-plane I/O (client/src/rpc/dpio.c) over real
  * socketpairs: the bytes a queued frame puts on the wire, payloads read
  * straight into the caller's memory, a peer that closes or sends a bad
  * prefix, the deadline and the grace. The far end is the test itself (a
