@@ -91,6 +91,8 @@ tpu_status cli_fail(const err *e);
 /* *out from a wire Notice (NULL: none) (health.c). */
 void cli_notice_from(const Tpuemu__Notice *n, tpu_notice *out);
 tpu_status cli_failf(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Emits a warning through the handler of tpu_set_warning_handler (warn.c). */
+void cli_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* tpu_initialize_system; restoring: the caller puts its model's state back
  * on the new system itself (elastic fit), so no warning that re-initializing

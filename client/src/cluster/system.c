@@ -1,8 +1,7 @@
 /* The TPU system: initialize (a new epoch, every chosen core reset), check
  * that the epoch a handle initialized is still current, shut down, and
  * forget a dead core. */
-#include "client.h"
-#include "model_int.h"
+#include "coll.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -49,10 +48,10 @@ tpu_status cli_initialize_system(tpu_cluster *c, const tpu_init_options *opts, t
     /* TensorFlow's initialize_tpu_system (tensorflow/python/tpu/tpu_strategy_util.py)
      * warns when the TPU it names was initialized already; the words are its own */
     if (c->coll && !restoring)
-        model_warn("TPU system %s has already been initialized. Reinitializing the TPU can cause previously "
-                   "created variables on TPU to be lost. (epoch %llu: a model trained on it must load a "
-                   "checkpoint or be compiled again)", tpu_resolver_master(c->r),
-                   (unsigned long long)c->coll->epoch);
+        cli_warn("TPU system %s has already been initialized. Reinitializing the TPU can cause previously "
+                 "created variables on TPU to be lost. (epoch %llu: a model trained on it must load a "
+                 "checkpoint or be compiled again)", tpu_resolver_master(c->r),
+                 (unsigned long long)c->coll->epoch);
     if (opts) {
         body.expect = opts->expect;
         body.timeout_ms = opts->timeout_ms;

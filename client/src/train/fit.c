@@ -386,8 +386,8 @@ static void warn_batch(tpu_model *m, size_t b)
         return;
     m->warned_batch = b;
     if (per % 8 || b % 128)
-        model_warn("global batch %zu (%zu per core on %zu cores) is not a multiple of 8 per core and 128 overall: "
-                   "the MXU's 128x128 tiles run partly empty; use 128 x %zu = %zu", b, per, n, n, 128 * n);
+        cli_warn("global batch %zu (%zu per core on %zu cores) is not a multiple of 8 per core and 128 overall: "
+                 "the MXU's 128x128 tiles run partly empty; use 128 x %zu = %zu", b, per, n, n, 128 * n);
 }
 
 static double nan_or(int have, double v)
@@ -623,8 +623,8 @@ static int elastic_after_step(tpu_model *m, const tpu_fit_options *o, struct ela
         snprintf(ev.cause, sizeof ev.cause, "a %s notice came from core %s (the event in %.1f s)",
                  m->notice.kind == TPU_NOTICE_PREEMPTION ? "preemption" : "maintenance", who,
                  (double)m->notice.event_in_ms / 1000.0);
-        model_warn("elastic training: %s: state saved after step %llu (%s); training goes on until the event",
-                   ev.cause, (unsigned long long)ev.step, ev.from);
+        cli_warn("elastic training: %s: state saved after step %llu (%s); training goes on until the event",
+                 ev.cause, (unsigned long long)ev.step, ev.from);
         return history_add_event(el->h, &ev, e);
     }
     if (m->step >= el->snap.step + every)
@@ -687,7 +687,7 @@ static int elastic_recover(tpu_model *m, tpu_dataset *ds, struct elastic *el, co
     char why[ERR_MSG_MAX] = "", from[sizeof ((tpu_elastic_event *)0)->from] = "memory";
     tpu_elastic_event ev;
 
-    model_warn("elastic training: %s; waiting up to %.1f s for %d live cores", cause, (double)wait / 1000.0, want);
+    cli_warn("elastic training: %s; waiting up to %.1f s for %d live cores", cause, (double)wait / 1000.0, want);
     /* every replica back in time: the same system again */
     for (int tries = 0; !got && tries < 100000; tries++) {
         uint64_t now = now_ms();
@@ -743,7 +743,7 @@ static int elastic_recover(tpu_model *m, tpu_dataset *ds, struct elastic *el, co
         struct model_snap fsn;
         err fe;
         if (model_snap_read(m, eo->checkpoint, &fsn, &fe) != CODE_OK) {
-            model_warn("elastic training: %s (the snapshot in memory is used)", fe.msg);
+            cli_warn("elastic training: %s (the snapshot in memory is used)", fe.msg);
         } else if (fsn.step > el->snap.step) {
             model_snap_free(&el->snap);
             el->snap = fsn;
@@ -772,13 +772,13 @@ static int elastic_recover(tpu_model *m, tpu_dataset *ds, struct elastic *el, co
     ev.seconds = (double)(now_ms() - t0) / 1000.0;
     copy_str(ev.cause, sizeof ev.cause, cause);
     if (n == before)
-        model_warn("elastic training: restored with %d replicas, global batch %zu, from step %llu (%s) after %.1f s", n,
-                   gb, (unsigned long long)el->snap.step, ev.from, ev.seconds);
+        cli_warn("elastic training: restored with %d replicas, global batch %zu, from step %llu (%s) after %.1f s", n,
+                 gb, (unsigned long long)el->snap.step, ev.from, ev.seconds);
     else
-        model_warn("elastic training: went on with %d replicas (was %d), global batch %zu, from step %llu (%s) after "
-                   "%.1f s: %d core%s not back within %.1f s%s%s", n, before, gb, (unsigned long long)el->snap.step,
-                   ev.from, ev.seconds, before - n, before - n == 1 ? " was" : "s were", (double)wait / 1000.0,
-                   first_why[0] ? "; " : "", first_why);
+        cli_warn("elastic training: went on with %d replicas (was %d), global batch %zu, from step %llu (%s) after "
+                 "%.1f s: %d core%s not back within %.1f s%s%s", n, before, gb, (unsigned long long)el->snap.step,
+                 ev.from, ev.seconds, before - n, before - n == 1 ? " was" : "s were", (double)wait / 1000.0,
+                 first_why[0] ? "; " : "", first_why);
     return history_add_event(el->h, &ev, e);
 }
 

@@ -18,30 +18,6 @@
 #define CALL_BYTES_PER_MS 20000u
 #define CKPT_FORMAT "tpuemu model checkpoint 1"
 
-/* ---- warnings ---- */
-
-static tpu_warning_fn warn_fn;
-static void *warn_user;
-
-void tpu_set_warning_handler(tpu_warning_fn fn, void *user)
-{
-    warn_fn = fn;
-    warn_user = user;
-}
-
-void model_warn(const char *fmt, ...)
-{
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (warn_fn)
-        warn_fn(msg, warn_user);
-    else
-        fprintf(stderr, "tpuemu: warning: %s\n", msg);
-}
-
 uint64_t model_deadline(tpu_cluster *c, size_t bytes)
 {
     /* at least twice the cluster's dead-core time: a cluster run with a long

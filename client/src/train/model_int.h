@@ -78,8 +78,6 @@ int model_ensure_compiled(tpu_model *m, size_t global_batch, err *e);
 /* Number of trainable floats and optimizer slots. */
 size_t model_nparams(const tpu_model *m);
 int model_nslots(const tpu_model *m);
-/* Emits a performance warning through the handler. */
-void model_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* The step's times as its slowest core saw them: each field the largest of
  * the cores' answers so far, and allreduce_min_ns the smallest non-zero
