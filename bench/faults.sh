@@ -13,7 +13,7 @@
 #      preempt (notice 3000), maintenance 4000 (notice 1000) into a random core,
 #      while fashion_mnist runs round after round with --checkpoint and
 #      --recover 20: a round that exits 42 (preempted: its checkpoint saved) is
-#      started again with the same flags, as its README says, and goes on.
+#      started again with the same flags, as docs/operations/deploy.md says, and goes on.
 # It prints the faults by kind, the rounds finished, the recoveries and
 # preemption restarts, the time lost per round against the clean one, the
 # hangs (a round that did not finish within ROUND_TIMEOUT_S; goal 0), each

@@ -17,7 +17,7 @@
  * with --recover it survives a core that dies: on UNAVAILABLE it waits for
  * the cluster to be whole again, re-initializes the TPU system, compiles the
  * model onto the new system, loads the last checkpoint and goes on, as the
- * README's "Checkpoints" describes. With --checkpoint it also acts on a
+ * "Checkpoints" in docs/guide/training.md describes. With --checkpoint it also acts on a
  * preemption or maintenance notice as TensorFlow's PreemptionCheckpointHandler
  * does: every replica stops at the same step, the checkpoint is saved, and
  * the program exits with status 42 (EXIT_PREEMPTED, TensorFlow's restartable

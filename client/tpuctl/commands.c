@@ -751,7 +751,7 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
          "preempt, maintenance: from the notice to the event (default 30000 for preempt, 60000 for maintenance, "
          "as Compute Engine gives)", &notice},
         {"scenario", NULL, OPT_STRING, NULL, 0, 0, "FILE",
-         "inject the faults a scenario file lists (README: scenario files), all checked first", &scen},
+         "inject the faults a scenario file lists (docs/guide/faults.md: scenario files), all checked first", &scen},
         {"seed", NULL, OPT_INT, NULL, 0, 4294967295LL, "N",
          "the seed for a scenario's random targets and losses (default: its 'seed' line, else one chosen and "
          "printed), or for link-loss's losses (default 0)", &seed},

@@ -126,7 +126,7 @@ check_units() {
     want "$u" '^ExecStart=/usr/local/bin/tpu-worker .*--core %i' "the instance name is not the core (--core %i)" || rc=1
     refuse "$u" '^MemoryDenyWriteExecute=(yes|true|1)' "MemoryDenyWriteExecute= breaks oneDNN's JIT (every step fails)" || rc=1
     if grep -q '^DynamicUser=yes' "$u" && ! grep -qE '^User=[a-z]' "$u"; then
-        echo "  $(basename "$u"): DynamicUser= without User=: the instances' user is named after the template (tpu-worker), not tpuemu, the user the README names and the resolver runs as"
+        echo "  $(basename "$u"): DynamicUser= without User=: the instances' user is named after the template (tpu-worker), not tpuemu, the user docs/operations/systemd.md names and the resolver runs as"
         rc=1
     fi
     for f in "$d/resolver.env" "$d/worker.env"; do

@@ -198,7 +198,7 @@ Test(faults, sigstop_mid_allreduce_repeatedly, .timeout = 240)
 }
 
 /* With the default heartbeat settings (1000 ms x 3): every survivor fails
- * within the README's 2.4 s of a core hanging, plus the allowance. */
+ * within the 2.4 s docs/design/collectives.md states of a core hanging, plus the allowance. */
 Test(faults, sigstop_with_default_settings, .timeout = 120)
 {
     colltest *t = ct_start(2, (int[]){2, 1}, NULL, 1000);

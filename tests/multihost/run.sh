@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A cluster over several machines, emulated with network namespaces: the
-# README's "On several machines" commands, run verbatim, on three machines on
+# "On several machines" commands of docs/operations/cluster.md, run verbatim, on three machines on
 # one switch, then one machine cut off in the middle of a training run.
 #
 #   machine A (10.213.0.1)  tpu-resolver --listen 0.0.0.0:8470 --token-file token,
@@ -10,18 +10,18 @@
 #
 # Each machine is a network namespace with its own loopback and one veth to a
 # bridge that lives in a fourth, "switch" namespace: the test adds nothing to the
-# root namespace and talks to no address but its own machines'. The README's
+# root namespace and talks to no address but its own machines'. The documented
 # host id defaults to the hostname, which network namespaces share (B and C
 # would both claim <hostname>/0..3 and the later machine's workers be refused
 # with ALREADY_EXISTS), so each worker machine also gets its own UTS namespace and
 # hostname (machine-b, machine-c), as separate machines have: the commands stay
-# the README's, with no --host-id.
+# the documented ones, with no --host-id.
 #
 # What it checks: 8 cores on 2 hosts come up and initialize; an all-reduce
 # across the machines is correct; fashion_mnist trains 2 epochs across them;
 # then, with a long training run going, C's link is cut on the switch
 # (`ip link set veth-c down`): the run must fail with UNAVAILABLE naming a core of
-# machine-c within the README's dead-core bound (plus a margin), `tpuctl cluster`
+# machine-c within the documented dead-core bound (plus a margin), `tpuctl cluster`
 # must show C's 4 cores DEAD, `tpuctl init --allow-partial` must initialize B's 4
 # cores with C's listed missing, and an all-reduce and a training run on those 4
 # must succeed. Finally C's link comes back and its workers must be READY again.
@@ -49,7 +49,7 @@ A_IP=10.213.0.1
 B_IP=10.213.0.2
 C_IP=10.213.0.3
 TPU=grpc://$A_IP:8470
-# The README's bound with the defaults (heartbeat 1 s x dead-after 3 = 3 s of
+# The documented bound with the defaults (heartbeat 1 s x dead-after 3 = 3 s of
 # dead-core time): the survivors blame a cut-off core after half of it plus a
 # liveness probe (about 2.3 s), and fit then gives the cut-off cores' own
 # answers 2 x 3 s + 1 s more before it returns: about 9.3 s. A margin on top for
@@ -131,7 +131,7 @@ for m in a b c; do
 done
 say "network: $A ($A_IP), $B ($B_IP), $C ($C_IP) on a bridge in $SW"
 
-# ---- the README's commands
+# ---- the documented commands
 head -c 32 /dev/urandom | base64 >"$work/token" # copy this file to every machine
 # machine A:
 on "$A" tpu-resolver --listen 0.0.0.0:8470 --token-file token 2>"$work/resolver.log" &

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A real Prometheus (Debian's) scraping a training cluster, through the
 # scrape configuration a user takes from deploy/prometheus/local.yml, and the
-# dashboard's PromQL queries of the README asked of its HTTP API:
+# dashboard's PromQL queries of docs/operations/metrics.md asked of its HTTP API:
 #  - promtool accepts deploy/prometheus/local.yml and compose.yml;
 #  - a resolver and 4 workers (2 hosts x 2 cores) on loopback, each with its
 #    metrics port; Prometheus on a loopback port with local.yml, its targets
@@ -15,7 +15,7 @@
 #    core runs every step), and at least the steps bench_train measured;
 #  - a worker killed with SIGKILL: the cores by state show 1 DEAD and its
 #    target is down.
-# Every query the test asks is one the README shows. Fails saying why when
+# Every query the test asks is one docs/operations/metrics.md shows. Fails saying why when
 # Prometheus cannot start. Everything it started stops on any exit.
 #
 #   tests/prometheus/run.sh [BUILD_DIR]      (default: build)
@@ -149,7 +149,7 @@ Q_BYTES='sum(rate(tpuemu_worker_allreduce_bytes_total[1m]))'
 Q_CORES='sum by (state) (tpuemu_resolver_cores)'
 Q_P90='histogram_quantile(0.9, sum by (le) (rate(tpuemu_worker_step_seconds_bucket[1m])))'
 for query in "$Q_STEPS" "$Q_BYTES" "$Q_CORES" "$Q_P90" 'up{job=~"tpuemu-.*"}'; do
-    grep -qF -- "$query" README.md || fail "the README does not show the query $query"
+    grep -qF -- "$query" docs/operations/metrics.md || fail "docs/operations/metrics.md does not show the query $query"
 done
 say "bench_train on the 4 cores for 15 s"
 timeout 300 "$bin/bench_train" --tpu "$tpu" --cores 4 --batch 32 --seconds 15 --warmup 20 >"$work/train.txt" 2>&1 &

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The systemd units of deploy/systemd under a real, running systemd: a Debian 12
 # container booted with systemd-nspawn (its own systemd as PID 1, the host's
-# network shared, every daemon on loopback), set up exactly as the README's
+# network shared, every daemon on loopback), set up exactly as docs/operations/systemd.md's
 # "systemd" section tells a user, then checked for what a user relies on:
-#  - `cmake --install` of the build into the container's /usr/local, the README's
+#  - `cmake --install` of the build into the container's /usr/local, docs/operations/systemd.md's
 #    install commands run inside it (token, units, env files; the env files
 #    edited for a one-machine cluster on loopback), `systemctl daemon-reload`,
 #    `systemctl enable --now tpu-resolver` and `tpu-worker@{0..3}`;
@@ -127,7 +127,7 @@ root=$work/root
 mkdir "$root" && tar -C "$root" -xf "$sdtar" || fail "cannot unpack $sdtar"
 host=tpuemu-sd-$$ # the container's hostname: the workers' default host id
 echo "$host" >"$root/etc/hostname"
-# the README's first step on each machine: the daemons, library and clients under /usr/local
+# docs/operations/systemd.md's first step on each machine: the daemons, library and clients under /usr/local
 DESTDIR=$root cmake --install "$build" --prefix /usr/local >"$work/install.log" 2>&1 ||
     { tail -5 "$work/install.log"; fail "DESTDIR=$root cmake --install $build failed"; }
 
@@ -161,10 +161,10 @@ if [ "$state" != running ]; then
 fi
 ok "a real systemd is running in the container: $(sx systemctl --version | head -1) as PID 1 of $host"
 
-# ---- install as the README says (run inside the container, in the repository)
+# ---- install as docs/operations/systemd.md says (run inside the container, in the repository)
 port=$((20000 + RANDOM % 12000)) # the host's network: a free loopback port below the ephemeral range
 while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
-say "installing the units as the README says; the resolver on 127.0.0.1:$port"
+say "installing the units as docs/operations/systemd.md says; the resolver on 127.0.0.1:$port"
 cat >"$root/root/setup.sh" <<EOF
 set -eu
 cd /src
@@ -182,7 +182,7 @@ systemctl daemon-reload
 systemctl enable --now tpu-resolver
 systemctl enable --now tpu-worker@{0..3}
 EOF
-sx bash /root/setup.sh >"$work/setup.log" 2>&1 || { cat "$work/setup.log"; fail "the README's install commands failed in the container"; }
+sx bash /root/setup.sh >"$work/setup.log" 2>&1 || { cat "$work/setup.log"; fail "the install commands of docs/operations/systemd.md failed in the container"; }
 units=(tpu-resolver tpu-worker@0 tpu-worker@1 tpu-worker@2 tpu-worker@3)
 active=0
 for _ in $(seq 60); do # 30 s
@@ -208,7 +208,7 @@ ok "the four workers registered as $host/0..3 (the hostname as host id)"
 # ---- the credential
 mainpid() { sx systemctl show -p MainPID --value "$1"; }
 tok_mode=$(sx stat -c '%a %U' /etc/tpuemu/token)
-[ "$tok_mode" = "600 root" ] || fail "/etc/tpuemu/token is '$tok_mode', not 600 root as the README installs it"
+[ "$tok_mode" = "600 root" ] || fail "/etc/tpuemu/token is '$tok_mode', not 600 root as docs/operations/systemd.md installs it"
 for u in tpu-resolver.service tpu-worker@0.service tpu-worker@3.service; do
     pid=$(mainpid "$u")
     args=$(sx cat "/proc/$pid/cmdline" | tr '\0' ' ')

@@ -184,7 +184,7 @@ typedef struct tpu_compile_options {
      * fixed order, no FMA) instead of oneDNN's kernel for its CPU, and takes
      * exp, log and tanh from a fixed implementation instead of libm; the same
      * seed and data then give bitwise identical weights on any x86-64 host.
-     * Slower (README, "The emulated core"). Also runs mixed_bfloat16 on hosts
+     * Slower (docs/design/emulated-core.md). Also runs mixed_bfloat16 on hosts
      * without AVX-512, where oneDNN has no bf16 matmul. */
     int deterministic;
 } tpu_compile_options;

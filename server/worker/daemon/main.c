@@ -565,7 +565,7 @@ static size_t prefault_kb(void)
  * them: the first initialize is the first time a worker needs that much more
  * (the decoded reset, the peer table's columns, a link per replica), and a
  * fresh page costs 20-36 us in a VM. At 1,024 workers on two CPUs those
- * faults were a third of the first initialize (README: pod scale). */
+ * faults were a third of the first initialize (docs/performance.md: pod scale). */
 static void heap_prefault(size_t bytes)
 {
 #ifdef __GLIBC__
