@@ -1,11 +1,13 @@
 /* Token, key, MACs and the replay cache. */
 #include "auth.h"
+#include "safefile.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
 #include <sodium.h>
 
 void auth_global_init(void)
@@ -37,11 +39,21 @@ int auth_load(auth *a, const char *token_file, err *e)
     memset(a, 0, sizeof *a);
     if (token_file && *token_file) {
         char buf[4097];
-        FILE *f = fopen(token_file, "rb");
+        FILE *f = NULL;
         size_t n;
-        if (!f)
+        int fd, rc0;
+        /* opened without blocking and only if it is a regular file: a FIFO
+         * would wait forever, a directory would read as 0 bytes */
+        if ((rc0 = safefile_open_read("token file", token_file, &fd, e)) != CODE_OK) {
+            if (e)
+                e->code = CODE_INVALID_ARGUMENT;
+            return CODE_INVALID_ARGUMENT;
+        }
+        if (!(f = fdopen(fd, "rb"))) {
+            close(fd);
             return err_set(e, CODE_INVALID_ARGUMENT, "cannot read token file %s: %s",
                            token_file, strerror(errno));
+        }
         n = fread(buf, 1, sizeof buf, f);
         fclose(f);
         if (n == sizeof buf)

@@ -2,11 +2,14 @@
 #define _POSIX_C_SOURCE 200809L
 #include "scenario.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
+#include "safefile.h"
 #include "xorshift.h"
 
 static int num(const char *s, long long lo, long long hi, long long *v)
@@ -220,13 +223,20 @@ static int parse_fault(char **w, int n, struct scen_fault *sf, char *why, size_t
 
 int scenario_load(const char *path, struct scenario *s, char *why, size_t errn)
 {
-    FILE *fp = fopen(path, "r");
+    FILE *fp = NULL;
     char line[1024], msg[400], *w[MAX_WORDS];
-    int lineno = 0, n;
+    int lineno = 0, n, fd;
+    err e;
 
     memset(s, 0, sizeof *s);
-    if (!fp) {
-        snprintf(why, errn, "cannot read scenario %s", path);
+    /* never blocks on a FIFO, refuses a directory naming it */
+    if (safefile_open_read("scenario", path, &fd, &e) != CODE_OK) {
+        snprintf(why, errn, "%s", e.msg);
+        return -1;
+    }
+    if (!(fp = fdopen(fd, "r"))) {
+        close(fd);
+        snprintf(why, errn, "cannot read scenario %s: %s", path, strerror(errno));
         return -1;
     }
     while (fgets(line, sizeof line, fp)) {

@@ -5,11 +5,13 @@
 #include "topo.h"
 
 #include "config.h"
+#include "safefile.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define TOPO_FILE_MAX (16u << 20)
 
@@ -106,9 +108,31 @@ int tpuctl_topo_save(const tpu_topology *t, const char *path)
         fprintf(stderr, "tpuctl: not writing %s: %s\n", path, tpu_last_error());
         return EXIT_ERROR;
     }
-    if (!(f = fopen(path, "wb")) || fwrite(ser, 1, nser, f) != nser || fclose(f) != 0) {
-        int en = errno;
+    struct safefile sf;
+    err e;
+    if (safefile_open(&sf, "serialized topology", path, &e) != CODE_OK) {
+        fprintf(stderr, "tpuctl: %s\n", e.msg);
+        return EXIT_ERROR;
+    }
+    if (!(f = fdopen(sf.fd, "wb"))) {
+        fprintf(stderr, "tpuctl: cannot write the serialized topology to %s: %s\n", path, strerror(errno));
+        safefile_abort(&sf);
+        return EXIT_ERROR;
+    }
+    sf.fd = -1;
+    int bad = fwrite(ser, 1, nser, f) != nser;
+    int en = errno;
+    if (fclose(f) != 0 && !bad) {
+        bad = 1;
+        en = errno;
+    }
+    if (bad) {
         fprintf(stderr, "tpuctl: cannot write the serialized topology to %s: %s\n", path, strerror(en));
+        safefile_abort(&sf);
+        return EXIT_ERROR;
+    }
+    if (safefile_commit(&sf, 0, &e) != CODE_OK) {
+        fprintf(stderr, "tpuctl: %s\n", e.msg);
         return EXIT_ERROR;
     }
     return EXIT_OK;
@@ -141,8 +165,14 @@ int tpuctl_cmd_topology(const struct tpuctl *g, int argc, char **argv)
                 rc != CODE_OK ? e.msg : "one FILE expected", usage);
         return EXIT_USAGE;
     }
-    if (!(f = fopen(argv[first], "rb"))) {
+    int fd;
+    if (safefile_open_read("topology", argv[first], &fd, &e) != CODE_OK) {
+        fprintf(stderr, "tpuctl topology: %s\n", e.msg);
+        return EXIT_ERROR;
+    }
+    if (!(f = fdopen(fd, "rb"))) {
         fprintf(stderr, "tpuctl topology: cannot open %s: %s\n", argv[first], strerror(errno));
+        close(fd);
         return EXIT_ERROR;
     }
     for (;;) {

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
 #include <criterion/criterion.h>
 
 #include "auth.h"
@@ -102,6 +103,24 @@ Test(auth, empty_and_huge_token_files)
     close(fd);
     cr_assert_eq(auth_load(&a, path, &e), CODE_INVALID_ARGUMENT, "file over 4096 bytes");
     unlink(path);
+}
+
+/* A FIFO as the token file is refused at once (it used to wait forever for
+ * a writer), and a directory is named as one (it used to read as "0 bytes"). */
+Test(auth, fifo_and_directory_token_files_are_refused, .timeout = 10)
+{
+    auth a;
+    err e;
+    char d[] = "/tmp/tpuemu-auth-XXXXXX", p[64];
+    cr_assert_not_null(mkdtemp(d));
+    snprintf(p, sizeof p, "%s/token", d);
+    cr_assert_eq(mkfifo(p, 0600), 0);
+    cr_assert_eq(auth_load(&a, p, &e), CODE_INVALID_ARGUMENT);
+    cr_assert(strstr(e.msg, p) && strstr(e.msg, "a FIFO"), "%s", e.msg);
+    cr_assert_eq(auth_load(&a, d, &e), CODE_INVALID_ARGUMENT);
+    cr_assert(strstr(e.msg, "a directory") && !strstr(e.msg, "0 bytes"), "%s", e.msg);
+    unlink(p);
+    rmdir(d);
 }
 
 Test(auth, challenge_mac_is_domain_separated)

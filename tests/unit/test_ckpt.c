@@ -359,6 +359,45 @@ Test(ckpt, directory_is_not_a_checkpoint)
     expect_fail(dir, CODE_INVALID_ARGUMENT, "regular file");
 }
 
+/* A FIFO given as the checkpoint is refused at once, for loading and for
+ * saving: opening it for reading would wait forever for a writer. */
+Test(ckpt, fifo_is_refused_without_blocking, .timeout = 10)
+{
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    expect_fail(path, CODE_INVALID_ARGUMENT, "FIFO");
+    struct ckpt_section s = {"a", "xyz", 3};
+    err e;
+    cr_assert_eq(ckpt_write(path, &s, 1, &e), CODE_INVALID_ARGUMENT, "%s", e.msg);
+    cr_assert_not_null(strstr(e.msg, "a FIFO"), "%s", e.msg);
+    struct stat st;
+    cr_assert_eq(lstat(path, &st), 0);
+    cr_assert(S_ISFIFO(st.st_mode), "the FIFO was replaced");
+}
+
+/* A checkpoint path that is a symbolic link stays one: the save rewrites the
+ * file it names (before, the link was replaced by a regular file and its
+ * target went stale). */
+Test(ckpt, symlinked_checkpoint_keeps_its_link)
+{
+    char real[256];
+    snprintf(real, sizeof real, "%s/real.ckpt", dir);
+    write_small(real);
+    cr_assert_eq(symlink("real.ckpt", path), 0);
+    const uint64_t v = 42;
+    struct ckpt_section s = {"v", &v, 8};
+    err e;
+    cr_assert_eq(ckpt_write(path, &s, 1, &e), CODE_OK, "%s", e.msg);
+    struct stat st;
+    cr_assert_eq(lstat(path, &st), 0);
+    cr_assert(S_ISLNK(st.st_mode), "the link was replaced by a regular file");
+    ckpt *c;
+    uint64_t n;
+    cr_assert_eq(ckpt_read(real, &c, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(*(const uint64_t *)ckpt_get(c, "v", &n), 42, "the link's target was not written");
+    ckpt_free(c);
+    cr_assert_eq(count_tmp(), 0);
+}
+
 Test(ckpt, every_bit_flipped)
 {
     char bad[192];

@@ -20,6 +20,7 @@
 #include <zlib.h>
 
 #include "client.h"
+#include "safefile.h"
 #include "dpio.h"
 #include "frame.h"
 #include "profile_int.h"
@@ -818,8 +819,15 @@ tpu_status tpu_profile_write(const tpu_profile *p, const char *logdir, char *pat
     if (mkdirs(dir) < 0)
         return cli_failf(TPU_PERMISSION_DENIED, "profile: cannot create %s: %s", dir, strerror(errno));
     snprintf(file, sizeof file, "%s/%s.trace.json.gz", dir, host);
-    if (!(f = gzopen(file, "wb6")))
-        return cli_failf(TPU_PERMISSION_DENIED, "profile: cannot write %s: %s", file, strerror(errno));
+    struct safefile sf;
+    err werr;
+    if (safefile_open(&sf, "profile", file, &werr) != CODE_OK)
+        return cli_fail(&werr);
+    if (!(f = gzdopen(sf.fd, "wb6"))) {
+        safefile_abort(&sf);
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "profile: cannot write %s: out of memory", file);
+    }
+    sf.fd = -1; /* gzclose closes it */
     gzprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"tpuemu\",\"capture_ns\":%" PRId64
                 ",\"cores\":%zu},\"traceEvents\":[",
              p->end - p->start, p->n);
@@ -885,21 +893,34 @@ tpu_status tpu_profile_write(const tpu_profile *p, const char *logdir, char *pat
         }
     }
     gzprintf(f, "\n]}\n");
-    if (gzclose(f) != Z_OK)
+    if (gzclose(f) != Z_OK) {
+        safefile_abort(&sf);
         return cli_failf(TPU_UNAVAILABLE, "profile: writing %s failed", file);
+    }
+    if (safefile_commit(&sf, 0, &werr) != CODE_OK)
+        return cli_fail(&werr);
     snprintf(path, pathn, "%s", file);
     {
         char ov[4400];
         FILE *o;
         tpu_status st;
         snprintf(ov, sizeof ov, "%s/%s.overview.json", dir, host);
-        if (!(o = fopen(ov, "w")))
-            return cli_failf(TPU_PERMISSION_DENIED, "profile: cannot write %s: %s", ov, strerror(errno));
+        if (safefile_open(&sf, "profile overview", ov, &werr) != CODE_OK)
+            return cli_fail(&werr);
+        if (!(o = fdopen(sf.fd, "w"))) {
+            safefile_abort(&sf);
+            return cli_failf(TPU_RESOURCE_EXHAUSTED, "profile: cannot write %s: %s", ov, strerror(errno));
+        }
+        sf.fd = -1;
         st = tpu_profile_write_overview_json(p, o);
         if (fclose(o) != 0 && st == TPU_OK)
             st = cli_failf(TPU_UNAVAILABLE, "profile: writing %s failed", ov);
-        if (st != TPU_OK)
+        if (st != TPU_OK) {
+            safefile_abort(&sf);
             return st;
+        }
+        if (safefile_commit(&sf, 0, &werr) != CODE_OK)
+            return cli_fail(&werr);
     }
     return TPU_OK;
 }

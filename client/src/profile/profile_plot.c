@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "client.h"
+#include "safefile.h"
 #include "profile_int.h"
 #include "tpuemu/profile.h"
 
@@ -281,7 +282,6 @@ tpu_status tpu_profile_plot_svg(const tpu_profile *p, const char *path)
     struct bar *b;
     size_t nb;
     tpu_status st;
-    char tmp[4200];
     FILE *f;
 
     if (!p || !path || !*path)
@@ -299,30 +299,32 @@ tpu_status tpu_profile_plot_svg(const tpu_profile *p, const char *path)
     }
     for (size_t i = 0; i < nc; i++)
         core_average(p, i, core_ms + i * NPART);
-    /* written beside it and renamed: a reader never sees half a picture */
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) {
+    /* written beside it and renamed: a reader never sees half a picture,
+     * and nothing planted at either name is followed or overwritten */
+    struct safefile sf;
+    err e;
+    if (safefile_open(&sf, "profile plot", path, &e) != CODE_OK) {
         free(b);
         free(core_ms);
-        return cli_failf(TPU_INVALID_ARGUMENT, "profile plot: file name too long: %.64s...", path);
+        return cli_fail(&e);
     }
-    if (!(f = fopen(tmp, "w"))) {
+    if (!(f = fdopen(sf.fd, "w"))) {
+        safefile_abort(&sf);
         free(b);
         free(core_ms);
-        return cli_failf(TPU_INVALID_ARGUMENT, "profile plot: cannot write %s: %s", path, strerror(errno));
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "profile plot %s: %s", path, strerror(errno));
     }
+    sf.fd = -1; /* the FILE owns it now */
     write_svg(f, p, &sum, b, nb, core_ms);
     free(b);
     free(core_ms);
     int bad = ferror(f);
     bad |= fclose(f) != 0;
     if (bad) {
-        remove(tmp);
+        safefile_abort(&sf);
         return cli_failf(TPU_UNAVAILABLE, "profile plot: writing %s failed", path);
     }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        remove(tmp);
-        return cli_failf(TPU_INVALID_ARGUMENT, "profile plot: cannot write %s: %s", path, strerror(e));
-    }
+    if (safefile_commit(&sf, 0, &e) != CODE_OK)
+        return cli_fail(&e);
     return TPU_OK;
 }

@@ -3,6 +3,7 @@
 #include "model_int.h"
 #include "profile_int.h"
 #include "tfevents.h"
+#include "safefile.h"
 
 #include <errno.h>
 #include <math.h>
@@ -234,8 +235,15 @@ static tpu_status prof_write(struct prof *p, tpu_model *m)
     tpu_profile_free(pr);
     file[strlen(file) - 10] = '\0';
     memcpy(file + strlen(file), "/steps.json", 12);
-    if (!(f = fopen(file, "w")))
-        return cli_failf(TPU_PERMISSION_DENIED, "profiler: cannot write %s: %s", file, strerror(errno));
+    struct safefile sf;
+    err e;
+    if (safefile_open(&sf, "profiler", file, &e) != CODE_OK)
+        return cli_fail(&e);
+    if (!(f = fdopen(sf.fd, "w"))) {
+        safefile_abort(&sf);
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "profiler: cannot write %s: %s", file, strerror(errno));
+    }
+    sf.fd = -1; /* the FILE owns it */
     fprintf(f, "{\"model_params\": %zu, \"replicas\": %zu, \"first_batch\": %llu, \"last_batch\": %llu, \"steps\": [",
             model_nparams(m), m->n, (unsigned long long)p->first, (unsigned long long)p->last);
     for (size_t i = 0; i < p->n; i++) {
@@ -256,8 +264,13 @@ static tpu_status prof_write(struct prof *p, tpu_model *m)
     fprintf(f, "\n], \"average_ns\": {\"wall\": %.0f, \"input_wait\": %.0f, \"compute\": %.0f, \"matmul\": %.0f, "
                "\"allreduce\": %.0f, \"allreduce_min\": %.0f, \"optimizer\": %.0f, \"infeed_wait\": %.0f}}\n",
             sum[0] * k, sum[1] * k, sum[2] * k, sum[3] * k, sum[4] * k, sum[7] * k, sum[5] * k, sum[6] * k);
-    if (fclose(f) != 0)
-        return cli_failf(TPU_UNAVAILABLE, "profiler: writing %s failed: %s", file, strerror(errno));
+    if (fclose(f) != 0) {
+        int en = errno;
+        safefile_abort(&sf);
+        return cli_failf(TPU_UNAVAILABLE, "profiler: writing %s failed: %s", file, strerror(en));
+    }
+    if (safefile_commit(&sf, 0, &e) != CODE_OK)
+        return cli_fail(&e);
     return TPU_OK;
 }
 

@@ -25,10 +25,11 @@
 
 #include <sodium.h>
 
+#include "safefile.h"
+
 #define HEADER_BYTES 16u /* magic, version, count */
 #define MIN_FILE_BYTES (HEADER_BYTES + CKPT_HASH_BYTES)
 #define WBUF_BYTES (64u * 1024u)
-#define TMP_TRIES 8
 
 struct ckpt_entry {
     char name[CKPT_NAME_MAX + 1];
@@ -280,8 +281,8 @@ static int write_body(struct writer *w, const struct ckpt_section *s, size_t n)
 int ckpt_write(const char *path, const struct ckpt_section *s, size_t n, err *e)
 {
     struct writer w = {.fd = -1};
-    char *tmp = NULL, *dir = NULL;
-    int rc, en, dfd;
+    struct safefile sf;
+    int rc, en;
 
     if (!path || path[0] == '\0')
         return err_set(e, CODE_INVALID_ARGUMENT, "checkpoint: empty path");
@@ -290,71 +291,24 @@ int ckpt_write(const char *path, const struct ckpt_section *s, size_t n, err *e)
     if (sodium_init() < 0)
         return err_set(e, CODE_INTERNAL, "checkpoint %s: libsodium failed to initialize", path);
 
-    size_t tmp_max = strlen(path) + 48;
-    tmp = malloc(tmp_max);
-    dir = dir_of(path);
-    w.buf = malloc(WBUF_BYTES);
-    if (!tmp || !dir || !w.buf) {
-        rc = err_set(e, CODE_RESOURCE_EXHAUSTED, "checkpoint %s: out of memory", path);
+    if (!(w.buf = malloc(WBUF_BYTES)))
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "checkpoint %s: out of memory", path);
+    /* a symbolic link is kept and the file it names is rewritten; a
+     * directory, device or FIFO is refused before anything is created */
+    if ((rc = safefile_open(&sf, "checkpoint", path, e)) != CODE_OK)
         goto out;
-    }
-    ckpt_sweep_stale(path); /* a crashed save's leftovers */
-    for (int i = 0; i < TMP_TRIES && w.fd < 0; i++) {
-        snprintf(tmp, tmp_max, "%s.tmp.%ld.%08" PRIx32, path, (long)getpid(),
-                 (uint32_t)randombytes_random());
-        w.fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (w.fd < 0 && errno != EEXIST)
-            break;
-    }
-    if (w.fd < 0) {
-        rc = io_err(e, errno, path, "creating temp file", tmp);
-        goto out;
-    }
+    ckpt_sweep_stale(sf.target); /* a crashed save's leftovers */
+    w.fd = sf.fd;
 
     crypto_generichash_init(&w.h, NULL, 0, CKPT_HASH_BYTES);
     if ((en = write_body(&w, s, n)) != 0) {
-        rc = io_err(e, en, path, "writing temp file", tmp);
-        goto fail;
-    }
-    if (fsync(w.fd) != 0) {
-        rc = io_err(e, errno, path, "fsync of temp file", tmp);
-        goto fail;
-    }
-    en = close(w.fd) != 0 ? errno : 0;
-    w.fd = -1;
-    if (en) {
-        rc = io_err(e, en, path, "closing temp file", tmp);
-        goto fail;
-    }
-    if (rename(tmp, path) != 0) {
-        rc = io_err(e, errno, path, "renaming temp file", tmp);
-        goto fail;
-    }
-
-    /* The new file is in place; make the rename itself durable. Some file
-     * systems cannot fsync a directory (EINVAL): nothing more to do there. */
-    dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    en = dfd < 0 ? errno : fsync(dfd) != 0 ? errno : 0;
-    if (dfd >= 0)
-        close(dfd);
-    if (en && en != EINVAL) {
-        rc = io_err(e, en, path,
-                    "written, but syncing its directory failed (it may not survive a crash)",
-                    dir);
+        rc = io_err(e, en, path, "writing temp file", sf.tmp);
+        safefile_abort(&sf);
         goto out;
     }
-    rc = CODE_OK;
-    goto out;
-
-fail:
-    if (w.fd >= 0)
-        close(w.fd);
-    w.fd = -1;
-    unlink(tmp);
+    rc = safefile_commit(&sf, 1, e);
 out:
     free(w.buf);
-    free(dir);
-    free(tmp);
     return rc;
 }
 
@@ -448,9 +402,10 @@ static int read_file(const char *path, unsigned char **out, size_t *size, err *e
     int rc = CODE_OK, fd;
 
     *out = NULL;
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return io_err(e, errno, path, "opening", NULL);
+    /* opened without blocking (a FIFO would wait forever for a writer)
+     * and refused unless it is a regular file */
+    if ((rc = safefile_open_read("checkpoint", path, &fd, e)) != CODE_OK)
+        return rc;
     if (fstat(fd, &st) != 0) {
         rc = io_err(e, errno, path, "fstat", NULL);
         goto out;
