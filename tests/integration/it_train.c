@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include <criterion/criterion.h>
+#include <sodium.h>
 
 #include <tpuemu/data.h>
 #include <tpuemu/model.h>
@@ -570,6 +571,126 @@ Test(train, damaged_checkpoint_is_refused, .timeout = 60)
                  (double)w1[d < 0 ? 0 : d]);
     cr_assert_eq(tpu_model_step(m), 4u);
     free(w1), free(w2), free(w3);
+    tpu_model_free(m);
+    tpu_dataset_free(ds);
+    blobs_free(&b);
+    tpu_strategy_free(s);
+    ct_free(t);
+}
+
+/* Rewrites one u64 (or float, when f is not NULL) of section sec at byte
+ * offset at of its data, in a copy of src at dst, and seals the copy again
+ * with the format's unkeyed BLAKE2b: what anyone can do to a checkpoint. */
+static void reseal(const char *src, const char *dst, const char *sec, size_t at, uint64_t v, const float *f)
+{
+    FILE *fp = fopen(src, "rb");
+    cr_assert_not_null(fp);
+    fseek(fp, 0, SEEK_END);
+    size_t n = (size_t)ftell(fp), off = 16;
+    fseek(fp, 0, SEEK_SET);
+    unsigned char *buf = malloc(n);
+    cr_assert(buf && fread(buf, 1, n, fp) == n);
+    fclose(fp);
+    int found = 0;
+    while (off + 32 < n && !found) {
+        size_t nl = (size_t)buf[off] | (size_t)buf[off + 1] << 8;
+        const char *name = (const char *)buf + off + 2;
+        uint64_t bytes;
+        memcpy(&bytes, buf + off + 2 + nl, 8); /* little-endian machine */
+        off += 2 + nl + 8;
+        off += (8 - off % 8) % 8;
+        if (nl == strlen(sec) && memcmp(name, sec, nl) == 0) {
+            cr_assert_leq(at + (f ? 4 : 8), bytes);
+            if (f)
+                memcpy(buf + off + at, f, sizeof *f);
+            else
+                memcpy(buf + off + at, &v, 8);
+            found = 1;
+        }
+        off += bytes;
+    }
+    cr_assert(found, "no section %s in %s", sec, src);
+    crypto_generichash(buf + n - 32, 32, buf, n - 32, NULL, 0);
+    cr_assert_not_null(fp = fopen(dst, "wb"));
+    cr_assert_eq(fwrite(buf, 1, n, fp), n);
+    fclose(fp);
+    free(buf);
+}
+
+/* A checkpoint whose checksum matches but whose contents are hostile is
+ * refused naming the field or the tensor, and changes nothing: the checksum
+ * is unkeyed, so anyone can seal any contents. Position fields (u64s:
+ * step, epoch, batch, iterations, seed, num_params, num_slots, model_id)
+ * past any run, and a NaN or infinite weight or optimizer value. A position
+ * past this run (a later epoch than the run has) is refused by a resume. */
+Test(train, hostile_checkpoint_contents_are_refused, .timeout = 60)
+{
+    colltest *t = ct_start(1, (int[]){2}, NULL, HB_MS);
+    tpu_strategy *s;
+    CALL_OK(tpu_strategy_new(t->c, &s));
+    blobs b = blobs_make(192, DIM, 1.0, 4);
+    tpu_dataset *ds = make_ds(&b, 48, 1, 0);
+    tpu_compile_options co = copts(tpu_optimizer_adam(0.01f), TPU_POLICY_FLOAT32, 48);
+    const char *good = tmp_path("h-good.ckpt"), *bad = tmp_path("h-bad.ckpt");
+    tpu_model *m = make_model(s, DIM, 16, 5);
+    CALL_OK(tpu_model_compile(m, &co));
+    tpu_fit_options fo = fitopts(1, NULL, 0);
+    CALL_OK(tpu_model_fit(m, ds, &fo, NULL));
+    CALL_OK(tpu_model_save_checkpoint(m, good));
+    size_t np = tpu_model_num_params(m);
+    float *w1 = weights(m, 0);
+    static const struct {
+        size_t at;
+        uint64_t v;
+        const char *want;
+    } pos[] = {
+        {8, UINT64_C(1) << 31, "epoch"},
+        {8, UINT32_MAX, "epoch"},
+        {8, UINT64_C(1) << 63, "epoch"},
+        {0, UINT64_MAX, "step"},
+        {24, UINT64_MAX, "iterations"},
+        {16, UINT64_C(1) << 62, "batch"},
+    };
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++) {
+        reseal(good, bad, "position", pos[i].at, pos[i].v, NULL);
+        tpu_status st = tpu_model_load_checkpoint(m, bad);
+        cr_assert_eq(st, TPU_DATA_LOSS, "%s = %llu: %s: %s", pos[i].want, (unsigned long long)pos[i].v,
+                     tpu_status_name(st), tpu_last_error());
+        cr_assert(strstr(tpu_last_error(), bad) && strstr(tpu_last_error(), pos[i].want), "%s",
+                  tpu_last_error());
+    }
+    const float nan = NAN, inf = INFINITY;
+    /* the first kernel value, the last bias of the output layer, an Adam slot */
+    struct {
+        size_t at;
+        const float *v;
+        const char *want;
+    } bad_state[] = {
+        {0, &nan, "dense/kernel holds NaN"},
+        {(np - 1) * 4, &inf, "dense_1/bias holds an infinity"},
+        {(np + 3) * 4, &nan, "optimizer's m/dense/kernel"},
+        {(2 * np + np - 1) * 4, &nan, "optimizer's v/dense_1/bias"},
+    };
+    for (size_t i = 0; i < sizeof bad_state / sizeof bad_state[0]; i++) {
+        reseal(good, bad, "state", bad_state[i].at, 0, bad_state[i].v);
+        tpu_status st = tpu_model_load_checkpoint(m, bad);
+        cr_assert_eq(st, TPU_DATA_LOSS, "%s: %s: %s", bad_state[i].want, tpu_status_name(st), tpu_last_error());
+        cr_assert(strstr(tpu_last_error(), bad_state[i].want), "'%s' not in: %s", bad_state[i].want,
+                  tpu_last_error());
+    }
+    float *w2 = weights(m, 1);
+    cr_assert_eq(first_diff(w1, w2, np), -1, "a refused checkpoint changed the weights");
+    cr_assert_eq(tpu_model_step(m), 4u);
+
+    /* in range for any run, but past this one's: resume at epoch 6 of 2 */
+    reseal(good, bad, "position", 8, 5, NULL);
+    CALL_OK(tpu_model_load_checkpoint(m, bad));
+    tpu_fit_options ro = fitopts(2, NULL, 0);
+    ro.resume = 1;
+    tpu_status st = tpu_model_fit(m, ds, &ro, NULL);
+    cr_assert_eq(st, TPU_OUT_OF_RANGE, "%s: %s", tpu_status_name(st), tpu_last_error());
+    cr_assert(strstr(tpu_last_error(), "epoch 6"), "%s", tpu_last_error());
+    free(w1), free(w2);
     tpu_model_free(m);
     tpu_dataset_free(ds);
     blobs_free(&b);

@@ -893,6 +893,13 @@ tpu_status tpu_model_fit(tpu_model *m, tpu_dataset *ds, const tpu_fit_options *o
     m->fit_epochs = o->epochs;
     int start = o->resume ? m->cur_epoch : o->initial_epoch;
     size_t skip = o->resume ? m->cur_batch : 0;
+    /* a restored position must lie inside this run */
+    if (o->resume && (start > o->epochs || skip > tpu_dataset_num_batches(ds))) {
+        tpu_history_free(h);
+        return cli_failf(TPU_OUT_OF_RANGE, "resume: the model's position (epoch %d, batch %zu) lies outside this "
+                         "run of %d epochs of %zu batches; was the checkpoint written by another run?",
+                         start + 1, skip, o->epochs, tpu_dataset_num_batches(ds));
+    }
     if (!o->resume) {
         m->cur_epoch = start;
         m->cur_batch = 0;

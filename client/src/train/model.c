@@ -722,6 +722,12 @@ tpu_status tpu_model_get_weights(tpu_model *m, int replica, float *out, size_t n
     return TPU_OK;
 }
 
+/* The largest position a checkpoint may hold: more epochs than a fit can run
+ * (fit.c's HISTORY_MAX) or more steps than 2^40 is not a file this library
+ * wrote. */
+#define CKPT_MAX_EPOCH 100000u
+#define CKPT_MAX_STEP (UINT64_C(1) << 40)
+
 struct ckpt_pos {
     uint64_t step, epoch, batch, iterations, seed, num_params, num_slots, model_id;
 };
@@ -762,6 +768,68 @@ tpu_status tpu_model_save_checkpoint(tpu_model *m, const char *path)
     return rc == CODE_OK ? TPU_OK : cli_fail(&e);
 }
 
+static int check_position(const tpu_model *m, const char *path, const struct ckpt_pos *p, err *e)
+{
+    (void)m;
+    const char *field = NULL;
+    uint64_t v = 0, max = 0;
+    if (p->epoch > CKPT_MAX_EPOCH)
+        field = "epoch", v = p->epoch, max = CKPT_MAX_EPOCH;
+    else if (p->step > CKPT_MAX_STEP)
+        field = "step", v = p->step, max = CKPT_MAX_STEP;
+    else if (p->iterations > CKPT_MAX_STEP)
+        field = "iterations", v = p->iterations, max = CKPT_MAX_STEP;
+    else if (p->batch > CKPT_MAX_STEP)
+        field = "batch", v = p->batch, max = CKPT_MAX_STEP;
+    if (field)
+        return err_set(e, CODE_DATA_LOSS, "%s: its position's %s is %llu, out of range (0..%llu): not a checkpoint "
+                       "this library wrote", path, field, (unsigned long long)v, (unsigned long long)max);
+    return CODE_OK;
+}
+
+/* The name of the variable (or optimizer slot) holding float i of a state:
+ * the parameters layer by layer (kernel, then bias), then each slot. */
+static void state_name(const tpu_model *m, size_t i, char *buf, size_t n)
+{
+    static const char *const adam[] = {"m", "v"};
+    size_t np = model_nparams(m), slot = i / np, k = i % np, prev = m->in_dim, l = 0;
+    char lname[24];
+    for (; l < m->nlayers; l++) {
+        size_t w = prev * m->units[l] + m->units[l];
+        if (k < w)
+            break;
+        k -= w;
+        prev = m->units[l];
+    }
+    if (l)
+        snprintf(lname, sizeof lname, "dense_%zu", l);
+    else
+        snprintf(lname, sizeof lname, "dense");
+    const char *var = k < prev * m->units[l] ? "kernel" : "bias";
+    if (slot == 0)
+        snprintf(buf, n, "%s/%s", lname, var);
+    else if (m->co.optimizer.kind == TPU_OPT_ADAM)
+        snprintf(buf, n, "the optimizer's %s/%s/%s", adam[(slot - 1) & 1], lname, var);
+    else
+        snprintf(buf, n, "the optimizer's momentum/%s/%s", lname, var);
+}
+
+static int check_state(const tpu_model *m, const char *path, const float *st, err *e)
+{
+    size_t n = model_nparams(m) * (1 + (size_t)model_nslots(m));
+    for (size_t i = 0; i < n; i++) {
+        float v;
+        memcpy(&v, st + i, sizeof v);
+        if (!isfinite(v)) {
+            char name[96];
+            state_name(m, i, name, sizeof name);
+            return err_set(e, CODE_DATA_LOSS, "%s: %s holds %s (value %zu of the state): refusing to load a "
+                           "non-finite weight", path, name, isnan(v) ? "NaN" : "an infinity", i);
+        }
+    }
+    return CODE_OK;
+}
+
 /* Reads a checkpoint file of this model into a snapshot. */
 int model_snap_read(tpu_model *m, const char *path, struct model_snap *out, err *e)
 {
@@ -797,6 +865,13 @@ int model_snap_read(tpu_model *m, const char *path, struct model_snap *out, err 
         ckpt_free(ck);
         return err_set(e, CODE_DATA_LOSS, "%s: its position or state section does not match its model (%s)", path,
                        desc);
+    }
+    /* The checksum only proves the file is as its writer left it, not that
+     * the writer was this library: every field is range-checked and every
+     * weight and optimizer value must be finite before anything is used. */
+    if ((rc = check_position(m, path, pp, e)) != CODE_OK || (rc = check_state(m, path, st, e)) != CODE_OK) {
+        ckpt_free(ck);
+        return rc;
     }
     if (!(out->state = malloc(sb))) {
         ckpt_free(ck);
