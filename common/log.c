@@ -27,11 +27,9 @@ int log_level_parse(const char *s)
     return -1;
 }
 
-const char *log_q(const char *s)
+/* Quotes s into b (256 bytes); returns b. */
+static const char *quote(char *b, const char *s)
 {
-    static char bufs[8][256];
-    static unsigned next;
-    char *b = bufs[next++ % 8];
     size_t n = 0;
 
     if (!s)
@@ -55,6 +53,13 @@ const char *log_q(const char *s)
     b[n++] = '"';
     b[n] = '\0';
     return b;
+}
+
+const char *log_q(const char *s)
+{
+    static char bufs[8][256];
+    static unsigned next;
+    return quote(bufs[next++ % 8], s);
 }
 
 static void log_v(enum log_level lvl, const char *msg, const char *fmt, va_list ap)
@@ -90,14 +95,25 @@ void log_limit_set(unsigned burst, unsigned window_ms)
     g_window_ms = window_ms ? window_ms : 1;
 }
 
+/* Writes k's summary once: the count is taken and cleared before the line is
+ * written, and writing it flushes nothing else (the line's own flush would
+ * otherwise summarize k again, inside this call). It quotes into its own
+ * buffers, never log_q's, so a caller's quoted fields stay intact. */
 static void summarize(struct limit_kind *k, uint64_t now)
 {
-    char m[160];
-    snprintf(m, sizeof m, "%s: %lu more like this suppressed in the last %.1f s", k->msg, k->skipped,
-             (double)(now - k->start_ms) / 1000.0);
-    log_at(k->lvl, m, "kind=%s suppressed=%lu", log_q(k->msg), k->skipped);
+    char m[256], kq[256];
+    unsigned long skipped = k->skipped;
+    int was = g_flushing;
+
+    if (!skipped)
+        return;
     k->skipped = 0;
     g_pending--;
+    snprintf(m, sizeof m, "%s: %lu more like this suppressed in the last %.1f s", k->msg, skipped,
+             (double)(now - k->start_ms) / 1000.0);
+    g_flushing = 1;
+    log_at(k->lvl, m, "kind=%s suppressed=%lu", quote(kq, k->msg), skipped);
+    g_flushing = was;
 }
 
 void log_flush_suppressed(int all)
@@ -178,7 +194,7 @@ void log_at(enum log_level lvl, const char *msg, const char *fmt, ...)
 static void log_v(enum log_level lvl, const char *msg, const char *fmt, va_list ap)
 {
     static const char *const names[] = {"debug", "info", "warn", "error"};
-    char line[2048];
+    char line[2048], mq[256];
     struct timespec ts;
     struct tm tm;
     int n;
@@ -192,7 +208,7 @@ static void log_v(enum log_level lvl, const char *msg, const char *fmt, va_list 
                  "ts=%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ level=%s daemon=%s pid=%d msg=%s",
                  tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
                  tm.tm_sec, ts.tv_nsec / 1000000L, names[lvl], g_daemon, (int)getpid(),
-                 log_q(msg));
+                 quote(mq, msg));
     if (fmt && n > 0 && (size_t)n < sizeof line - 2) {
         line[n++] = ' ';
         int m = vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);

@@ -120,3 +120,34 @@ Test(log, below_the_level_nothing_is_counted)
     log_flush_suppressed(1);
     cr_assert_str_eq(slurp(), "");
 }
+
+/* A line of a kind whose window has ended and that has lines left out,
+ * arriving before any flush: its summary is written once, before it, and the
+ * line keeps its own quoted fields. (The summary used to be written from
+ * inside its own line's flush as well: twice, the count of kinds pending
+ * taken down twice, and log_q's buffers reused under the caller, so the line
+ * showed another message's text in its fields.) */
+Test(log, a_line_after_the_window_before_the_flush)
+{
+    log_limit_set(1, 100);
+    log_warn_limited("http request refused", "path=%s", log_q("/first"));
+    log_warn_limited("http request refused", "path=%s", log_q("/left-out"));
+    sleep_ms(150); /* any time past the window: nothing flushes meanwhile */
+    log_warn_limited("http request refused", "a=%s b=%s c=%s d=%s e=%s f=%s path=%s", log_q("1"), log_q("2"),
+                     log_q("3"), log_q("4"), log_q("5"), log_q("6"), log_q("/after"));
+    char *out = slurp();
+    cr_assert_eq(count(out, "suppressed=1\n"), 1, "one summary: %s", out);
+    cr_assert(strstr(out, " a=\"1\" b=\"2\" c=\"3\" d=\"4\" e=\"5\" f=\"6\" path=\"/after\"\n"),
+              "the line's own fields: %s", out);
+    cr_assert_lt(strstr(out, "suppressed=1\n"), strstr(out, "path=\"/after\""), "the summary first: %s", out);
+    /* the count of kinds pending stayed right: another kind's flood is still
+     * summed up at the end, once */
+    log_warn_limited("message refused", "i=%d", 0);
+    log_warn_limited("message refused", "i=%d", 1);
+    log_warn_limited("message refused", "i=%d", 2);
+    log_flush_suppressed(1);
+    out = slurp();
+    cr_assert_eq(count(out, "kind=\"message refused\" suppressed=2\n"), 1, "%s", out);
+    cr_assert_eq(count(out, "suppressed="), 2, "%s", out);
+    cr_assert_eq(count(out, "\n"), 5, "%s", out);
+}
