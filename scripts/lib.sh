@@ -3,7 +3,7 @@
 # Exactly the Debian 12 packages tpuemu builds and runs with (and its ctest suite needs).
 TPUEMU_PACKAGES="build-essential cmake pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler
 libnanomsg-dev libcriterion-dev libsodium-dev clang valgrind libdnnl-dev zlib1g-dev
-dataset-fashion-mnist"
+dataset-fashion-mnist python3-dev python3-cffi python3-numpy"
 # What only the tests need beyond that: the viewer test's browser, web server,
 # download and checksum; network namespaces (viewer, multihost); the docker
 # test's engine, compose and base-image maker; the deploy checks' systemd,
@@ -11,7 +11,7 @@ dataset-fashion-mnist"
 # systemd-nspawn for the systemd test's container; Prometheus (and promtool)
 # for the metrics test.
 TPUEMU_TEST_PACKAGES="chromium python3 curl openssl iproute2 util-linux docker.io docker-compose debootstrap
-systemd python3-yaml strace nodejs npm systemd-container prometheus"
+systemd python3-yaml strace nodejs npm systemd-container prometheus python3-pytest"
 
 install_packages() { # extra packages...
     local missing=()
