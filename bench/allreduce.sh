@@ -7,7 +7,7 @@
 # For each n in $NS (default "2 4 8") it starts a resolver and n workers twice:
 #   tcp: every worker on its own host id with --transport tcp (TCP loopback);
 #   shm: all workers on one host id (shared memory between them);
-# runs `tpuctl bench allreduce --json` on each (f32 sum, sizes $MIN..$MAX per
+# runs `tpuctl --json bench allreduce` on each (f32 sum, sizes $MIN..$MAX per
 # replica, default 4K..64M), then, if ../shared/anchors/collectives exists, copies
 # it to a temp dir, builds and runs its OpenMPI (tcp, vader) and Gloo ring
 # programs for the same n, and prints per-n tables: our busbw and 4 KiB time

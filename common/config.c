@@ -8,6 +8,11 @@
 #include <string.h>
 #include <strings.h>
 
+/* --help-man: the page being written (opt_usage, opt_man_section) */
+static int man_mode, man_started;
+static const char *man_name = "tpuemu", *man_summary = "";
+static int man_section = 1;
+
 int opt_parse_int(const char *s, long long lo, long long hi, long long *out)
 {
     char *end;
@@ -99,8 +104,98 @@ static int apply(const struct opt *o, const char *val, const char *origin, err *
     return err_set(e, CODE_INTERNAL, "%s: unknown option type", origin);
 }
 
+/* Writes text for roff: backslashes escaped, every '-' a minus (flags, ranges),
+ * a line never starting with a control character. */
+static void roff_text(const char *t)
+{
+    int bol = 1;
+    for (; *t; t++) {
+        if (bol && (*t == '.' || *t == '\''))
+            fputs("\\&", stdout);
+        bol = *t == '\n';
+        if (*t == '\\')
+            fputs("\\e", stdout);
+        else if (*t == '-')
+            fputs("\\-", stdout);
+        else
+            putchar(*t);
+    }
+}
+
+static void opt_usage_man(const struct opt *t, size_t n, const char *usage, const char *about)
+{
+    char flag[96];
+
+    if (!man_started) {
+        man_started = 1;
+        printf(".TH ");
+        roff_text(man_name);
+        printf(" %d \"\" \"tpuemu %s\" \"tpuemu\"\n.nh\n.ad l\n.SH NAME\n", man_section, TPUEMU_VERSION);
+        roff_text(man_name);
+        printf(" \\- ");
+        roff_text(man_summary);
+        printf("\n.SH SYNOPSIS\n.B ");
+        roff_text(usage);
+        printf("\n.SH DESCRIPTION\n");
+        roff_text(about ? about : "");
+        printf("\n.SH OPTIONS\n");
+    } else {
+        printf(".SS \"");
+        roff_text(usage);
+        printf("\"\n");
+        if (about) {
+            roff_text(about);
+            printf("\n");
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        printf(".TP\n\\fB\\-\\-");
+        roff_text(t[i].name);
+        printf("\\fR");
+        if (t[i].type != OPT_BOOL) {
+            printf(" \\fI");
+            roff_text(t[i].metavar ? t[i].metavar : "VALUE");
+            printf("\\fR");
+        }
+        printf("\n");
+        roff_text(t[i].help);
+        if (t[i].defval && t[i].type != OPT_BOOL) {
+            printf(" (default ");
+            roff_text(t[i].defval);
+            printf(")");
+        }
+        if (t[i].env) {
+            snprintf(flag, sizeof flag, " [$%s]", t[i].env);
+            roff_text(flag);
+        }
+        printf("\n");
+    }
+    if (man_started == 1) {
+        man_started = 2;
+        printf(".TP\n.B \\-\\-help\nprint the help and exit\n");
+        printf(".TP\n.B \\-\\-help\\-man\nprint the help as this manual page (roff) and exit\n");
+        int any = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!t[i].env)
+                continue;
+            if (!any++)
+                printf(".SH ENVIRONMENT\nEach of these sets the option named; a flag on the command line "
+                       "takes precedence, and a value that is not valid is refused at start.\n");
+            printf(".TP\n.B ");
+            roff_text(t[i].env);
+            printf("\n\\-\\-");
+            roff_text(t[i].name);
+            printf("\n");
+        }
+    }
+}
+
 void opt_usage(const struct opt *t, size_t n, const char *usage, const char *about)
 {
+    if (man_mode) {
+        opt_usage_man(t, n, usage, about);
+        return;
+    }
     printf("usage: %s\n", usage);
     if (about)
         printf("\n%s\n", about);
@@ -119,6 +214,56 @@ void opt_usage(const struct opt *t, size_t n, const char *usage, const char *abo
         printf("\n");
     }
     printf("  %-28s %s\n", "--help", "print this help and exit");
+    printf("  %-28s %s\n", "--help-man", "print this help as a manual page (roff) and exit");
+}
+
+void opt_man_page(const char *name, int section, const char *summary)
+{
+    man_name = name;
+    man_section = section;
+    man_summary = summary;
+}
+
+int opt_man_mode(void)
+{
+    return man_mode;
+}
+
+void opt_man_section(const char *title, const char *text)
+{
+    if (!man_mode)
+        return;
+    printf(".SH ");
+    roff_text(title);
+    printf("\n");
+    for (const char *p = text; *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        char line[1024];
+        snprintf(line, sizeof line, "%.*s", (int)len, p);
+        if (!*line)
+            printf(".PP\n");
+        else if (line[0] == ' ' && line[1] == ' ') {
+            printf(".RS 4\n.nf\n");
+            roff_text(line + 2);
+            printf("\n.fi\n.RE\n");
+        } else {
+            roff_text(line);
+            printf("\n");
+        }
+        p += len + (nl ? 1 : 0);
+    }
+}
+
+void opt_man_item(const char *tag, const char *text)
+{
+    if (!man_mode)
+        return;
+    printf(".TP\n.B ");
+    roff_text(tag);
+    printf("\n");
+    roff_text(text);
+    printf("\n");
 }
 
 int opt_parse(const struct opt *t, size_t n, int argc, char **argv, int *first_arg, err *e)
@@ -153,6 +298,10 @@ int opt_parse(const struct opt *t, size_t n, int argc, char **argv, int *first_a
             break; /* first positional */
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
             return CODE_CANCELLED;
+        if (strcmp(a, "--help-man") == 0) {
+            man_mode = 1;
+            return CODE_CANCELLED;
+        }
         a += 2;
         len = strcspn(a, "=");
         for (size_t k = 0; k < n; k++)

@@ -33,8 +33,27 @@ struct opt {
  * argument or at "--". */
 int opt_parse(const struct opt *table, size_t n, int argc, char **argv, int *first_arg, err *e);
 
-/* Prints "usage" and one line per row, with env var and default, to stdout. */
+/* Prints "usage" and one line per row, with env var and default, to stdout.
+ * After --help-man, writes the same as a manual page in roff (man(7)) instead:
+ * the first call of a process makes the page (NAME, SYNOPSIS, DESCRIPTION,
+ * OPTIONS, ENVIRONMENT; the name and section from opt_man_page), each later
+ * call a subsection of it (a command's own flags). */
 void opt_usage(const struct opt *table, size_t n, const char *usage, const char *about);
+
+/* Names the manual page --help-man writes: the program, its section (1 for
+ * commands, 8 for daemons) and a one-line summary. Prints nothing. */
+void opt_man_page(const char *name, int section, const char *summary);
+
+/* Nonzero once opt_parse has seen --help-man. */
+int opt_man_mode(void);
+
+/* In man mode, writes a section of the page (.SH TITLE) whose text is
+ * paragraphs separated by blank lines; a line starting with "  " is kept as
+ * it is (an example). Does nothing otherwise. */
+void opt_man_section(const char *title, const char *text);
+
+/* In man mode, writes one tagged paragraph (.TP): the tag in bold, then text. */
+void opt_man_item(const char *tag, const char *text);
 
 /* A whole decimal number in [lo, hi] -> *out. Returns 0 on success, -1 if
  * malformed or out of range. */

@@ -9,9 +9,9 @@ dataset-fashion-mnist python3-dev python3-cffi python3-numpy"
 # test's engine, compose and base-image maker; the deploy checks' systemd,
 # YAML parser, strace, and Node.js and npm for the Kubernetes schema validator;
 # systemd-nspawn for the systemd test's container; Prometheus (and promtool)
-# for the metrics test.
+# for the metrics test; man-db for the manual pages' test.
 TPUEMU_TEST_PACKAGES="chromium python3 curl openssl iproute2 util-linux docker.io docker-compose debootstrap
-systemd python3-yaml strace nodejs npm systemd-container prometheus python3-pytest"
+systemd python3-yaml strace nodejs npm systemd-container prometheus python3-pytest man-db"
 
 install_packages() { # extra packages...
     local missing=()

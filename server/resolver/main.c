@@ -70,11 +70,25 @@ static int parse_settings(int argc, char **argv, struct settings *st)
     int first = 0, rc;
     err e;
 
+    opt_man_page("tpu-resolver", 8, "the cluster resolver of a tpuemu cluster");
     rc = opt_parse(table, n, argc, argv, &first, &e);
     if (rc == CODE_CANCELLED) {
         opt_usage(table, n, "tpu-resolver [OPTIONS]",
                   "Registry of TPU workers, their health and topology; initializes and shuts "
                   "down the TPU system.");
+        opt_man_section("LOGGING", "One logfmt line per event on stderr: ts=... level=info daemon=resolver pid=... "
+                                   "msg=\"...\" and the event's fields.");
+        opt_man_section("SIGNALS", "SIGTERM or SIGINT: stop cleanly (exit 0).");
+        opt_man_section("EXIT STATUS",
+                        "0: stopped by SIGTERM or SIGINT; --probe and --probe-ready: the check passed.\n\n"
+                        "1: a failure at start (a port that cannot be bound, ...); --probe and --probe-ready: "
+                        "the check failed, the reason on stderr.\n\n"
+                        "2: a bad flag or environment value, named in the message; --probe without a metrics port.");
+        opt_man_section("EXAMPLES", "On one machine, for a TPU named my-tpu:\n"
+                                    "  tpu-resolver --name my-tpu\n\n"
+                                    "For workers on other machines, with a cluster token:\n"
+                                    "  tpu-resolver --listen 0.0.0.0:8470 --token-file token");
+        opt_man_section("SEE ALSO", "tpu-resolver(8), tpu-worker(8), tpu-slice(8), tpuctl(1); the manual in the project's docs/ directory (docs/operations/daemons.md for every setting).");
         return 0;
     }
     if (rc != CODE_OK) {

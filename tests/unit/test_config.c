@@ -1,7 +1,9 @@
 /* Unit tests of common/config: the settings table (flags, environment,
  * defaults, bounds, byte suffixes, bad values). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <criterion/criterion.h>
 
@@ -152,6 +154,51 @@ Test(config, help_is_cancelled)
     int first;
     err e;
     cr_assert_eq(parse(2, argv, &first, &e), CODE_CANCELLED);
+}
+
+/* --help-man: the same table as a manual page, with roff's special characters
+ * escaped (a line starting with '.' would be a request, '\\' an escape). */
+Test(config, help_man_writes_the_table_as_a_page)
+{
+    static const char *path_v;
+    static const struct opt t[] = {
+        {"heartbeat-ms", "TPUEMU_TEST_HB", OPT_INT, "1000", 50, 60000, "MS", "heartbeat", &hb},
+        {"path", NULL, OPT_STRING, NULL, 0, 0, "DIR", ".dot first, then a back\\slash", &path_v},
+        {"insecure", "TPUEMU_TEST_INSECURE", OPT_BOOL, NULL, 0, 0, NULL, "allow", &insecure},
+    };
+    char *argv[] = {"prog", "--help-man", NULL};
+    char out[4096], path[] = "/tmp/test_config_man.XXXXXX";
+    int first, fd;
+    err e;
+    FILE *f;
+    size_t n;
+
+    clear_env();
+    cr_assert_eq(opt_man_mode(), 0);
+    cr_assert_eq(opt_parse(t, 3, 2, argv, &first, &e), CODE_CANCELLED);
+    cr_assert_eq(opt_man_mode(), 1);
+    opt_man_page("tpu-test", 8, "a test program");
+    cr_assert((fd = mkstemp(path)) >= 0);
+    close(fd);
+    cr_assert(freopen(path, "w", stdout));
+    opt_usage(t, 3, "tpu-test [OPTIONS]", "Tests the page.");
+    opt_man_section("EXIT STATUS", "0: fine.\n\n  an example line");
+    fflush(stdout);
+    cr_assert((f = fopen(path, "r")));
+    n = fread(out, 1, sizeof out - 1, f);
+    out[n] = 0;
+    fclose(f);
+    remove(path);
+    cr_assert(strstr(out, ".TH tpu\\-test 8 "), "%s", out);
+    cr_assert(strstr(out, ".SH NAME\ntpu\\-test \\- a test program\n"), "%s", out);
+    cr_assert(strstr(out, ".SH SYNOPSIS\n.B tpu\\-test [OPTIONS]\n"), "%s", out);
+    cr_assert(strstr(out, "\\fB\\-\\-heartbeat\\-ms\\fR \\fIMS\\fR\nheartbeat (default 1000) [$TPUEMU_TEST_HB]\n"),
+              "%s", out);
+    cr_assert(strstr(out, "\n\\&.dot first, then a back\\eslash\n"), "%s", out);
+    cr_assert(strstr(out, "\\fB\\-\\-insecure\\fR\nallow [$TPUEMU_TEST_INSECURE]\n"), "%s", out);
+    cr_assert(strstr(out, ".SH ENVIRONMENT\n"), "%s", out);
+    cr_assert(strstr(out, ".B TPUEMU_TEST_HB\n\\-\\-heartbeat\\-ms\n"), "%s", out);
+    cr_assert(strstr(out, ".SH EXIT STATUS\n0: fine.\n.PP\n.RS 4\n.nf\nan example line\n.fi\n.RE\n"), "%s", out);
 }
 
 Test(config, stops_at_positional_and_double_dash)

@@ -361,11 +361,27 @@ static int configure(struct worker *w, int argc, char **argv)
     };
     const size_t nopts = sizeof opts / sizeof opts[0];
 
+    opt_man_page("tpu-worker", 8, "one emulated TPU core of a tpuemu cluster");
     rc = opt_parse(opts, nopts, argc, argv, &first, &e);
     if (rc == CODE_CANCELLED) {
         opt_usage(opts, nopts, "tpu-worker --resolver HOST:PORT [options]",
                   "One emulated TPU core: registers with tpu-resolver, heartbeats, and serves its "
                   "control and data-plane ports.");
+        opt_man_section("LOGGING", "One logfmt line per event on stderr: ts=... level=info daemon=worker pid=... "
+                                   "msg=\"...\" and the event's fields.");
+        opt_man_section("SIGNALS", "SIGTERM or SIGINT: leave the cluster and stop cleanly (exit 0).");
+        opt_man_section("EXIT STATUS",
+                        "0: stopped by SIGTERM or SIGINT; --probe and --probe-ready: the check passed.\n\n"
+                        "1: a failure at start (a port that cannot be bound, ...); --probe and --probe-ready: "
+                        "the check failed, the reason on stderr.\n\n"
+                        "2: a bad flag or environment value, named in the message; --probe without a metrics port.\n\n"
+                        "3: refused by the resolver for what a person must fix (the core is held by another live "
+                        "worker, the cluster token or release differs from the resolver's).\n\n"
+                        "4: terminated by an injected preemption (tpuctl chaos preempt), to be restarted as a "
+                        "preemptible TPU that is provisioned again.");
+        opt_man_section("EXAMPLES", "Four cores of one host, registering with a resolver on this machine:\n"
+                                    "  for c in 0 1 2 3; do tpu-worker --resolver 127.0.0.1:8470 --host-id host0 --core $c & done");
+        opt_man_section("SEE ALSO", "tpu-resolver(8), tpu-worker(8), tpu-slice(8), tpuctl(1); the manual in the project's docs/ directory (docs/operations/daemons.md for every setting).");
         return 0;
     }
     if (rc != CODE_OK) {

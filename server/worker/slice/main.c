@@ -69,11 +69,23 @@ int main(int argc, char **argv)
     };
     const size_t nopts = sizeof opts / sizeof opts[0];
 
+    opt_man_page("tpu-slice", 8, "start every tpu-worker of a TPU slice on one machine");
     rc = opt_parse(opts, nopts, argc, argv, &first, &e);
     if (rc == CODE_CANCELLED) {
         opt_usage(opts, nopts, "tpu-slice --accelerator-type SLICE --resolver HOST:PORT [-- WORKER OPTIONS]",
                   "Starts every tpu-worker of a TPU slice on this machine: each host of the slice, "
                   "each device of a host, with the slice's real shape.");
+        opt_man_section("WORKER OPTIONS", "What follows -- goes to every worker (see tpu-worker(8)); each gets "
+                                          "--accelerator-type, --resolver, its --host-id and its --core from tpu-slice.");
+        opt_man_section("SIGNALS", "SIGTERM or SIGINT: stop every worker, then exit once they have. The workers "
+                                   "stop too if tpu-slice dies.");
+        opt_man_section("EXIT STATUS", "The first failing worker's exit status, else 0; 2 for a bad flag or "
+                                       "environment value.");
+        opt_man_section("EXAMPLES", "A v4-16 (2 hosts of 4 devices) on this machine:\n"
+                                    "  tpu-resolver --name my-tpu &\n"
+                                    "  tpu-slice --accelerator-type v4-16 --resolver 127.0.0.1:8470 &\n"
+                                    "  TPU_NAME=my-tpu tpuctl init --expect 8");
+        opt_man_section("SEE ALSO", "tpu-resolver(8), tpu-worker(8), tpu-slice(8), tpuctl(1); the manual in the project's docs/ directory (docs/operations/daemons.md for every setting).");
         return 0;
     }
     if (rc != CODE_OK) {
