@@ -384,7 +384,7 @@ int main(int argc, char **argv)
     tpu_cluster *cluster;
     tpu_topology *topology;
     tpu_strategy *strategy;
-    tpu_init_options io = {(uint32_t)cores, 30000, 0};
+    tpu_init_options io = {.expect = (uint32_t)cores, .timeout_ms = 30000, .allow_partial = 0};
     if (tpu_resolver_new(tpu, &resolver) != TPU_OK)
         return fail("resolving the TPU");
     if (tpu_connect_to_cluster(resolver, &cluster) != TPU_OK)

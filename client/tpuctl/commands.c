@@ -342,7 +342,7 @@ static int cmd_init(const struct tpuctl *g, int argc, char **argv)
 {
     static const char *const head[] = {"REPLICA", "HOST", "CORE", "TASK", "COORDS", "DEVICE", "DATA"};
     long long expect = 0, timeout = 0;
-    int partial = 0;
+    int partial = 0, keep = 0;
     const char *serialized = NULL;
     char dev[256];
     struct opt flags[] = {
@@ -351,18 +351,21 @@ static int cmd_init(const struct tpuctl *g, int argc, char **argv)
         {"timeout-ms", NULL, OPT_INT, "10000", 0, 600000, "MS", "how long to wait for them", &timeout},
         {"allow-partial", NULL, OPT_BOOL, NULL, 0, 0, NULL,
          "at the deadline, go on with the cores that are there", &partial},
+        {"keep-faults", NULL, OPT_BOOL, NULL, 0, 0, NULL,
+         "the cores keep the faults waiting for a step (tpuctl chaos --at-step); by default a new system cancels "
+         "them", &keep},
         {"serialized", NULL, OPT_STRING, NULL, 0, 0, "FILE",
          "write TensorFlow's TopologyProto bytes (Topology.serialized()) to FILE", &serialized},
     };
     tpu_resolver *r;
     tpu_cluster *c;
     tpu_topology *t;
-    tpu_init_options o;
+    tpu_init_options o = {0};
     tpu_topology_core tc;
     int mesh[4] = {0}, nrep;
     size_t nmesh;
     int rc = cmd_flags(flags, sizeof flags / sizeof flags[0], argc, argv,
-                       "tpuctl init [--expect N] [--timeout-ms MS] [--allow-partial] [--serialized FILE]",
+                       "tpuctl init [--expect N] [--timeout-ms MS] [--allow-partial] [--keep-faults] [--serialized FILE]",
                        "Initialize the TPU system: wait for the cores, start a new epoch, reset "
                        "them, print the topology.");
 
@@ -371,6 +374,7 @@ static int cmd_init(const struct tpuctl *g, int argc, char **argv)
     o.expect = (uint32_t)expect;
     o.timeout_ms = (uint32_t)timeout;
     o.allow_partial = partial;
+    o.keep_scheduled_faults = keep;
     if (tpu_initialize_system(c, &o, &t) != TPU_OK) {
         rc = fail();
         disconnect(r, c);
@@ -548,7 +552,17 @@ static int cmd_forget(const struct tpuctl *g, int argc, char **argv)
 
 /* ---- chaos ---- */
 
-/* s as a whole number in [lo, hi]; -1 if it is not one. */
+/* s as a whole number in [lo, hi] (digits only: no sign, no blank); -1 if
+ * it is not one. */
+static long long parse_whole(const char *s, long long lo, long long hi)
+{
+    long long v = 0;
+    if (!s || !*s || strspn(s, "0123456789") != strlen(s) || strlen(s) > 18)
+        return -1;
+    for (; *s; s++)
+        v = v * 10 + (*s - '0');
+    return v >= lo && v <= hi ? v : -1;
+}
 
 /* The cores a chaos TARGET names: HOST/CORE, HOST (its every core: a host's
  * preemption or maintenance) or "all" (every core not dead: the slice's).
@@ -735,9 +749,106 @@ static int chaos_link(const struct tpuctl *g, tpu_resolver *r, tpu_cluster *c, c
     return rc;
 }
 
+/* tpuctl chaos list T | cancel T [ID|all]: the faults waiting on each core
+ * of T (for --delay-ms or --at-step), or cancel one (its ID, which list
+ * shows) or all. Every core of T is asked, an unreachable one reported and
+ * the rest still asked. */
+static int chaos_waiting(const struct tpuctl *g, int cancel, int argc, char **argv)
+{
+    const char *target = argc > 0 ? argv[0] : NULL;
+    long long id = 0;
+    tpu_resolver *r;
+    tpu_cluster *c;
+    struct chaos_target *tg;
+    int nt, rc = EXIT_OK;
+
+    if (!target || !*target || argc > (cancel ? 2 : 1)) {
+        fprintf(stderr, "tpuctl chaos: usage: tpuctl chaos list T | tpuctl chaos cancel T [ID|all]  (T: HOST/CORE, "
+                        "HOST, all)\n");
+        return EXIT_USAGE;
+    }
+    if (cancel && argc == 2 && strcmp(argv[1], "all") != 0 &&
+        ((id = parse_whole(argv[1], 1, UINT32_MAX)) < 0)) {
+        fprintf(stderr, "tpuctl chaos cancel: '%s' is not a fault id (1..4294967295, as tpuctl chaos list shows) "
+                        "or all\n", argv[1]);
+        return EXIT_USAGE;
+    }
+    if ((rc = connect_cluster(g, &r, &c)) >= 0)
+        return rc;
+    rc = EXIT_OK;
+    if (!(tg = calloc(CHAOS_MAX_TARGETS, sizeof *tg)) || (nt = chaos_targets(c, target, tg, CHAOS_MAX_TARGETS)) < 0) {
+        free(tg);
+        disconnect(r, c);
+        return EXIT_ERROR;
+    }
+    json j;
+    if (g->json) {
+        json_init(&j, stdout);
+        json_arr(&j, NULL);
+    } else if (!cancel) {
+        printf("%-24s %4s  %-12s %s\n", "CORE", "ID", "KIND", "WHEN");
+    }
+    for (int i = 0; i < nt; i++) {
+        char name[160];
+        snprintf(name, sizeof name, "%s/%d", tg[i].host, tg[i].core);
+        if (cancel) {
+            size_t n = 0;
+            if (tpu_cancel_faults(c, tg[i].host, tg[i].core, (uint32_t)id, &n) != TPU_OK) {
+                fprintf(stderr, "%s: core %s: %s\n", tpu_status_name(tpu_last_status()), name, tpu_last_error());
+                rc = EXIT_ERROR;
+                continue;
+            }
+            if (g->json) {
+                json_obj(&j, NULL);
+                json_str(&j, "core", name);
+                json_uint(&j, "cancelled", n);
+                json_end(&j);
+            } else {
+                printf("cancelled %zu waiting fault%s on core %s\n", n, n == 1 ? "" : "s", name);
+            }
+            continue;
+        }
+        tpu_scheduled_fault l[16];
+        size_t n = 0;
+        if (tpu_list_faults(c, tg[i].host, tg[i].core, l, 16, sizeof l[0], &n) != TPU_OK) {
+            fprintf(stderr, "%s: core %s: %s\n", tpu_status_name(tpu_last_status()), name, tpu_last_error());
+            rc = EXIT_ERROR;
+            continue;
+        }
+        for (size_t k = 0; k < n && k < 16; k++) {
+            char when[64];
+            if (l[k].at_step)
+                snprintf(when, sizeof when, "after step %llu", (unsigned long long)l[k].at_step);
+            else
+                snprintf(when, sizeof when, "in %u ms", l[k].due_in_ms);
+            if (g->json) {
+                json_obj(&j, NULL);
+                json_str(&j, "core", name);
+                json_uint(&j, "id", l[k].id);
+                json_str(&j, "kind", tpu_fault_kind_name(l[k].kind));
+                json_uint(&j, "at_step", l[k].at_step);
+                json_uint(&j, "due_in_ms", l[k].due_in_ms);
+                json_uint(&j, "duration_ms", l[k].duration_ms);
+                json_uint(&j, "percent", l[k].percent);
+                json_uint(&j, "notice_ms", l[k].notice_ms);
+                json_end(&j);
+            } else {
+                printf("%-24s %4u  %-12s %s\n", name, l[k].id, tpu_fault_kind_name(l[k].kind), when);
+            }
+        }
+    }
+    if (g->json)
+        json_end(&j);
+    fflush(stdout);
+    free(tg);
+    disconnect(r, c);
+    return rc;
+}
+
 static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
 {
     static const char usage[] = "tpuctl chaos [--delay-ms MS | --at-step N] [--notice-ms MS] kill T | pause T MS | "
+                                "list T | cancel T [ID|all] | "
                                 "slow T PCT [MS] | hbm T PCT [MS] | preempt T | maintenance T MS | skew T MS [DURATION] | "
                                 "link-delay A B MS DURATION | link-loss A B PCT DURATION | partition A B DURATION  "
                                 "(T: HOST/CORE, HOST, all; kill and pause also resolver; A, B: HOST/CORE)";
@@ -786,6 +897,13 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
         return EXIT_OK;
     }
     nargs = argc - first;
+    if (rc == CODE_OK && nargs >= 1 && (!strcmp(argv[first], "list") || !strcmp(argv[first], "cancel"))) {
+        if (delay || at_step || notice >= 0 || scen || seed >= 0) {
+            fprintf(stderr, "tpuctl chaos %s takes no other option\n", argv[first]);
+            return EXIT_USAGE;
+        }
+        return chaos_waiting(g, !strcmp(argv[first], "cancel"), nargs - 1, argv + first + 1);
+    }
     if (rc == CODE_OK && scen) {
         if (nargs || delay || at_step || notice >= 0) {
             fprintf(stderr, "tpuctl chaos: --scenario takes no fault on the command line (the file gives them, "
@@ -883,11 +1001,11 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
         char name[160];
         snprintf(name, sizeof name, "%s/%d", tg[i].host, tg[i].core);
         if (tpu_inject_fault(c, tg[i].host, tg[i].core, &f) != TPU_OK) {
-            /* the worker refused it whole: nothing of it there; the cores before have it */
-            fprintf(stderr, "%s: %s%s\n", tpu_status_name(tpu_last_status()), tpu_last_error(),
-                    done ? " (the cores listed before have it)" : "");
+            /* that worker refused it whole (or did not answer): nothing of it
+             * there; the others are still asked, each outcome reported */
+            fprintf(stderr, "%s: core %s: %s\n", tpu_status_name(tpu_last_status()), name, tpu_last_error());
             rc = EXIT_ERROR;
-            break;
+            continue;
         }
         done++;
         if (g->json)

@@ -47,6 +47,7 @@ struct cl_peers {
     size_t n;
     uint8_t *table; /* a serialized PeerTable of n cores (peertab.h) */
     size_t table_len;
+    int keep_faults; /* ResetCore.keep_scheduled_faults */
 };
 /* The table of rows[0..n) with one reference; NULL with e set when a row
  * does not fit the table or memory ran out. */

@@ -305,6 +305,7 @@ static void init_proceed(resolver *r, size_t n)
             init_fail(r, e.code, "initialize: %s", e.msg);
             return;
         }
+        peers->keep_faults = op->keep_faults;
     }
 
     /* chosen cores first, in replica order; then every other alive core leaves */
@@ -564,6 +565,7 @@ void sys_initialize(resolver *r, void *ctl, uint64_t req_id, const Tpuemu__Initi
     op->expect = q->expect;
     op->timeout_ms = timeout;
     op->allow_partial = q->allow_partial;
+    op->keep_faults = q->keep_scheduled_faults;
     snprintf(op->client, sizeof op->client, "%s", q->client_id && *q->client_id ? q->client_id : "?");
     op->start_ms = wire_now_ms();
     op->deadline_ms = op->start_ms + timeout;

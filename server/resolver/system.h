@@ -47,6 +47,7 @@ struct init_op {
     uint64_t req_id;
     uint32_t expect, timeout_ms;
     int allow_partial;
+    int keep_faults;     /* the cores keep faults waiting for a step */
     char client[SYS_CLIENT_MAX];
     uint64_t start_ms, deadline_ms, reset_ms;
     uint64_t epoch;

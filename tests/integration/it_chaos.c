@@ -405,7 +405,7 @@ static int core_health_of(cluster *c, const char *host, int core, tpu_core_info 
 static void init_system(tpu_cluster *tc, uint32_t expect)
 {
     tpu_topology *tp;
-    tpu_init_options io = {expect, 15000, 0};
+    tpu_init_options io = {.expect = expect, .timeout_ms = 15000, .allow_partial = 0};
     cr_assert_eq(tpu_initialize_system(tc, &io, &tp), TPU_OK, "%s", tpu_last_error());
     tpu_topology_free(tp);
 }
@@ -455,7 +455,7 @@ Test(chaos, preempt_gives_a_notice_then_the_core_is_preempted, .timeout = 120)
     cr_assert_eq(cluster_core_state(c, "h0", 0, NULL), TPU_CORE_READY, "the other core was hit too");
     /* an initialize that needs it names it */
     tpu_topology *tp = NULL;
-    tpu_init_options io = {2, 300, 0};
+    tpu_init_options io = {.expect = 2, .timeout_ms = 300, .allow_partial = 0};
     cr_assert_eq(tpu_initialize_system(tc, &io, &tp), TPU_NOT_FOUND, "%s", tpu_last_error());
     cr_assert(strstr(tpu_last_error(), "h0/1 (preempted)"), "%s", tpu_last_error());
     /* a worker started again on the key takes it over */
@@ -511,7 +511,7 @@ Test(chaos, maintenance_takes_the_core_down_and_it_comes_back_restarted, .timeou
     cr_assert(strstr(h.details, "maintenance event: down for "), "%s", h.details);
     /* work is refused while it is down */
     tpu_topology *tp = NULL;
-    tpu_init_options io = {2, 300, 0};
+    tpu_init_options io = {.expect = 2, .timeout_ms = 300, .allow_partial = 0};
     cr_assert_eq(tpu_initialize_system(tc, &io, &tp), TPU_NOT_FOUND, "an initialize used the core in maintenance");
     cr_assert(strstr(tpu_last_error(), "h0/0 (down for maintenance)"), "%s", tpu_last_error());
     cr_assert(cl_wait_log(&c->workers[0], "maintenance event: this core leaves its system", 2000), "see %s",
@@ -746,6 +746,96 @@ Test(chaos, clock_skew_beyond_the_window_cuts_a_core_off, .timeout = 120)
     cr_assert(cluster_wait_core_state(c, "h0", 1, TPU_CORE_IDLE, 15000 * scale), "h0/1 did not come back");
     cr_assert(cl_log_contains(&c->workers[1], "fault over: this worker's clock is right again"));
     cr_assert_eq(cluster_core_state(c, "h0", 0, NULL), TPU_CORE_IDLE, "h0/0, 10 s fast, was cut off too");
+    tpu_cluster_free(tc);
+    tpu_resolver_free(r);
+    cluster_free(c);
+}
+
+/* ---- waiting faults: listed, cancelled, and not outliving the system ---- */
+
+static size_t waiting(tpu_cluster *tc, const char *host, int core, tpu_scheduled_fault *l)
+{
+    size_t n = 99;
+    cr_assert_eq(tpu_list_faults(tc, host, core, l, 16, sizeof *l, &n), TPU_OK, "%s", tpu_last_error());
+    return n;
+}
+
+/* Faults waiting for a delay or a step are listed with their ids and can be
+ * cancelled one by one or all at once; 16 far-future faults no longer lock a
+ * core's slots for good; a new system cancels the faults waiting for a step
+ * (their steps counted another run's) unless the initialize keeps them, and
+ * keeps the faults waiting for their time. tpuctl chaos list / cancel show
+ * the same. */
+Test(chaos, waiting_faults_are_listed_cancelled_and_cleared_by_initialize, .timeout = 120)
+{
+    cluster *c = start2();
+    tpu_resolver *r;
+    tpu_cluster *tc;
+    tpu_scheduled_fault l[16];
+    size_t n;
+    connect_init(c, &r, &tc);
+
+    tpu_fault step = {.kind = TPU_FAULT_PREEMPT, .at_step = 3, .notice_ms = 1000};
+    tpu_fault later = {.kind = TPU_FAULT_SLOW, .percent = 50, .duration_ms = 1000, .delay_ms = 3600000};
+    cr_assert_eq(tpu_inject_fault(tc, "h0", 0, &step), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_inject_fault(tc, "h0", 0, &later), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(waiting(tc, "h0", 0, l), 2);
+    cr_assert_eq(l[0].kind, TPU_FAULT_PREEMPT);
+    cr_assert_eq(l[0].at_step, 3u);
+    cr_assert_eq(l[0].notice_ms, 1000u);
+    cr_assert_eq(l[1].kind, TPU_FAULT_SLOW);
+    cr_assert_eq(l[1].at_step, 0u);
+    cr_assert(l[1].due_in_ms > 3000000u && l[1].due_in_ms <= 3600000u, "due in %u ms", l[1].due_in_ms);
+    cr_assert_neq(l[0].id, l[1].id);
+    cr_assert_eq(waiting(tc, "h0", 1, l), 0, "the other core has none");
+
+    /* the CLI lists them too */
+    run_result rr;
+    cluster_tpuctl(c, &rr, 10000, "chaos", "list", "h0", NULL);
+    cr_assert_eq(rr.code, 0, "exit %d: %s", rr.code, rr.err);
+    cr_assert(strstr(rr.out, "preempt") && strstr(rr.out, "after step 3") && strstr(rr.out, "slow"), "%s", rr.out);
+    run_result_free(&rr);
+
+    /* a new system cancels the one waiting for a step, keeps the timed one */
+    tpu_topology *topo;
+    tpu_init_options io = {.expect = 2, .timeout_ms = 10000u * (uint32_t)cl_time_scale()};
+    cr_assert_eq(tpu_initialize_system(tc, &io, &topo), TPU_OK, "%s", tpu_last_error());
+    tpu_topology_free(topo);
+    cr_assert_eq(waiting(tc, "h0", 0, l), 1);
+    cr_assert_eq(l[0].kind, TPU_FAULT_SLOW, "the timed fault stays");
+    uint32_t slow_id = l[0].id;
+    /* unless asked to keep them */
+    cr_assert_eq(tpu_inject_fault(tc, "h0", 0, &step), TPU_OK, "%s", tpu_last_error());
+    io.keep_scheduled_faults = 1;
+    cr_assert_eq(tpu_initialize_system(tc, &io, &topo), TPU_OK, "%s", tpu_last_error());
+    tpu_topology_free(topo);
+    cr_assert_eq(waiting(tc, "h0", 0, l), 2, "kept");
+
+    /* cancel one by id; an id that waits nowhere is NOT_FOUND naming it */
+    size_t k = 0;
+    cr_assert_eq(tpu_cancel_faults(tc, "h0", 0, slow_id, &k), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(k, 1u);
+    cr_assert_eq(waiting(tc, "h0", 0, l), 1);
+    cr_assert_eq(l[0].kind, TPU_FAULT_PREEMPT);
+    cr_assert_eq(tpu_cancel_faults(tc, "h0", 0, slow_id, &k), TPU_NOT_FOUND);
+    cr_assert(strstr(tpu_last_error(), "id"), "%s", tpu_last_error());
+
+    /* 16 far-future faults fill the core's slots; cancel all frees them */
+    tpu_status st;
+    while ((st = tpu_inject_fault(tc, "h0", 1, &later)) == TPU_OK && waiting(tc, "h0", 1, l) < 16)
+        ;
+    cr_assert_eq(waiting(tc, "h0", 1, l), 16);
+    cr_assert_eq(tpu_inject_fault(tc, "h0", 1, &later), TPU_RESOURCE_EXHAUSTED, "%s", tpu_last_error());
+    cluster_tpuctl(c, &rr, 10000, "chaos", "cancel", "all", NULL);
+    cr_assert_eq(rr.code, 0, "exit %d: %s", rr.code, rr.err);
+    cr_assert(strstr(rr.out, "cancelled 16 waiting faults on core h0/1"), "%s", rr.out);
+    cr_assert(strstr(rr.out, "cancelled 1 waiting fault on core h0/0"), "%s", rr.out);
+    run_result_free(&rr);
+    n = waiting(tc, "h0", 1, l);
+    cr_assert_eq(n, 0);
+    cr_assert_eq(tpu_inject_fault(tc, "h0", 1, &later), TPU_OK, "%s", tpu_last_error());
+    cr_assert(cl_log_contains(&c->workers[0], "scheduled fault cancelled"), "see %s", c->workers[0].log);
+    (void)st;
     tpu_cluster_free(tc);
     tpu_resolver_free(r);
     cluster_free(c);

@@ -20,7 +20,7 @@ static tpu_cluster *connect_ok(cluster *c, tpu_resolver **r)
 static tpu_status init(tpu_cluster *cc, uint32_t expect, uint32_t timeout_ms, int partial,
                        tpu_topology **t)
 {
-    tpu_init_options o = {expect, timeout_ms, partial};
+    tpu_init_options o = {.expect = expect, .timeout_ms = timeout_ms, .allow_partial = partial};
     *t = NULL;
     return tpu_initialize_system(cc, &o, t);
 }
@@ -471,7 +471,7 @@ static void *bg_init_run(void *arg)
     tpu_resolver *r;
     tpu_cluster *cc;
     tpu_topology *t = NULL;
-    tpu_init_options o = {2, 1500, 0};
+    tpu_init_options o = {.expect = 2, .timeout_ms = 1500, .allow_partial = 0};
     if (cluster_connect(b->c, &r, &cc) == TPU_OK) {
         /* our foreground initialize may be the one in progress: retry then */
         for (int i = 0; i < 100; i++) {

@@ -73,7 +73,7 @@ static lt *lt_start(int two_hosts)
 static void lt_init(lt *t)
 {
     tpu_topology *tp;
-    tpu_init_options io = {2, 15000, 0};
+    tpu_init_options io = {.expect = 2, .timeout_ms = 15000, .allow_partial = 0};
     CALL_OK(tpu_initialize_system(t->tc, &io, &tp));
     cr_assert_eq(tpu_topology_num_replicas(tp), 2);
     tpu_topology_free(tp);

@@ -502,7 +502,7 @@ static mcluster *mc_start(int n)
 static void mc_init(mcluster *m)
 {
     tpu_topology *tp;
-    tpu_init_options io = {(uint32_t)m->n, 15000, 0};
+    tpu_init_options io = {.expect = (uint32_t)m->n, .timeout_ms = 15000, .allow_partial = 0};
     CALL_OK(tpu_initialize_system(m->cc, &io, &tp));
     cr_assert_eq(tpu_topology_num_replicas(tp), m->n);
     tpu_topology_free(tp);

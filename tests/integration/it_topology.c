@@ -16,7 +16,7 @@
 
 static tpu_topology *init_ok(cluster *c, tpu_resolver **r, tpu_cluster **cc)
 {
-    tpu_init_options o = {0, 5000, 0};
+    tpu_init_options o = {.expect = 0, .timeout_ms = 5000, .allow_partial = 0};
     tpu_topology *t = NULL;
     tpu_status st = cluster_connect(c, r, cc);
     cr_assert_eq(st, TPU_OK, "connect to %s: %s: %s", c->addr, tpu_status_name(st), tpu_last_error());

@@ -40,7 +40,7 @@ void ct_reinit(colltest *t)
 {
     tpu_topology *tp = NULL;
     int alive = cluster_count(t->cl, CL_ALIVE);
-    tpu_init_options io = {(uint32_t)(alive > 0 ? alive : 0), 15000, 0}; /* the dead are known but not expected */
+    tpu_init_options io = {.expect = (uint32_t)(alive > 0 ? alive : 0), .timeout_ms = 15000, .allow_partial = 0}; /* the dead are known but not expected */
     cr_assert_eq(tpu_initialize_system(t->c, &io, &tp), TPU_OK, "initialize: %s", tpu_last_error());
     t->n = tpu_topology_num_replicas(tp);
     cr_assert_eq(tpu_cluster_num_replicas(t->c), t->n);

@@ -261,6 +261,8 @@ typedef struct tpu_init_options {
     uint32_t expect;      /* cores to wait for; 0: the cores alive now (dead ones listed as missing) */
     uint32_t timeout_ms;  /* how long to wait for them; 0: 10000 */
     int allow_partial;    /* at the deadline, go on without the missing cores */
+    int keep_scheduled_faults; /* the cores keep the faults waiting for a step (tpu_fault.at_step);
+                                  0: a new system cancels them, their steps counted another run's */
 } tpu_init_options;
 
 typedef struct tpu_topology tpu_topology;
@@ -458,6 +460,31 @@ TPU_API tpu_status tpu_inject_fault(tpu_cluster *c, const char *host_id, int cor
  * says so. Errors as tpu_inject_fault. */
 TPU_API tpu_status tpu_inject_link_fault(tpu_cluster *c, const char *a_host, int a_core, const char *b_host,
                                          int b_core, const tpu_fault *f);
+/* A fault waiting on a core for its delay or its step (tpu_list_faults). */
+typedef struct tpu_scheduled_fault {
+    uint32_t id;          /* the core's number for it (tpu_cancel_faults); never reused by that process */
+    tpu_fault_kind kind;
+    uint64_t at_step;     /* the step it waits for; 0: it waits for its time */
+    uint32_t due_in_ms;   /* by time: how long until it fires */
+    uint32_t duration_ms, percent, notice_ms;
+    char peer_host[256];  /* link faults: the other end; otherwise "" */
+    int peer_core;
+} tpu_scheduled_fault;
+/* Lists the faults waiting on core host_id/core (at most 16): the first max
+ * into out, each elem_size bytes apart (give sizeof(tpu_scheduled_fault):
+ * a later library with a longer struct writes only the fields this one
+ * knows), and how many wait into *n. Faults waiting for a step are cancelled
+ * by the next tpu_initialize_system unless its options keep them; faults
+ * waiting for their time outlive it. Blocks up to the resolver handle's
+ * timeout. Errors as tpu_inject_fault. */
+TPU_API tpu_status tpu_list_faults(tpu_cluster *c, const char *host_id, int core, tpu_scheduled_fault *out,
+                                   size_t max, size_t elem_size, size_t *n);
+/* Cancels the fault numbered id waiting on core host_id/core (id 0: every
+ * fault waiting there); *cancelled (if not NULL) says how many were.
+ * Errors: TPU_NOT_FOUND (no such core, or no fault waits under id), as
+ * tpu_inject_fault otherwise. */
+TPU_API tpu_status tpu_cancel_faults(tpu_cluster *c, const char *host_id, int core, uint32_t id,
+                                     size_t *cancelled);
 /* Injects f into the resolver itself (tpuctl chaos kill|pause resolver): a
  * kill (it dies at once, SIGKILL: restart it, and the workers register again
  * by their next heartbeats) or a pause of 1..600000 ms (every thread stops,

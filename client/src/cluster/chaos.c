@@ -2,6 +2,7 @@
  * core's control port, addressed to that core and process, over a REQ socket
  * of its own for the one call. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -215,6 +216,97 @@ tpu_status tpu_inject_link_fault(tpu_cluster *c, const char *a_host, int a_core,
                        a_core, b_host, b_core);
     tpu_cluster_spec_free(spec);
     return st;
+}
+
+/* A ScheduledFaults request to core host/core: its reply in *out (freed by
+ * the caller). */
+static tpu_status scheduled(tpu_cluster *c, const char *fn, const char *host_id, int core, uint32_t cancel,
+                            int cancel_all, wire_msg **out)
+{
+    const Tpuemu__WorkerInfo *w;
+    tpu_cluster_spec *spec;
+    tpu_status st = TPU_OK;
+    wire_msg req = TPUEMU__MESSAGE__INIT;
+    Tpuemu__ScheduledFaults body = TPUEMU__SCHEDULED_FAULTS__INIT;
+    Tpuemu__CoreRef to = TPUEMU__CORE_REF__INIT;
+    char name[300];
+    err e;
+
+    *out = NULL;
+    if (!host_id || !*host_id || core < 0)
+        return cli_failf(TPU_INVALID_ARGUMENT, "%s: give a host id and a core index >= 0", fn);
+    if (tpu_cluster_spec_get(c, &spec) != TPU_OK)
+        return tpu_last_status();
+    if (!(w = find_core(spec, host_id, core))) {
+        st = not_found(spec, "core", host_id, core);
+    } else {
+        snprintf(name, sizeof name, "%s/%d", host_id, core);
+        to.host_id = (char *)host_id;
+        to.core = core;
+        to.incarnation = w->incarnation;
+        body.cancel = cancel;
+        body.cancel_all = cancel_all != 0;
+        req.recipient = &to;
+        req.body_case = TPUEMU__MESSAGE__BODY_SCHEDULED_FAULTS;
+        req.scheduled_faults = &body;
+        if (call_core(c, w->control_addr, name, &req, c->r->timeout_ms, out, &e) != CODE_OK)
+            st = cli_fail(&e);
+        else if ((*out)->body_case != TPUEMU__MESSAGE__BODY_CORE_REPORT) {
+            wire_msg_free(*out);
+            *out = NULL;
+            st = cli_failf(TPU_UNAVAILABLE, "core %s answered with another message", name);
+        }
+    }
+    tpu_cluster_spec_free(spec);
+    return st;
+}
+
+tpu_status tpu_list_faults(tpu_cluster *c, const char *host_id, int core, tpu_scheduled_fault *out, size_t max,
+                           size_t elem_size, size_t *n)
+{
+    wire_msg *m;
+    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    if (!n || (max && !out) || (max && elem_size < offsetof(tpu_scheduled_fault, peer_core) + sizeof(int)))
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_list_faults: give n, and out with elem_size "
+                         "sizeof(tpu_scheduled_fault) when max > 0");
+    *n = 0;
+    if (scheduled(c, "tpu_list_faults", host_id, core, 0, 0, &m) != TPU_OK)
+        return tpu_last_status();
+    const Tpuemu__CoreReport *r = m->core_report;
+    for (size_t i = 0; i < r->n_scheduled; i++) {
+        const Tpuemu__ScheduledFault *x = r->scheduled[i];
+        tpu_scheduled_fault f;
+        if (i >= max)
+            continue;
+        memset(&f, 0, sizeof f);
+        f.id = x->id;
+        f.kind = (tpu_fault_kind)x->kind;
+        f.at_step = x->at_step;
+        f.due_in_ms = x->due_in_ms;
+        f.duration_ms = x->duration_ms;
+        f.percent = x->percent;
+        f.notice_ms = x->notice_ms;
+        snprintf(f.peer_host, sizeof f.peer_host, "%s", x->peer_host ? x->peer_host : "");
+        f.peer_core = x->peer_core;
+        memcpy((char *)out + i * elem_size, &f, elem_size < sizeof f ? elem_size : sizeof f);
+    }
+    *n = r->n_scheduled;
+    wire_msg_free(m);
+    return TPU_OK;
+}
+
+tpu_status tpu_cancel_faults(tpu_cluster *c, const char *host_id, int core, uint32_t id, size_t *cancelled)
+{
+    wire_msg *m;
+    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    if (cancelled)
+        *cancelled = 0;
+    if (scheduled(c, "tpu_cancel_faults", host_id, core, id, id == 0, &m) != TPU_OK)
+        return tpu_last_status();
+    if (cancelled)
+        *cancelled = m->core_report->cancelled;
+    wire_msg_free(m);
+    return TPU_OK;
 }
 
 tpu_status tpu_inject_resolver_fault(tpu_cluster *c, const tpu_fault *f)

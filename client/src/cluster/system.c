@@ -56,6 +56,7 @@ tpu_status cli_initialize_system(tpu_cluster *c, const tpu_init_options *opts, t
         body.expect = opts->expect;
         body.timeout_ms = opts->timeout_ms;
         body.allow_partial = opts->allow_partial != 0;
+        body.keep_scheduled_faults = opts->keep_scheduled_faults != 0;
     }
     if (body.timeout_ms > 600000)
         return cli_failf(TPU_INVALID_ARGUMENT,

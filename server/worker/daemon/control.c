@@ -31,6 +31,13 @@ static int on_fault(struct control *ctl, const wire_msg *req, Tpuemu__CoreReport
     return ctl->env.fault(ctl->env.arg, req->inject_fault, e);
 }
 
+static int on_faults(struct control *ctl, const wire_msg *req, Tpuemu__CoreReport *reply, err *e)
+{
+    log_info("scheduled faults asked", "sender=%s cancel=%u cancel_all=%d", log_q(req->sender),
+             req->scheduled_faults->cancel, (int)req->scheduled_faults->cancel_all);
+    return ctl->env.faults(ctl->env.arg, req->scheduled_faults, reply, e);
+}
+
 static const struct {
     Tpuemu__Message__BodyCase body;
     ctl_handler fn;
@@ -39,6 +46,7 @@ static const struct {
     {TPUEMU__MESSAGE__BODY_RESET_CORE, on_reset, "reset_core"},
     {TPUEMU__MESSAGE__BODY_PROBE_CORE, on_probe, "probe_core"},
     {TPUEMU__MESSAGE__BODY_INJECT_FAULT, on_fault, "inject_fault"},
+    {TPUEMU__MESSAGE__BODY_SCHEDULED_FAULTS, on_faults, "scheduled_faults"},
 };
 
 /* Answers the request of rq (consumed) with an error. */

@@ -33,6 +33,9 @@ struct ctl_env {
      * takes effect after the reply is on its way), else an error code with e
      * set and nothing injected. */
     int (*fault)(void *arg, const Tpuemu__InjectFault *f, err *e);
+    /* ScheduledFaults: lists (after cancelling) the faults waiting on the
+     * core into report, or an error code with e set. */
+    int (*faults)(void *arg, const Tpuemu__ScheduledFaults *q, Tpuemu__CoreReport *report, err *e);
     /* Fills out (an initialized WorkerInfo) for a CoreReport. */
     void (*info)(void *arg, Tpuemu__WorkerInfo *out);
     void *arg;

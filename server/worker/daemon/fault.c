@@ -506,14 +506,83 @@ int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e)
             continue;
         sc->a = a;
         sc->at_step = req->at_step;
+        sc->id = ++f->next_id;
         if (req->delay_ms)
             uv_timer_start(&sc->timer, on_sched_timer, req->delay_ms, 0);
-        log_warn("fault scheduled", "kind=%s delay_ms=%u at_step=%llu duration_ms=%u percent=%u notice_ms=%u",
-                 fault_kind_name(a.kind), req->delay_ms, (unsigned long long)req->at_step, req->duration_ms,
-                 req->percent, req->notice_ms);
+        log_warn("fault scheduled", "id=%u kind=%s delay_ms=%u at_step=%llu duration_ms=%u percent=%u notice_ms=%u",
+                 sc->id, fault_kind_name(a.kind), req->delay_ms, (unsigned long long)req->at_step,
+                 req->duration_ms, req->percent, req->notice_ms);
         return CODE_OK;
     }
     return err_set(e, CODE_RESOURCE_EXHAUSTED, "%d faults are already scheduled on this core", FAULT_MAX_SCHEDULED);
+}
+
+static void unschedule(struct fault_sched *sc, const char *why)
+{
+    log_info("scheduled fault cancelled", "id=%u kind=%s at_step=%llu why=%s", sc->id, fault_kind_name(sc->a.kind),
+             (unsigned long long)sc->at_step, log_q(why));
+    sc->a.kind = 0;
+    uv_timer_stop(&sc->timer);
+}
+
+int fault_scheduled(struct fault *f, uint32_t cancel, int cancel_all, Tpuemu__CoreReport *report, err *e)
+{
+    unsigned cancelled = 0;
+    size_t n = 0;
+
+    if (cancel && !cancel_all) {
+        int i;
+        for (i = 0; i < FAULT_MAX_SCHEDULED; i++)
+            if (f->sched[i].a.kind && f->sched[i].id == cancel)
+                break;
+        if (i == FAULT_MAX_SCHEDULED)
+            return err_set(e, CODE_NOT_FOUND, "no fault waits on this core under id %u (it fired, was cancelled, "
+                           "or never was)", cancel);
+        unschedule(&f->sched[i], "cancelled");
+        cancelled = 1;
+    }
+    for (int i = 0; i < FAULT_MAX_SCHEDULED; i++) {
+        struct fault_sched *sc = &f->sched[i];
+        if (!sc->a.kind)
+            continue;
+        if (cancel_all) {
+            unschedule(sc, "cancelled");
+            cancelled++;
+            continue;
+        }
+        Tpuemu__ScheduledFault *l = &f->listed[n];
+        tpuemu__scheduled_fault__init(l);
+        l->id = sc->id;
+        l->kind = (Tpuemu__FaultKind)sc->a.kind;
+        l->at_step = sc->at_step;
+        if (!sc->at_step) {
+            uint64_t due = uv_timer_get_due_in(&sc->timer);
+            l->due_in_ms = due > UINT32_MAX ? UINT32_MAX : (uint32_t)due;
+        }
+        l->duration_ms = sc->a.duration_ms;
+        l->percent = sc->a.percent;
+        l->notice_ms = sc->a.notice_ms;
+        snprintf(f->listed_host[n], sizeof f->listed_host[n], "%s", sc->a.peer_host);
+        l->peer_host = f->listed_host[n];
+        l->peer_core = sc->a.peer_core;
+        f->listed_p[n] = l;
+        n++;
+    }
+    report->n_scheduled = n;
+    report->scheduled = n ? f->listed_p : NULL;
+    report->cancelled = cancelled;
+    return CODE_OK;
+}
+
+int fault_clear_steps(struct fault *f)
+{
+    int n = 0;
+    for (int i = 0; i < FAULT_MAX_SCHEDULED; i++)
+        if (f->sched[i].a.kind && f->sched[i].at_step) {
+            unschedule(&f->sched[i], "a new system (initialize)");
+            n++;
+        }
+    return n;
 }
 
 void fault_stop(struct fault *f)

@@ -84,6 +84,7 @@ struct fault_args {
 /* A fault waiting for its time or its step. */
 struct fault_sched {
     uv_timer_t timer;        /* delay_ms */
+    uint32_t id;             /* for chaos list / cancel */
     struct fault *f;
     struct fault_args a;     /* a.kind 0: the slot is free */
     uint64_t at_step;        /* 0: by time */
@@ -105,6 +106,11 @@ struct fault {
     uint32_t pause_ms;
     pid_t helper;            /* of the pause in effect; 0: none */
     int started;             /* fault_init done, fault_stop not yet */
+    uint32_t next_id;        /* of the next scheduled fault */
+    /* the last listing's storage (a CoreReport points into it until sent) */
+    Tpuemu__ScheduledFault listed[FAULT_MAX_SCHEDULED];
+    Tpuemu__ScheduledFault *listed_p[FAULT_MAX_SCHEDULED];
+    char listed_host[FAULT_MAX_SCHEDULED][IDENT_HOST_ID_MAX + 1];
     prom_counter injected[FAULT_KINDS]; /* by FaultKind */
 };
 
@@ -112,6 +118,14 @@ void fault_init(struct fault *f, const struct fault_env *env);
 /* Checks f and schedules it: CODE_OK, or an error code with e set and
  * nothing changed. */
 int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e);
+/* The faults waiting on this core, after cancelling the one numbered cancel
+ * (0: none; NOT_FOUND with e set if none waits under it) or all of them
+ * (cancel_all): fills report's scheduled list (valid until the next call) and
+ * cancelled count. */
+int fault_scheduled(struct fault *f, uint32_t cancel, int cancel_all, Tpuemu__CoreReport *report, err *e);
+/* A new system: the faults waiting for a step are cancelled (their steps
+ * counted another run's); returns how many. */
+int fault_clear_steps(struct fault *f);
 /* Fires the faults scheduled for step (loop thread, after the step). */
 void fault_on_step(struct fault *f, uint64_t step);
 /* "kill", "pause", "slow", "hbm", "preempt", "maintenance", "skew", "link-delay", "link-loss", "partition" */

@@ -92,6 +92,11 @@ static int worker_fault(void *arg, const Tpuemu__InjectFault *f, err *e)
     return fault_inject(&((struct worker *)arg)->fault, f, e);
 }
 
+static int worker_faults(void *arg, const Tpuemu__ScheduledFaults *q, Tpuemu__CoreReport *report, err *e)
+{
+    return fault_scheduled(&((struct worker *)arg)->fault, q->cancel, q->cancel_all, report, e);
+}
+
 /* Link faults: the transport holds the sends (peers.h). */
 static int link_check(void *arg, const char *host, int core, err *e)
 {
@@ -179,6 +184,9 @@ static int worker_reset(void *arg, const Tpuemu__ResetCore *r, err *e)
     w->id.replica_id = r->replica_id;
     w->id.num_replicas = r->replica_id >= 0 ? r->num_replicas : 0;
     hbm_reset(&w->hbm);
+    /* a fault waiting for step N counted the old system's steps */
+    if (!r->keep_scheduled_faults)
+        fault_clear_steps(&w->fault);
     /* every link of the old epoch closes; then the engine forgets its collectives */
     peers_reset(w->peers, r);
     coll_reset(w->coll);
@@ -500,7 +508,7 @@ static int start(struct worker *w, err *e)
 {
     const struct hb_env hb = {w->loop, &w->auth, w->resolver_url, &w->id, worker_info, on_refused, w};
     struct ctl_env ctl = {.loop = w->loop, .auth = &w->auth, .listen = w->listen, .id = &w->id,
-                          .reset = worker_reset, .fault = worker_fault, .info = worker_info, .arg = w};
+                          .reset = worker_reset, .fault = worker_fault, .faults = worker_faults, .info = worker_info, .arg = w};
     const struct fault_env fe = {w->loop,   set_throttle, w,        w->throttle_pct, &w->hbm,
                                  &w->notice, NULL,        notified, preempted, maintenance,
                                  link_check, link_fault};
