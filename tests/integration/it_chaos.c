@@ -796,20 +796,41 @@ Test(chaos, waiting_faults_are_listed_cancelled_and_cleared_by_initialize, .time
     cr_assert(strstr(rr.out, "preempt") && strstr(rr.out, "after step 3") && strstr(rr.out, "slow"), "%s", rr.out);
     run_result_free(&rr);
 
-    /* a new system cancels the one waiting for a step, keeps the timed one */
+    /* a new system before any step: the step's fault waits for the coming run */
     tpu_topology *topo;
     tpu_init_options io = {.expect = 2, .timeout_ms = 10000u * (uint32_t)cl_time_scale()};
     cr_assert_eq(tpu_initialize_system(tc, &io, &topo), TPU_OK, "%s", tpu_last_error());
     tpu_topology_free(topo);
+    cr_assert_eq(waiting(tc, "h0", 0, l), 2, "a fault scheduled before its run was cancelled");
+    /* a run that ends before step 1000, then a new system: the step's fault
+     * is cancelled (its run is over), the timed one stays */
+    step.at_step = 1000;
+    cr_assert_eq(tpu_cancel_faults(tc, "h0", 0, l[0].id, NULL), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_inject_fault(tc, "h0", 0, &step), TPU_OK, "%s", tpu_last_error());
+    tpu_strategy *s;
+    tpu_dataset *ds;
+    tpu_model *m;
+    tpu_fit_options fo = {.epochs = 1};
+    build_model(tc, &s, &ds, &m);
+    cr_assert_eq(compile_model(m), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_model_fit(m, ds, &fo, NULL), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_initialize_system(tc, &io, &topo), TPU_OK, "%s", tpu_last_error());
+    tpu_topology_free(topo);
     cr_assert_eq(waiting(tc, "h0", 0, l), 1);
     cr_assert_eq(l[0].kind, TPU_FAULT_SLOW, "the timed fault stays");
+    cr_assert(cl_log_contains(&c->workers[0], "scheduled fault cancelled"), "see %s", c->workers[0].log);
     uint32_t slow_id = l[0].id;
     /* unless asked to keep them */
     cr_assert_eq(tpu_inject_fault(tc, "h0", 0, &step), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(compile_model(m), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_model_fit(m, ds, &fo, NULL), TPU_OK, "%s", tpu_last_error());
     io.keep_scheduled_faults = 1;
     cr_assert_eq(tpu_initialize_system(tc, &io, &topo), TPU_OK, "%s", tpu_last_error());
     tpu_topology_free(topo);
     cr_assert_eq(waiting(tc, "h0", 0, l), 2, "kept");
+    tpu_model_free(m);
+    tpu_dataset_free(ds);
+    tpu_strategy_free(s);
 
     /* cancel one by id; an id that waits nowhere is NOT_FOUND naming it */
     size_t k = 0;
@@ -834,7 +855,6 @@ Test(chaos, waiting_faults_are_listed_cancelled_and_cleared_by_initialize, .time
     n = waiting(tc, "h0", 1, l);
     cr_assert_eq(n, 0);
     cr_assert_eq(tpu_inject_fault(tc, "h0", 1, &later), TPU_OK, "%s", tpu_last_error());
-    cr_assert(cl_log_contains(&c->workers[0], "scheduled fault cancelled"), "see %s", c->workers[0].log);
     (void)st;
     tpu_cluster_free(tc);
     tpu_resolver_free(r);

@@ -262,7 +262,8 @@ typedef struct tpu_init_options {
     uint32_t timeout_ms;  /* how long to wait for them; 0: 10000 */
     int allow_partial;    /* at the deadline, go on without the missing cores */
     int keep_scheduled_faults; /* the cores keep the faults waiting for a step (tpu_fault.at_step);
-                                  0: a new system cancels them, their steps counted another run's */
+                                  0: a new system cancels those whose core has trained since they
+                                  were scheduled (their run is over) */
 } tpu_init_options;
 
 typedef struct tpu_topology tpu_topology;
@@ -473,9 +474,9 @@ typedef struct tpu_scheduled_fault {
 /* Lists the faults waiting on core host_id/core (at most 16): the first max
  * into out, each elem_size bytes apart (give sizeof(tpu_scheduled_fault):
  * a later library with a longer struct writes only the fields this one
- * knows), and how many wait into *n. Faults waiting for a step are cancelled
- * by the next tpu_initialize_system unless its options keep them; faults
- * waiting for their time outlive it. Blocks up to the resolver handle's
+ * knows), and how many wait into *n. A fault waiting for a step is cancelled
+ * by the first tpu_initialize_system after its core trained a step (unless
+ * its options keep them); faults waiting for their time outlive it. Blocks up to the resolver handle's
  * timeout. Errors as tpu_inject_fault. */
 TPU_API tpu_status tpu_list_faults(tpu_cluster *c, const char *host_id, int core, tpu_scheduled_fault *out,
                                    size_t max, size_t elem_size, size_t *n);

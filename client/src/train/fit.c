@@ -661,7 +661,8 @@ static int count_live(tpu_cluster *c, int *silent, uint64_t *silence_ms)
 /* One initialize of want cores; TPU_OK or the status (having kept its message in why). */
 static tpu_status elastic_init(tpu_cluster *c, int want, char *why, size_t n)
 {
-    tpu_init_options io = {.expect = (uint32_t)want, .timeout_ms = ELASTIC_INIT_MS};
+    tpu_init_options io = {.expect = (uint32_t)want, .timeout_ms = ELASTIC_INIT_MS,
+                          .keep_scheduled_faults = 1}; /* the same run: its steps go on */
     tpu_topology *t = NULL;
     tpu_status st = cli_initialize_system(c, &io, &t, 1); /* the state is restored below */
     if (st == TPU_OK)

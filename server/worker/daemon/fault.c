@@ -470,11 +470,14 @@ static void on_sched_timer(uv_timer_t *t)
 void fault_on_step(struct fault *f, uint64_t step)
 {
     char why[48];
-    for (int i = 0; i < FAULT_MAX_SCHEDULED; i++)
+    for (int i = 0; i < FAULT_MAX_SCHEDULED; i++) {
+        if (f->sched[i].a.kind && f->sched[i].at_step)
+            f->sched[i].trained = 1;
         if (f->sched[i].a.kind && f->sched[i].at_step && step >= f->sched[i].at_step) {
             snprintf(why, sizeof why, "after step %llu", (unsigned long long)step);
             fire(&f->sched[i], why);
         }
+    }
 }
 
 int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e)
@@ -507,6 +510,7 @@ int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e)
         sc->a = a;
         sc->at_step = req->at_step;
         sc->id = ++f->next_id;
+        sc->trained = 0;
         if (req->delay_ms)
             uv_timer_start(&sc->timer, on_sched_timer, req->delay_ms, 0);
         log_warn("fault scheduled", "id=%u kind=%s delay_ms=%u at_step=%llu duration_ms=%u percent=%u notice_ms=%u",
@@ -578,8 +582,8 @@ int fault_clear_steps(struct fault *f)
 {
     int n = 0;
     for (int i = 0; i < FAULT_MAX_SCHEDULED; i++)
-        if (f->sched[i].a.kind && f->sched[i].at_step) {
-            unschedule(&f->sched[i], "a new system (initialize)");
+        if (f->sched[i].a.kind && f->sched[i].at_step && f->sched[i].trained) {
+            unschedule(&f->sched[i], "a new system (initialize) after the run it waited in");
             n++;
         }
     return n;

@@ -88,6 +88,7 @@ struct fault_sched {
     struct fault *f;
     struct fault_args a;     /* a.kind 0: the slot is free */
     uint64_t at_step;        /* 0: by time */
+    int trained;             /* the core trained a step since it was scheduled: its run is under way */
 };
 
 struct fault {
@@ -123,8 +124,10 @@ int fault_inject(struct fault *f, const Tpuemu__InjectFault *req, err *e);
  * (cancel_all): fills report's scheduled list (valid until the next call) and
  * cancelled count. */
 int fault_scheduled(struct fault *f, uint32_t cancel, int cancel_all, Tpuemu__CoreReport *report, err *e);
-/* A new system: the faults waiting for a step are cancelled (their steps
- * counted another run's); returns how many. */
+/* A new system: the faults waiting for a step whose run is over (the core
+ * trained since they were scheduled) are cancelled; a fault scheduled before
+ * the run it is for (no step trained since) waits for that run. Returns how
+ * many were cancelled. */
 int fault_clear_steps(struct fault *f);
 /* Fires the faults scheduled for step (loop thread, after the step). */
 void fault_on_step(struct fault *f, uint64_t step);
