@@ -89,6 +89,7 @@ typedef struct tpu_init_options {
     uint32_t expect;
     uint32_t timeout_ms;
     int allow_partial;
+    int keep_scheduled_faults;
     ...;
 } tpu_init_options;
 typedef struct tpu_topology_core {
@@ -118,6 +119,13 @@ typedef struct tpu_fault {
     uint32_t seed;
     ...;
 } tpu_fault;
+typedef struct tpu_scheduled_fault {
+    uint32_t id;
+    tpu_fault_kind kind;
+    uint64_t at_step;
+    uint32_t due_in_ms;
+    ...;
+} tpu_scheduled_fault;
 
 typedef enum tpu_dtype { TPU_F32, TPU_BF16, ... } tpu_dtype;
 typedef enum tpu_reduce_op { TPU_SUM, TPU_MEAN, TPU_MAX, TPU_MIN, ... } tpu_reduce_op;
