@@ -46,7 +46,7 @@ data=${TPUEMU_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 cache=${TPUEMU_BASE_CACHE:-$ROOT/build-docker}
 # what the container gets beyond the minbase: systemd, its NSS module (the
 # dynamic user's name) and the daemons' and clients' shared libraries
-PACKAGES="systemd libnss-systemd libuv1 libprotobuf-c1 libnanomsg5 libsodium23 libdnnl2 zlib1g"
+PACKAGES="systemd libnss-systemd libuv1 libprotobuf-c1 libsodium23 libdnnl2 zlib1g"
 t_start=$(date +%s)
 work=
 nspawn_pid=

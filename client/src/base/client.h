@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "addr.h"
+#include "spcall.h"
 #include "auth.h"
 #include "status.h"
 #include "tpuemu/data.h"
@@ -43,7 +44,7 @@ struct tpu_cluster {
     uint32_t magic;
     tpu_resolver *r;
     size_t ep;         /* index of the endpoint in use */
-    int sock;          /* cooked NN_REQ connected to it */
+    spcall call;       /* the connection to it (SP REQ) */
     uint64_t epoch;    /* epoch this handle initialized, 0: never */
     uint64_t seen_epoch;
     struct cli_coll *coll; /* collectives: the system's cores and data connections (coll.h) */

@@ -1,5 +1,5 @@
 /* Fault injection (tpu_inject_fault): an InjectFault sent straight to the
- * core's control port, addressed to that core and process, over a REQ socket
+ * core's control port, addressed to that core and process, over a connection
  * of its own for the one call. */
 #include <errno.h>
 #include <stddef.h>
@@ -7,11 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <nanomsg/nn.h>
-#include <nanomsg/reqrep.h>
-
 #include "client.h"
-#include "nnuv.h"
 #include "wire.h"
 
 static const char *const kind_names[] = {NULL,   "kill",       "pause",     "slow",     "hbm",      "preempt",
@@ -35,39 +31,38 @@ tpu_status tpu_fault_kind_parse(const char *name, tpu_fault_kind *out)
     return cli_failf(TPU_INVALID_ARGUMENT, "'%s' is not a fault kind (" KINDS_LIST ")", name ? name : "");
 }
 
-/* One sealed request to url and its reply, within timeout_ms. */
+/* One sealed request to url and its reply, within timeout_ms, on a
+ * connection of its own. */
 static int call_core(tpu_cluster *c, const char *url, const char *name, wire_msg *req, uint32_t timeout_ms,
                      wire_msg **reply, err *e)
 {
-    uint8_t *buf = NULL;
-    uint64_t nonce;
-    size_t len;
-    void *msg = NULL;
-    int s, n, to = (int)timeout_ms, rc;
+    uint8_t *buf = NULL, *msg = NULL;
+    uint64_t nonce, deadline = wire_now_ms() + timeout_ms;
+    size_t len, n = 0;
+    spcall sc;
+    addr a;
+    int rc;
 
     *reply = NULL;
+    spcall_init(&sc, WIRE_MAX_REPLY);
+    if ((rc = addr_parse(url, 0, &a, e)) != CODE_OK)
+        return rc;
     if ((rc = wire_seal(&c->r->auth, c->r->sender, req, &buf, &len, &nonce, e)) != CODE_OK)
         return rc;
-    if ((s = nn_socket(AF_SP, NN_REQ)) < 0) {
-        free(buf);
-        return err_set(e, CODE_INTERNAL, "nanomsg socket: %s", nn_strerror(nn_errno()));
-    }
-    if ((rc = nnuv_sockopts(s, WIRE_MAX_REPLY, e)) != CODE_OK || (rc = nnuv_connect(s, url, e)) != CODE_OK)
-        goto out;
-    nn_setsockopt(s, NN_SOL_SOCKET, NN_SNDTIMEO, &to, sizeof to);
-    nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVTIMEO, &to, sizeof to);
-    if (nn_send(s, buf, len, 0) < 0) {
-        rc = err_set(e, CODE_UNAVAILABLE, "core %s at %s: sending: %s", name, url, nn_strerror(nn_errno()));
+    if ((rc = spcall_connect(&sc, a.host, a.port, timeout_ms, NULL, e)) != CODE_OK) {
+        err_prefix(e, "core %s", name);
         goto out;
     }
-    if ((n = nn_recv(s, &msg, NN_MSG, 0)) < 0) {
-        int en = nn_errno();
+    if ((rc = spcall_request(&sc, buf, len, deadline, &msg, &n, e)) != CODE_OK) {
+        char why[ERR_MSG_MAX];
+        snprintf(why, sizeof why, "%s", e->msg);
         rc = err_set(e, CODE_UNAVAILABLE, "core %s at %s did not answer%s%s", name, url,
-                     en == ETIMEDOUT ? " within the timeout" : ": ", en == ETIMEDOUT ? "" : nn_strerror(en));
+                     rc == CODE_DEADLINE_EXCEEDED ? " within the timeout" : ": ",
+                     rc == CODE_DEADLINE_EXCEEDED ? "" : why);
         goto out;
     }
-    rc = wire_open(&c->r->auth, NULL, msg, (size_t)n, WIRE_MAX_REPLY, reply, e);
-    nn_freemsg(msg);
+    rc = wire_open(&c->r->auth, NULL, msg, n, WIRE_MAX_REPLY, reply, e);
+    free(msg);
     if (rc != CODE_OK) {
         err_prefix(e, "the answer of core %s at %s", name, url);
         goto out;
@@ -88,7 +83,7 @@ static int call_core(tpu_cluster *c, const char *url, const char *name, wire_msg
         *reply = NULL;
     }
 out:
-    nn_close(s);
+    spcall_close(&sc);
     free(buf);
     return rc;
 }

@@ -56,7 +56,7 @@ tpu_status tpu_connect_to_cluster(tpu_resolver *r, tpu_cluster **out)
         return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
     c->magic = MAGIC_CLUSTER;
     c->r = r;
-    c->sock = -1;
+    spcall_init(&c->call, WIRE_MAX_REPLY);
     /* the master: the first address (task 0 of a comma list of hosts, as
      * TPUClusterResolver.master() is), or the Cloud TPU API for a TPU name */
     rc = call_open(c, 0, r->timeout_ms, &e);

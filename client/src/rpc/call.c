@@ -1,22 +1,15 @@
-/* One control-plane call: seal the request, send it on a cooked REQ socket,
+/* One control-plane call: seal the request, send it as an SP request,
  * wait for the reply within a deadline, open it and turn an error body into
- * an error. Also the plain TCP connect check that tells a dead endpoint fast,
- * before nanomsg would quietly keep reconnecting. Blocking; no threads. */
+ * an error. Over the project's own blocking SP client (spcall.h), which
+ * tells a dead endpoint at once and never reconnects outside a call.
+ * Blocking; no threads. */
 #include "client.h"
-#include "nnuv.h"
+#include "spcall.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <nanomsg/nn.h>
-#include <nanomsg/reqrep.h>
 
 static uint32_t remaining(uint64_t deadline)
 {
@@ -24,97 +17,36 @@ static uint32_t remaining(uint64_t deadline)
     return now >= deadline ? 0 : (uint32_t)(deadline - now);
 }
 
-/* Non-blocking TCP connect to host:port within timeout_ms. */
-static int tcp_probe(const addr *a, const char *ep, uint32_t timeout_ms, err *e)
-{
-    struct addrinfo hints, *res = NULL, *ai;
-    char port[16];
-    int rc, refused = 0, last_errno = 0;
-    uint64_t deadline = wire_now_ms() + timeout_ms;
-
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    snprintf(port, sizeof port, "%d", a->port);
-    rc = getaddrinfo(a->host, port, &hints, &res);
-    if (rc != 0)
-        return err_set(e, CODE_UNAVAILABLE, "cannot resolve the resolver address %s: %s; check --tpu / $TPU_NAME",
-                       ep, gai_strerror(rc));
-    for (ai = res; ai; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-        if (fd < 0) {
-            last_errno = errno;
-            continue;
-        }
-        rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
-        if (rc < 0 && errno == EINPROGRESS) {
-            struct pollfd p = {.fd = fd, .events = POLLOUT};
-            int soerr = 0;
-            socklen_t sl = sizeof soerr;
-            do {
-                rc = poll(&p, 1, (int)remaining(deadline));
-            } while (rc < 0 && errno == EINTR);
-            if (rc == 0) {
-                close(fd);
-                freeaddrinfo(res);
-                return err_set(e, CODE_UNAVAILABLE, "the resolver at %s did not answer within %u ms",
-                               ep, timeout_ms);
-            }
-            if (rc > 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0)
-                rc = 0;
-            else {
-                errno = soerr ? soerr : errno;
-                rc = -1;
-            }
-        }
-        if (rc == 0) {
-            close(fd);
-            freeaddrinfo(res);
-            return CODE_OK;
-        }
-        last_errno = errno;
-        if (errno == ECONNREFUSED)
-            refused = 1;
-        close(fd);
-    }
-    freeaddrinfo(res);
-    if (refused)
-        return err_set(e, CODE_UNAVAILABLE,
-                       "nothing is listening at %s (connection refused); start tpu-resolver there "
-                       "or set --tpu / $TPU_NAME", ep);
-    return err_set(e, CODE_UNAVAILABLE, "cannot connect to the resolver at %s: %s; check --tpu / $TPU_NAME",
-                   ep, strerror(last_errno));
-}
-
 void call_close(tpu_cluster *c)
 {
-    if (c->sock >= 0)
-        nn_close(c->sock);
-    c->sock = -1;
+    spcall_close(&c->call);
 }
 
 int call_open(tpu_cluster *c, size_t i, uint32_t timeout_ms, err *e)
 {
     const addr *a = &c->r->eps[i];
-    char url[ADDR_HOST_MAX + 32];
-    int s;
-    int rc;
+    const char *ep = c->r->ep_str[i];
+    int rc, en = 0;
 
     call_close(c);
     c->ep = i;
-    if ((rc = tcp_probe(a, c->r->ep_str[i], timeout_ms, e)) != CODE_OK)
-        return rc;
-    s = nn_socket(AF_SP, NN_REQ);
-    if (s < 0)
-        return err_set(e, CODE_INTERNAL, "nanomsg socket: %s", nn_strerror(nn_errno()));
-    addr_nn_url(a->host, a->port, url, sizeof url);
-    if (nnuv_sockopts(s, WIRE_MAX_REPLY, e) != CODE_OK || nnuv_connect(s, url, e) != CODE_OK) {
-        nn_close(s);
-        return e->code;
+    rc = spcall_connect(&c->call, a->host, a->port, timeout_ms, &en, e);
+    if (rc == CODE_OK)
+        return CODE_OK;
+    if (en == ECONNREFUSED)
+        return err_set(e, CODE_UNAVAILABLE,
+                       "nothing is listening at %s (connection refused); start tpu-resolver there "
+                       "or set --tpu / $TPU_NAME", ep);
+    if (en == ETIMEDOUT)
+        return err_set(e, CODE_UNAVAILABLE, "the resolver at %s did not answer within %u ms", ep, timeout_ms);
+    if (en == EPROTO)
+        return err_set(e, CODE_UNAVAILABLE, "%s is not a tpu-resolver (it does not speak the control protocol); "
+                       "check --tpu / $TPU_NAME", ep);
+    {
+        char why[ERR_MSG_MAX];
+        snprintf(why, sizeof why, "%s", e->msg);
+        return err_set(e, CODE_UNAVAILABLE, "cannot reach the resolver: %s; check --tpu / $TPU_NAME", why);
     }
-    c->sock = s;
-    return CODE_OK;
 }
 
 /* Says why a reply failed to open, in terms of the resolver and our token. */
@@ -159,77 +91,54 @@ static int call_once(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_m
     uint64_t deadline = wire_now_ms() + timeout_ms, nonce = 0;
     uint8_t *buf = NULL;
     size_t len;
-    int rc, to, ivl, resends = 0;
+    int rc, resends = 0;
     wire_msg *m = NULL;
     char ignored[ERR_MSG_MAX] = "";
 
     *reply = NULL;
     *transient = 0;
-    if (c->sock < 0)
+    if (c->call.fd < 0 && !c->call.peer_len)
         return err_set(e, CODE_UNAVAILABLE, "not connected to the resolver at %s", ep);
     if ((rc = wire_seal(&c->r->auth, c->r->sender, req, &buf, &len, &nonce, e)) != CODE_OK)
         return rc;
-    to = (int)timeout_ms;
-    /* No timed resends: one request per call. (A resend after a reconnect is
-     * answered from the resolver's duplicate-request cache.) */
-    ivl = timeout_ms > 2000000000u ? 2000000000 : (int)timeout_ms + 1000;
-    nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_SNDTIMEO, &to, sizeof to);
-    nn_setsockopt(c->sock, NN_REQ, NN_REQ_RESEND_IVL, &ivl, sizeof ivl);
-    while ((rc = nn_send(c->sock, buf, len, 0)) < 0 && nn_errno() == EINTR && remaining(deadline))
-        ;
-    if (rc < 0) {
-        if (nn_errno() == ETIMEDOUT || nn_errno() == EINTR)
-            rc = err_set(e, CODE_UNAVAILABLE, "the resolver at %s did not take the request within %u ms",
-                         ep, timeout_ms);
-        else
-            rc = err_set(e, CODE_UNAVAILABLE, "sending to the resolver at %s: %s", ep,
-                         nn_strerror(nn_errno()));
-        goto out;
-    }
     for (;;) {
-        void *msg = NULL;
-        uint32_t left = remaining(deadline);
-        int n;
+        uint8_t *msg = NULL;
+        size_t n = 0;
 
-        if (left == 0) {
+        if (!remaining(deadline)) {
             rc = no_answer(c, timeout_ms, ignored, e);
             goto out;
         }
-        to = (int)left;
-        nn_setsockopt(c->sock, NN_SOL_SOCKET, NN_RCVTIMEO, &to, sizeof to);
-        n = nn_recv(c->sock, &msg, NN_MSG, 0);
-        if (n < 0) {
-            int en = nn_errno();
-            if (en == EINTR)
-                continue;
-            if (en == ETIMEDOUT)
-                rc = no_answer(c, timeout_ms, ignored, e);
-            else
-                rc = err_set(e, CODE_UNAVAILABLE, "receiving from the resolver at %s: %s", ep,
-                             nn_strerror(en));
+        rc = spcall_request(&c->call, buf, len, deadline, &msg, &n, e);
+        if (rc == CODE_DEADLINE_EXCEEDED) {
+            rc = no_answer(c, timeout_ms, ignored, e);
             goto out;
         }
-        rc = wire_open(&c->r->auth, NULL, msg, (size_t)n, WIRE_MAX_REPLY, &m, e);
         if (rc != CODE_OK) {
-            rc = open_failed(c, msg, (size_t)n, e);
-            nn_freemsg(msg);
+            err_prefix(e, "the resolver at %s", ep);
+            rc = CODE_UNAVAILABLE;
+            e->code = rc;
             goto out;
         }
-        nn_freemsg(msg);
-        /* Only the answer to this request counts: not a late one to an older
-         * request, nor a refusal that answers no request (id 0), nor an old
-         * reply replayed on the path. The REQ socket took it as the reply,
-         * so send the same bytes again: if the resolver has handled them, it
-         * answers from its duplicate-request cache; if not, it handles them. */
+        rc = wire_open(&c->r->auth, NULL, msg, n, WIRE_MAX_REPLY, &m, e);
+        if (rc != CODE_OK) {
+            rc = open_failed(c, msg, n, e);
+            free(msg);
+            goto out;
+        }
+        free(msg);
+        /* Only the answer to this request counts: not a refusal that answers
+         * no request (id 0), nor an old reply replayed on the path. Send the
+         * same bytes again: if the resolver has handled them, it answers
+         * from its duplicate-request cache; if not, it handles them. */
         if (m->request_id == nonce)
             break;
         if (m->request_id == 0 && m->body_case == TPUEMU__MESSAGE__BODY_ERROR && m->error)
             snprintf(ignored, sizeof ignored, "%s", m->error->message ? m->error->message : "");
         wire_msg_free(m);
         m = NULL;
-        if (resends++ < 3 && nn_send(c->sock, buf, len, 0) < 0 && nn_errno() != EINTR) {
-            rc = err_set(e, CODE_UNAVAILABLE, "sending to the resolver at %s: %s", ep,
-                         nn_strerror(nn_errno()));
+        if (resends++ >= 3) {
+            rc = no_answer(c, timeout_ms, ignored, e);
             goto out;
         }
     }
@@ -267,16 +176,15 @@ int call_do(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_ms, wire_m
     int rc, transient = 0;
 
     *reply = NULL;
-    if (c->sock < 0 && (rc = call_open(c, c->ep, timeout_ms, e)) != CODE_OK)
+    if (c->call.fd < 0 && (rc = call_open(c, c->ep, timeout_ms, e)) != CODE_OK)
         return rc;
     rc = call_once(c, req, want, timeout_ms, reply, &transient, e);
     /* a replay refusal (our resend's answer forgotten) or clocks apart: once
      * more with a fresh request, which the resolver did not act on before */
     if (transient)
         rc = call_once(c, req, want, timeout_ms, reply, &transient, e);
-    /* After a call that got no answer, a late reply could still arrive on this
-     * REQ socket; nanomsg 1.1.5 frees such a reply twice once the socket has
-     * moved on to a new request. Dial afresh for the next call instead. */
+    /* After a call that got no answer, dial afresh for the next call (the
+     * resolver may have moved, or the connection be half-open). */
     if (rc == CODE_UNAVAILABLE)
         call_close(c);
     return rc;
