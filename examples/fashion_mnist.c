@@ -12,6 +12,11 @@
  *                 [--warmup-epochs N] [--decay-rate R] [--deterministic] [--seed N]
  *                 [--checkpoint FILE [--checkpoint-every N]] [--recover N [--recover-wait S]]
  *                 [--elastic N [--elastic-wait S] [--elastic-batch global|per-replica]]
+ *                 [--history FILE]
+ *
+ * --history FILE writes each epoch's loss and accuracy, exactly (C99 hex
+ * floats), one line per epoch: what a port of this program to another
+ * language compares its own history with, bit for bit.
  *
  * With --checkpoint it saves the model after every epoch (or every N steps);
  * with --recover it survives a core that dies: on UNAVAILABLE it waits for
@@ -72,6 +77,7 @@ static int usage(const char *why)
                     "                     [--warmup-epochs N] [--decay-rate R] [--deterministic] [--seed N]\n"
                     "                     [--checkpoint FILE [--checkpoint-every N]] [--recover N [--recover-wait S]]\n"
                     "                     [--elastic N [--elastic-wait S] [--elastic-batch global|per-replica]]\n"
+                    "                     [--history FILE]\n"
                     "  --tpu TPU     the TPU: HOST:PORT, grpc://HOST:PORT or a TPU name\n"
                     "                (default $TPU_NAME, else 127.0.0.1:8470)\n"
                     "  --epochs N    epochs to train (default 10)\n"
@@ -98,7 +104,8 @@ static int usage(const char *why)
                     "                the survivors when they are not back in time\n"
                     "  --elastic-wait S  how long to wait for lost cores to come back (default 30 s)\n"
                     "  --elastic-batch global|per-replica  keep the global batch (default) or each\n"
-                    "                replica's batch when the replicas change\n");
+                    "                replica's batch when the replicas change\n"
+                    "  --history FILE  write each epoch's loss and accuracy there, exactly (hex floats)\n");
     return 2;
 }
 
@@ -246,9 +253,25 @@ static tpu_status recover(tpu_cluster *c, tpu_topology **topology, tpu_model *m,
     return TPU_OK;
 }
 
+/* epoch loss accuracy, one line per epoch, as hex floats (exact) */
+static int write_history(const char *path, const tpu_history *h)
+{
+    FILE *f = fopen(path, "a");
+    if (!f) {
+        fprintf(stderr, "fashion_mnist: --history %s: cannot open it for writing\n", path);
+        return 1;
+    }
+    for (size_t i = 0; i < tpu_history_num_epochs(h); i++) {
+        tpu_logs lg;
+        if (tpu_history_epoch(h, i, &lg) == TPU_OK)
+            fprintf(f, "%d %a %a\n", lg.epoch, lg.loss, lg.accuracy);
+    }
+    return fclose(f) == 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
-    const char *tpu = NULL, *data = DEFAULT_DATA, *logdir = "logs", *ckpt = NULL;
+    const char *tpu = NULL, *data = DEFAULT_DATA, *logdir = "logs", *ckpt = NULL, *history_path = NULL;
     int epochs = 10, recover_max = 0, recover_wait = 120, elastic = 0, elastic_wait = 30;
     tpu_elastic_batch elastic_batch = TPU_ELASTIC_KEEP_GLOBAL_BATCH;
     long ckpt_every = 0;
@@ -275,6 +298,8 @@ int main(int argc, char **argv)
             data = argv[++i];
         else if (!strcmp(a, "--logdir"))
             logdir = argv[++i];
+        else if (!strcmp(a, "--history"))
+            history_path = argv[++i];
         else if (!strcmp(a, "--learning-rate")) {
             char *end;
             lr = strtof(argv[++i], &end);
@@ -478,7 +503,9 @@ int main(int argc, char **argv)
     int exit_code = 0;
     for (int recoveries = 0;;) {
         tpu_history *history = NULL;
-        tpu_status st = tpu_model_fit(model, train, &fo, elastic ? &history : NULL);
+        tpu_status st = tpu_model_fit(model, train, &fo, elastic || history_path ? &history : NULL);
+        if (history_path && write_history(history_path, history) != 0)
+            return 1;
         for (size_t i = 0; i < tpu_history_num_events(history); i++) {
             tpu_elastic_event ev;
             tpu_history_event(history, i, &ev);

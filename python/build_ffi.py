@@ -328,6 +328,7 @@ typedef struct tpu_profile_summary { ...; } tpu_profile_summary;
 /* C's stdout, for the library's progress bar and the profiler's overview */
 extern FILE *stdout;
 int fflush(FILE *);
+void free(void *);
 
 /* Python functions the library calls (Keras callbacks, warnings) */
 extern "Python" tpu_status _py_on_train_begin(tpu_model *, void *);
@@ -377,7 +378,7 @@ def main():
     ffi = cffi.FFI()
     ffi.cdef(TYPES + declarations(include_dirs))
     ffi.set_source("tpuemu._tpuemu_cffi",
-                   "#include <stdio.h>\n" + "".join("#include <%s>\n" % h for h in HEADERS))
+                   "#include <stdio.h>\n#include <stdlib.h>\n" + "".join("#include <%s>\n" % h for h in HEADERS))
     ffi.emit_c_code(out_c + ".tmp")
     # rewrite only on a change, so that make does not recompile for nothing
     with open(out_c + ".tmp", encoding="utf-8") as f:

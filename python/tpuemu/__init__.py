@@ -445,4 +445,5 @@ def _flush_py():
             pass
 
 
-from ._train import Callback, Dataset, History, Model, Strategy  # noqa: E402,F401
+from ._train import (Callback, Dataset, History, Model, Strategy, callback_checkpoint,  # noqa: E402,F401
+                     callback_profiler_dir, callback_progress, callback_tensorboard, idx_images, idx_labels)

@@ -504,3 +504,56 @@ def _overrides(cb, names):
         if fn is not None and fn is not getattr(Callback, name, None):
             return True
     return False
+
+
+# ---------------------------------------------------------------- C callbacks and IDX files
+
+def callback_progress():
+    """Keras' progress bar on C's stdout (tpu_callback_progress)."""
+    cb = ffi.gc(ffi.new("tpu_callback *"), lib.tpu_callback_free)
+    errors.check(lib.tpu_callback_progress(lib.stdout, cb))
+    return cb
+
+
+def callback_tensorboard(log_dir, first=0, last=0):
+    """TensorBoard(log_dir, profile_batch='first,last') (tpu_callback_tensorboard)."""
+    cb = ffi.gc(ffi.new("tpu_callback *"), lib.tpu_callback_free)
+    errors.check(lib.tpu_callback_tensorboard(_b(log_dir), int(first), int(last), cb))
+    return cb
+
+
+def callback_checkpoint(path, save_every_steps=0):
+    """ModelCheckpoint to path (tpu_callback_checkpoint)."""
+    cb = ffi.gc(ffi.new("tpu_callback *"), lib.tpu_callback_free)
+    errors.check(lib.tpu_callback_checkpoint(_b(path), int(save_every_steps), cb))
+    return cb
+
+
+def callback_profiler_dir(cb):
+    return _s(lib.tpu_callback_profiler_dir(cb))
+
+
+def _idx(path):
+    a = ffi.gc(ffi.new("tpu_idx *"), lib.tpu_idx_free)
+    errors.check(lib.tpu_idx_read(_b(path), a))
+    return a
+
+
+def idx_images(path, scale):
+    """An IDX file of unsigned-byte images as float32 rows scaled by scale
+    (tpu_idx_read, tpu_idx_to_float): (items, pixels), no further copy."""
+    a = _idx(path)
+    p = ffi.new("float **")
+    errors.check(lib.tpu_idx_to_float(a, scale, p))
+    buf = ffi.gc(p[0], lib.free)
+    n = a.dims[0]
+    return np.frombuffer(ffi.buffer(buf, a.count * 4), dtype=np.float32).reshape(n, a.count // n)
+
+
+def idx_labels(path):
+    """An IDX file of unsigned-byte labels as int32 class ids (tpu_idx_to_labels)."""
+    a = _idx(path)
+    p = ffi.new("int32_t **")
+    errors.check(lib.tpu_idx_to_labels(a, p))
+    buf = ffi.gc(p[0], lib.free)
+    return np.frombuffer(ffi.buffer(buf, a.count * 4), dtype=np.int32)

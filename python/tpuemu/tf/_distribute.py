@@ -162,8 +162,9 @@ def get_strategy():
 class PerReplica:
     """A value per replica (tpu_per_replica): an input's shards or a step's outputs."""
 
-    def __init__(self, h, owner=None, x_dim=None):
+    def __init__(self, h, owner=None, x_dim=None, strategy=None):
         self._h = h
+        self._strategy = strategy
         self._owner = owner  # keeps the memory of h alive
         self.x_dim = x_dim
 
@@ -175,7 +176,7 @@ class PerReplica:
         n = lib.tpu_per_replica_num_replicas(self._h)
         out = ffi.new("tpu_local_value[]", n)
         got = ffi.new("size_t *")
-        errors.check(lib.tpu_strategy_experimental_local_results(_DUMMY_STRATEGY_H(self), self._h, out, n, got))
+        errors.check(lib.tpu_strategy_experimental_local_results(self._strategy._s._h, self._h, out, n, got))
         res = []
         for i in range(got[0]):
             lv = out[i]
@@ -187,10 +188,6 @@ class PerReplica:
                 res.append(np.frombuffer(ffi.buffer(lv.x, lv.dims[0] * lv.dims[1] * 4), dtype=np.float32).reshape(
                     lv.dims[0], lv.dims[1]).copy())
         return res
-
-
-def _DUMMY_STRATEGY_H(pr):
-    return get_strategy()._s._h
 
 
 class _Outputs:
@@ -223,11 +220,15 @@ class DistributedDataset:
         it = ffi.gc(p[0], lib.tpu_dist_iter_free)
         x = ffi.new("tpu_per_replica **")
         xd = self._dataset._d.x_dim
-        while True:
-            errors.check(lib.tpu_dist_iter_next(it, x))
-            if x[0] == ffi.NULL:
-                return
-            yield _PerReplicaInput(x[0], owner=(self, it), x_dim=xd)
+        try:
+            while True:
+                errors.check(lib.tpu_dist_iter_next(it, x))
+                if x[0] == ffi.NULL:
+                    return
+                # the shards are copies: they outlive the iterator
+                yield _PerReplicaInput(x[0], x_dim=xd, strategy=self._strategy)
+        finally:
+            ffi.release(it)  # one iterator at a time: the next epoch may begin
 
 
 class TPUStrategy:
@@ -282,8 +283,8 @@ class TPUStrategy:
         errors.check(lib.tpu_strategy_run(self._s._h, step, model._m._h, x._h, out.o),
                      errors.InvalidArgumentValueError if lib.tpu_last_status() == errors.INVALID_ARGUMENT else None)
         if step == lib.TPU_STEP_PREDICT:
-            return PerReplica(out.o.predictions, out)
-        return PerReplica(out.o.loss, out)
+            return PerReplica(out.o.predictions, out, strategy=self)
+        return PerReplica(out.o.loss, out, strategy=self)
 
     def reduce(self, reduce_op, value, axis=None):
         """strategy.reduce(ReduceOp.SUM|MEAN, per_replica, axis=None|0)."""
