@@ -606,6 +606,116 @@ static int chaos_targets(tpu_cluster *c, const char *target, struct chaos_target
     return n ? n : -1;
 }
 
+/* One fault of a scenario on one core (a link fault: one per end). */
+struct scen_hit {
+    char core[160];   /* HOST/CORE */
+    size_t line;      /* index into the scenario */
+    int waits;        /* by delay or step: takes one of the core's waiting slots */
+};
+
+/* What the workers would refuse part way through a scenario, checked before
+ * anything is injected: a link from a core to itself, two kills or pauses
+ * of one core whose times overlap (a pause counts until a second after it
+ * ends), and more waiting faults on a core than it holds (with those already
+ * waiting there). 0, or -1 with the error printed naming the line. */
+static int scenario_check_cores(tpu_cluster *c, const char *path, const struct scenario *sc,
+                                char (*picked)[128], struct chaos_target *tg)
+{
+    size_t cap = 64, n = 0;
+    struct scen_hit *h = malloc(cap * sizeof *h);
+    int rc = 0;
+
+    for (size_t i = 0; h && i < sc->n && !rc; i++) {
+        const tpu_fault *f = &sc->v[i].f;
+        int nt = chaos_targets(c, picked[i], tg, CHAOS_MAX_TARGETS);
+        for (int k = 0; k < nt && !rc; k++) {
+            for (int end = 0; end < (f->peer_host ? 2 : 1); end++) {
+                if (n == cap) {
+                    struct scen_hit *nh = realloc(h, 2 * cap * sizeof *h);
+                    if (!nh) {
+                        free(h);
+                        h = NULL;
+                        break;
+                    }
+                    h = nh;
+                    cap *= 2;
+                }
+                if (end)
+                    snprintf(h[n].core, sizeof h[n].core, "%s/%d", f->peer_host, f->peer_core);
+                else
+                    snprintf(h[n].core, sizeof h[n].core, "%s/%d", tg[k].host, tg[k].core);
+                h[n].line = i;
+                h[n].waits = f->delay_ms || f->at_step;
+                n++;
+            }
+            if (h && f->peer_host && !strcmp(h[n - 1].core, h[n - 2].core)) {
+                fprintf(stderr, "INVALID_ARGUMENT: %s:%d: %s from core %s to itself: a link joins two cores "
+                        "(nothing injected)\n", path, sc->v[i].line, tpu_fault_kind_name(f->kind), h[n - 1].core);
+                rc = -1;
+            }
+        }
+        if (!h)
+            break;
+    }
+    if (!h) {
+        fprintf(stderr, "tpuctl chaos: out of memory checking %s\n", path);
+        return -1;
+    }
+    /* kills and pauses by time on one core must not overlap */
+    for (size_t a = 0; a < n && !rc; a++) {
+        const tpu_fault *fa = &sc->v[h[a].line].f;
+        if ((fa->kind != TPU_FAULT_KILL && fa->kind != TPU_FAULT_PAUSE) || fa->at_step)
+            continue;
+        uint64_t a0 = fa->delay_ms, a1 = fa->kind == TPU_FAULT_KILL ? UINT64_MAX : a0 + fa->duration_ms + 1000;
+        for (size_t b = a + 1; b < n && !rc; b++) {
+            const tpu_fault *fb = &sc->v[h[b].line].f;
+            if ((fb->kind != TPU_FAULT_KILL && fb->kind != TPU_FAULT_PAUSE) || fb->at_step ||
+                strcmp(h[a].core, h[b].core) != 0)
+                continue;
+            uint64_t b0 = fb->delay_ms, b1 = fb->kind == TPU_FAULT_KILL ? UINT64_MAX : b0 + fb->duration_ms + 1000;
+            if (a0 < b1 && b0 < a1) {
+                fprintf(stderr, "FAILED_PRECONDITION: %s:%d: %s of core %s at %llu ms overlaps the %s of line %d at "
+                        "%llu ms (a pause counts until a second after it ends; nothing injected)\n", path,
+                        sc->v[h[b].line].line, tpu_fault_kind_name(fb->kind), h[b].core, (unsigned long long)b0,
+                        tpu_fault_kind_name(fa->kind), sc->v[h[a].line].line, (unsigned long long)a0);
+                rc = -1;
+            }
+        }
+    }
+    /* waiting slots, with what already waits on each core */
+    for (size_t a = 0; a < n && !rc; a++) {
+        size_t want = 0, have = 0, first = SIZE_MAX;
+        int lastline = 0;
+        for (size_t b = 0; b < n; b++)
+            if (h[b].waits && !strcmp(h[a].core, h[b].core)) {
+                if (b < a)
+                    break; /* counted at its first appearance */
+                if (first == SIZE_MAX)
+                    first = b;
+                want++;
+                lastline = sc->v[h[b].line].line;
+            }
+        if (first != a || want == 0)
+            continue;
+        char host[160];
+        snprintf(host, sizeof host, "%s", h[a].core);
+        char *slash = strrchr(host, '/');
+        *slash = '\0';
+        if (tpu_list_faults(c, host, atoi(slash + 1), NULL, 0, sizeof(tpu_scheduled_fault), &have) != TPU_OK) {
+            fprintf(stderr, "%s: %s:%d: %s (nothing injected)\n", tpu_status_name(tpu_last_status()), path,
+                    sc->v[h[a].line].line, tpu_last_error());
+            rc = -1;
+        } else if (want + have > 16) {
+            fprintf(stderr, "RESOURCE_EXHAUSTED: %s:%d: core %s would have %zu faults waiting, at most 16 (%zu of this "
+                    "scenario, %zu waiting there already: tpuctl chaos list, cancel; nothing injected)\n", path,
+                    lastline, h[a].core, want + have, want, have);
+            rc = -1;
+        }
+    }
+    free(h);
+    return rc;
+}
+
 /* tpuctl chaos --scenario FILE [--seed N]: the whole file checked, every
  * target resolved (random ones with the seed), the plan printed, then each
  * fault injected (the workers hold the timed ones). */
@@ -666,6 +776,11 @@ static int chaos_scenario(const struct tpuctl *g, const char *path, long long se
             disconnect(r, c);
             return EXIT_ERROR;
         }
+    }
+    if (scenario_check_cores(c, path, &sc, picked, tg) != 0) {
+        free(tg);
+        disconnect(r, c);
+        return EXIT_ERROR;
     }
     printf("scenario %s, seed %u: %zu faults\n", path, seed, sc.n);
     rc = EXIT_OK;

@@ -860,3 +860,84 @@ Test(chaos, waiting_faults_are_listed_cancelled_and_cleared_by_initialize, .time
     tpu_resolver_free(r);
     cluster_free(c);
 }
+
+/* What a worker would refuse part way through a scenario is found before the
+ * first fault goes out: a link from a core to itself, two pauses of one core
+ * whose times overlap, more than 16 faults waiting on a core (counting those
+ * already there). Each is refused naming its line, and no worker logs a
+ * fault. */
+Test(chaos, scenario_is_checked_against_the_cores_before_injecting, .timeout = 120)
+{
+    cluster *c = start2();
+    char path[600], text[4096];
+    run_result r;
+    size_t len;
+    static const struct {
+        const char *body, *want;
+    } bad[] = {
+        {"at 600000ms slow h0/0 50\nat 600000ms link-delay h0/1 h0/1 10 1000\n", "scen.txt:2: link-delay from core "
+                                                                                  "h0/1 to itself"},
+        {"at 600000ms slow h0/0 50\nat 0ms pause h0/1 2000\nat 1500ms pause h0/1 1000\n",
+         "scen.txt:3: pause of core h0/1 at 1500 ms overlaps the pause of line 2"},
+        {NULL, "scen.txt:18: core h0/0 would have 17 faults waiting, at most 16"},
+    };
+    snprintf(path, sizeof path, "%s/scen.txt", cl_tmpdir());
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        if (bad[i].body) {
+            write_file(path, bad[i].body);
+        } else {
+            len = (size_t)snprintf(text, sizeof text, "at 600000ms slow h0/1 50\n");
+            for (int k = 0; k < 17; k++)
+                len += (size_t)snprintf(text + len, sizeof text - len, "at %dms slow h0/0 50\n", 600000 + k);
+            write_file(path, text);
+        }
+        cluster_tpuctl(c, &r, 10000, "chaos", "--scenario", path, NULL);
+        cr_assert_eq(r.code, 1, "case %zu: exit %d: %s %s", i, r.code, r.out, r.err);
+        cr_assert(strstr(r.err, bad[i].want), "case %zu: '%s' not in: %s", i, bad[i].want, r.err);
+        cr_assert(strstr(r.err, "nothing injected"), "%s", r.err);
+        run_result_free(&r);
+        for (int k = 0; k < 2; k++)
+            cr_assert_not(cl_log_contains(&c->workers[k], "fault scheduled") ||
+                              cl_log_contains(&c->workers[k], "fault injected"),
+                          "case %zu: a fault of a refused scenario was injected (see %s)", i, c->workers[k].log);
+    }
+    /* with 15 waiting on h0/0 already, a scenario of two more is refused too */
+    tpu_resolver *rs;
+    tpu_cluster *tc;
+    cr_assert_eq(cluster_connect(c, &rs, &tc), TPU_OK, "%s", tpu_last_error());
+    tpu_fault later = {.kind = TPU_FAULT_SLOW, .percent = 50, .duration_ms = 1000, .delay_ms = 3600000};
+    for (int k = 0; k < 15; k++)
+        cr_assert_eq(tpu_inject_fault(tc, "h0", 0, &later), TPU_OK, "%s", tpu_last_error());
+    write_file(path, "at 600000ms slow h0/0 50\nat 600001ms slow h0/0 50\n");
+    cluster_tpuctl(c, &r, 10000, "chaos", "--scenario", path, NULL);
+    cr_assert_eq(r.code, 1, "exit %d: %s %s", r.code, r.out, r.err);
+    cr_assert(strstr(r.err, "17 faults waiting") && strstr(r.err, "15 waiting there already"), "%s", r.err);
+    run_result_free(&r);
+    size_t n = 0;
+    cr_assert_eq(tpu_list_faults(tc, "h0", 0, NULL, 0, 0, &n), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(n, 15u, "the refused scenario left %zu faults waiting", n);
+    tpu_cluster_free(tc);
+    tpu_resolver_free(rs);
+    cluster_free(c);
+}
+
+/* A fault for every core goes on past one that does not answer (a worker
+ * stopped by the test, still listed alive: heartbeats 2 s apart, dead after
+ * 30 of them) and reports each core's outcome. */
+Test(chaos, all_goes_on_past_a_core_that_does_not_answer, .timeout = 120)
+{
+    cluster_opts o = {.hosts = 1, .cores_per_host = 2, .heartbeat_ms = 2000, .dead_after = 30};
+    cluster *c = cluster_start(&o);
+    run_result r;
+    cr_assert_not_null(c);
+    cr_assert_eq(kill(c->workers[0].pid, SIGSTOP), 0);
+    cluster_tpuctl(c, &r, 20000, "--timeout-ms", "1000", "chaos", "slow", "all", "50", "1000", NULL);
+    kill(c->workers[0].pid, SIGCONT);
+    cr_assert_eq(r.code, 1, "exit %d: %s %s", r.code, r.out, r.err);
+    cr_assert(strstr(r.err, "UNAVAILABLE: core h0/0"), "%s", r.err);
+    cr_assert(strstr(r.out, "injected slow into core h0/1"), "the core after the silent one was skipped: %s %s",
+              r.out, r.err);
+    run_result_free(&r);
+    cr_assert(cl_wait_log(&c->workers[1], "fault injected", 5000), "see %s", c->workers[1].log);
+    cluster_free(c);
+}
