@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The test command: installs the build dependencies (Debian/Ubuntu), builds with
-# -Werror, runs every test, the profiler's files in real viewers, the cluster
-# over network namespaces, the checks of deploy/, the units under a real
+# The test command: installs the build dependencies (Debian/Ubuntu), checks
+# the format of the C lines a change touches, builds with -Werror, runs every
+# test, the profiler's files in real viewers, the cluster over network
+# namespaces, the checks of deploy/, the units under a real
 # systemd in a container and a real Prometheus scraping a training cluster,
 # again every test under
 # ASan+UBSan, then fuzzes each decoder for a short while, then brings the
@@ -67,6 +68,7 @@ fuzz_all() {
 }
 
 step "install packages" install_packages $TPUEMU_TEST_PACKAGES || { echo "cannot install the build dependencies"; exit 1; }
+step "format of the changed C lines" tests/lint/format.sh
 if step "build (-Werror)" build build -DTPUEMU_WERROR=ON; then
     step "ctest" run_ctest build
     step "profile in real viewers" tests/viewer/run.sh build

@@ -992,7 +992,8 @@ static int cmd_chaos(const struct tpuctl *g, int argc, char **argv)
 
     rc = opt_parse(opts, 5, argc, argv, &first, &e);
     if (rc == CODE_CANCELLED) {
-        opt_usage(opts, 5, usage, "Inject a fault, for testing what a training job and cluster tooling do about "
+        opt_usage(opts, 5, usage,
+                  "Inject a fault, for testing what a training job and cluster tooling do about "
                   "it: kill (the worker dies at once, SIGKILL), pause MS (every thread of the worker stops for MS "
                   "milliseconds, as a hung host), slow PCT [MS] (training compute at PCT % of its speed, for MS "
                   "milliseconds or until the next slow; slow T 100 ends it), hbm PCT [MS] (PCT % of the core's "

@@ -88,7 +88,8 @@ static int parse_settings(int argc, char **argv, struct settings *st)
                                     "  tpu-resolver --name my-tpu\n\n"
                                     "For workers on other machines, with a cluster token:\n"
                                     "  tpu-resolver --listen 0.0.0.0:8470 --token-file token");
-        opt_man_section("SEE ALSO", "tpu-resolver(8), tpu-worker(8), tpu-slice(8), tpuctl(1); the manual in the project's docs/ directory (docs/operations/daemons.md for every setting).");
+        opt_man_section("SEE ALSO", "tpu-resolver(8), tpu-worker(8), tpu-slice(8), tpuctl(1); the manual in the "
+                                    "project's docs/ directory (docs/operations/daemons.md for every setting).");
         return 0;
     }
     if (rc != CODE_OK) {

@@ -387,9 +387,11 @@ static int configure(struct worker *w, int argc, char **argv)
                         "worker, the cluster token or release differs from the resolver's).\n\n"
                         "4: terminated by an injected preemption (tpuctl chaos preempt), to be restarted as a "
                         "preemptible TPU that is provisioned again.");
-        opt_man_section("EXAMPLES", "Four cores of one host, registering with a resolver on this machine:\n"
-                                    "  for c in 0 1 2 3; do tpu-worker --resolver 127.0.0.1:8470 --host-id host0 --core $c & done");
-        opt_man_section("SEE ALSO", "tpu-resolver(8), tpu-worker(8), tpu-slice(8), tpuctl(1); the manual in the project's docs/ directory (docs/operations/daemons.md for every setting).");
+        opt_man_section("EXAMPLES",
+                        "Four cores of one host, registering with a resolver on this machine:\n"
+                        "  for c in 0 1 2 3; do tpu-worker --resolver 127.0.0.1:8470 --host-id host0 --core $c & done");
+        opt_man_section("SEE ALSO", "tpu-resolver(8), tpu-worker(8), tpu-slice(8), tpuctl(1); the manual in the "
+                                    "project's docs/ directory (docs/operations/daemons.md for every setting).");
         return 0;
     }
     if (rc != CODE_OK) {

@@ -75,8 +75,9 @@ int main(int argc, char **argv)
         opt_usage(opts, nopts, "tpu-slice --accelerator-type SLICE --resolver HOST:PORT [-- WORKER OPTIONS]",
                   "Starts every tpu-worker of a TPU slice on this machine: each host of the slice, "
                   "each device of a host, with the slice's real shape.");
-        opt_man_section("WORKER OPTIONS", "What follows -- goes to every worker (see tpu-worker(8)); each gets "
-                                          "--accelerator-type, --resolver, its --host-id and its --core from tpu-slice.");
+        opt_man_section("WORKER OPTIONS",
+                        "What follows -- goes to every worker (see tpu-worker(8)); each gets "
+                        "--accelerator-type, --resolver, its --host-id and its --core from tpu-slice.");
         opt_man_section("SIGNALS", "SIGTERM or SIGINT: stop every worker, then exit once they have. The workers "
                                    "stop too if tpu-slice dies.");
         opt_man_section("EXIT STATUS", "The first failing worker's exit status, else 0; 2 for a bad flag or "
@@ -85,7 +86,8 @@ int main(int argc, char **argv)
                                     "  tpu-resolver --name my-tpu &\n"
                                     "  tpu-slice --accelerator-type v4-16 --resolver 127.0.0.1:8470 &\n"
                                     "  TPU_NAME=my-tpu tpuctl init --expect 8");
-        opt_man_section("SEE ALSO", "tpu-resolver(8), tpu-worker(8), tpu-slice(8), tpuctl(1); the manual in the project's docs/ directory (docs/operations/daemons.md for every setting).");
+        opt_man_section("SEE ALSO", "tpu-resolver(8), tpu-worker(8), tpu-slice(8), tpuctl(1); the manual in the "
+                                    "project's docs/ directory (docs/operations/daemons.md for every setting).");
         return 0;
     }
     if (rc != CODE_OK) {
