@@ -4,8 +4,10 @@
 # batches 10-20, then, in a network namespace of its own that has nothing but
 # loopback (so the browser can reach nothing else):
 #  - the trace is opened in speedscope (a trace viewer that imports Chrome
-#    trace-event JSON; its release from the npm registry, checked against its
-#    published sha512) served on 127.0.0.1 and loaded in headless Chromium:
+#    trace-event JSON; its release fetched with `npm pack`, from whichever
+#    registry this machine's npm is set up with, and checked against the
+#    sha512 integrity the npm registry publishes for it) served on 127.0.0.1
+#    and loaded in headless Chromium:
 #    the viewer must list every thread of the trace (3 per core, 2 of the
 #    client) by name, and show no import error;
 #  - the picture steps.svg is opened in headless Chromium, whose XML parser
@@ -21,8 +23,7 @@ cache=$(cd "$1" && pwd)/viewer-cache
 data=${TPUEMU_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 ss_version=1.25.0
 ss_sha512=cpf9HWTZf1ijLXBJrk87Ve/54tnYx6rlf0gUThvn3ook6h63hLXVOQiMf44PT+XoV503cPfvfiT5gP5vojp6Ag==
-ss_url=https://registry.npmjs.org/speedscope/-/speedscope-$ss_version.tgz
-for tool in chromium python3 unshare ip curl openssl; do
+for tool in chromium python3 unshare ip npm openssl; do
     command -v "$tool" >/dev/null || fail "$tool is not installed (scripts/lib.sh lists the packages)"
 done
 [ -f "$data/train-images-idx3-ubyte.gz" ] || fail "$data has no Fashion-MNIST files (apt-get install dataset-fashion-mnist)"
@@ -31,11 +32,17 @@ done
 mkdir -p "$cache"
 tgz=$cache/speedscope-$ss_version.tgz
 if [ ! -f "$tgz" ]; then
-    curl -fsSL --max-time 120 -o "$tgz.part" "$ss_url" || fail "cannot download $ss_url"
-    mv "$tgz.part" "$tgz"
+    rm -rf "$cache/pack" && mkdir -p "$cache/pack"
+    # npm's own configuration (registry, proxy, CA) picks where it comes from
+    (cd "$cache/pack" && timeout 300 npm pack "speedscope@$ss_version" --silent --cache "$cache/npm-cache" \
+        --no-audit --no-fund >pack.out 2>pack.err) ||
+        fail "npm pack speedscope@$ss_version failed (is npm's registry reachable? npm config get registry): $(tail -3 "$cache/pack/pack.err")"
+    [ -f "$cache/pack/speedscope-$ss_version.tgz" ] || fail "npm pack wrote no speedscope-$ss_version.tgz: $(cat "$cache/pack/pack.out")"
+    mv "$cache/pack/speedscope-$ss_version.tgz" "$tgz"
+    rm -rf "$cache/pack"
 fi
 got=$(openssl dgst -sha512 -binary "$tgz" | base64 -w0)
-[ "$got" = "$ss_sha512" ] || { rm -f "$tgz"; fail "$tgz: sha512 $got, not the published $ss_sha512"; }
+[ "$got" = "$ss_sha512" ] || { rm -f "$tgz"; fail "$tgz: sha512 $got, not the integrity sha512-$ss_sha512 published for speedscope@$ss_version"; }
 
 work=$(mktemp -d /tmp/tpuemu-viewer.XXXXXX)
 . "$(dirname "${BASH_SOURCE[0]}")/../support/local_cluster.sh"
