@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The example through a seeded mix of faults on 8 cores, with elastic
 # training: a resolver and 8 workers (2 hosts x 4 cores) on loopback; first
-# an undisturbed run of examples/fashion_mnist (6 epochs) for its test
+# an undisturbed run of examples/fashion_mnist (24 epochs) for its test
 # accuracy; then a scenario file (seed 18, random cores) injected with
 # `tpuctl chaos --scenario`: a kill, a preemption, a maintenance event and a
 # pause, each after a training step, while the example runs with
@@ -65,7 +65,7 @@ cd "$work"
 run() { # output file, extra flags
     local out=$1
     shift
-    timeout 300 "$bin/fashion_mnist" --tpu "$tpu" --epochs 6 --checkpoint "$work/fm.ckpt" "$@" >"$out" 2>&1
+    timeout 300 "$bin/fashion_mnist" --tpu "$tpu" --epochs 24 --checkpoint "$work/fm.ckpt" "$@" >"$out" 2>&1
 }
 
 # ---- undisturbed
@@ -74,26 +74,25 @@ clean=$(sed -n 's/^test accuracy: //p' out-clean.txt)
 [ -n "$clean" ] || fail "the undisturbed run printed no test accuracy"
 rm -f "$work/fm.ckpt"
 
-# ---- the scenario: 348 steps in all (6 epochs of 58 at a global batch of 1,024).
-# The faults must not overlap: each must be over before the next is due. A
-# kill, a maintenance window and a pause hold training up until they are
-# over (each loss is waited out), so only a notice runs beside training
-# steps; it is short (notice=$notice ms) and the faults are 90 steps and more
-# apart, so a notice ends before the next fault from 50 ms per step down to
-# under 0.5 ms. The trainer sees a notice in the answer of the step its
-# fault follows, so a notice shorter than a step is seen as well. The
-# maintenance window and the pause are several times what they must
+# ---- the scenario: 1,392 steps in all (24 epochs of 58 at a global batch of
+# 1,024). The faults must not overlap: each must be over before the next is
+# due, whatever a step takes (1 ms on a fast machine, 50 ms on a slow or
+# busy one). A kill, a maintenance window and a pause hold training up until
+# they are waited out; only a notice runs beside training steps. It must
+# last a few steps, for the trainer to take its snapshot at the step
+# boundary before the event (the steps in flight finish first): 400 ms is 8
+# steps at 50 ms. And it must be over before the next fault: the faults are
+# 600 steps apart, 1.5 times the 400 steps a notice lasts at 1 ms per step.
+# The maintenance window and the pause are several times what they must
 # outlast (the collectives' 600 ms progress timeout; --elastic-wait 10).
-# TPUEMU_TEST_NOTICE_MS (tests only) gives a longer notice: 200 ms here
-# is, in steps, the 40 ms notice on a machine 5 times faster.
-notice=${TPUEMU_TEST_NOTICE_MS:-40}
-[[ $notice =~ ^[0-9]+$ ]] && [ "$notice" -le 1000 ] || fail "TPUEMU_TEST_NOTICE_MS=$notice is not 0..1000"
-cat >scenario.txt <<EOF
+# TPUEMU_TEST_STEP_MS=50 in the workers' environment makes each step take
+# 50 ms (tests/README.md: timing).
+cat >scenario.txt <<'EOF'
 seed 18
 at step 30   kill         random-core
-at step 100  preempt      random-core  notice=$notice
-at step 210  maintenance  random-core  2500 notice=$notice
-at step 300  pause        random-core  3000
+at step 100  preempt      random-core  notice=400
+at step 700  maintenance  random-core  2500 notice=400
+at step 1300 pause        random-core  3000
 EOF
 "$bin/tpuctl" --tpu "$tpu" chaos --scenario scenario.txt >plan.txt 2>&1 || fail "tpuctl chaos --scenario failed"
 grep -q "^scenario scenario.txt, seed 18: 4 faults" plan.txt || fail "no plan line with the seed"

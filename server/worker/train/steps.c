@@ -7,9 +7,10 @@
  * pool and back costs two thread wake-ups, which on a busy machine take
  * longer than the step (4 workers at per-core batch 128 on 2 CPUs: the
  * step's compute is ~0.2 ms). A step is small when the previous one's
- * compute took under INLINE_MAX_NS; the first step, a throttled core (its
- * sleep would stall the loop) and a single-core system (no all-reduce
- * between steps to return to the loop) use the pool.
+ * compute took under INLINE_MAX_NS; the first step, a throttled core or one
+ * slowed by TPUEMU_TEST_STEP_MS (its sleep would stall the loop) and a
+ * single-core system (no all-reduce between steps to return to the loop)
+ * use the pool.
  *
  * Updates are applied lazily, right before the model is next used. State
  * reads and writes run on the loop thread: they are short. */
@@ -35,6 +36,21 @@ static size_t label_bytes(const struct tmodel *tm, uint32_t rows)
 size_t steps_bytes(const struct tmodel *tm, uint32_t rows, int has_labels)
 {
     return (size_t)rows * (size_t)tm->in_dim * sizeof(float) + (has_labels ? label_bytes(tm, rows) : 0);
+}
+
+/* TPUEMU_TEST_STEP_MS (tests only): each training step's compute takes at
+ * least this long, so that a test can show that what it checks holds on a
+ * slower machine (0..1000; 0 or unset: off). Read first on the loop thread
+ * (run_step), before any pool thread reads it. */
+static uint64_t test_step_ns(void)
+{
+    static uint64_t v = UINT64_MAX;
+    if (v == UINT64_MAX) {
+        const char *e = getenv("TPUEMU_TEST_STEP_MS");
+        unsigned long long ms = e && *e ? strtoull(e, NULL, 10) : 0;
+        v = (ms > 1000 ? 1000 : ms) * 1000000u;
+    }
+    return v;
 }
 
 static void pool_step(uv_work_t *req)
@@ -94,6 +110,11 @@ static void pool_step(uv_work_t *req)
             struct timespec ts = {(time_t)(extra / 1000000000u), (long)(extra % 1000000000u)};
             nanosleep(&ts, NULL);
         }
+        uint64_t least = r->mode == TPUEMU__STEP_MODE__STEP_TRAIN ? test_step_ns() : 0, spent = uv_hrtime() - c0;
+        if (spent < least) {
+            struct timespec ts = {(time_t)((least - spent) / 1000000000u), (long)((least - spent) % 1000000000u)};
+            nanosleep(&ts, NULL);
+        }
         r->st0[i] = c0;
         r->st1[i] = uv_hrtime();
         s->compute_ns = r->st1[i] - c0;
@@ -123,12 +144,12 @@ static uint64_t inline_max_ns(void)
 /* Runs the next step: on the loop thread when it is small, else on the pool. */
 static void run_step(struct train *t, struct treq *r)
 {
-    uint64_t last = r->i > 0 ? r->stats[r->i - 1].compute_ns : t->last_compute_ns;
+    uint64_t last = r->i > 0 ? r->stats[r->i - 1].compute_ns : t->last_compute_ns, least = test_step_ns();
 
     t->busy = 1;
     t->pool_tm = t->tm;
     if (last && last < inline_max_ns() && atomic_load_explicit(&t->throttle_pct, memory_order_relaxed) >= 100 &&
-        t->env.id->num_replicas >= 2 &&
+        !least && t->env.id->num_replicas >= 2 &&
         r->mode == TPUEMU__STEP_MODE__STEP_TRAIN) {
 #if defined(__SSE__)
         unsigned csr = _mm_getcsr(); /* pool_step flushes denormals: only for the step */
