@@ -74,6 +74,15 @@ void slice_mesh(const struct slice_type *t, unsigned n, unsigned shape[4])
 
 #define SLICE_COUNT_MAX 65536u   /* above any real pod (v5p: 8960 chips) */
 
+int host_id_reserved(const char *h)
+{
+    static const char *const r[] = {"all", "resolver", "random-core", "random-host"};
+    for (size_t i = 0; h && i < sizeof r / sizeof r[0]; i++)
+        if (strcmp(h, r[i]) == 0)
+            return 1;
+    return 0;
+}
+
 int slice_parse(const char *name, struct slice *out, err *e)
 {
     char type[16];
@@ -109,6 +118,18 @@ int slice_parse(const char *name, struct slice *out, err *e)
     } else {
         out->chips = (unsigned)count;
     }
+    /* the shapes Cloud TPU offers: v2, v3, v4, v5p in whole hosts of 4 chips
+     * (v3-8, v3-32, v4-16, ...); v5e and v6e 1, 4, 8 chips or a larger power
+     * of two */
+    if (out->type->name_counts_tensorcores && out->chips % 4)
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       "slice '%s': %u chips do not fill hosts of 4 chips each: a %s slice is whole hosts "
+                       "(%s-%u, %s-%u, ...)", name, out->chips, out->type->name, out->type->name,
+                       4 * out->type->tensorcores_per_chip, out->type->name, 16 * out->type->tensorcores_per_chip);
+    if (!out->type->name_counts_tensorcores && (out->chips == 2 || (out->chips & (out->chips - 1))))
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       "slice '%s': a %s slice has 1, 4, 8, 16, ... chips (a power of two other than 2), not %u",
+                       name, out->type->name, out->chips);
     out->devices = out->chips * out->type->cores_per_chip;
     slice_mesh(out->type, out->devices, out->mesh);
     {

@@ -44,4 +44,10 @@ struct slice {
  * of a known type with a count that fits whole chips. */
 int slice_parse(const char *name, struct slice *out, err *e);
 
+/* Host ids that tpuctl reads as something else ("all", "resolver",
+ * "random-core", "random-host"): a core of such a host could never be
+ * targeted, so workers and the resolver refuse them. 1 if h is one. */
+int host_id_reserved(const char *h);
+#define HOST_ID_RESERVED "all, resolver, random-core, random-host"
+
 #endif

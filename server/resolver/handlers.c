@@ -109,6 +109,23 @@ static int slice_check(const registry *g, const winfo *w, err *e)
     unsigned nhosts = 0;
     int mine = 0;
 
+    /* typed and untyped cores do not mix: an untyped one would join the
+     * slice without its shape (more hosts or cores than the slice has) */
+    for (size_t i = 0; i < g->n; i++) {
+        const rentry *en = g->v[i];
+        if (en->dead || (en->w.core == w->core && strcmp(en->w.host_id, w->host_id) == 0))
+            continue;
+        if (!w->accelerator_type[0] && en->w.accelerator_type[0])
+            return err_set(e, CODE_INVALID_ARGUMENT,
+                           "core %s/%d names no slice, but the resolver serves a %s (core %s/%d): give every "
+                           "worker the same --accelerator-type", w->host_id, w->core, en->w.accelerator_type,
+                           en->w.host_id, en->w.core);
+        if (w->accelerator_type[0] && !en->w.accelerator_type[0])
+            return err_set(e, CODE_INVALID_ARGUMENT,
+                           "core %s/%d is part of a %s, but core %s/%d names no slice: one resolver serves one "
+                           "slice; give every worker the same --accelerator-type", w->host_id, w->core,
+                           w->accelerator_type, en->w.host_id, en->w.core);
+    }
     if (!w->accelerator_type[0])
         return CODE_OK;
     if (slice_parse(w->accelerator_type, &sl, e) != CODE_OK) /* reg_validate parsed it */

@@ -42,6 +42,9 @@ int reg_validate(const Tpuemu__WorkerInfo *w, err *e)
         return err_set(e, CODE_INVALID_ARGUMENT,
                        "host_id must be 1..%d characters of [A-Za-z0-9._-] (got %zu characters)",
                        REG_HOST_MAX - 1, len);
+    if (host_id_reserved(w->host_id))
+        return err_set(e, CODE_INVALID_ARGUMENT, "host_id '%s' is a word tpuctl reads as a target (%s): a core "
+                       "of that host could never be named; choose another", w->host_id, HOST_ID_RESERVED);
     if (w->core < -1 || w->core > REG_CORE_MAX)
         return err_set(e, CODE_INVALID_ARGUMENT, "core %d is out of range (-1 to let the resolver "
                        "assign one, or 0..%d)", (int)w->core, REG_CORE_MAX);

@@ -186,6 +186,36 @@ Test(slices, resolver_refuses_what_the_slice_does_not_have, .timeout = 60)
     cluster_free(c);
 }
 
+/* Typed and untyped workers do not mix (an untyped one joined a typed
+ * slice, and init built more cores than the slice has); host ids tpuctl
+ * reads as targets are refused by the worker and by the resolver. */
+Test(slices, untyped_workers_and_reserved_host_ids_are_refused, .timeout = 60)
+{
+    cluster *c = resolver_only(NULL);
+    add_host(c, "h0", 4, 4);
+    int i = cluster_add_worker(c, "h1", 0, NULL);
+    expect_refused(c, i, "core h1/0 names no slice, but the resolver serves a v4-16 (core h0/");
+    cr_assert_eq(cluster_count(c, TPU_CORE_IDLE), 4, "the slice's own cores are untouched");
+    cluster_free(c);
+
+    c = resolver_only(NULL);
+    cluster_add_worker(c, "u0", 0, NULL);
+    cr_assert(cluster_wait_count(c, TPU_CORE_IDLE, 1, 10000));
+    i = cluster_add_worker(c, "h0", 0, V4_16);
+    expect_refused(c, i, "core h0/0 is part of a v4-16, but core u0/0 names no slice");
+    cluster_free(c);
+
+    static const char *const reserved[] = {"all", "resolver", "random-core", "random-host"};
+    for (size_t k = 0; k < 4; k++) {
+        run_result r;
+        const char *argv[] = {CL_WORKER, "--resolver", "127.0.0.1:1", "--host-id", reserved[k], NULL};
+        run_cmd(argv, NULL, 10000, &r);
+        cr_assert_eq(r.code, 2, SHOW(r));
+        cr_assert(strstr(r.err, "is a word tpuctl reads as a target"), SHOW(r));
+        run_result_free(&r);
+    }
+}
+
 /* TensorFlow's Topology has the same number of devices on every task, and
  * TPUClusterResolver.num_accelerators() raises RuntimeError('TPU cores on
  * each device is not the same. This should never happen. Devices: ...')

@@ -99,3 +99,27 @@ Test(slice, hosts_and_devices_per_host)
     cr_assert_eq(slice_parse("v3-12", &s, &e), CODE_INVALID_ARGUMENT, "6 chips do not fill hosts of 4");
     cr_assert(strstr(e.msg, "do not fill hosts of 4 chips"), "%s", e.msg);
 }
+
+/* Only the shapes Cloud TPU has: v2, v3, v4 and v5p in whole hosts of 4
+ * chips, v5e and v6e in 1, 4, 8 chips or a larger power of two. Each other
+ * count is refused naming the rule (v3-6 and v4-2 were taken as one host of
+ * 3 chips and of 1). */
+Test(slice, only_cloud_shapes)
+{
+    static const char *const bad[] = {"v3-6", "v4-2", "v4-4", "v2-4", "v5p-4", "v5litepod-7", "v5litepod-2",
+                                      "v6e-5", "v5e-12", "v6e-24"};
+    static const char *const good[] = {"v2-8", "v3-8", "v3-32", "v3-2048", "v4-8", "v4-4096", "v5p-8",
+                                       "v5litepod-1", "v5litepod-4", "v5litepod-256", "v6e-1", "v6e-8", "v6e-256"};
+    struct slice s;
+    err e;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq(slice_parse(bad[i], &s, &e), CODE_INVALID_ARGUMENT, "%s was accepted", bad[i]);
+        cr_assert(strstr(e.msg, bad[i]) && (strstr(e.msg, "whole hosts") || strstr(e.msg, "power of two") ||
+                                            strstr(e.msg, "multiple of")),
+                  "%s: %s", bad[i], e.msg);
+    }
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+        cr_assert_eq(slice_parse(good[i], &s, &e), CODE_OK, "%s: %s", good[i], e.msg);
+    cr_assert(host_id_reserved("all") && host_id_reserved("resolver") && host_id_reserved("random-core") &&
+              host_id_reserved("random-host") && !host_id_reserved("h0") && !host_id_reserved("alls"));
+}

@@ -456,6 +456,11 @@ static int configure(struct worker *w, int argc, char **argv)
                         "A-Z a-z 0-9 . _ -)\n", host_id, IDENT_HOST_ID_MAX);
         return EXIT_USAGE;
     }
+    if (host_id_reserved(host_id)) {
+        fprintf(stderr, "tpu-worker: --host-id: '%s' is a word tpuctl reads as a target (%s): a core of "
+                        "that host could never be named; choose another\n", host_id, HOST_ID_RESERVED);
+        return EXIT_USAGE;
+    }
     ident_init(&w->id, host_id, (int)core);
     snprintf(w->listen, sizeof w->listen, "%s", strcmp(listen, "localhost") ? listen : "127.0.0.1");
     if (auth_load(&w->auth, token_file, &e) != CODE_OK) {
