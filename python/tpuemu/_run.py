@@ -38,6 +38,7 @@ def call(fn, *args, cancel=None):
         errors.check(st)
         return
     out = {}
+    done = threading.Event()
 
     def run():
         try:
@@ -47,13 +48,17 @@ def call(fn, *args, cancel=None):
                 out["error"] = errors.last(st)
         except BaseException as e:  # pragma: no cover - cffi argument errors
             out["exc"] = e
+        finally:
+            done.set()
 
     t = threading.Thread(target=run, name="tpuemu-call", daemon=True)
     t.start()
     interrupted = None
-    while t.is_alive():
+    # not t.join(timeout): a join interrupted by a signal may mark the thread
+    # stopped while it still runs
+    while not done.is_set():
         try:
-            t.join(0.05)
+            done.wait(0.05)
         except KeyboardInterrupt as e:
             if interrupted is None:
                 interrupted = e
