@@ -301,7 +301,7 @@ class Cluster:
         keep = []
         for name, v in kw.items():
             if name == "peer_host":
-                keep.append(_b(v))
+                keep.append(ffi.new("char[]", _b(v)))
                 f.peer_host = keep[-1]
             else:
                 setattr(f, name, v)

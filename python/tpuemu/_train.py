@@ -385,7 +385,7 @@ class Model:
         if validation_data is not None:
             fo.validation_data = validation_data.c(self._sparse())
         if preemption_checkpoint is not None:
-            keep.append(_b(preemption_checkpoint))
+            keep.append(ffi.new("char[]", _b(preemption_checkpoint)))
             fo.preemption_checkpoint = keep[-1]
         hp = ffi.new("tpu_history **")
         ds = dataset.c(self._sparse())
