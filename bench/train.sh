@@ -26,7 +26,11 @@
 # TPU_TYPE (default v3), DETERMINISTIC=1 (run every row twice, in the default
 # mode and compiled deterministic, alternating ROUNDS times, default 3, and
 # print each mode's median examples/s and their ratio), SCRAPE_MS=N (give every worker a --metrics-port and
-# fetch each one's /metrics every N ms while the rows run; 0, the default: off).
+# fetch each one's /metrics every N ms while the rows run; 0, the default: off),
+# PYTHON=1 (after every bench_train row, the same measurement through the Python
+# package, bench/train_py.py: tpuemu.tf's Keras fit on the same cluster, data
+# (DATA, default Debian's Fashion-MNIST, for both) and batch, alternating ROUNDS
+# times, default 3; then each one's median examples/s and Python's overhead).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:?usage: bench/train.sh BUILD_DIR [CORES_LIST] [BATCHES_LIST]}
@@ -57,6 +61,14 @@ if [ -n "${BASE:-}" ]; then
     base_bin=$bdir/build/bin
 fi
 det=${DETERMINISTIC:-0}
+py=${PYTHON:-0}
+if [ "$py" = 1 ]; then
+    [ -n "$base_bin" ] || [ "$det" = 1 ] && { echo "PYTHON=1 is a comparison of its own: not with BASE or DETERMINISTIC" >&2; exit 2; }
+    [ -f "$build/python/tpuemu/__init__.py" ] || { echo "no $build/python/tpuemu: build the Python package (python3-cffi, python3-numpy)" >&2; exit 2; }
+    rounds=${ROUNDS:-3}
+    DATA=${DATA:-/usr/share/datasets/fashion-mnist}
+    pypath=$(cd "$build/python" && pwd)
+fi
 if [ "$det" = 1 ]; then
     [ -n "$base_bin" ] && { echo "BASE and DETERMINISTIC=1 are two comparisons: choose one" >&2; exit 2; }
     rounds=${ROUNDS:-3}
@@ -146,12 +158,18 @@ run_rows() {
             echo "  FAILED: $(head -3 "$logdir/bench.$label.n$n.b$b.err")" >&2
             failed=1
         fi
+        if [ "$py" = 1 ] && ! PYTHONPATH=$pypath /usr/bin/python3 bench/train_py.py --tpu "$tpu" --cores "$n" --batch "$b" \
+                --seconds "$secs" --warmup "$warmup" --data "$DATA" >>"$rows.python" 2>"$logdir/py.$label.n$n.b$b.err"; then
+            echo "  FAILED (Python): $(tail -3 "$logdir/py.$label.n$n.b$b.err")" >&2
+            failed=1
+        fi
     done
     stop_all
 }
 : >"$rows.current"
 [ -n "$base_bin" ] && : >"$rows.base"
 [ "$det" = 1 ] && : >"$rows.deterministic"
+[ "$py" = 1 ] && : >"$rows.python"
 for n in $cores_list; do
     for ((r = 0; r < rounds; r++)); do
         run_rows current "$bin" "$n"
@@ -177,6 +195,25 @@ awk -F'|' 'BEGIN { n = 0 }
     $2 > 1 && $6 > 0 { if (!n++) printf "\nthe gradient all-reduce, share of the step (this build):\n"
         printf "  %s cores, batch %s: %.0f %% on the slowest core (waiting for its peers included), %.0f %% on the shortest\n",
             $2, $3, 100 * $12 / $6, 100 * $13 / $6 }' "$rows.current"
+if [ "$py" = 1 ]; then
+    printf '\nthe same through the Python package (bench/train_py.py: tpuemu.tf, Keras fit, a Keras callback counting steps):\n'
+    printf '| cores | batch/core | global | examples/s | step ms | steps |\n|--:|--:|--:|--:|--:|--:|\n'
+    cat "$rows.python"
+    printf '\nexamples/s, median of %s rounds each (C and Python alternating on the same cluster):\n\n' "$rounds"
+    printf '| cores | batch/core | C (bench_train) | Python (tpuemu.tf) | Python overhead |\n|--:|--:|--:|--:|--:|\n'
+    awk -F'|' '
+        function med(k,  n, i, j, t, a) { n = split(v[k], a, " ")
+            for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
+            return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+        { gsub(/[ ,]/, "", $2); gsub(/[ ,]/, "", $3); gsub(/[ ,]/, "", $5)
+          k = FILENAME ~ /python$/ ? "p" : "c"; key = $2 " " $3
+          if (!(key in seen)) { seen[key] = 1; order[++nk] = key }
+          v[k SUBSEP key] = v[k SUBSEP key] " " $5 }
+        END { for (i = 1; i <= nk; i++) { split(order[i], kb, " ")
+                  c = med("c" SUBSEP order[i]); p = med("p" SUBSEP order[i])
+                  printf "| %s | %s | %.0f | %.0f | %s |\n", kb[1], kb[2], c, p, (c > 0 ? sprintf("%.1f %%", 100 * (c - p) / c) : "-") } }
+    ' "$rows.current" "$rows.python"
+fi
 if [ -n "$base_bin" ] || [ "$det" = 1 ]; then
     if [ "$det" = 1 ]; then
         printf '\ndeterministic mode (portable matrix unit, fixed exp/log):\n'
