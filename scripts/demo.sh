@@ -12,7 +12,15 @@
 #   scripts/demo.sh                     # port 8470, or the next free one
 #   TPUEMU_DEMO_PORT=9000 scripts/demo.sh
 #   TPUEMU_DEMO_EPOCHS=3 scripts/demo.sh
+#   scripts/demo.sh --python            # the walk-through's TensorFlow program instead
+#                                       # (examples/python/walkthrough.py, import tpuemu.tf as tf)
 set -euo pipefail
+python=0
+case "${1:-}" in
+--python) python=1 ;;
+"") ;;
+*) echo "usage: scripts/demo.sh [--python]" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
@@ -46,7 +54,12 @@ pids+=($!)
 export TPU_NAME=demo-tpu TPUEMU_TPU_API="$tpu"
 step "$bin/tpuctl" init --expect 8 --timeout-ms 10000  # waits until all 8 cores registered
 cd "$logdir"  # TensorBoard's callback writes logs/train/plugins/profile/RUN/ and logs/train/events.* here
-step "$OLDPWD/$bin/fashion_mnist" --epochs "${TPUEMU_DEMO_EPOCHS:-10}"
+if [ "$python" = 1 ]; then
+    # the TensorFlow program as it is, but for its import line, with the package from the build tree
+    PYTHONPATH="$OLDPWD/build/python" step /usr/bin/python3 "$OLDPWD/examples/python/walkthrough.py"
+else
+    step "$OLDPWD/$bin/fashion_mnist" --epochs "${TPUEMU_DEMO_EPOCHS:-10}"
+fi
 cd "$OLDPWD"
 step "$bin/tpuctl" cluster
 step "$bin/tpuctl" health

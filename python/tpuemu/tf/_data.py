@@ -3,12 +3,12 @@ import numpy as np
 
 from .. import errors
 from .._train import Dataset as _CDataset
-from ._ns import Namespace, not_offered
+from ._ns import Namespace, Offered, not_offered
 
 AUTOTUNE = -1
 
 
-class Dataset:
+class Dataset(Offered):
     """tf.data.Dataset of rows (x) or (x, y), on the library's pipeline:
     from_tensor_slices, shuffle, batch, cache, prefetch. float32 features
     and int32 labels are used in place (not copied); others are converted once."""

@@ -10,10 +10,10 @@ from .. import errors
 from .. import Cluster as _Cluster, Resolver as _Resolver, Topology as _CTopology
 from .._lib import ffi, lib
 from .._train import Strategy as _CStrategy
-from ._ns import Namespace, not_offered
+from ._ns import Namespace, Offered, not_offered
 
 
-class TPUClusterResolver:
+class TPUClusterResolver(Offered):
     """tf.distribute.cluster_resolver.TPUClusterResolver(tpu=None): $TPU_NAME,
     "grpc://HOST:8470", a comma list of hosts, or a TPU name."""
 
@@ -88,7 +88,7 @@ class ClusterSpec:
         return self._d[job][i]
 
 
-class Topology:
+class Topology(Offered):
     """tf.tpu.experimental.Topology."""
 
     def __init__(self, t=None, serialized=None, mesh_shape=None, device_coordinates=None):
@@ -159,7 +159,7 @@ def get_strategy():
     return getattr(_current, "strategy", None) or _DEFAULT
 
 
-class PerReplica:
+class PerReplica(Offered):
     """A value per replica (tpu_per_replica): an input's shards or a step's outputs."""
 
     def __init__(self, h, owner=None, x_dim=None, strategy=None):
@@ -203,7 +203,7 @@ class _PerReplicaInput(PerReplica):
         lib.tpu_per_replica_free(self._h)
 
 
-class DistributedDataset:
+class DistributedDataset(Offered):
     """What experimental_distribute_dataset returns: iterate it once per epoch."""
 
     def __init__(self, strategy, dataset):
@@ -231,7 +231,7 @@ class DistributedDataset:
             ffi.release(it)  # one iterator at a time: the next epoch may begin
 
 
-class TPUStrategy:
+class TPUStrategy(Offered):
     """tf.distribute.TPUStrategy(resolver): data-parallel over the initialized system's cores."""
 
     def __init__(self, tpu_cluster_resolver=None, experimental_device_assignment=None,
@@ -326,7 +326,7 @@ class _DefaultStrategy:
 _DEFAULT = _DefaultStrategy()
 
 
-class Checkpoint:
+class Checkpoint(Offered):
     """tf.train.Checkpoint(model=...): the model's whole training state (weights,
     optimizer slots, step) in the library's checkpoint file (tpu_model_save_checkpoint)."""
 
@@ -357,7 +357,7 @@ def _latest(directory):
 EXIT_PREEMPTED = 42  # TensorFlow's _RESTARTABLE_EXIT_CODE
 
 
-class PreemptionCheckpointHandler:
+class PreemptionCheckpointHandler(Offered):
     """tf.distribute.experimental.PreemptionCheckpointHandler(resolver, checkpoint, checkpoint_dir):
     restores the checkpoint in checkpoint_dir if there is one; run(fn, *args) runs a
     training step and, when the cores carried a preemption or maintenance notice,

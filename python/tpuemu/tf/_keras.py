@@ -10,7 +10,7 @@ import numpy as np
 from .. import errors
 from .._lib import b as _b, ffi, lib, s as _s
 from .._train import Callback, Dataset as _CDataset, History as _CHistory, Model as _CModel, _flush_py
-from ._ns import Namespace, not_offered
+from ._ns import Namespace, Offered, not_offered
 from . import _data, _distribute
 
 EXIT_PREEMPTED = 42
@@ -311,7 +311,7 @@ callbacks = Namespace("tf.keras.callbacks", Callback=Callback, TensorBoard=Tenso
 _LOSSES = {"sparse_categorical_crossentropy", "categorical_crossentropy", "mean_squared_error", "mse"}
 
 
-class Sequential:
+class Sequential(Offered):
     """tf.keras.Sequential([Dense, ...]) built in the strategy in scope; compiled
     onto every core of it at the first fit, evaluate or predict (or at once
     when its input shape is known)."""

@@ -34,3 +34,13 @@ class Namespace:
 
     def __repr__(self):
         return "<namespace %s>" % self._name
+
+
+class Offered:
+    """A TensorFlow object's attributes: one it does not offer raises NotOffered."""
+
+    def __getattr__(self, attr):
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        raise NotOffered("%s.%s is not offered by tpuemu.tf (docs/api/tensorflow-names.md lists what is, with "
+                         "its C call)" % (type(self).__name__, attr))
