@@ -166,8 +166,43 @@ typedef struct tpu_model tpu_model;
  * set with tpu_model_set_seed. */
 TPU_API tpu_status tpu_model_new(tpu_strategy *s, size_t input_dim, tpu_model **out);
 TPU_API void tpu_model_free(tpu_model *m);
-/* Dense(units, activation); at most 16 layers of up to 65536 units. Before compile. */
+/* Dense(units, activation), up to 65536 units: on a (features) input as an
+ * MLP's; on a longer shape over its last axis, as Keras does. Before compile. */
 TPU_API tpu_status tpu_model_add_dense(tpu_model *m, size_t units, tpu_activation act);
+/* The shape of one example (keras.Input(shape=...)): 1 to 3 dimensions,
+ * (height, width, channels) for images (NHWC, channels_last), whose product
+ * is the model's input_dim; the dataset's rows hold the values in that
+ * order. Before any layer. Without it an example is (input_dim). */
+TPU_API tpu_status tpu_model_set_input_shape(tpu_model *m, const size_t *dims, size_t rank);
+
+typedef enum tpu_padding { TPU_PADDING_VALID = 0, TPU_PADDING_SAME = 1 } tpu_padding;
+
+/* The layers below follow Keras' defaults and shape rules; each call checks
+ * the layer takes the shape the layers before it give
+ * (TPU_INVALID_ARGUMENT naming the layer and the rule otherwise). A stride
+ * of 0 is Keras' default (Conv2D 1, pooling the pool size). At most 16
+ * layers in all; the last one must be a Dense with a (units) output.
+ * Weights are in Keras' order, layer by layer: kernel then bias; a Conv2D
+ * kernel is (kernel_h, kernel_w, input channels, filters), glorot-uniform
+ * over its receptive field. */
+/* Conv2D(filters, (kernel_h, kernel_w), strides, padding, activation). */
+TPU_API tpu_status tpu_model_add_conv2d(tpu_model *m, size_t filters, size_t kernel_h, size_t kernel_w,
+                                        size_t stride_h, size_t stride_w, tpu_padding padding, tpu_activation act);
+/* MaxPooling2D(pool_size, strides, padding) and AveragePooling2D (the mean
+ * of the window's pixels inside the input). */
+TPU_API tpu_status tpu_model_add_max_pooling2d(tpu_model *m, size_t pool_h, size_t pool_w, size_t stride_h,
+                                               size_t stride_w, tpu_padding padding);
+TPU_API tpu_status tpu_model_add_average_pooling2d(tpu_model *m, size_t pool_h, size_t pool_w, size_t stride_h,
+                                                   size_t stride_w, tpu_padding padding);
+/* GlobalAveragePooling2D(): (h, w, c) -> (c). */
+TPU_API tpu_status tpu_model_add_global_average_pooling2d(tpu_model *m);
+/* Flatten() and Reshape(target_shape): views, no copy. */
+TPU_API tpu_status tpu_model_add_flatten(tpu_model *m);
+TPU_API tpu_status tpu_model_add_reshape(tpu_model *m, const size_t *dims, size_t rank);
+/* Dropout(rate): during fit only, each replica draws its own mask each step
+ * (kept values scaled by 1/(1 - rate)); evaluate and predict pass the
+ * values through. rate in [0, 1). */
+TPU_API tpu_status tpu_model_add_dropout(tpu_model *m, float rate);
 /* Seed of the glorot-uniform initial weights (the same on every replica). Before compile. */
 TPU_API tpu_status tpu_model_set_seed(tpu_model *m, uint64_t seed);
 

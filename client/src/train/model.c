@@ -243,21 +243,157 @@ void tpu_model_free(tpu_model *m)
     free(m);
 }
 
-tpu_status tpu_model_add_dense(tpu_model *m, size_t units, tpu_activation act)
+int model_layer_geom(const tpu_model *m, size_t l, struct lshape *in, struct lgeom *g, char *why, size_t n)
 {
+    struct lshape sh = m->in_shape.rank ? m->in_shape : (struct lshape){1, {(int)m->in_dim, 0, 0}};
+    for (size_t i = 0; i <= l; i++) {
+        struct lspec sp = m->spec[i];
+        sp.units = (int)m->units[i];
+        sp.act = (int)m->act[i];
+        if (i == l && in)
+            *in = sh;
+        if (lshape_apply(&sp, &sh, g, why, n) != 0)
+            return -1;
+        sh = g->out;
+    }
+    return 0;
+}
+
+void model_layer_name(const tpu_model *m, size_t l, char *buf, size_t n)
+{
+    int k = 0;
+    for (size_t i = 0; i < l; i++)
+        k += m->spec[i].kind == m->spec[l].kind;
+    if (k)
+        snprintf(buf, n, "%s_%d", lkind_prefix(m->spec[l].kind), k);
+    else
+        snprintf(buf, n, "%s", lkind_prefix(m->spec[l].kind));
+}
+
+/* Appends a layer after checking it takes the shape the layers before it
+ * give (Keras raises at add time too). */
+static tpu_status add_layer(tpu_model *m, const struct lspec *sp, size_t units, tpu_activation act)
+{
+    struct lgeom g;
+    char why[200];
     CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
     if (m->configured)
         return cli_failf(TPU_FAILED_PRECONDITION, "the model is compiled: add layers before tpu_model_compile");
     if (m->nlayers >= MODEL_LAYERS_MAX)
-        return cli_failf(TPU_INVALID_ARGUMENT, "a model has at most %d Dense layers", MODEL_LAYERS_MAX);
-    if (units < 1 || units > MODEL_UNITS_MAX)
-        return cli_failf(TPU_INVALID_ARGUMENT, "Dense(%zu): units must be in 1..%d", units, MODEL_UNITS_MAX);
+        return cli_failf(TPU_INVALID_ARGUMENT, "a model has at most %d layers", MODEL_LAYERS_MAX);
+    if ((sp->kind == LK_DENSE || sp->kind == LK_CONV2D) && (units < 1 || units > MODEL_UNITS_MAX))
+        return cli_failf(TPU_INVALID_ARGUMENT, "%s(%zu): %s must be in 1..%d", lkind_name(sp->kind), units,
+                         sp->kind == LK_DENSE ? "units" : "filters", MODEL_UNITS_MAX);
     if ((unsigned)act > TPU_ACT_SIGMOID)
-        return cli_failf(TPU_INVALID_ARGUMENT, "Dense(%zu): activation %d is unknown", units, (int)act);
+        return cli_failf(TPU_INVALID_ARGUMENT, "%s(%zu): activation %d is unknown", lkind_name(sp->kind), units,
+                         (int)act);
+    m->spec[m->nlayers] = *sp;
     m->units[m->nlayers] = units;
     m->act[m->nlayers] = act;
+    if (model_layer_geom(m, m->nlayers, NULL, &g, why, sizeof why) != 0) {
+        memset(&m->spec[m->nlayers], 0, sizeof m->spec[0]);
+        m->units[m->nlayers] = 0;
+        m->act[m->nlayers] = TPU_ACT_LINEAR;
+        return cli_failf(TPU_INVALID_ARGUMENT, "layer %zu: %s", m->nlayers, why);
+    }
     m->nlayers++;
     return TPU_OK;
+}
+
+tpu_status tpu_model_add_dense(tpu_model *m, size_t units, tpu_activation act)
+{
+    struct lspec sp = {.kind = LK_DENSE};
+    return add_layer(m, &sp, units, act);
+}
+
+tpu_status tpu_model_set_input_shape(tpu_model *m, const size_t *dims, size_t rank)
+{
+    struct lshape sh = {0, {0, 0, 0}};
+    size_t n = 1;
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    if (m->configured || m->nlayers)
+        return cli_failf(TPU_FAILED_PRECONDITION, "set the input shape before adding layers");
+    if (rank < 1 || rank > LSHAPE_MAX_RANK || !dims)
+        return cli_failf(TPU_INVALID_ARGUMENT, "an input shape has 1..%d dimensions, not %zu", LSHAPE_MAX_RANK, rank);
+    for (size_t i = 0; i < rank; i++) {
+        if (dims[i] < 1 || dims[i] > MODEL_UNITS_MAX)
+            return cli_failf(TPU_INVALID_ARGUMENT, "input shape dimension %zu is %zu, outside 1..%d", i, dims[i],
+                             MODEL_UNITS_MAX);
+        sh.d[i] = (int)dims[i];
+        n *= dims[i];
+    }
+    sh.rank = (int)rank;
+    if (n != m->in_dim)
+        return cli_failf(TPU_INVALID_ARGUMENT, "an input shape of %zu values per example, but the model takes "
+                         "input_dim %zu", n, m->in_dim);
+    m->in_shape = sh;
+    return TPU_OK;
+}
+
+static tpu_status add_window(tpu_model *m, enum lkind k, size_t units, size_t kh, size_t kw, size_t sh, size_t sw,
+                             tpu_padding padding, tpu_activation act)
+{
+    struct lspec sp = {.kind = k};
+    if (kh < 1 || kw < 1 || kh > 64 || kw > 64 || sh > 64 || sw > 64)
+        return cli_failf(TPU_INVALID_ARGUMENT, "%s: window (%zu, %zu) and strides (%zu, %zu) must be in 1..64 "
+                         "(strides 0: the default)", lkind_name(k), kh, kw, sh, sw);
+    if ((unsigned)padding > TPU_PADDING_SAME)
+        return cli_failf(TPU_INVALID_ARGUMENT, "%s: padding %d is neither TPU_PADDING_VALID nor TPU_PADDING_SAME",
+                         lkind_name(k), (int)padding);
+    sp.kh = (int)kh, sp.kw = (int)kw, sp.sh = (int)sh, sp.sw = (int)sw;
+    sp.same = padding == TPU_PADDING_SAME;
+    return add_layer(m, &sp, units, act);
+}
+
+tpu_status tpu_model_add_conv2d(tpu_model *m, size_t filters, size_t kernel_h, size_t kernel_w, size_t stride_h,
+                                size_t stride_w, tpu_padding padding, tpu_activation act)
+{
+    return add_window(m, LK_CONV2D, filters, kernel_h, kernel_w, stride_h, stride_w, padding, act);
+}
+
+tpu_status tpu_model_add_max_pooling2d(tpu_model *m, size_t pool_h, size_t pool_w, size_t stride_h, size_t stride_w,
+                                       tpu_padding padding)
+{
+    return add_window(m, LK_MAX_POOL2D, 0, pool_h, pool_w, stride_h, stride_w, padding, TPU_ACT_LINEAR);
+}
+
+tpu_status tpu_model_add_average_pooling2d(tpu_model *m, size_t pool_h, size_t pool_w, size_t stride_h,
+                                           size_t stride_w, tpu_padding padding)
+{
+    return add_window(m, LK_AVG_POOL2D, 0, pool_h, pool_w, stride_h, stride_w, padding, TPU_ACT_LINEAR);
+}
+
+tpu_status tpu_model_add_global_average_pooling2d(tpu_model *m)
+{
+    struct lspec sp = {.kind = LK_GLOBAL_AVG_POOL2D};
+    return add_layer(m, &sp, 0, TPU_ACT_LINEAR);
+}
+
+tpu_status tpu_model_add_flatten(tpu_model *m)
+{
+    struct lspec sp = {.kind = LK_FLATTEN};
+    return add_layer(m, &sp, 0, TPU_ACT_LINEAR);
+}
+
+tpu_status tpu_model_add_dropout(tpu_model *m, float rate)
+{
+    struct lspec sp = {.kind = LK_DROPOUT, .rate = rate};
+    return add_layer(m, &sp, 0, TPU_ACT_LINEAR);
+}
+
+tpu_status tpu_model_add_reshape(tpu_model *m, const size_t *dims, size_t rank)
+{
+    struct lspec sp = {.kind = LK_RESHAPE};
+    if (rank < 1 || rank > LSHAPE_MAX_RANK || !dims)
+        return cli_failf(TPU_INVALID_ARGUMENT, "Reshape: a target shape has 1..%d dimensions, not %zu",
+                         LSHAPE_MAX_RANK, rank);
+    for (size_t i = 0; i < rank; i++) {
+        if (dims[i] < 1 || dims[i] > LSHAPE_MAX_SIZE)
+            return cli_failf(TPU_INVALID_ARGUMENT, "Reshape: target dimension %zu is %zu", i, dims[i]);
+        sp.target.d[i] = (int)dims[i];
+    }
+    sp.target.rank = (int)rank;
+    return add_layer(m, &sp, 0, TPU_ACT_LINEAR);
 }
 
 tpu_status tpu_model_set_seed(tpu_model *m, uint64_t seed)
@@ -271,11 +407,12 @@ tpu_status tpu_model_set_seed(tpu_model *m, uint64_t seed)
 
 size_t model_nparams(const tpu_model *m)
 {
-    size_t n = 0, prev = m->in_dim;
-    for (size_t l = 0; l < m->nlayers; l++) {
-        n += prev * m->units[l] + m->units[l];
-        prev = m->units[l];
-    }
+    size_t n = 0;
+    struct lgeom g;
+    char why[8];
+    for (size_t l = 0; l < m->nlayers; l++)
+        if (model_layer_geom(m, l, NULL, &g, why, sizeof why) == 0)
+            n += g.kernel + g.bias;
     return n;
 }
 
@@ -339,8 +476,20 @@ static const char *act_name(tpu_activation a)
 static void describe(const tpu_model *m, char *buf, size_t n)
 {
     size_t off = (size_t)snprintf(buf, n, "%zu", m->in_dim);
-    for (size_t l = 0; l < m->nlayers && off < n; l++)
-        off += (size_t)snprintf(buf + off, n - off, " -> %zu %s", m->units[l], act_name(m->act[l]));
+    for (size_t l = 0; l < m->nlayers && off < n; l++) {
+        struct lshape in;
+        struct lgeom g;
+        char why[8], os[64];
+        if (m->spec[l].kind == LK_DENSE && model_layer_geom(m, l, &in, &g, why, sizeof why) == 0 && in.rank == 1) {
+            off += (size_t)snprintf(buf + off, n - off, " -> %zu %s", m->units[l], act_name(m->act[l]));
+            continue;
+        }
+        if (model_layer_geom(m, l, NULL, &g, why, sizeof why) != 0)
+            continue;
+        lshape_format(&g.out, os, sizeof os);
+        off += (size_t)snprintf(buf + off, n - off, " -> %s%s%s %s", lkind_name(m->spec[l].kind),
+                                g.kernel ? " " : "", g.kernel ? act_name(m->act[l]) : "", os);
+    }
     if (off < n)
         snprintf(buf + off, n - off, ", %s with %d slot(s)", m->co.optimizer.kind == TPU_OPT_ADAM ? "adam" : "sgd",
                  model_nslots(m));
@@ -348,7 +497,7 @@ static void describe(const tpu_model *m, char *buf, size_t n)
 
 size_t tpu_model_summary(const tpu_model *m, char *buf, size_t n)
 {
-    size_t off = 0, prev;
+    size_t off = 0;
     CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
 #define PUT(...) (off += (size_t)snprintf(buf + (off < n ? off : n), off < n ? n - off : 0, __VA_ARGS__))
     if (n)
@@ -356,16 +505,18 @@ size_t tpu_model_summary(const tpu_model *m, char *buf, size_t n)
     PUT("Model: \"sequential\"\n");
     PUT("%-28s %-22s %12s\n", "Layer (type)", "Output Shape", "Param #");
     PUT("%.64s\n", "================================================================");
-    prev = m->in_dim;
     for (size_t l = 0; l < m->nlayers; l++) {
-        char name[40], shape[32];
-        if (l == 0)
-            snprintf(name, sizeof name, "dense (Dense, %s)", act_name(m->act[l]));
+        char name[80], lname[40], shape[64], why[8];
+        struct lgeom g;
+        if (model_layer_geom(m, l, NULL, &g, why, sizeof why) != 0)
+            break;
+        model_layer_name(m, l, lname, sizeof lname);
+        if (m->spec[l].kind == LK_DENSE || m->spec[l].kind == LK_CONV2D)
+            snprintf(name, sizeof name, "%s (%s, %s)", lname, lkind_name(m->spec[l].kind), act_name(m->act[l]));
         else
-            snprintf(name, sizeof name, "dense_%zu (Dense, %s)", l, act_name(m->act[l]));
-        snprintf(shape, sizeof shape, "(None, %zu)", m->units[l]);
-        PUT("%-28s %-22s %12zu\n", name, shape, prev * m->units[l] + m->units[l]);
-        prev = m->units[l];
+            snprintf(name, sizeof name, "%s (%s)", lname, lkind_name(m->spec[l].kind));
+        lshape_format(&g.out, shape, sizeof shape);
+        PUT("%-28s %-22s %12zu\n", name, shape, g.kernel + g.bias);
     }
     PUT("%.64s\n", "================================================================");
     PUT("Total params: %zu (%.2f KB)\n", model_nparams(m), model_nparams(m) * 4.0 / 1024);
@@ -393,15 +544,16 @@ static int vars_lost_error(const tpu_model *m, err *e)
     char names[200], lname[24];
     size_t off = 0;
     names[0] = '\0';
-    for (size_t l = 0; l < m->nlayers && l < 3; l++) {
-        if (l)
-            snprintf(lname, sizeof lname, "dense_%zu", l);
-        else
-            snprintf(lname, sizeof lname, "dense");
-        off += (size_t)snprintf(names + off, sizeof names - off, "%s%s/kernel, %s/bias", l ? ", " : "", lname,
+    size_t shown = 0, l = 0;
+    for (; l < m->nlayers && shown < 3; l++) {
+        if (m->spec[l].kind != LK_DENSE && m->spec[l].kind != LK_CONV2D)
+            continue;
+        model_layer_name(m, l, lname, sizeof lname);
+        off += (size_t)snprintf(names + off, sizeof names - off, "%s%s/kernel, %s/bias", shown ? ", " : "", lname,
                                 lname);
+        shown++;
     }
-    if (m->nlayers > 3)
+    if (l < m->nlayers)
         snprintf(names + off, sizeof names - off, ", ...");
     return err_set(e, CODE_FAILED_PRECONDITION,
                    "the model's variables on the TPU were lost: the TPU system was initialized again "
@@ -425,6 +577,19 @@ tpu_status tpu_model_compile(tpu_model *m, const tpu_compile_options *o)
         return cli_failf(TPU_INVALID_ARGUMENT, "the model has no layers: add a Dense layer first");
     if ((unsigned)co.loss > TPU_LOSS_MEAN_SQUARED_ERROR)
         return cli_failf(TPU_INVALID_ARGUMENT, "loss %d is unknown", (int)co.loss);
+    {
+        struct lshape in;
+        struct lgeom g;
+        char why[200], os[64];
+        if (model_layer_geom(m, m->nlayers - 1, &in, &g, why, sizeof why) != 0)
+            return cli_failf(TPU_INVALID_ARGUMENT, "%s", why);
+        if (m->spec[m->nlayers - 1].kind != LK_DENSE || g.out.rank != 1) {
+            lshape_format(&g.out, os, sizeof os);
+            return cli_failf(TPU_INVALID_ARGUMENT, "the last layer must be a Dense with a (units) output, not %s with "
+                             "output %s: add Flatten (or GlobalAveragePooling2D) and a Dense",
+                             lkind_name(m->spec[m->nlayers - 1].kind), os);
+        }
+    }
     if (co.loss != TPU_LOSS_MEAN_SQUARED_ERROR && m->units[m->nlayers - 1] < 2)
         return cli_failf(TPU_INVALID_ARGUMENT, "a cross-entropy loss needs at least 2 units in the last layer, not %zu",
                          m->units[m->nlayers - 1]);
@@ -575,12 +740,29 @@ int model_ensure_compiled(tpu_model *m, size_t global_batch, err *e)
     Tpuemu__ModelSpec ms = TPUEMU__MODEL_SPEC__INIT;
     Tpuemu__OptimizerSpec os = TPUEMU__OPTIMIZER_SPEC__INIT;
     Tpuemu__LayerSpec ls[MODEL_LAYERS_MAX], *lp[MODEL_LAYERS_MAX];
+    uint32_t tshape[MODEL_LAYERS_MAX][LSHAPE_MAX_RANK];
     for (size_t l = 0; l < m->nlayers; l++) {
         tpuemu__layer_spec__init(&ls[l]);
         ls[l].units = (uint32_t)m->units[l];
         ls[l].activation = (Tpuemu__Activation)m->act[l];
+        ls[l].kind = (Tpuemu__LayerKind)m->spec[l].kind;
+        ls[l].kernel_h = (uint32_t)m->spec[l].kh;
+        ls[l].kernel_w = (uint32_t)m->spec[l].kw;
+        ls[l].stride_h = (uint32_t)m->spec[l].sh;
+        ls[l].stride_w = (uint32_t)m->spec[l].sw;
+        ls[l].padding_same = m->spec[l].same != 0;
+        ls[l].rate = m->spec[l].rate;
+        ls[l].n_target_shape = (size_t)m->spec[l].target.rank;
+        for (int i = 0; i < m->spec[l].target.rank; i++)
+            tshape[l][i] = (uint32_t)m->spec[l].target.d[i];
+        ls[l].target_shape = tshape[l];
         lp[l] = &ls[l];
     }
+    uint32_t ishape[LSHAPE_MAX_RANK];
+    for (int i = 0; i < m->in_shape.rank; i++)
+        ishape[i] = (uint32_t)m->in_shape.d[i];
+    ms.n_input_shape = (size_t)m->in_shape.rank;
+    ms.input_shape = ishape;
     os.kind = (uint32_t)m->co.optimizer.kind;
     os.learning_rate = m->co.optimizer.learning_rate;
     os.momentum = m->co.optimizer.momentum;
@@ -792,20 +974,20 @@ static int check_position(const tpu_model *m, const char *path, const struct ckp
 static void state_name(const tpu_model *m, size_t i, char *buf, size_t n)
 {
     static const char *const adam[] = {"m", "v"};
-    size_t np = model_nparams(m), slot = i / np, k = i % np, prev = m->in_dim, l = 0;
-    char lname[24];
+    size_t np = model_nparams(m), slot = i / np, k = i % np, l = 0;
+    char lname[40], why[8];
+    struct lgeom g = {0};
     for (; l < m->nlayers; l++) {
-        size_t w = prev * m->units[l] + m->units[l];
-        if (k < w)
+        if (model_layer_geom(m, l, NULL, &g, why, sizeof why) != 0)
             break;
-        k -= w;
-        prev = m->units[l];
+        if (k < g.kernel + g.bias)
+            break;
+        k -= g.kernel + g.bias;
     }
-    if (l)
-        snprintf(lname, sizeof lname, "dense_%zu", l);
-    else
-        snprintf(lname, sizeof lname, "dense");
-    const char *var = k < prev * m->units[l] ? "kernel" : "bias";
+    if (l >= m->nlayers)
+        l = m->nlayers - 1;
+    model_layer_name(m, l, lname, sizeof lname);
+    const char *var = k < g.kernel ? "kernel" : "bias";
     if (slot == 0)
         snprintf(buf, n, "%s/%s", lname, var);
     else if (m->co.optimizer.kind == TPU_OPT_ADAM)

@@ -9,6 +9,7 @@
 
 #include "client.h"
 #include "coll.h"
+#include "layershape.h"
 #include "tpuemu/model.h"
 #include "train_io.h"
 
@@ -29,6 +30,8 @@ struct tpu_model {
     size_t in_dim, nlayers;
     size_t units[MODEL_LAYERS_MAX];
     tpu_activation act[MODEL_LAYERS_MAX];
+    struct lspec spec[MODEL_LAYERS_MAX];   /* kind and options (units, act as above) */
+    struct lshape in_shape;               /* per example; rank 0: (in_dim) */
     uint64_t seed;
     int configured;       /* compile options set */
     tpu_compile_options co;
@@ -75,6 +78,11 @@ void model_snap_free(struct model_snap *s);
 /* Compiles onto the cores if not compiled in this epoch for at least
  * global_batch (rounded up per core). */
 int model_ensure_compiled(tpu_model *m, size_t global_batch, err *e);
+/* Layer l's geometry (input shape into *in when not NULL); -1 when the
+ * layers do not fit together (why says how). */
+int model_layer_geom(const tpu_model *m, size_t l, struct lshape *in, struct lgeom *g, char *why, size_t n);
+/* "conv2d_1": layer l's Keras name. */
+void model_layer_name(const tpu_model *m, size_t l, char *buf, size_t n);
 /* Number of trainable floats and optimizer slots. */
 size_t model_nparams(const tpu_model *m);
 int model_nslots(const tpu_model *m);

@@ -21,10 +21,20 @@
 #define CLIP_HI (1.0f - 1e-7f)
 
 struct layer {
-    int in, units;
+    enum lkind kind;
+    int in, units;              /* the matmul's K and N: Dense inputs and units; Conv2D kh*kw*channels and filters */
+    int outer;                  /* matmul rows per example: Dense positions (1 on a (features) input); Conv2D
+                                   output pixels */
     enum model_act act;
     size_t w, b;                /* offsets of kernel and bias in the parameter array */
-    float *a;                   /* activations of the last forward, max_rows x units */
+    struct lshape ish, osh;     /* input and output shape per example */
+    size_t isz, osz;            /* their sizes */
+    struct lspec spec;
+    struct lgeom g;
+    int alias;                  /* Flatten, Reshape: a is the input itself (no copy) */
+    float *a;                   /* activations of the last forward, max_rows x osz */
+    float *col;                 /* Conv2D: the last forward's patches (im2col), max_rows*outer x in */
+    float *mask;                /* Dropout: the last training forward's mask (0 or 1/(1-rate)) */
     /* The last forward's bfloat16-rounded input (max_rows x in) and kernel
      * (in x units), kept for the backward matmuls when the model rounds its
      * operands itself (see preround); NULL in float32 models. */
@@ -44,6 +54,9 @@ struct model {
     uint64_t iterations;
     const float *x;             /* the last forward's input (the caller's, borrowed) */
     float *d0, *d1;             /* backward ping-pong, max_rows x widest layer */
+    float *dcol;                /* Conv2D backward: the patches' gradient, the largest col */
+    int training;               /* Dropout drops */
+    uint64_t drop_calls;        /* training forward passes: Dropout's masks differ per pass */
     int out_rows;               /* rows of the last forward's outputs, -1 if none */
     int fresh;                  /* that forward ran on the current weights */
     int rounded;                /* that forward kept its rounded operands (preround) */
@@ -78,6 +91,12 @@ static int positive_finite(float v)
     return v > 0.0f && isfinite(v);
 }
 
+static struct lshape in_shape(const struct model_cfg *c)
+{
+    struct lshape s = {1, {c->in_dim, 0, 0}};
+    return c->in_shape.rank ? c->in_shape : s;
+}
+
 static int check_cfg(const struct model_cfg *c, err *e)
 {
     const struct model_opt_cfg *o = &c->opt;
@@ -87,7 +106,27 @@ static int check_cfg(const struct model_cfg *c, err *e)
         return err_set(e, CODE_INVALID_ARGUMENT, "in_dim %d is outside 1..%d", c->in_dim, MODEL_MAX_UNITS);
     if (c->nlayers < 1 || c->nlayers > MODEL_MAX_LAYERS)
         return err_set(e, CODE_INVALID_ARGUMENT, "nlayers %d is outside 1..%d", c->nlayers, MODEL_MAX_LAYERS);
+    if (c->in_shape.rank != 0) {
+        if (c->in_shape.rank < 1 || c->in_shape.rank > LSHAPE_MAX_RANK)
+            return err_set(e, CODE_INVALID_ARGUMENT, "in_shape has %d dimensions, not 1..%d", c->in_shape.rank,
+                           LSHAPE_MAX_RANK);
+        for (int i = 0; i < c->in_shape.rank; i++)
+            if (c->in_shape.d[i] < 1 || c->in_shape.d[i] > MODEL_MAX_UNITS)
+                return err_set(e, CODE_INVALID_ARGUMENT, "in_shape dimension %d is %d, outside 1..%d", i,
+                               c->in_shape.d[i], MODEL_MAX_UNITS);
+        if (lshape_size(&c->in_shape) != (size_t)c->in_dim)
+            return err_set(e, CODE_INVALID_ARGUMENT, "in_shape holds %zu floats, but in_dim is %d",
+                           lshape_size(&c->in_shape), c->in_dim);
+    }
     for (int l = 0; l < c->nlayers; l++) {
+        enum lkind k = c->kind[l].kind;
+        if ((unsigned)k > LK_LAST)
+            return err_set(e, CODE_INVALID_ARGUMENT, "layer %d: kind %d is unknown", l, (int)k);
+        if (k != LK_DENSE && k != LK_CONV2D) {
+            if (c->act[l] != ACT_LINEAR)
+                return err_set(e, CODE_INVALID_ARGUMENT, "layer %d: %s takes no activation", l, lkind_name(k));
+            continue;
+        }
         if (c->units[l] < 1 || c->units[l] > MODEL_MAX_UNITS)
             return err_set(e, CODE_INVALID_ARGUMENT, "layer %d: units %d is outside 1..%d", l, c->units[l],
                            MODEL_MAX_UNITS);
@@ -100,6 +139,27 @@ static int check_cfg(const struct model_cfg *c, err *e)
         return err_set(e, CODE_INVALID_ARGUMENT,
                        "loss %d is not sparse_categorical_crossentropy (0), categorical_crossentropy (1) or "
                        "mean_squared_error (2)", (int)c->loss);
+    {
+        struct lshape sh = in_shape(c);
+        struct lgeom g;
+        char why[200];
+        for (int l = 0; l < c->nlayers; l++) {
+            struct lspec sp = c->kind[l];
+            sp.units = c->units[l];
+            sp.act = (int)c->act[l];
+            if (lshape_apply(&sp, &sh, &g, why, sizeof why) != 0)
+                return err_set(e, CODE_INVALID_ARGUMENT, "layer %d: %s", l, why);
+            sh = g.out;
+        }
+        if (c->kind[c->nlayers - 1].kind != LK_DENSE || sh.rank != 1) {
+            char os[64];
+            lshape_format(&sh, os, sizeof os);
+            return err_set(e, CODE_INVALID_ARGUMENT,
+                           "the last layer (%d) must be a Dense with a (units) output, not %s with output %s: add "
+                           "Flatten or GlobalAveragePooling2D and a Dense", c->nlayers - 1,
+                           lkind_name(c->kind[c->nlayers - 1].kind), os);
+        }
+    }
     last = c->units[c->nlayers - 1];
     if (c->loss != LOSS_MSE && last < 2)
         return err_set(e, CODE_INVALID_ARGUMENT,
@@ -146,7 +206,7 @@ static float *floats(size_t a, size_t b)
 int model_new(model **out, const struct model_cfg *cfg, mxu *u, err *e)
 {
     model *m;
-    size_t rows, widest = 0, off = 0;
+    size_t rows, widest = 0, off = 0, dcol = 0;
     int rc;
 
     *out = NULL;
@@ -161,20 +221,59 @@ int model_new(model **out, const struct model_cfg *cfg, mxu *u, err *e)
     m->prec = cfg->precision == MODEL_MIXED_BF16 ? MXU_DEFAULT : MXU_HIGHEST;
     m->tile = cfg->mxu_tile ? cfg->mxu_tile : 128;
     rows = (size_t)cfg->max_rows;
+    struct lshape sh = in_shape(cfg);
     for (int l = 0; l < cfg->nlayers; l++) {
         struct layer *L = &m->layer[l];
-        L->in = l ? cfg->units[l - 1] : cfg->in_dim;
-        L->units = cfg->units[l];
+        char why[200];
+        L->spec = cfg->kind[l];
+        L->spec.units = cfg->units[l];
+        L->spec.act = (int)cfg->act[l];
+        L->kind = L->spec.kind;
+        (void)lshape_apply(&L->spec, &sh, &L->g, why, sizeof why);   /* checked above */
+        L->ish = sh;
+        L->osh = L->g.out;
+        L->isz = lshape_size(&L->ish);
+        L->osz = lshape_size(&L->osh);
+        sh = L->osh;
         L->act = cfg->act[l];
+        L->units = cfg->units[l];
         L->w = off;
-        L->b = off + (size_t)L->in * (size_t)L->units;
-        off = L->b + (size_t)L->units;
-        if ((size_t)L->units > widest)
-            widest = (size_t)L->units;
-        if (!(L->a = floats(rows, (size_t)L->units)))
+        L->b = off + L->g.kernel;
+        off = L->b + L->g.bias;
+        if (L->isz > widest)
+            widest = L->isz;
+        if (L->osz > widest)
+            widest = L->osz;
+        switch (L->kind) {
+        case LK_DENSE:
+            L->in = L->ish.d[L->ish.rank - 1];
+            L->outer = (int)(L->isz / (size_t)L->in);
+            break;
+        case LK_CONV2D:
+            L->in = L->spec.kh * L->spec.kw * L->ish.d[2];
+            L->outer = L->osh.d[0] * L->osh.d[1];
+            if (!(L->col = floats(rows * (size_t)L->outer, (size_t)L->in)))
+                goto oom;
+            if ((size_t)L->outer * (size_t)L->in > dcol)
+                dcol = (size_t)L->outer * (size_t)L->in;
+            break;
+        case LK_FLATTEN:
+        case LK_RESHAPE:
+            L->alias = 1;
+            break;
+        case LK_DROPOUT:
+            if (!(L->mask = floats(rows, L->osz)))
+                goto oom;
+            break;
+        default:
+            break;
+        }
+        if (!L->alias && !(L->a = floats(rows, L->osz)))
             goto oom;
-        if (m->prec == MXU_DEFAULT &&
-            (!(L->ar = floats(rows, (size_t)L->in)) || !(L->wr = floats((size_t)L->in, (size_t)L->units))))
+        if (L->kind == LK_DENSE && m->prec == MXU_DEFAULT &&
+            (!(L->ar = floats(rows, L->isz)) || !(L->wr = floats((size_t)L->in, (size_t)L->units))))
+            goto oom;
+        if (L->kind == LK_CONV2D && m->prec == MXU_DEFAULT && !(L->wr = floats((size_t)L->in, (size_t)L->units)))
             goto oom;
     }
     m->nparams = off;
@@ -182,7 +281,7 @@ int model_new(model **out, const struct model_cfg *cfg, mxu *u, err *e)
     if (!(m->params = floats(off, 1)) || !(m->grads = floats(off, 1)) ||
         (m->nslots && !(m->slots = floats(off, (size_t)m->nslots))) ||
         !(m->d0 = floats(rows, widest)) ||
-        !(m->d1 = floats(rows, widest)))
+        !(m->d1 = floats(rows, widest)) || (dcol && !(m->dcol = floats(rows, dcol))))
         goto oom;
     model_init_weights(m, cfg->seed);
     *out = m;
@@ -200,7 +299,10 @@ void model_free(model *m)
     if (!m)
         return;
     for (int l = 0; l < MODEL_MAX_LAYERS; l++) {
-        free(m->layer[l].a);
+        if (!m->layer[l].alias)
+            free(m->layer[l].a);
+        free(m->layer[l].col);
+        free(m->layer[l].mask);
         free(m->layer[l].ar);
         free(m->layer[l].wr);
     }
@@ -209,6 +311,7 @@ void model_free(model *m)
     free(m->slots);
     free(m->d0);
     free(m->d1);
+    free(m->dcol);
     free(m);
 }
 
@@ -229,8 +332,10 @@ void model_init_weights(model *m, uint64_t seed)
 {
     for (int l = 0; l < m->cfg.nlayers; l++) {
         const struct layer *L = &m->layer[l];
-        size_t n = (size_t)L->in * (size_t)L->units;
-        double lim = sqrt(6.0 / ((double)L->in + (double)L->units));
+        size_t n = L->g.kernel;
+        /* glorot's fans: Dense in, units; Conv2D receptive field x in and x out channels */
+        double fan_in = L->in, fan_out = L->kind == LK_CONV2D ? (double)L->spec.kh * L->spec.kw * L->units : L->units;
+        double lim = sqrt(6.0 / (fan_in + fan_out));
         /* value i of layer l is a function of (seed, l, i) alone */
         uint64_t key = splitmix64(seed ^ splitmix64((uint64_t)l << 56));
         float *w = m->params + L->w;
@@ -238,8 +343,9 @@ void model_init_weights(model *m, uint64_t seed)
             double r = (double)(splitmix64(key ^ (uint64_t)i) >> 11) * 0x1p-53;   /* [0, 1) */
             w[i] = (float)((2.0 * r - 1.0) * lim);
         }
-        memset(m->params + L->b, 0, (size_t)L->units * sizeof(float));
+        memset(m->params + L->b, 0, L->g.bias * sizeof(float));
     }
+    m->drop_calls = 0;
     memset(m->grads, 0, m->nparams * sizeof(float));
     if (m->nslots)
         memset(m->slots, 0, (size_t)m->nslots * m->nparams * sizeof(float));
@@ -551,6 +657,201 @@ static int loss_pass(model *m, const void *y, int rows, struct model_metrics *ou
     return CODE_OK;
 }
 
+/* ---- the layers without a matmul of their own, and Conv2D's patches ----
+ * Shapes are NHWC per example (layershape.h); every loop runs in a fixed
+ * order, so the results do not depend on the host. */
+
+/* Conv2D's patches: col[(r, oy, ox), (ky, kx, c)] = x[r, oy*sh + ky - pt, ox*sw + kx - pl, c]
+ * (0 in the padding): the kernel's (kh, kw, in, out) layout read as a
+ * (kh*kw*in) x out matrix multiplies it. */
+static void im2col(const struct layer *L, const float *x, int rows, float *col)
+{
+    int H = L->ish.d[0], W = L->ish.d[1], C = L->ish.d[2], OH = L->osh.d[0], OW = L->osh.d[1];
+    int kh = L->spec.kh, kw = L->spec.kw;
+    size_t rowlen = (size_t)kw * (size_t)C;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * L->isz;
+        for (int oy = 0; oy < OH; oy++)
+            for (int ox = 0; ox < OW; ox++) {
+                float *p = col + (((size_t)r * (size_t)OH + (size_t)oy) * (size_t)OW + (size_t)ox) * (size_t)L->in;
+                for (int ky = 0; ky < kh; ky++) {
+                    int iy = oy * L->g.sh + ky - L->g.pad_top;
+                    float *q = p + (size_t)ky * rowlen;
+                    if (iy < 0 || iy >= H) {
+                        memset(q, 0, rowlen * sizeof *q);
+                        continue;
+                    }
+                    for (int kx = 0; kx < kw; kx++) {
+                        int ix = ox * L->g.sw + kx - L->g.pad_left;
+                        if (ix < 0 || ix >= W)
+                            memset(q + (size_t)kx * (size_t)C, 0, (size_t)C * sizeof *q);
+                        else
+                            memcpy(q + (size_t)kx * (size_t)C, xr + ((size_t)iy * (size_t)W + (size_t)ix) * (size_t)C,
+                                   (size_t)C * sizeof *q);
+                    }
+                }
+            }
+    }
+}
+
+/* The input gradient from the patches' gradient: each patch element adds
+ * back into the pixel it came from. dx is overwritten. */
+static void col2im(const struct layer *L, const float *dcol, int rows, float *dx)
+{
+    int H = L->ish.d[0], W = L->ish.d[1], C = L->ish.d[2], OH = L->osh.d[0], OW = L->osh.d[1];
+    int kh = L->spec.kh, kw = L->spec.kw;
+    memset(dx, 0, (size_t)rows * L->isz * sizeof *dx);
+    for (int r = 0; r < rows; r++) {
+        float *xr = dx + (size_t)r * L->isz;
+        for (int oy = 0; oy < OH; oy++)
+            for (int ox = 0; ox < OW; ox++) {
+                const float *p =
+                    dcol + (((size_t)r * (size_t)OH + (size_t)oy) * (size_t)OW + (size_t)ox) * (size_t)L->in;
+                for (int ky = 0; ky < kh; ky++) {
+                    int iy = oy * L->g.sh + ky - L->g.pad_top;
+                    if (iy < 0 || iy >= H)
+                        continue;
+                    for (int kx = 0; kx < kw; kx++) {
+                        int ix = ox * L->g.sw + kx - L->g.pad_left;
+                        const float *q = p + ((size_t)ky * (size_t)kw + (size_t)kx) * (size_t)C;
+                        float *t = xr + ((size_t)iy * (size_t)W + (size_t)ix) * (size_t)C;
+                        if (ix < 0 || ix >= W)
+                            continue;
+                        for (int c = 0; c < C; c++)
+                            t[c] += q[c];
+                    }
+                }
+            }
+    }
+}
+
+/* Max and average pooling, forward (y) or backward (dy -> dx, dx
+ * overwritten). Max: the first maximum of the window in scan order takes the
+ * gradient (TensorFlow's MaxPoolGrad); padding never wins. Average: over
+ * the window's pixels inside the input (TensorFlow's "same" excludes the
+ * padding). */
+static void pool(const struct layer *L, const float *x, int rows, float *y, const float *dy, float *dx)
+{
+    int H = L->ish.d[0], W = L->ish.d[1], C = L->ish.d[2], OH = L->osh.d[0], OW = L->osh.d[1];
+    int mx = L->kind == LK_MAX_POOL2D;
+    if (dx)
+        memset(dx, 0, (size_t)rows * L->isz * sizeof *dx);
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * L->isz;
+        for (int oy = 0; oy < OH; oy++)
+            for (int ox = 0; ox < OW; ox++) {
+                int y0 = oy * L->g.sh - L->g.pad_top, x0 = ox * L->g.sw - L->g.pad_left;
+                int y1 = y0 + L->spec.kh, x1 = x0 + L->spec.kw;
+                size_t o = (((size_t)r * (size_t)OH + (size_t)oy) * (size_t)OW + (size_t)ox) * (size_t)C;
+                y0 = y0 < 0 ? 0 : y0, x0 = x0 < 0 ? 0 : x0;
+                y1 = y1 > H ? H : y1, x1 = x1 > W ? W : x1;
+                for (int c = 0; c < C; c++) {
+                    size_t best = 0;
+                    float acc = 0.0f;
+                    int first = 1;
+                    for (int iy = y0; iy < y1; iy++)
+                        for (int ix = x0; ix < x1; ix++) {
+                            size_t i = ((size_t)iy * (size_t)W + (size_t)ix) * (size_t)C + (size_t)c;
+                            if (mx) {
+                                if (first || xr[i] > acc)
+                                    acc = xr[i], best = i;
+                                first = 0;
+                            } else
+                                acc += xr[i];
+                        }
+                    if (mx) {
+                        if (y)
+                            y[o + (size_t)c] = acc;
+                        else
+                            dx[(size_t)r * L->isz + best] += dy[o + (size_t)c];
+                    } else {
+                        float cnt = (float)((y1 - y0) * (x1 - x0));
+                        if (y)
+                            y[o + (size_t)c] = acc / cnt;
+                        else {
+                            float g = dy[o + (size_t)c] / cnt;
+                            for (int iy = y0; iy < y1; iy++)
+                                for (int ix = x0; ix < x1; ix++)
+                                    dx[(size_t)r * L->isz + ((size_t)iy * (size_t)W + (size_t)ix) * (size_t)C +
+                                       (size_t)c] += g;
+                        }
+                    }
+                }
+            }
+    }
+}
+
+/* GlobalAveragePooling2D: the mean over height and width, forward or backward. */
+static void gap(const struct layer *L, const float *x, int rows, float *y, const float *dy, float *dx)
+{
+    size_t hw = (size_t)L->ish.d[0] * (size_t)L->ish.d[1], C = (size_t)L->ish.d[2];
+    float inv = 1.0f / (float)hw;
+    for (int r = 0; r < rows; r++) {
+        if (y) {
+            const float *xr = x + (size_t)r * L->isz;
+            float *yr = y + (size_t)r * C;
+            memset(yr, 0, C * sizeof *yr);
+            for (size_t p = 0; p < hw; p++)
+                for (size_t c = 0; c < C; c++)
+                    yr[c] += xr[p * C + c];
+            for (size_t c = 0; c < C; c++)
+                yr[c] /= (float)hw;
+        } else {
+            const float *g = dy + (size_t)r * C;
+            float *d = dx + (size_t)r * L->isz;
+            for (size_t p = 0; p < hw; p++)
+                for (size_t c = 0; c < C; c++)
+                    d[p * C + c] = g[c] * inv;
+        }
+    }
+}
+
+/* Dropout: a fresh mask per training pass, from (seed, salt, pass, layer,
+ * element) alone; kept units scaled by 1/(1 - rate) as Keras does. */
+static void dropout(model *m, int l, const float *x, int rows)
+{
+    struct layer *L = &m->layer[l];
+    size_t n = (size_t)rows * L->osz;
+    float rate = L->spec.rate, keep = 1.0f / (1.0f - rate);
+    uint64_t key = splitmix64(m->cfg.seed ^ splitmix64(m->cfg.dropout_salt ^ splitmix64(m->drop_calls)) ^
+                              ((uint64_t)l << 48));
+    for (size_t i = 0; i < n; i++) {
+        double r = (double)(splitmix64(key ^ (uint64_t)i) >> 11) * 0x1p-53;
+        L->mask[i] = r < (double)rate ? 0.0f : keep;
+        L->a[i] = x[i] * L->mask[i];
+    }
+}
+
+void model_set_training(model *m, int training)
+{
+    m->training = training != 0;
+}
+
+uint64_t model_dropout_pass(const model *m)
+{
+    return m->drop_calls;
+}
+
+void model_set_dropout_pass(model *m, uint64_t pass)
+{
+    m->drop_calls = pass;
+}
+
+struct lshape model_layer_out_shape(const model *m, int l)
+{
+    return m->layer[l].osh;
+}
+
+struct lshape model_layer_in_shape(const model *m, int l)
+{
+    return m->layer[l].ish;
+}
+
+int model_out_dim(const model *m)
+{
+    return (int)m->layer[m->cfg.nlayers - 1].osz;
+}
+
 /* Whether the model rounds its matmuls' operands to bfloat16 itself, once a
  * step, instead of the matrix unit rounding them at every matmul: the layer's
  * input and kernel are each used by two matmuls (forward, then the weight- and
@@ -565,7 +866,7 @@ static int preround(const model *m)
 int model_forward(model *m, const float *x, int rows, float *out, err *e)
 {
     const float *in = x;
-    const struct layer *L = NULL;
+    struct layer *L = NULL;
     int rc;
 
     m->out_rows = -1;
@@ -580,24 +881,56 @@ int model_forward(model *m, const float *x, int rows, float *out, err *e)
     for (int l = 0; l < m->cfg.nlayers && rows > 0; l++) {
         uint64_t t0 = m->rec ? model_now_ns() : 0;
         const float *a = in, *w;
-        L = &m->layer[l];
+        int M = rows * (L = &m->layer[l])->outer;
         w = m->params + L->w;
-        if (m->rounded) { /* once here, for the backward matmuls too */
-            bf16_round_n(L->ar, in, (size_t)rows * (size_t)L->in);
-            bf16_round_n(L->wr, w, (size_t)L->in * (size_t)L->units);
-            a = L->ar, w = L->wr;
+        switch (L->kind) {
+        case LK_DENSE:
+        case LK_CONV2D:
+            if (L->kind == LK_CONV2D) {
+                im2col(L, in, rows, L->col);
+                if (m->rounded)
+                    bf16_round_n(L->col, L->col, (size_t)M * (size_t)L->in);
+                a = L->col;
+            } else if (m->rounded) { /* once here, for the backward matmuls too */
+                bf16_round_n(L->ar, in, (size_t)M * (size_t)L->in);
+                a = L->ar;
+            }
+            if (m->rounded) {
+                bf16_round_n(L->wr, w, (size_t)L->in * (size_t)L->units);
+                w = L->wr;
+            }
+            if ((rc = matmul(m, l, 0, M, L->units, L->in, 0, 0, a, m->rounded, w, m->rounded, L->a, e)) != CODE_OK) {
+                err_prefix(e, "layer %d forward", l);
+                return rc;
+            }
+            activate(L->a, m->params + L->b, M, L->units, L->act, m->cfg.deterministic);
+            break;
+        case LK_FLATTEN:
+        case LK_RESHAPE:
+            L->a = (float *)(uintptr_t)in;   /* the same floats; never written through */
+            break;
+        case LK_DROPOUT:
+            if (m->training && L->spec.rate > 0.0f)
+                dropout(m, l, in, rows);
+            else
+                memcpy(L->a, in, (size_t)rows * L->osz * sizeof *L->a);
+            break;
+        case LK_MAX_POOL2D:
+        case LK_AVG_POOL2D:
+            pool(L, in, rows, L->a, NULL, NULL);
+            break;
+        case LK_GLOBAL_AVG_POOL2D:
+            gap(L, in, rows, L->a, NULL, NULL);
+            break;
         }
-        if ((rc = matmul(m, l, 0, rows, L->units, L->in, 0, 0, a, m->rounded, w, m->rounded, L->a, e)) != CODE_OK) {
-            err_prefix(e, "layer %d forward", l);
-            return rc;
-        }
-        activate(L->a, m->params + L->b, rows, L->units, L->act, m->cfg.deterministic);
         in = L->a;
         if (m->rec)
-            rec_add(m, MODEL_REC_FORWARD, l, 0, rows, L->units, L->in, t0, model_now_ns());
+            rec_add(m, MODEL_REC_FORWARD, l, 0, M, L->units, L->in, t0, model_now_ns());
     }
+    if (m->training)
+        m->drop_calls++;
     if (out && L)
-        memcpy(out, L->a, (size_t)rows * (size_t)L->units * sizeof *out);
+        memcpy(out, L->a, (size_t)rows * L->osz * sizeof *out);
     m->out_rows = rows;
     m->fresh = 1;
     return CODE_OK;
@@ -630,27 +963,67 @@ int model_backward(model *m, const void *y, int rows, struct model_metrics *out,
         memset(m->grads, 0, m->nparams * sizeof(float));
         return CODE_OK;
     }
+    /* d: the gradient of layer l's output before its activation */
     for (int l = m->cfg.nlayers - 1; l >= 0; l--) {
         const struct layer *L = &m->layer[l];
-        const float *ain = m->rounded ? L->ar : l ? m->layer[l - 1].a : m->x;
+        const float *xin = l ? m->layer[l - 1].a : m->x;
         const float *w = m->rounded ? L->wr : m->params + L->w;
         float *dn = d == m->d0 ? m->d1 : m->d0;
         uint64_t t0 = m->rec ? model_now_ns() : 0;
-        /* dW = a_in^T . dZ; db = column sums of dZ; dA_in = dZ . W^T, then
-         * through the previous layer's activation (none for the input) */
-        if ((rc = matmul(m, l, 1, L->in, L->units, rows, 1, 0, ain, m->rounded, d, 0, m->grads + L->w, e)) != CODE_OK ||
-            (l > 0 &&
-             (rc = matmul(m, l, 2, rows, L->in, L->units, 0, 1, d, 0, w, m->rounded, dn, e)) != CODE_OK)) {
-            err_prefix(e, "layer %d backward", l);
-            return rc;
+        int M = rows * L->outer;
+        switch (L->kind) {
+        case LK_DENSE: {
+            const float *ain = m->rounded ? L->ar : xin;
+            /* dW = a_in^T . dZ; db = column sums of dZ; dA_in = dZ . W^T */
+            if ((rc = matmul(m, l, 1, L->in, L->units, M, 1, 0, ain, m->rounded, d, 0, m->grads + L->w, e)) !=
+                    CODE_OK ||
+                (l > 0 && (rc = matmul(m, l, 2, M, L->in, L->units, 0, 1, d, 0, w, m->rounded, dn, e)) != CODE_OK)) {
+                err_prefix(e, "layer %d backward", l);
+                return rc;
+            }
+            colsum(d, M, L->units, m->grads + L->b);
+            break;
         }
-        colsum(d, rows, L->units, m->grads + L->b);
+        case LK_CONV2D:
+            /* the same three products over the patches; the patches'
+             * gradient folds back onto the input pixels */
+            if ((rc = matmul(m, l, 1, L->in, L->units, M, 1, 0, L->col, m->rounded, d, 0, m->grads + L->w, e)) !=
+                    CODE_OK ||
+                (l > 0 && (rc = matmul(m, l, 2, M, L->in, L->units, 0, 1, d, 0, w, m->rounded, m->dcol, e)) != CODE_OK)) {
+                err_prefix(e, "layer %d backward", l);
+                return rc;
+            }
+            colsum(d, M, L->units, m->grads + L->b);
+            if (l > 0)
+                col2im(L, m->dcol, rows, dn);
+            break;
+        case LK_FLATTEN:
+        case LK_RESHAPE:
+            dn = d;   /* the same floats in another shape */
+            break;
+        case LK_DROPOUT:
+            if (m->training && L->spec.rate > 0.0f)
+                for (size_t i = 0, n = (size_t)rows * L->osz; i < n; i++)
+                    d[i] *= L->mask[i];
+            dn = d;
+            break;
+        case LK_MAX_POOL2D:
+        case LK_AVG_POOL2D:
+            if (l > 0)
+                pool(L, xin, rows, NULL, d, dn);
+            break;
+        case LK_GLOBAL_AVG_POOL2D:
+            if (l > 0)
+                gap(L, xin, rows, NULL, d, dn);
+            break;
+        }
         if (l > 0) {
-            act_backward(dn, m->layer[l - 1].a, rows, L->in, m->layer[l - 1].act);
+            const struct layer *P = &m->layer[l - 1];
+            act_backward(dn, P->a, rows * P->outer, (int)(P->osz / (size_t)(P->outer ? P->outer : 1)), P->act);
             d = dn;
         }
         if (m->rec)
-            rec_add(m, MODEL_REC_BACKWARD, l, 0, rows, L->units, L->in, t0, model_now_ns());
+            rec_add(m, MODEL_REC_BACKWARD, l, 0, M, L->units, L->in, t0, model_now_ns());
     }
     return CODE_OK;
 }
@@ -754,7 +1127,8 @@ double model_forward_flops(const model *m, int rows, double *padded)
 {
     double f = 0.0, p = 0.0;
     for (int l = 0; l < m->cfg.nlayers && rows > 0; l++)
-        f += flops(rows, m->layer[l].units, m->layer[l].in, m->tile, &p);
+        if (m->layer[l].kind == LK_DENSE || m->layer[l].kind == LK_CONV2D)
+            f += flops((int64_t)rows * m->layer[l].outer, m->layer[l].units, m->layer[l].in, m->tile, &p);
     if (padded)
         *padded = p;
     return f;
@@ -765,9 +1139,12 @@ double model_train_flops(const model *m, int rows, double *padded)
     double p = 0.0, f = model_forward_flops(m, rows, &p);
     for (int l = 0; l < m->cfg.nlayers && rows > 0; l++) {
         const struct layer *L = &m->layer[l];
-        f += flops(L->in, L->units, rows, m->tile, &p);          /* dW */
+        int64_t M = (int64_t)rows * L->outer;
+        if (L->kind != LK_DENSE && L->kind != LK_CONV2D)
+            continue;
+        f += flops(L->in, L->units, M, m->tile, &p);          /* dW */
         if (l > 0)
-            f += flops(rows, L->in, L->units, m->tile, &p);      /* dX */
+            f += flops(M, L->in, L->units, m->tile, &p);      /* dX */
     }
     if (padded)
         *padded = p;

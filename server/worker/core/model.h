@@ -28,6 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "layershape.h"
 #include "lrsched.h"
 #include "mxu.h"
 #include "status.h"
@@ -82,6 +83,16 @@ struct model_cfg {
      * detmath.h instead of libm. The same math (bf16 inputs, float32 sums),
      * summed in a fixed order; slower. */
     int deterministic;
+    /* Layers other than Dense (layershape.h): layer l is kind[l].kind with
+     * its options there, units[l] and act[l] its units or filters and its
+     * activation (Dense, Conv2D; the others take ACT_LINEAR). The zero value
+     * is Dense. The last layer must be a Dense with a (units) output. */
+    struct lspec kind[MODEL_MAX_LAYERS];
+    /* The input's shape per example; rank 0: (in_dim). Its size must be in_dim. */
+    struct lshape in_shape;
+    /* Dropout masks depend on seed, this salt (the replica: each draws its
+     * own) and the count of training forward passes. */
+    uint64_t dropout_salt;
 };
 
 /* Per step metrics over the rows of one shard (summed, so shards add up). */
@@ -129,6 +140,20 @@ void model_set_opt_iterations(model *m, uint64_t it);
  * out, if not NULL, gets the last layer's activations (rows x units). rows in
  * 0..max_rows (0 is allowed and does nothing). CODE_INVALID_ARGUMENT beyond. */
 int model_forward(model *m, const float *x, int rows, float *out, err *e);
+
+/* Training (1) or inference (0, the default) for the forward passes that
+ * follow: Dropout drops only while training, as Keras' training=True. */
+void model_set_training(model *m, int training);
+/* The count of training forward passes Dropout's masks are drawn from (the
+ * same count gives the same masks): read it, or set it to redo a pass. */
+uint64_t model_dropout_pass(const model *m);
+void model_set_dropout_pass(model *m, uint64_t pass);
+
+/* Layer l's output shape per example, and its input's. */
+struct lshape model_layer_out_shape(const model *m, int l);
+struct lshape model_layer_in_shape(const model *m, int l);
+/* Floats per example of the last layer's output (the outputs predict gives). */
+int model_out_dim(const model *m);
 
 /* Loss and metrics of the last forward pass against y (int32 class ids for
  * SPARSE_CCE, rows x units floats otherwise) without gradients (evaluate).

@@ -71,31 +71,65 @@ static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cf
 #define NAME(...) snprintf(names[n], sizeof names[n], __VA_ARGS__)
 
     tm->nids = 0;
+    struct lshape sh = cfg->in_shape.rank ? cfg->in_shape : (struct lshape){1, {cfg->in_dim, 0, 0}};
+    int seen[LK_LAST + 1] = {0};
+    const char *adt = cfg->precision == MODEL_MIXED_BF16 ? "bf16" : "f32";
     for (int l = 0; l < cfg->nlayers; l++) {
-        int64_t u = cfg->units[l];
-        if (l == 0)
-            snprintf(lname, sizeof lname, "dense");
+        struct lspec ls = cfg->kind[l];
+        struct lgeom g;
+        char why[200];
+        int64_t u = cfg->units[l], kd[4];
+        int kr;
+        ls.units = cfg->units[l];
+        if (lshape_apply(&ls, &sh, &g, why, sizeof why) != 0)   /* model_new checked it */
+            return err_set(e, CODE_INVALID_ARGUMENT, "layer %d: %s", l, why);
+        if (seen[ls.kind]++ == 0)
+            snprintf(lname, sizeof lname, "%s", lkind_prefix(ls.kind));
         else
-            snprintf(lname, sizeof lname, "dense_%d", l);
-        NAME("%s/kernel", lname);
-        REQ(HBM_WEIGHTS, "f32", 2, prev, u);
-        NAME("%s/bias", lname);
-        REQ(HBM_WEIGHTS, "f32", 1, u);
-        for (int s = 0; s < nslots; s++) {
-            NAME("%s/%s/kernel/%s", optname, lname, slotname[nslots == 2][s]);
-            REQ(HBM_OPTIMIZER, "f32", 2, prev, u);
-            NAME("%s/%s/bias/%s", optname, lname, slotname[nslots == 2][s]);
-            REQ(HBM_OPTIMIZER, "f32", 1, u);
+            snprintf(lname, sizeof lname, "%s_%d", lkind_prefix(ls.kind), seen[ls.kind] - 1);
+        prev = sh.d[sh.rank - 1];
+        if (ls.kind == LK_CONV2D)   /* (kh, kw, in, filters) as Keras holds it */
+            kd[0] = ls.kh, kd[1] = ls.kw, kd[2] = prev, kd[3] = u, kr = 4;
+        else
+            kd[0] = prev, kd[1] = u, kd[2] = kd[3] = 0, kr = 2;
+        if (g.kernel) {
+            NAME("%s/kernel", lname);
+            REQ(HBM_WEIGHTS, "f32", kr, kd[0], kd[1], kd[2], kd[3]);
+            NAME("%s/bias", lname);
+            REQ(HBM_WEIGHTS, "f32", 1, u);
+            for (int s = 0; s < nslots; s++) {
+                NAME("%s/%s/kernel/%s", optname, lname, slotname[nslots == 2][s]);
+                REQ(HBM_OPTIMIZER, "f32", kr, kd[0], kd[1], kd[2], kd[3]);
+                NAME("%s/%s/bias/%s", optname, lname, slotname[nslots == 2][s]);
+                REQ(HBM_OPTIMIZER, "f32", 1, u);
+            }
+            NAME("gradients/%s/kernel", lname);
+            REQ(HBM_GRADIENTS, "f32", kr, kd[0], kd[1], kd[2], kd[3]);
+            NAME("gradients/%s/bias", lname);
+            REQ(HBM_GRADIENTS, "f32", 1, u);
         }
-        NAME("gradients/%s/kernel", lname);
-        REQ(HBM_GRADIENTS, "f32", 2, prev, u);
-        NAME("gradients/%s/bias", lname);
-        REQ(HBM_GRADIENTS, "f32", 1, u);
-        NAME("%s/activations", lname);
-        REQ(HBM_ACTIVATIONS, cfg->precision == MODEL_MIXED_BF16 ? "bf16" : "f32", 2, b, u);
-        if (u > maxu)
-            maxu = u;
-        prev = u;
+        if (ls.kind == LK_CONV2D) {   /* the patches the convolution multiplies (XLA's im2col) */
+            NAME("%s/patches", lname);
+            REQ(HBM_ACTIVATIONS, adt, 3, b * g.out.d[0] * g.out.d[1], (int64_t)ls.kh * ls.kw, prev);
+        }
+        if (ls.kind != LK_FLATTEN && ls.kind != LK_RESHAPE) {   /* those are views: no copy */
+            NAME("%s/activations", lname);
+            if (g.out.rank == 1)
+                REQ(HBM_ACTIVATIONS, adt, 2, b, g.out.d[0]);
+            else if (g.out.rank == 2)
+                REQ(HBM_ACTIVATIONS, adt, 3, b, g.out.d[0], g.out.d[1]);
+            else
+                REQ(HBM_ACTIVATIONS, adt, 4, b, g.out.d[0], g.out.d[1], g.out.d[2]);
+        }
+        if (ls.kind == LK_DROPOUT) {
+            NAME("%s/mask", lname);
+            REQ(HBM_ACTIVATIONS, "u8", 2, b, (int64_t)lshape_size(&g.out));
+        }
+        if ((int64_t)lshape_size(&sh) > maxu)
+            maxu = (int64_t)lshape_size(&sh);
+        if ((int64_t)lshape_size(&g.out) > maxu)
+            maxu = (int64_t)lshape_size(&g.out);
+        sh = g.out;
     }
     NAME("backward/delta");
     REQ(HBM_ACTIVATIONS, "f32", 2, 2 * b, maxu);
@@ -169,7 +203,7 @@ static int cfg_from_spec(const Tpuemu__ModelSpec *sp, struct model_cfg *cfg, err
     int rc;
     memset(cfg, 0, sizeof *cfg);
     if (sp->n_layers < 1 || sp->n_layers > MODEL_MAX_LAYERS)
-        return err_set(e, CODE_INVALID_ARGUMENT, "a model has 1..%d Dense layers, not %zu", MODEL_MAX_LAYERS,
+        return err_set(e, CODE_INVALID_ARGUMENT, "a model has 1..%d layers, not %zu", MODEL_MAX_LAYERS,
                        sp->n_layers);
     if (!sp->optimizer)
         return err_set(e, CODE_INVALID_ARGUMENT, "the model has no optimizer");
@@ -178,14 +212,47 @@ static int cfg_from_spec(const Tpuemu__ModelSpec *sp, struct model_cfg *cfg, err
     cfg->in_dim = (int)sp->input_dim;
     cfg->nlayers = (int)sp->n_layers;
     for (size_t l = 0; l < sp->n_layers; l++) {
-        if (sp->layers[l]->units < 1 || sp->layers[l]->units > MODEL_MAX_UNITS)
-            return err_set(e, CODE_INVALID_ARGUMENT, "layer %zu: units %u is outside 1..%d", l,
-                           sp->layers[l]->units, MODEL_MAX_UNITS);
-        if ((unsigned)sp->layers[l]->activation > TPUEMU__ACTIVATION__ACTIVATION_SIGMOID)
-            return err_set(e, CODE_INVALID_ARGUMENT, "layer %zu: activation %d is unknown", l,
-                           (int)sp->layers[l]->activation);
-        cfg->units[l] = (int)sp->layers[l]->units;
-        cfg->act[l] = (enum model_act)sp->layers[l]->activation;
+        const Tpuemu__LayerSpec *ls = sp->layers[l];
+        struct lspec *k = &cfg->kind[l];
+        if ((unsigned)ls->activation > TPUEMU__ACTIVATION__ACTIVATION_SIGMOID)
+            return err_set(e, CODE_INVALID_ARGUMENT, "layer %zu: activation %d is unknown", l, (int)ls->activation);
+        if ((unsigned)ls->kind > LK_LAST)
+            return err_set(e, CODE_INVALID_ARGUMENT, "layer %zu: kind %d is unknown", l, (int)ls->kind);
+        if (ls->kernel_h > 64 || ls->kernel_w > 64 || ls->stride_h > 64 || ls->stride_w > 64)
+            return err_set(e, CODE_INVALID_ARGUMENT, "layer %zu: window (%u, %u) or strides (%u, %u) above 64", l,
+                           ls->kernel_h, ls->kernel_w, ls->stride_h, ls->stride_w);
+        if (ls->n_target_shape > LSHAPE_MAX_RANK)
+            return err_set(e, CODE_INVALID_ARGUMENT, "layer %zu: a target shape of %zu dimensions (at most %d)", l,
+                           ls->n_target_shape, LSHAPE_MAX_RANK);
+        k->kind = (enum lkind)ls->kind;
+        k->kh = (int)ls->kernel_h, k->kw = (int)ls->kernel_w;
+        k->sh = (int)ls->stride_h, k->sw = (int)ls->stride_w;
+        k->same = ls->padding_same;
+        k->rate = ls->rate;
+        k->target.rank = (int)ls->n_target_shape;
+        for (size_t i = 0; i < ls->n_target_shape; i++) {
+            if (ls->target_shape[i] < 1 || ls->target_shape[i] > LSHAPE_MAX_SIZE)
+                return err_set(e, CODE_INVALID_ARGUMENT, "layer %zu: target dimension %zu is %u", l, i,
+                               ls->target_shape[i]);
+            k->target.d[i] = (int)ls->target_shape[i];
+        }
+        if (k->kind == LK_DENSE || k->kind == LK_CONV2D) {
+            if (ls->units < 1 || ls->units > MODEL_MAX_UNITS)
+                return err_set(e, CODE_INVALID_ARGUMENT, "layer %zu: units %u is outside 1..%d", l, ls->units,
+                               MODEL_MAX_UNITS);
+            cfg->units[l] = (int)ls->units;
+            cfg->act[l] = (enum model_act)ls->activation;
+        }
+    }
+    if (sp->n_input_shape > LSHAPE_MAX_RANK)
+        return err_set(e, CODE_INVALID_ARGUMENT, "an input shape of %zu dimensions (at most %d)", sp->n_input_shape,
+                       LSHAPE_MAX_RANK);
+    cfg->in_shape.rank = (int)sp->n_input_shape;
+    for (size_t i = 0; i < sp->n_input_shape; i++) {
+        if (sp->input_shape[i] < 1 || sp->input_shape[i] > MODEL_MAX_UNITS)
+            return err_set(e, CODE_INVALID_ARGUMENT, "input shape dimension %zu is %u, outside 1..%d", i,
+                           sp->input_shape[i], MODEL_MAX_UNITS);
+        cfg->in_shape.d[i] = (int)sp->input_shape[i];
     }
     if ((unsigned)sp->loss > TPUEMU__LOSS__LOSS_MEAN_SQUARED_ERROR)
         return err_set(e, CODE_INVALID_ARGUMENT, "loss %d is unknown", (int)sp->loss);
@@ -227,8 +294,10 @@ static int same_shape(const struct model_cfg *a, const struct model_cfg *b)
         (a->opt.momentum > 0) != (b->opt.momentum > 0))
         return 0;
     for (int l = 0; l < a->nlayers; l++)
-        if (a->units[l] != b->units[l])
+        if (a->units[l] != b->units[l] || memcmp(&a->kind[l], &b->kind[l], sizeof a->kind[l]))
             return 0;
+    if (memcmp(&a->in_shape, &b->in_shape, sizeof a->in_shape))
+        return 0;
     return 1;
 }
 
@@ -249,6 +318,8 @@ int tm_compile(struct train *t, struct treq *r, err *e)
 
     if ((rc = cfg_from_spec(sp, &cfg, e)) != CODE_OK)
         return rc;
+    /* each replica drops its own units, as under TPUStrategy */
+    cfg.dropout_salt = (uint64_t)(int64_t)t->env.id->replica_id;
     if (!(tm = calloc(1, sizeof *tm)) || !(tm->spec = tm_spec_copy(sp))) {
         free(tm);
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the model");
@@ -256,7 +327,7 @@ int tm_compile(struct train *t, struct treq *r, err *e)
     tm->id = sp->model_id;
     tm->in_dim = cfg.in_dim;
     tm->nlayers = cfg.nlayers;
-    tm->out_dim = cfg.units[cfg.nlayers - 1];
+    tm->out_dim = cfg.units[cfg.nlayers - 1];   /* the last layer is a Dense on (features) */
     tm->sparse = cfg.loss == LOSS_SPARSE_CCE;
     tm->label_dim = tm->sparse ? 1 : (int)sp->label_dim;
     tm->batch = cfg.max_rows;

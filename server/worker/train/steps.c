@@ -90,6 +90,7 @@ static void pool_step(uv_work_t *req)
         double mm0 = model_matmul_seconds(tm->m);
         float *out = r->mode == TPUEMU__STEP_MODE__STEP_PREDICT ? (float *)(r->out + r->out_len) : NULL;
 
+        model_set_training(tm->m, r->mode == TPUEMU__STEP_MODE__STEP_TRAIN);
         if (model_forward(tm->m, x, (int)rows, out, e) != CODE_OK)
             break;
         if (out)
