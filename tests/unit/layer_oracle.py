@@ -1,0 +1,120 @@
+#!/usr/bin/python3
+"""Every layer's forward pass on the emulated core against numpy.
+
+layer_oracle_dump runs small models on the core (float32, the portable
+matrix unit) and prints their layers, inputs, weights and outputs; this
+recomputes each output from Keras' definitions in float64 numpy, written
+here independently of the core's C (padding from TensorFlow's rule, the
+pooling windows, the kernel layout (kh, kw, in, out)), and compares."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+
+DENSE, FLATTEN, CONV2D, MAXPOOL, AVGPOOL, GAP, DROPOUT, RESHAPE = range(8)
+
+
+def act(v, name):
+    if name == "linear":
+        return v
+    if name == "relu":
+        return np.maximum(v, 0)
+    if name == "tanh":
+        return np.tanh(v)
+    if name == "sigmoid":
+        return 1 / (1 + np.exp(-v))
+    if name == "softmax":
+        e = np.exp(v - v.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+    raise ValueError(name)
+
+
+def tf_pad(n, k, s, same):
+    """TensorFlow's output size and (before, after) padding along one axis."""
+    if not same:
+        return (n - k) // s + 1, 0, 0
+    out = -(-n // s)
+    total = max((out - 1) * s + k - n, 0)
+    return out, total // 2, total - total // 2
+
+
+def conv2d(x, kernel, bias, strides, same):
+    r, h, w, c = x.shape
+    kh, kw, _, f = kernel.shape
+    oh, pt, pb = tf_pad(h, kh, strides[0], same)
+    ow, pl, pr = tf_pad(w, kw, strides[1], same)
+    xp = np.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)))
+    y = np.zeros((r, oh, ow, f))
+    for i in range(oh):
+        for j in range(ow):
+            patch = xp[:, i * strides[0]:i * strides[0] + kh, j * strides[1]:j * strides[1] + kw, :]
+            y[:, i, j, :] = np.einsum("rabc,abcf->rf", patch, kernel)
+    return y + bias
+
+
+def pool(x, k, strides, same, kind):
+    r, h, w, c = x.shape
+    oh, pt, pb = tf_pad(h, k[0], strides[0], same)
+    ow, pl, pr = tf_pad(w, k[1], strides[1], same)
+    y = np.zeros((r, oh, ow, c))
+    for i in range(oh):
+        for j in range(ow):
+            y0, x0 = i * strides[0] - pt, j * strides[1] - pl
+            win = x[:, max(y0, 0):min(y0 + k[0], h), max(x0, 0):min(x0 + k[1], w), :]
+            y[:, i, j, :] = win.max(axis=(1, 2)) if kind == MAXPOOL else win.mean(axis=(1, 2))
+    return y
+
+
+def forward(case):
+    rows = case["rows"]
+    x = np.array(case["x"], dtype=np.float64).reshape([rows] + case["input_shape"])
+    p = np.array(case["params"], dtype=np.float64)
+    for L in case["layers"]:
+        kind = L["kind"]
+        if kind == DENSE:
+            n_in = x.shape[-1]
+            kernel = p[L["w"]:L["w"] + n_in * L["units"]].reshape(n_in, L["units"])
+            bias = p[L["b"]:L["b"] + L["units"]]
+            x = act(x @ kernel + bias, L["act"])
+        elif kind == CONV2D:
+            kh, kw = L["k"]
+            c = x.shape[-1]
+            kernel = p[L["w"]:L["w"] + kh * kw * c * L["units"]].reshape(kh, kw, c, L["units"])
+            bias = p[L["b"]:L["b"] + L["units"]]
+            strides = [s if s else 1 for s in L["s"]]
+            x = act(conv2d(x, kernel, bias, strides, L["same"]), L["act"])
+        elif kind in (MAXPOOL, AVGPOOL):
+            strides = [s if s else k for s, k in zip(L["s"], L["k"])]
+            x = pool(x, L["k"], strides, L["same"], kind)
+        elif kind == GAP:
+            x = x.mean(axis=(1, 2))
+        elif kind == FLATTEN:
+            x = x.reshape(rows, -1)
+        elif kind == RESHAPE:
+            x = x.reshape([rows] + L["target"][:L["target_rank"]])
+        elif kind == DROPOUT:
+            pass  # inference: the identity
+        else:
+            raise ValueError(kind)
+    return x
+
+
+def main():
+    dump = subprocess.run([sys.argv[1]], check=True, capture_output=True, text=True).stdout
+    cases = [json.loads(line) for line in dump.splitlines() if line.strip()]
+    assert len(cases) >= 9, f"only {len(cases)} cases dumped"
+    bad = 0
+    for case in cases:
+        want = forward(case).reshape(-1)
+        got = np.array(case["out"])
+        err = np.abs(got - want).max()
+        tol = 1e-5 * max(1.0, np.abs(want).max())
+        ok = err <= tol
+        bad += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {case['name']}: max |core - numpy| = {err:.3g} (tolerance {tol:.3g})")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+/* Runs the core's forward pass over small models, one per layer case, and
+ * writes each case's layers, input, weights and outputs as JSON lines on
+ * stdout, for layer_oracle.py to recompute independently with numpy. Every
+ * case ends in Flatten (where needed) and a linear Dense, the model's
+ * required last layer, so the output is a linear map of the layer's. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+struct lcase {
+    const char *name;
+    int h, w, c;
+    int n;                   /* layers before the final Dense */
+    struct lspec l[4];
+    int units[4];
+    enum model_act act[4];
+};
+
+static float frand(unsigned *s)
+{
+    *s = *s * 1103515245u + 12345u;
+    return (float)((*s >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+static void arr(const char *key, const float *v, size_t n)
+{
+    printf(", \"%s\": [", key);
+    for (size_t i = 0; i < n; i++)
+        printf("%s%.9g", i ? ", " : "", (double)v[i]);
+    printf("]");
+}
+
+int main(void)
+{
+    static const struct lcase cases[] = {
+        {"conv2d_same_relu", 5, 5, 3, 2, {{.kind = LK_CONV2D, .kh = 3, .kw = 3, .same = 1}, {.kind = LK_FLATTEN}},
+         {4, 0}, {ACT_RELU, ACT_LINEAR}},
+        {"conv2d_valid_strided_tanh", 7, 6, 2, 2,
+         {{.kind = LK_CONV2D, .kh = 3, .kw = 2, .sh = 2, .sw = 2}, {.kind = LK_FLATTEN}}, {3, 0}, {ACT_TANH, ACT_LINEAR}},
+        {"conv2d_same_stride2_even", 6, 6, 2, 2,
+         {{.kind = LK_CONV2D, .kh = 3, .kw = 3, .sh = 2, .sw = 2, .same = 1}, {.kind = LK_FLATTEN}}, {2, 0},
+         {ACT_SIGMOID, ACT_LINEAR}},
+        {"max_pooling2d_valid", 6, 5, 2, 2, {{.kind = LK_MAX_POOL2D, .kh = 2, .kw = 2}, {.kind = LK_FLATTEN}}, {0, 0},
+         {ACT_LINEAR, ACT_LINEAR}},
+        {"max_pooling2d_same_overlapping", 7, 7, 2, 2,
+         {{.kind = LK_MAX_POOL2D, .kh = 3, .kw = 3, .sh = 2, .sw = 2, .same = 1}, {.kind = LK_FLATTEN}}, {0, 0},
+         {ACT_LINEAR, ACT_LINEAR}},
+        {"average_pooling2d_same_edges", 5, 5, 3, 2,
+         {{.kind = LK_AVG_POOL2D, .kh = 2, .kw = 2, .same = 1}, {.kind = LK_FLATTEN}}, {0, 0},
+         {ACT_LINEAR, ACT_LINEAR}},
+        {"global_average_pooling2d", 4, 3, 5, 1, {{.kind = LK_GLOBAL_AVG_POOL2D}}, {0}, {ACT_LINEAR}},
+        {"reshape_dense_last_axis", 4, 3, 2, 3,
+         {{.kind = LK_RESHAPE, .target = {2, {6, 4, 0}}}, {.kind = LK_DENSE}, {.kind = LK_FLATTEN}}, {0, 5, 0},
+         {ACT_LINEAR, ACT_TANH, ACT_LINEAR}},
+        {"dropout_at_inference", 3, 3, 2, 2, {{.kind = LK_DROPOUT, .rate = 0.5f}, {.kind = LK_FLATTEN}}, {0, 0},
+         {ACT_LINEAR, ACT_LINEAR}},
+    };
+    mxu *u;
+    err e;
+    if (mxu_new(&u, 128, &e) != CODE_OK) {
+        fprintf(stderr, "layer_oracle_dump: %s\n", e.msg);
+        return 1;
+    }
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const struct lcase *lc = &cases[k];
+        struct model_cfg cfg;
+        model *m;
+        unsigned s = 1000u + (unsigned)k;
+        const int rows = 3;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.in_dim = lc->h * lc->w * lc->c;
+        cfg.in_shape = (struct lshape){3, {lc->h, lc->w, lc->c}};
+        for (int l = 0; l < lc->n; l++) {
+            cfg.kind[l] = lc->l[l];
+            cfg.units[l] = lc->units[l];
+            cfg.act[l] = lc->act[l];
+        }
+        cfg.units[lc->n] = 3;
+        cfg.act[lc->n] = ACT_LINEAR;
+        cfg.nlayers = lc->n + 1;
+        cfg.loss = LOSS_MSE;
+        cfg.opt = (struct model_opt_cfg){OPT_SGD, 0.01f, 0, 0, 0, 0, 0, {0}};
+        cfg.precision = MODEL_FLOAT32;
+        cfg.seed = 5;
+        cfg.max_rows = rows;
+        cfg.deterministic = 1;
+        if (model_new(&m, &cfg, u, &e) != CODE_OK) {
+            fprintf(stderr, "layer_oracle_dump: case %s: %s\n", lc->name, e.msg);
+            return 1;
+        }
+        size_t nx = (size_t)rows * (size_t)cfg.in_dim, np = model_num_params(m);
+        float *x = malloc(nx * sizeof *x), out[3 * 3];
+        for (size_t i = 0; i < nx; i++)
+            x[i] = frand(&s);
+        for (size_t i = 0; i < np; i++)   /* biases too, so the oracle sees them */
+            model_params(m)[i] += 0.05f * frand(&s);
+        if (model_forward(m, x, rows, out, &e) != CODE_OK) {
+            fprintf(stderr, "layer_oracle_dump: case %s: %s\n", lc->name, e.msg);
+            return 1;
+        }
+        printf("{\"name\": \"%s\", \"rows\": %d, \"input_shape\": [%d, %d, %d], \"layers\": [", lc->name, rows,
+               lc->h, lc->w, lc->c);
+        for (int l = 0; l < cfg.nlayers; l++) {
+            const struct lspec *sp = &cfg.kind[l];
+            printf("%s{\"kind\": %d, \"units\": %d, \"act\": \"%s\", \"k\": [%d, %d], \"s\": [%d, %d], "
+                   "\"same\": %d, \"rate\": %g, \"target\": [%d, %d, %d], \"target_rank\": %d, \"w\": %zu, "
+                   "\"b\": %zu}",
+                   l ? ", " : "", (int)sp->kind, cfg.units[l], model_act_name(cfg.act[l]), sp->kh, sp->kw, sp->sh,
+                   sp->sw, sp->same, (double)sp->rate, sp->target.d[0], sp->target.d[1], sp->target.d[2],
+                   sp->target.rank, model_kernel_offset(m, l), model_bias_offset(m, l));
+        }
+        printf("]");
+        arr("x", x, nx);
+        arr("params", model_params(m), np);
+        arr("out", out, (size_t)rows * 3);
+        printf("}\n");
+        free(x);
+        model_free(m);
+    }
+    mxu_free(u);
+    return 0;
+}
