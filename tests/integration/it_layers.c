@@ -1,0 +1,224 @@
+/* Convolutional models on the emulated pod end to end, through real workers
+ * and the public model API (tpuemu/model.h): what a user of Conv2D,
+ * pooling, Dropout and Flatten checks.
+ *
+ *  - a small CNN's summary has Keras' rows (names, output shapes, parameter
+ *    counts); it learns a task a linear model on the pixels cannot do well,
+ *    and its replicas stay bitwise identical (each drops its own units, the
+ *    gradients are all-reduced);
+ *  - Dropout is off in evaluate: two evaluations give the same loss;
+ *  - a layer that cannot take its input is refused when added, naming the
+ *    rule; a model ending in a Conv2D is refused at compile;
+ *  - a CNN too big for a core's HBM reports its convolution's patches among
+ *    the largest allocations.
+ *
+ * The images are 8x8x1, generated here with fixed seeds. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include <tpuemu/data.h>
+#include <tpuemu/model.h>
+
+#include "calls.h"
+#include "colltest.h"
+
+#define HB_MS 500
+#define SIDE 8
+#define CLASSES 4
+
+QUIET_WARNINGS()
+
+static uint64_t sm64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float unif(uint64_t *s)
+{
+    return (float)((double)(sm64(s) >> 11) * 0x1p-53);
+}
+
+/* n images: noise in [0, 0.5), and a 3-pixel stroke anywhere in the image:
+ * class 0 horizontal, 1 vertical, 2 the diagonal, 3 the anti-diagonal. The
+ * stroke's place varies, so the class is in the local pattern, which a
+ * convolution sees wherever it is. */
+static void strokes(size_t n, uint64_t seed, float **xo, int32_t **yo)
+{
+    float *x = calloc(n * SIDE * SIDE, sizeof *x);
+    int32_t *y = calloc(n, sizeof *y);
+    static const int dy[CLASSES] = {0, 1, 1, 1}, dx[CLASSES] = {1, 0, 1, -1};
+    cr_assert(x && y);
+    for (size_t i = 0; i < n; i++) {
+        int k = (int)(i % CLASSES);
+        int r0 = 1 + (int)(sm64(&seed) % (SIDE - 4)), c0 = 1 + (int)(sm64(&seed) % (SIDE - 4));
+        float *im = x + i * SIDE * SIDE;
+        for (int p = 0; p < SIDE * SIDE; p++)
+            im[p] = 0.5f * unif(&seed);
+        if (k == 3)
+            c0 += 2;
+        for (int t = 0; t < 3; t++)
+            im[(r0 + t * dy[k]) * SIDE + c0 + t * dx[k]] = 1.0f;
+        y[i] = k;
+    }
+    *xo = x;
+    *yo = y;
+}
+
+static tpu_dataset *make_ds(const float *x, const int32_t *y, size_t n, size_t batch)
+{
+    tpu_dataset *ds;
+    CALL_OK(tpu_dataset_from_tensor_slices(x, n, SIDE * SIDE, y, TPU_LABELS_SPARSE, 1, 0, &ds));
+    CALL_OK(tpu_dataset_batch(ds, batch, 1));
+    return ds;
+}
+
+static tpu_model *make_cnn(tpu_strategy *s, size_t filters, uint64_t seed)
+{
+    tpu_model *m;
+    CALL_OK(tpu_model_new(s, SIDE * SIDE, &m));
+    CALL_OK(tpu_model_set_input_shape(m, (size_t[]){SIDE, SIDE, 1}, 3));
+    CALL_OK(tpu_model_add_conv2d(m, filters, 3, 3, 0, 0, TPU_PADDING_SAME, TPU_ACT_RELU));
+    CALL_OK(tpu_model_add_max_pooling2d(m, 2, 2, 0, 0, TPU_PADDING_VALID));
+    CALL_OK(tpu_model_add_dropout(m, 0.25f));
+    CALL_OK(tpu_model_add_flatten(m));
+    CALL_OK(tpu_model_add_dense(m, CLASSES, TPU_ACT_SOFTMAX));
+    CALL_OK(tpu_model_set_seed(m, seed));
+    return m;
+}
+
+Test(layers, cnn_summary_trains_and_replicas_stay_identical, .timeout = 240)
+{
+    colltest *t = ct_start(1, (int[]){2}, NULL, HB_MS);
+    tpu_strategy *s;
+    float *x;
+    int32_t *y;
+    char sum[2048];
+    CALL_OK(tpu_strategy_new(t->c, &s));
+    strokes(1024, 11, &x, &y);
+    tpu_dataset *ds = make_ds(x, y, 1024, 64);
+    tpu_model *m = make_cnn(s, 8, 99);
+
+    tpu_model_summary(m, sum, sizeof sum);
+    fprintf(stderr, "%s", sum);
+    static const char *const rows[] = {
+        "conv2d (Conv2D, relu)        (None, 8, 8, 8)                  80",
+        "max_pooling2d (MaxPooling2D) (None, 4, 4, 8)                   0",
+        "dropout (Dropout)            (None, 4, 4, 8)                   0",
+        "flatten (Flatten)            (None, 128)                       0",
+        "dense (Dense, softmax)       (None, 4)                       516",
+        "Total params: 596 ",
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++)
+        cr_assert(strstr(sum, rows[i]), "the summary lacks the row '%s':\n%s", rows[i], sum);
+    cr_assert_eq(tpu_model_num_params(m), 596u);
+
+    tpu_compile_options co;
+    tpu_compile_options_init(&co);
+    co.optimizer = tpu_optimizer_adam(0.01f);
+    co.policy = TPU_POLICY_MIXED_BFLOAT16;
+    CALL_OK(tpu_model_compile(m, &co));
+    tpu_fit_options fo;
+    memset(&fo, 0, sizeof fo);
+    fo.epochs = 6;
+    tpu_history *h;
+    CALL_OK(tpu_model_fit(m, ds, &fo, &h));
+    tpu_logs first, last;
+    CALL_OK(tpu_history_epoch(h, 0, &first));
+    CALL_OK(tpu_history_epoch(h, 5, &last));
+    fprintf(stderr, "epoch 1: loss %.4f accuracy %.4f; epoch 6: loss %.4f accuracy %.4f\n", first.loss,
+            first.accuracy, last.loss, last.accuracy);
+    cr_assert_lt(last.loss, 0.6 * first.loss, "the loss went from %g to %g only", first.loss, last.loss);
+
+    /* held-out images: Dropout off, the same answer twice */
+    float *xt;
+    int32_t *yt;
+    strokes(512, 12345, &xt, &yt);
+    tpu_dataset *dt = make_ds(xt, yt, 512, 64);
+    double l1, a1, l2, a2;
+    CALL_OK(tpu_model_evaluate(m, dt, &l1, &a1));
+    CALL_OK(tpu_model_evaluate(m, dt, &l2, &a2));
+    fprintf(stderr, "held out: loss %.4f accuracy %.4f\n", l1, a1);
+    cr_assert_eq(l1, l2, "two evaluations differ (%.9g, %.9g): Dropout is on in evaluate?", l1, l2);
+    cr_assert_gt(a1, 0.9, "held-out accuracy %g", a1);
+
+    size_t np = tpu_model_num_params(m);
+    float *w0 = malloc(np * sizeof *w0), *w1 = malloc(np * sizeof *w1);
+    cr_assert(w0 && w1);
+    CALL_OK(tpu_model_get_weights(m, 0, w0, np));
+    CALL_OK(tpu_model_get_weights(m, 1, w1, np));
+    cr_assert_eq(memcmp(w0, w1, np * sizeof *w0), 0, "the replicas' weights differ after training");
+    free(w0);
+    free(w1);
+    tpu_history_free(h);
+    tpu_dataset_free(dt);
+    tpu_dataset_free(ds);
+    free(xt);
+    free(yt);
+    free(x);
+    free(y);
+    tpu_model_free(m);
+    tpu_strategy_free(s);
+    ct_free(t);
+}
+
+Test(layers, shapes_that_do_not_fit_are_refused, .timeout = 60)
+{
+    colltest *t = ct_start(1, (int[]){1}, NULL, HB_MS);
+    tpu_strategy *s;
+    tpu_model *m;
+    CALL_OK(tpu_strategy_new(t->c, &s));
+    CALL_OK(tpu_model_new(s, 64, &m));
+    tpu_status st = tpu_model_add_conv2d(m, 4, 3, 3, 0, 0, TPU_PADDING_SAME, TPU_ACT_RELU);
+    cr_assert_eq(st, TPU_INVALID_ARGUMENT);
+    cr_assert(strstr(tpu_last_error(), "layer 0: Conv2D needs a (height, width, channels) input, not (None, 64)"),
+              "%s", tpu_last_error());
+    st = tpu_model_set_input_shape(m, (size_t[]){8, 9, 1}, 3);
+    cr_assert_eq(st, TPU_INVALID_ARGUMENT);
+    cr_assert(strstr(tpu_last_error(), "72 values per example, but the model takes input_dim 64"), "%s",
+              tpu_last_error());
+    CALL_OK(tpu_model_set_input_shape(m, (size_t[]){8, 8, 1}, 3));
+    st = tpu_model_add_max_pooling2d(m, 9, 9, 0, 0, TPU_PADDING_VALID);
+    cr_assert_eq(st, TPU_INVALID_ARGUMENT);
+    cr_assert(strstr(tpu_last_error(), "MaxPooling2D: a (9, 9) window with padding \"valid\" does not fit"), "%s",
+              tpu_last_error());
+    CALL_OK(tpu_model_add_conv2d(m, 4, 3, 3, 0, 0, TPU_PADDING_SAME, TPU_ACT_RELU));
+    tpu_compile_options co;
+    tpu_compile_options_init(&co);
+    co.batch_size = 8;
+    st = tpu_model_compile(m, &co);
+    cr_assert_eq(st, TPU_INVALID_ARGUMENT);
+    cr_assert(strstr(tpu_last_error(), "the last layer must be a Dense with a (units) output, not Conv2D with output "
+                                       "(None, 8, 8, 4)"), "%s", tpu_last_error());
+    tpu_model_free(m);
+    tpu_strategy_free(s);
+    ct_free(t);
+}
+
+Test(layers, out_of_hbm_names_the_convolution, .timeout = 60)
+{
+    static const char *const wargs[] = {"--hbm-bytes", "32M", NULL};
+    colltest *t = ct_start(1, (int[]){1}, wargs, HB_MS);
+    tpu_strategy *s;
+    CALL_OK(tpu_strategy_new(t->c, &s));
+    tpu_model *m = make_cnn(s, 64, 1);
+    tpu_compile_options co;
+    tpu_compile_options_init(&co);
+    co.batch_size = 2048;   /* the patches: 2048 x 64 pixels x 9 f32 = 4.5M; activations 2048 x 8x8x64 = 32M */
+    tpu_status st = tpu_model_compile(m, &co);
+    cr_assert_eq(st, TPU_RESOURCE_EXHAUSTED, "%s: %s", tpu_status_name(st), tpu_last_error());
+    fprintf(stderr, "out of HBM: %s\n", tpu_last_error());
+    cr_assert(strstr(tpu_last_error(), "conv2d/activations"), "the report should name the convolution: %s",
+              tpu_last_error());
+    co.batch_size = 64;
+    CALL_OK(tpu_model_compile(m, &co));
+    tpu_model_free(m);
+    tpu_strategy_free(s);
+    ct_free(t);
+}
