@@ -183,6 +183,7 @@ typedef struct tpu_idx {
 
 typedef enum tpu_activation { TPU_ACT_LINEAR, TPU_ACT_RELU, TPU_ACT_SOFTMAX, TPU_ACT_TANH,
     TPU_ACT_SIGMOID, ... } tpu_activation;
+typedef enum tpu_padding { TPU_PADDING_VALID, TPU_PADDING_SAME, ... } tpu_padding;
 typedef enum tpu_loss { TPU_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY, TPU_LOSS_CATEGORICAL_CROSSENTROPY,
     TPU_LOSS_MEAN_SQUARED_ERROR, ... } tpu_loss;
 typedef enum tpu_policy { TPU_POLICY_FLOAT32, TPU_POLICY_MIXED_BFLOAT16, ... } tpu_policy;
