@@ -136,14 +136,16 @@ grep -qE " $maint +MAINTENANCE +UNHEALTHY_MAINTENANCE" health.txt ||
     fail "tpuctl health never showed $maint UNHEALTHY_MAINTENANCE"
 health=$("$bin/tpuctl" --tpu "$tpu" health)
 echo "$health"
-echo "$health" | grep -qE "^$killed +DEAD" || fail "tpuctl health does not list $killed DEAD"
-echo "$health" | grep -qE "^$preempted +PREEMPTED" || fail "tpuctl health does not list $preempted PREEMPTED"
-echo "$health" | grep -q "^state: PREEMPTED" || fail "the node's state is not PREEMPTED"
+# (grep <<<: with pipefail, `echo | grep -q` fails when grep has matched and
+# gone before echo, which writes line by line, is done)
+grep -qE "^$killed +DEAD" <<<"$health" || fail "tpuctl health does not list $killed DEAD"
+grep -qE "^$preempted +PREEMPTED" <<<"$health" || fail "tpuctl health does not list $preempted PREEMPTED"
+grep -q "^state: PREEMPTED" <<<"$health" || fail "the node's state is not PREEMPTED"
 wait "${pid_of[$preempted]}"
 st=$?
 [ $st -eq 4 ] || fail "the preempted worker $preempted exited $st, not 4"
 kill -0 "${pid_of[$paused]}" 2>/dev/null || fail "the paused worker $paused (pid ${pid_of[$paused]}) does not run"
-echo "$health" | grep -qE "^$paused +READY +HEALTHY" || fail "tpuctl health does not list $paused READY, HEALTHY"
+grep -qE "^$paused +READY +HEALTHY" <<<"$health" || fail "tpuctl health does not list $paused READY, HEALTHY"
 
 # how it went on
 [ "$(grep -c "^elastic event [0-9]*: NOTICE" out.txt)" -eq 2 ] || fail "not two NOTICE events"
