@@ -45,6 +45,7 @@ void spcall_init(spcall *c, size_t max_reply)
     memset(c, 0, sizeof *c);
     c->fd = -1;
     c->max_reply = max_reply;
+    c->wake_fd = -1;
     /* like nanomsg's REQ: a random start, so ids of a reopened client differ */
     c->next_id = (uint32_t)((uint64_t)time(NULL) * 2654435761u ^ (uint32_t)getpid() * 40503u);
 }
@@ -56,18 +57,23 @@ void spcall_close(spcall *c)
     c->fd = -1;
 }
 
-/* Waits for events on c->fd until the deadline: 1 ready, 0 timed out, -1 error. */
-static int wait_fd(int fd, short events, uint64_t deadline)
+/* Waits for events on fd until the deadline or wake (-1: none) is readable:
+ * 1 ready, 0 timed out, -1 error (errno; ECANCELED: woken). */
+static int wait_fd(int fd, int wake, short events, uint64_t deadline)
 {
-    struct pollfd p = {.fd = fd, .events = events};
+    struct pollfd p[2] = {{.fd = fd, .events = events}, {.fd = wake, .events = POLLIN}};
     int rc;
     do {
-        rc = poll(&p, 1, (int)left_ms(deadline));
+        rc = poll(p, 2, (int)left_ms(deadline));
     } while (rc < 0 && errno == EINTR);
+    if (rc > 0 && p[1].revents) {
+        errno = ECANCELED;
+        return -1;
+    }
     return rc;
 }
 
-static int write_all(int fd, const uint8_t *p, size_t n, uint64_t deadline, int *en)
+static int write_all(int fd, int wake, const uint8_t *p, size_t n, uint64_t deadline, int *en)
 {
     while (n) {
         ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
@@ -79,7 +85,7 @@ static int write_all(int fd, const uint8_t *p, size_t n, uint64_t deadline, int 
         if (w < 0 && errno == EINTR)
             continue;
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int rc = wait_fd(fd, POLLOUT, deadline);
+            int rc = wait_fd(fd, wake, POLLOUT, deadline);
             if (rc == 0) {
                 *en = ETIMEDOUT;
                 return -1;
@@ -97,7 +103,7 @@ static int write_all(int fd, const uint8_t *p, size_t n, uint64_t deadline, int 
 }
 
 /* Reads exactly n bytes; -1 with *en = 0 on an orderly close. */
-static int read_all(int fd, uint8_t *p, size_t n, uint64_t deadline, int *en)
+static int read_all(int fd, int wake, uint8_t *p, size_t n, uint64_t deadline, int *en)
 {
     while (n) {
         ssize_t r = recv(fd, p, n, 0);
@@ -113,7 +119,7 @@ static int read_all(int fd, uint8_t *p, size_t n, uint64_t deadline, int *en)
         if (errno == EINTR)
             continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            int rc = wait_fd(fd, POLLIN, deadline);
+            int rc = wait_fd(fd, wake, POLLIN, deadline);
             if (rc == 0) {
                 *en = ETIMEDOUT;
                 return -1;
@@ -148,7 +154,7 @@ static int dial(const struct sockaddr *sa, socklen_t sl, uint64_t deadline, int 
             close(fd);
             return -1;
         }
-        int rc = wait_fd(fd, POLLOUT, deadline), soerr = 0;
+        int rc = wait_fd(fd, -1, POLLOUT, deadline), soerr = 0;
         socklen_t l = sizeof soerr;
         if (rc <= 0) {
             *en = rc == 0 ? ETIMEDOUT : errno;
@@ -162,7 +168,7 @@ static int dial(const struct sockaddr *sa, socklen_t sl, uint64_t deadline, int 
         }
     }
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (write_all(fd, hdr, sizeof hdr, deadline, en) < 0 || read_all(fd, got, sizeof got, deadline, en) < 0) {
+    if (write_all(fd, -1, hdr, sizeof hdr, deadline, en) < 0 || read_all(fd, -1, got, sizeof got, deadline, en) < 0) {
         if (*en == 0)
             *en = ECONNRESET;
         close(fd);
@@ -240,16 +246,17 @@ static int exchange(spcall *c, uint32_t id, const void *body, size_t len, uint64
     hdr[9] = (uint8_t)(id >> 16);
     hdr[10] = (uint8_t)(id >> 8);
     hdr[11] = (uint8_t)id;
-    if (write_all(c->fd, hdr, sizeof hdr, deadline, en) < 0 || write_all(c->fd, body, len, deadline, en) < 0)
-        return *en == ETIMEDOUT ? CODE_DEADLINE_EXCEEDED : -1;
+    if (write_all(c->fd, c->wake_fd, hdr, sizeof hdr, deadline, en) < 0 ||
+        write_all(c->fd, c->wake_fd, body, len, deadline, en) < 0)
+        return *en == ETIMEDOUT ? CODE_DEADLINE_EXCEEDED : *en == ECANCELED ? CODE_CANCELLED : -1;
     for (;;) {
         uint64_t n;
         uint8_t *msg;
         size_t k, hops = 0;
         uint32_t got;
 
-        if (read_all(c->fd, lenb, sizeof lenb, deadline, en) < 0)
-            return *en == ETIMEDOUT ? CODE_DEADLINE_EXCEEDED : -1;
+        if (read_all(c->fd, c->wake_fd, lenb, sizeof lenb, deadline, en) < 0)
+            return *en == ETIMEDOUT ? CODE_DEADLINE_EXCEEDED : *en == ECANCELED ? CODE_CANCELLED : -1;
         n = get_be64(lenb);
         if (n < 4 || n > c->max_reply + 4 * SP_MAX_HOPS) {
             spcall_close(c);
@@ -261,9 +268,9 @@ static int exchange(spcall *c, uint32_t id, const void *body, size_t len, uint64
             return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for a %llu-byte reply from %s",
                            (unsigned long long)n, c->shown);
         }
-        if (read_all(c->fd, msg, (size_t)n, deadline, en) < 0) {
+        if (read_all(c->fd, c->wake_fd, msg, (size_t)n, deadline, en) < 0) {
             free(msg);
-            return *en == ETIMEDOUT ? CODE_DEADLINE_EXCEEDED : -1;
+            return *en == ETIMEDOUT ? CODE_DEADLINE_EXCEEDED : *en == ECANCELED ? CODE_CANCELLED : -1;
         }
         for (k = 0; k + 4 <= n && hops < SP_MAX_HOPS; k += 4, hops++)
             if (msg[k] & 0x80)
@@ -310,6 +317,10 @@ int spcall_request(spcall *c, const void *body, size_t len, uint64_t deadline_ms
             /* the reply may still come: this connection is not reused */
             spcall_close(c);
             return err_set(e, CODE_DEADLINE_EXCEEDED, "%s did not answer in time", c->shown);
+        }
+        if (rc == CODE_CANCELLED) {
+            spcall_close(c); /* likewise */
+            return err_set(e, CODE_CANCELLED, "the wait for %s was cancelled", c->shown);
         }
         if (rc != -1)
             return rc; /* a bad reply: e says which */

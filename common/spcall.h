@@ -30,6 +30,7 @@ typedef struct spcall {
     uint32_t next_id;
     size_t max_reply;            /* largest reply body; a larger one breaks the connection */
     char shown[300];             /* "host:port", in messages */
+    int wake_fd;                 /* -1: none; readable: give up waiting (CODE_CANCELLED) */
 } spcall;
 
 /* Sets c up, unconnected. */
@@ -43,7 +44,9 @@ int spcall_connect(spcall *c, const char *host, int port, uint32_t timeout_ms, i
 /* Sends body as one request and waits for its reply until deadline_ms
  * (wire_now_ms clock). *reply (malloc'd, *reply_len bytes, the body after
  * the backtrace) is the caller's. CODE_DEADLINE_EXCEEDED when the deadline
- * passed; CODE_UNAVAILABLE when the connection could not be kept. */
+ * passed; CODE_UNAVAILABLE when the connection could not be kept;
+ * CODE_CANCELLED when c->wake_fd became readable while it waited (the
+ * connection is closed then: the reply may still come). */
 int spcall_request(spcall *c, const void *body, size_t len, uint64_t deadline_ms, uint8_t **reply,
                    size_t *reply_len, err *e);
 

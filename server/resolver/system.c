@@ -542,6 +542,17 @@ void sys_initialize(resolver *r, void *ctl, uint64_t req_id, const Tpuemu__Initi
     rreq req = {ctl, req_id, 0};
     uint32_t timeout = q->timeout_ms ? q->timeout_ms : 10000;
 
+    if (q->abandon_request_id) {
+        const char *who = q->client_id && *q->client_id ? q->client_id : "?";
+        if (op->phase == INIT_WAITING && op->req_id == q->abandon_request_id && strcmp(op->client, who) == 0) {
+            init_fail(r, CODE_CANCELLED, "initialize abandoned by its client (%s)", who);
+            rsv_reply_error(r, &req, CODE_CANCELLED, "initialize abandoned");
+        } else {
+            rsv_reply_error(r, &req, CODE_NOT_FOUND, "no initialize of request %llu from %s waits for cores",
+                            (unsigned long long)q->abandon_request_id, who);
+        }
+        return;
+    }
     if (q->expect > r->max_cores) {
         rsv_reply_error(r, &req, CODE_INVALID_ARGUMENT, "initialize: expect %u is more than this "
                         "resolver tracks (--max-cores %u)", q->expect, r->max_cores);

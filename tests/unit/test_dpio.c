@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sys/eventfd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,7 +126,7 @@ Test(dpio, frame_bytes_and_payload_into_place, .timeout = 20)
     Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT, r = TPUEMU__FRAME_HEADER__INIT;
     struct dpio_seg segs[3] = {{a, a_len}, {NULL, 0}, {b, b_len}};
     struct owner o = {.conns = &c, .dst = {into}, .want_frames = 1, .stop_after = 1, .n = 1};
-    struct dpio_run run = {&ops, &o, "test #1", wire_now_ms() + 10000, 0, 0};
+    struct dpio_run run = {&ops, &o, "test #1", wire_now_ms() + 10000, 0, 0, NULL};
     pthread_t t;
 
     cr_assert(a && b && ans && into);
@@ -196,7 +197,7 @@ Test(dpio, frames_back_to_back_and_dropped_payloads, .timeout = 10)
     int peer = pair(&c, "h2", 0);
     int kinds[3] = {KIND(MODEL_RESULT), KIND(MODEL_RESULT), KIND(MODEL_RESULT)};
     struct owner o = {.conns = &c, .dst = {NULL}, .want_frames = 3, .n = 1};
-    struct dpio_run run = {&ops, &o, NULL, wire_now_ms() + 5000, 0, 0};
+    struct dpio_run run = {&ops, &o, NULL, wire_now_ms() + 5000, 0, 0, NULL};
 
     send_frames(peer, kinds, 3, 100);
     c.reading = 1;
@@ -213,7 +214,7 @@ Test(dpio, peer_closes, .timeout = 10)
     struct dpio_conn c;
     int peer = pair(&c, "h1", 3);
     struct owner o = {.conns = &c, .want_frames = 1, .n = 1};
-    struct dpio_run run = {&ops, &o, "all-reduce #812", wire_now_ms() + 5000, 0, 0};
+    struct dpio_run run = {&ops, &o, "all-reduce #812", wire_now_ms() + 5000, 0, 0, NULL};
 
     close(peer);
     c.reading = 1;
@@ -231,7 +232,7 @@ Test(dpio, bad_prefix_and_malformed_header, .timeout = 10)
     int p0 = pair(&c[0], "h0", 0), p1 = pair(&c[1], "h0", 1);
     uint8_t zero[4] = {0, 0, 0, 0}, junk[8] = {4, 0, 0, 0, 0xff, 0xff, 0xff, 0xff};
     struct owner o = {.conns = c, .want_frames = 1, .n = 2};
-    struct dpio_run run = {&ops, &o, NULL, wire_now_ms() + 5000, 0, 0};
+    struct dpio_run run = {&ops, &o, NULL, wire_now_ms() + 5000, 0, 0, NULL};
 
     cr_assert_eq(write(p0, zero, sizeof zero), (ssize_t)sizeof zero);
     cr_assert_eq(write(p1, junk, sizeof junk), (ssize_t)sizeof junk);
@@ -251,7 +252,7 @@ Test(dpio, owner_refuses_a_header, .timeout = 10)
     int peer = pair(&c, "h5", 2);
     int kinds[1] = {KIND(PING)};
     struct owner o = {.conns = &c, .want_frames = 1, .refuse_kind = KIND(PING), .n = 1};
-    struct dpio_run run = {&ops, &o, NULL, wire_now_ms() + 5000, 0, 0};
+    struct dpio_run run = {&ops, &o, NULL, wire_now_ms() + 5000, 0, 0, NULL};
 
     send_frames(peer, kinds, 1, 0);
     c.reading = 1;
@@ -270,7 +271,7 @@ Test(dpio, deadline_and_grace, .timeout = 20)
     int p0 = pair(&c[0], "h0", 0), p1 = pair(&c[1], "h0", 1);
     struct owner o = {.conns = c, .want_frames = 1, .n = 2};
     uint64_t t0 = wire_now_ms();
-    struct dpio_run run = {&ops, &o, NULL, t0 + 200, 0, 0};
+    struct dpio_run run = {&ops, &o, NULL, t0 + 200, 0, 0, NULL};
 
     /* a silent peer: the deadline ends the run */
     c[0].reading = c[1].reading = 1;
@@ -294,6 +295,47 @@ Test(dpio, deadline_and_grace, .timeout = 20)
     cr_assert_eq(dpio_run(c, 2, &run), DPIO_END_IDLE);
     close(p0);
     close(p1);
+}
+
+static void *fire_later(void *arg)
+{
+    struct cli_cancel *k = arg;
+    struct timespec ts = {0, 100 * 1000000L};
+    nanosleep(&ts, NULL);
+    cli_cancel_fire(k); /* as tpu_cancel does, from another thread */
+    return NULL;
+}
+
+/* A cancel from another thread ends a run that waits on a silent peer with a
+ * minute left, and only a run that began before it. */
+Test(dpio, cancel, .timeout = 20)
+{
+    struct dpio_conn c;
+    int p = pair(&c, "h0", 0);
+    struct owner o = {.conns = &c, .want_frames = 1, .n = 1};
+    struct cli_cancel k = {.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)};
+    struct dpio_run run = {&ops, &o, NULL, wire_now_ms() + 60000, 0, 0, &k};
+    pthread_t th;
+
+    cr_assert_geq(k.fd, 0);
+    c.reading = 1;
+    /* a cancel before the call began is forgotten */
+    cli_cancel_fire(&k);
+    cli_cancel_enter(&k);
+    run.deadline_ms = wire_now_ms() + 150;
+    cr_assert_eq(dpio_run(&c, 1, &run), DPIO_END_DEADLINE);
+
+    run.deadline_ms = wire_now_ms() + 60000;
+    cr_assert_eq(pthread_create(&th, NULL, fire_later, &k), 0);
+    cr_assert_eq(dpio_run(&c, 1, &run), DPIO_END_CANCELLED);
+    cr_assert_lt(wire_now_ms() + 50000, run.deadline_ms, "the run waited for its deadline, not the cancel");
+    pthread_join(th, NULL);
+    struct cli_cancel *scope = &k;
+    cli_cancel_leave(&scope);
+    cr_assert_eq(k.depth, 0);
+    dpio_close(&c);
+    close(p);
+    close(k.fd);
 }
 
 Test(dpio, header_too_big, .timeout = 5)

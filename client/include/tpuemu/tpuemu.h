@@ -15,10 +15,12 @@
  * - Handles are opaque, made by tpu_X_new (or a call that returns one) and freed
  *   by tpu_X_free, which accepts NULL. Passing a freed or foreign pointer is
  *   detected by a magic number and aborts with a message, as a bug should.
- * - A handle may be used by one thread at a time; different handles may be used
- *   by different threads at once.
+ * - A handle may be used by one thread at a time (tpu_cancel excepted);
+ *   different handles may be used by different threads at once.
  * - Calls that talk to the cluster block, each with a deadline: nothing waits
- *   forever. The library never prints and never exits.
+ *   forever, and tpu_cancel (from another thread or a signal handler) makes
+ *   the call in progress return TPU_CANCELLED at once. The library never
+ *   prints and never exits.
  */
 #ifndef TPUEMU_TPUEMU_H
 #define TPUEMU_TPUEMU_H
@@ -117,6 +119,28 @@ typedef struct tpu_cluster tpu_cluster;
  * in the TPUClusterResolver constructor. Exception: ..."). */
 TPU_API tpu_status tpu_connect_to_cluster(tpu_resolver *r, tpu_cluster **out);
 TPU_API void tpu_cluster_free(tpu_cluster *c);
+
+/* Cancels the blocking call in progress on c, or on a strategy or model built
+ * on c (tpu_initialize_system, the collectives, tpu_model_fit, evaluate and
+ * predict, a strategy's steps, tpu_profile_capture, any call that waits for
+ * the resolver or the cores): every wait of the library wakes at once and
+ * the call returns TPU_CANCELLED; a TCP connect under way finishes first
+ * (at most its 5 s). The handle and its cluster stay usable:
+ * - an initialize still waiting for cores is dropped at the resolver;
+ * - the all-reduce's cores finish or drop that collective by themselves; the
+ *   next one runs on fresh connections;
+ * - fit, evaluate and predict post no more steps and let those in flight
+ *   finish on every replica (up to 2 s): the model stops at one step on
+ *   every replica and trains on from there. If they cannot finish in time
+ *   (a core hangs), or a second tpu_cancel comes first, the call says so:
+ *   re-initialize the system and restore the model (as after a lost core).
+ * A cancel while no call is in progress is forgotten when the next call
+ * begins.
+ * Thread-safe and async-signal-safe (a signal handler may call it): it sets
+ * no last error, and returns TPU_INVALID_ARGUMENT for NULL or a pointer that
+ * is not a live cluster handle, TPU_OK otherwise. c must stay allocated until
+ * tpu_cancel returns. */
+TPU_API tpu_status tpu_cancel(tpu_cluster *c);
 
 /* "HOST:PORT" of the endpoint this cluster handle talks to. Owned by c. */
 TPU_API const char *tpu_cluster_endpoint(const tpu_cluster *c);

@@ -9,6 +9,7 @@
 #include "addr.h"
 #include "spcall.h"
 #include "auth.h"
+#include "cancel.h"
 #include "status.h"
 #include "tpuemu/data.h"
 #include "tpuemu/tpuemu.h"
@@ -51,7 +52,13 @@ struct tpu_cluster {
     /* Frees coll (set with it by coll.c, which is built on this handle: the
      * handle frees what is attached to it without calling up into coll.c). */
     void (*coll_free)(tpu_cluster *c);
+    struct cli_cancel cancel; /* tpu_cancel (cancel.h) */
+    uint64_t last_request_id; /* of the last request sent (call.c) */
 };
+
+/* The rest of the enclosing block is a call on cluster C that tpu_cancel(C)
+ * may cancel (every public call that can block on the cluster begins so). */
+#define CLI_CALL(C) CLI_CANCEL_SCOPE(&(C)->cancel)
 
 #define CLI_TASK_ADDR_MAX (ADDR_HOST_MAX + 16)
 
@@ -82,6 +89,11 @@ struct tpu_topology {
 /* Fills t's TensorFlow view from t->tp (the resolver's coordinates). A
  * coordinate outside the mesh is TPU_INTERNAL (a malformed topology). */
 tpu_status cli_topology_build(tpu_topology *t);
+
+/* CODE_CANCELLED naming what was cancelled ("all-reduce #12"), for e. */
+int cli_cancelled(const char *what, err *e);
+/* Sleeps ms on c's behalf; CODE_CANCELLED (e says so) if tpu_cancel cut it short. */
+int cli_sleep(tpu_cluster *c, uint64_t ms, const char *what, err *e);
 
 /* Aborts with a message when h is not a live handle of that kind (a bug). */
 void cli_check_magic(const void *h, uint32_t magic, const char *what);

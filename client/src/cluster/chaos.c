@@ -158,6 +158,7 @@ tpu_status tpu_inject_fault(tpu_cluster *c, const char *host_id, int core, const
     err e;
 
     CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    CLI_CALL(c);
     if (!host_id || !*host_id || core < 0 || !f)
         return cli_failf(TPU_INVALID_ARGUMENT, "tpu_inject_fault: give a host id, a core index >= 0 and a fault");
     if (check_kind(f) != TPU_OK)
@@ -186,6 +187,7 @@ tpu_status tpu_inject_link_fault(tpu_cluster *c, const char *a_host, int a_core,
     err e;
 
     CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    CLI_CALL(c);
     if (!a_host || !*a_host || a_core < 0 || !b_host || !*b_host || b_core < 0 || !f)
         return cli_failf(TPU_INVALID_ARGUMENT, "tpu_inject_link_fault: give two cores (host id, core index >= 0) "
                          "and a fault");
@@ -311,6 +313,7 @@ tpu_status tpu_inject_resolver_fault(tpu_cluster *c, const tpu_fault *f)
     err e;
 
     CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    CLI_CALL(c);
     if (!f)
         return cli_failf(TPU_INVALID_ARGUMENT, "tpu_inject_resolver_fault: no fault");
     body.kind = (Tpuemu__FaultKind)f->kind;

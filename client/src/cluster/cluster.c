@@ -2,9 +2,12 @@
  * answers) and cluster-spec snapshots read from it. */
 #include "client.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 static int fetch_spec(tpu_cluster *c, wire_msg **out, err *e)
 {
@@ -54,9 +57,14 @@ tpu_status tpu_connect_to_cluster(tpu_resolver *r, tpu_cluster **out)
     c = calloc(1, sizeof *c);
     if (!c)
         return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
-    c->magic = MAGIC_CLUSTER;
     c->r = r;
     spcall_init(&c->call, WIRE_MAX_REPLY);
+    c->cancel.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (c->cancel.fd < 0) {
+        free(c);
+        return cli_failf(TPU_RESOURCE_EXHAUSTED, "tpu_connect_to_cluster: eventfd: %s", strerror(errno));
+    }
+    c->magic = MAGIC_CLUSTER;
     /* the master: the first address (task 0 of a comma list of hosts, as
      * TPUClusterResolver.master() is), or the Cloud TPU API for a TPU name */
     rc = call_open(c, 0, r->timeout_ms, &e);
@@ -69,6 +77,7 @@ tpu_status tpu_connect_to_cluster(tpu_resolver *r, tpu_cluster **out)
     }
     call_close(c);
     c->magic = MAGIC_DEAD;
+    close(c->cancel.fd);
     free(c);
     return cli_fail(&e);
 }
@@ -82,6 +91,7 @@ void tpu_cluster_free(tpu_cluster *c)
         c->coll_free(c);
     call_close(c);
     c->magic = MAGIC_DEAD;
+    close(c->cancel.fd);
     free(c);
 }
 
@@ -164,6 +174,7 @@ tpu_status tpu_cluster_spec_get(tpu_cluster *c, tpu_cluster_spec **out)
     err e;
 
     CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    CLI_CALL(c);
     if (!out)
         return cli_failf(TPU_INVALID_ARGUMENT, "tpu_cluster_spec_get: out is NULL");
     *out = NULL;
@@ -332,6 +343,7 @@ tpu_status tpu_num_accelerators(tpu_cluster *c, int *out)
     int per = -1, on_host = 0, differ = 0;
 
     CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    CLI_CALL(c);
     if (!out)
         return cli_failf(TPU_INVALID_ARGUMENT, "tpu_num_accelerators: out is NULL");
     if ((st = tpu_cluster_spec_get(c, &s)) != TPU_OK)
@@ -372,6 +384,7 @@ tpu_status tpu_num_accelerators(tpu_cluster *c, int *out)
 tpu_status tpu_system_metadata_get(tpu_cluster *c, tpu_system_metadata *out)
 {
     CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    CLI_CALL(c);
     if (!out)
         return cli_failf(TPU_INVALID_ARGUMENT, "tpu_system_metadata_get: out is NULL");
     return live_counts(c, out);

@@ -114,6 +114,7 @@ tpu_status tpu_attach_system(tpu_cluster *c)
     err e;
 
     CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    CLI_CALL(c);
     if ((st = tpu_cluster_spec_get(c, &s)) != TPU_OK)
         return st;
     cs = s->m->cluster_spec;
@@ -262,6 +263,7 @@ static tpu_status run(tpu_cluster *c, const struct call *a, const tpu_collective
     err e;
 
     CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    CLI_CALL(c);
     k = c->coll;
     if (!k)
         return cli_failf(TPU_FAILED_PRECONDITION,
@@ -357,7 +359,7 @@ static tpu_status run(tpu_cluster *c, const struct call *a, const tpu_collective
         st = cli_fail(&e);
         goto out;
     }
-    failed = coll_io_run(k->peers, n, k->epoch, &spec, seq, a->what, parts, k->res, deadline, grace);
+    failed = coll_io_run(k->peers, n, k->epoch, &spec, seq, a->what, parts, k->res, deadline, grace, &c->cancel);
     k->last.wall_ns = (wire_now_ms() - t0) * 1000000ull;
     k->last.num_failed = (int)failed;
     for (size_t r = 0; r < n; r++) {
@@ -384,9 +386,9 @@ static tpu_status run(tpu_cluster *c, const struct call *a, const tpu_collective
         const struct cli_res *best = NULL;
         for (size_t r = 0; r < n; r++) {
             const struct cli_res *res = &k->res[r];
-            if (res->code == CODE_OK)
+            if (res->code == CODE_OK || (best && best->code == CODE_CANCELLED))
                 continue;
-            if (!best || (res->from_core && !best->from_core) ||
+            if (!best || res->code == CODE_CANCELLED || (res->from_core && !best->from_core) ||
                 (res->from_core == best->from_core && res->mono_ms && (!best->mono_ms || res->mono_ms < best->mono_ms)))
                 best = res;
         }

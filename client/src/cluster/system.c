@@ -6,6 +6,29 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define CLI_ABANDON_MS 2000u
+
+/* tpu_cancel cut an initialize short: the resolver is told to drop it if it
+ * still waits for cores (else it would refuse every other initialize until
+ * its deadline). Best effort, within a short deadline; a second tpu_cancel
+ * cuts it short. */
+static void abandon(tpu_cluster *c, uint64_t request_id)
+{
+    wire_msg req = TPUEMU__MESSAGE__INIT, *m = NULL;
+    Tpuemu__InitializeRequest body = TPUEMU__INITIALIZE_REQUEST__INIT;
+    err ignored;
+
+    if (!request_id)
+        return;
+    cli_cancel_rearm(&c->cancel);
+    body.client_id = c->r->client_id;
+    body.abandon_request_id = request_id;
+    req.body_case = TPUEMU__MESSAGE__BODY_INITIALIZE;
+    req.initialize = &body;
+    if (call_do(c, &req, TPUEMU__MESSAGE__BODY_TOPOLOGY, CLI_ABANDON_MS, &m, &ignored) == CODE_OK)
+        wire_msg_free(m); /* not expected: the answer is an error body */
+}
+
 /* The collectives' view of the new system: its cores in replica order. */
 static int set_coll_system(tpu_cluster *c, const Tpuemu__Topology *tp, err *e)
 {
@@ -42,6 +65,7 @@ tpu_status cli_initialize_system(tpu_cluster *c, const tpu_init_options *opts, t
     err e;
 
     CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    CLI_CALL(c);
     if (!out)
         return cli_failf(TPU_INVALID_ARGUMENT, "tpu_initialize_system: out is NULL");
     *out = NULL;
@@ -65,8 +89,11 @@ tpu_status cli_initialize_system(tpu_cluster *c, const tpu_init_options *opts, t
     body.client_id = c->r->client_id;
     req.body_case = TPUEMU__MESSAGE__BODY_INITIALIZE;
     req.initialize = &body;
-    if (call_do(c, &req, TPUEMU__MESSAGE__BODY_TOPOLOGY, wait_ms + CLI_INIT_EXTRA_MS, &m, &e) != CODE_OK)
+    if (call_do(c, &req, TPUEMU__MESSAGE__BODY_TOPOLOGY, wait_ms + CLI_INIT_EXTRA_MS, &m, &e) != CODE_OK) {
+        if (e.code == CODE_CANCELLED)
+            abandon(c, c->last_request_id);
         return cli_fail(&e);
+    }
     if (!m->topology)
         goto bad;
     for (size_t i = 0; i < m->topology->n_cores; i++)
@@ -104,6 +131,7 @@ tpu_status tpu_system_check(tpu_cluster *c)
     err e;
 
     CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    CLI_CALL(c);
     body.epoch = c->epoch;
     body.client_id = c->r->client_id;
     req.body_case = TPUEMU__MESSAGE__BODY_SYSTEM_CHECK;
@@ -123,6 +151,7 @@ tpu_status tpu_shutdown_system(tpu_cluster *c)
     err e;
 
     CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    CLI_CALL(c);
     body.epoch = c->epoch;
     body.client_id = c->r->client_id;
     req.body_case = TPUEMU__MESSAGE__BODY_SHUTDOWN;
@@ -144,6 +173,7 @@ tpu_status tpu_forget_core(tpu_cluster *c, const char *host_id, int core, uint64
     err e;
 
     CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    CLI_CALL(c);
     if (!host_id || !*host_id || core < 0)
         return cli_failf(TPU_INVALID_ARGUMENT, "tpu_forget_core: give a host id and a core index >= 0");
     body.host_id = (char *)host_id;

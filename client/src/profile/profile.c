@@ -58,6 +58,7 @@ struct pcore {
     uint64_t err_ns, dropped, since_w, seq;
     struct pev *ev;
     size_t n, cap;
+    const struct cli_cancel *cancel;  /* the capturing cluster handle's (tpu_cancel) */
 };
 
 struct tpu_profile {
@@ -147,7 +148,7 @@ static int ask(struct pcore *pc, uint64_t since, uint64_t until, uint32_t max, T
     Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
     Tpuemu__ProfileRequest rq = TPUEMU__PROFILE_REQUEST__INIT;
     struct ask k = {pc, 0, NULL, NULL, 0, 0, 0, CODE_OK, e};
-    struct dpio_run run = {&ops, &k, "the profile request", wire_now_ms() + PROF_IO_MS, 0, 0};
+    struct dpio_run run = {&ops, &k, "the profile request", wire_now_ms() + PROF_IO_MS, 0, 0, pc->cancel};
     enum dpio_end end;
     int rc;
 
@@ -168,8 +169,8 @@ static int ask(struct pcore *pc, uint64_t since, uint64_t until, uint32_t max, T
     end = dpio_run(&pc->peer, 1, &run);
     pc->peer.reading = 0;
     if (k.rc == CODE_OK && !k.done)
-        k.rc = end == DPIO_END_NOMEM
-                   ? err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory")
+        k.rc = end == DPIO_END_NOMEM      ? err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory")
+               : end == DPIO_END_CANCELLED ? cli_cancelled("the profile capture", e)
                    : err_set(e, CODE_UNAVAILABLE, "core %s/%d at %s: profile: the data-plane peer did not answer in time",
                              pc->peer.host, pc->peer.core, pc->peer.addr);
     if (k.rc == CODE_OK && k.pl_len &&
@@ -359,6 +360,8 @@ static tpu_status capture_cores(tpu_cluster *c, const char *const *hosts, size_t
     err e;
     int rc = CODE_OK;
 
+    CHECK_HANDLE(c, MAGIC_CLUSTER, "tpu_cluster");
+    CLI_CALL(c);
     *out = NULL;
     if ((rc = tpu_cluster_spec_get(c, &spec)) != TPU_OK)
         return rc;
@@ -386,6 +389,7 @@ static tpu_status capture_cores(tpu_cluster *c, const char *const *hosts, size_t
         snprintf(pc->peer.addr, sizeof pc->peer.addr, "%s", ci.data_addr);
         pc->peer.fd = -1;
         pc->replica = ci.replica_id;
+        pc->cancel = &c->cancel;
         p->n++;
     }
     tpu_cluster_spec_free(spec);
@@ -416,8 +420,9 @@ static tpu_status capture_cores(tpu_cluster *c, const char *const *hosts, size_t
         int64_t left = p->end - now_ns();
         if (left <= 0)
             break;
-        struct timespec ts = {0, (long)((left < PROF_POLL_MS * 1000000ll ? left : PROF_POLL_MS * 1000000ll))};
-        nanosleep(&ts, NULL);
+        if ((rc = cli_sleep(c, (uint64_t)(left < PROF_POLL_MS * 1000000ll ? left : PROF_POLL_MS * 1000000ll) / 1000000,
+                            "the profile capture", &e)) != CODE_OK)
+            break;
         for (size_t i = 0; i < p->n && rc == CODE_OK; i++)
             rc = drain(&p->c[i], 0, &e);
     }

@@ -81,6 +81,12 @@ static int no_answer(tpu_cluster *c, uint32_t timeout_ms, const char *ignored, e
     return err_set(e, CODE_UNAVAILABLE, "the resolver at %s did not answer within %u ms", ep, timeout_ms);
 }
 
+static int cancelled(tpu_cluster *c, const wire_msg *req, err *e)
+{
+    return err_set(e, CODE_CANCELLED, "the %s call to the resolver at %s was cancelled (tpu_cancel)",
+                   wire_body_name(req), c->r->ep_str[c->ep]);
+}
+
 /* *transient is set when the resolver answered our request, authenticated
  * under our token, with UNAUTHENTICATED: a replay or clocks apart, which a
  * fresh request may not meet. */
@@ -101,15 +107,26 @@ static int call_once(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_m
         return err_set(e, CODE_UNAVAILABLE, "not connected to the resolver at %s", ep);
     if ((rc = wire_seal(&c->r->auth, c->r->sender, req, &buf, &len, &nonce, e)) != CODE_OK)
         return rc;
+    c->last_request_id = nonce;
     for (;;) {
         uint8_t *msg = NULL;
         size_t n = 0;
 
+        if (cli_cancel_requested(&c->cancel)) {
+            rc = cancelled(c, req, e);
+            goto out;
+        }
         if (!remaining(deadline)) {
             rc = no_answer(c, timeout_ms, ignored, e);
             goto out;
         }
+        c->call.wake_fd = cli_cancel_fd(&c->cancel);
         rc = spcall_request(&c->call, buf, len, deadline, &msg, &n, e);
+        c->call.wake_fd = -1;
+        if (rc == CODE_CANCELLED) {
+            rc = cancelled(c, req, e);
+            goto out;
+        }
         if (rc == CODE_DEADLINE_EXCEEDED) {
             rc = no_answer(c, timeout_ms, ignored, e);
             goto out;
@@ -185,7 +202,7 @@ int call_do(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_ms, wire_m
         rc = call_once(c, req, want, timeout_ms, reply, &transient, e);
     /* After a call that got no answer, dial afresh for the next call (the
      * resolver may have moved, or the connection be half-open). */
-    if (rc == CODE_UNAVAILABLE)
+    if (rc == CODE_UNAVAILABLE || rc == CODE_CANCELLED)
         call_close(c);
     return rc;
 }

@@ -124,12 +124,13 @@ static int state(void *arg)
 
 size_t coll_io_run(struct dpio_conn *conns, size_t n, uint64_t epoch, const Tpuemu__CollSpec *spec,
                    uint64_t seq, const char *what, const struct cli_part *parts, struct cli_res *res,
-                   uint64_t deadline_ms, uint64_t grace_ms)
+                   uint64_t deadline_ms, uint64_t grace_ms, const struct cli_cancel *cancel)
 {
     static const struct dpio_ops ops = {on_header, on_frame, on_lost, state};
     struct xrun k = {conns, parts, res, calloc(n ? n : 1, 1), n, 0, seq, what};
     char label[96];
-    struct dpio_run run = {&ops, &k, label, deadline_ms, grace_ms, 0};
+    struct dpio_run run = {&ops, &k, label, deadline_ms, grace_ms, 0, cancel};
+    enum dpio_end end = DPIO_END_DONE;
     size_t failed = 0;
 
     memset(res, 0, n * sizeof *res);
@@ -167,13 +168,18 @@ size_t coll_io_run(struct dpio_conn *conns, size_t n, uint64_t epoch, const Tpue
             k.open++;
         }
     }
-    if (k.open && dpio_run(conns, n, &run) == DPIO_END_NOMEM)
+    if (k.open)
+        end = dpio_run(conns, n, &run);
+    if (end == DPIO_END_NOMEM)
         for (size_t r = 0; r < n; r++)
             set_res(&res[r], CODE_RESOURCE_EXHAUSTED, 0, "out of memory");
     for (size_t r = 0; r < n; r++) {
         struct dpio_conn *p = &conns[r];
         if (!res[r].mono_ms) {
-            if (run.grace_used)
+            if (end == DPIO_END_CANCELLED)
+                set_res(&res[r], CODE_CANCELLED, 0, "%s #%llu was cancelled (tpu_cancel) before core %s/%d answered",
+                        what, (unsigned long long)seq, p->host, p->core);
+            else if (run.grace_used)
                 set_res(&res[r], CODE_UNAVAILABLE, 0,
                         "core %s/%d did not answer %s #%llu within %llu ms after another core failed "
                         "(it hangs or is cut off)",

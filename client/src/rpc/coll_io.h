@@ -39,9 +39,11 @@ struct cli_part {
  * once, until every core answered or failed, or deadline_ms (CLOCK_MONOTONIC
  * ms) passed. Once one replica failed, the others get at most grace_ms more.
  * Fills res[0..n); returns how many replicas failed. Connections that did
- * not end cleanly are closed. what: "all-reduce", ... for messages. */
+ * not end cleanly are closed. what: "all-reduce", ... for messages. When
+ * tpu_cancel ran (cancel, NULL: none), the replicas not answered yet get
+ * CODE_CANCELLED. */
 size_t coll_io_run(struct dpio_conn *conns, size_t n, uint64_t epoch, const Tpuemu__CollSpec *spec,
                    uint64_t seq, const char *what, const struct cli_part *parts, struct cli_res *res,
-                   uint64_t deadline_ms, uint64_t grace_ms);
+                   uint64_t deadline_ms, uint64_t grace_ms, const struct cli_cancel *cancel);
 
 #endif

@@ -364,7 +364,7 @@ static void lost(struct dpio_conn *c, size_t i, struct dpio_run *run)
 
 enum dpio_end dpio_run(struct dpio_conn *c, size_t n, struct dpio_run *run)
 {
-    struct pollfd *pf = calloc(n ? n : 1, sizeof *pf);
+    struct pollfd *pf = calloc(n + 1, sizeof *pf); /* and tpu_cancel's eventfd last */
     uint64_t end = run->deadline_ms, grace = run->grace_ms;
     enum dpio_end why = DPIO_END_DEADLINE;
 
@@ -377,6 +377,10 @@ enum dpio_end dpio_run(struct dpio_conn *c, size_t n, struct dpio_run *run)
         int st = run->ops->state(run->arg);
         if (st == DPIO_DONE) {
             why = DPIO_END_DONE;
+            break;
+        }
+        if (cli_cancel_requested(run->cancel)) {
+            why = DPIO_END_CANCELLED;
             break;
         }
         if (st == DPIO_FAILING && grace && now + grace < end)
@@ -397,7 +401,10 @@ enum dpio_end dpio_run(struct dpio_conn *c, size_t n, struct dpio_run *run)
             why = DPIO_END_IDLE;
             break;
         }
-        int rc = poll(pf, n, (int)(end - now));
+        pf[n].fd = cli_cancel_fd(run->cancel);
+        pf[n].events = POLLIN;
+        pf[n].revents = 0;
+        int rc = poll(pf, n + 1, (int)(end - now));
         if (rc < 0 && errno != EINTR)
             break;
         for (size_t i = 0; i < n && rc > 0; i++) {

@@ -17,6 +17,7 @@
 
 #include "addr.h"
 #include "auth.h"
+#include "cancel.h"
 #include "frame.h"
 #include "status.h"
 
@@ -100,6 +101,7 @@ struct dpio_run {
     uint64_t deadline_ms; /* CLOCK_MONOTONIC ms (wire_now_ms) */
     uint64_t grace_ms;    /* 0: none */
     uint64_t grace_used;  /* out: grace_ms if it cut the deadline, else 0 */
+    const struct cli_cancel *cancel; /* tpu_cancel's token (cancel.h); NULL: none */
 };
 
 /* Why dpio_run returned. */
@@ -108,6 +110,7 @@ enum dpio_end {
     DPIO_END_DEADLINE,  /* the deadline (or the grace) passed, or poll() failed */
     DPIO_END_IDLE,      /* no connection left to poll */
     DPIO_END_NOMEM,     /* out of memory before anything was done */
+    DPIO_END_CANCELLED, /* tpu_cancel ran (run->cancel) */
 };
 
 /* Drives c[0..n): writes every queued frame and reads every connection that

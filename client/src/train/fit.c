@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+/* How long the steps in flight may take to finish after tpu_cancel. */
+#define FIT_CANCEL_DRAIN_MS 2000u
 #define KIND(k) TPUEMU__FRAME_KIND__FRAME_##k
 #define HISTORY_MAX 100000
 
@@ -94,6 +96,8 @@ struct run {
     struct exec *ex;          /* depth */
     size_t head, inflight;
     int eof;
+    int cancelled;            /* tpu_cancel: no more steps are posted, those in flight finish */
+    uint64_t drain_deadline;  /* ... until then (wire_now_ms) */
     size_t batches_done;
     /* sums */
     double loss_sum;
@@ -235,6 +239,19 @@ static int post_next(struct run *u, err *e)
     return CODE_OK;
 }
 
+/* tpu_cancel ran: no more steps are posted, and those in flight get
+ * FIT_CANCEL_DRAIN_MS to finish on every replica alike, so that the model
+ * stays whole; a second tpu_cancel cuts that short. */
+static void stop_cleanly(struct run *u)
+{
+    if (u->cancelled)
+        return;
+    u->cancelled = 1;
+    u->eof = 1;
+    u->drain_deadline = wire_now_ms() + FIT_CANCEL_DRAIN_MS;
+    cli_cancel_rearm(&u->m->s->c->cancel);
+}
+
 /* Waits for the oldest execution and folds its answers in. */
 static int finish_oldest(struct run *u, uint64_t *t_last, err *e)
 {
@@ -244,14 +261,35 @@ static int finish_oldest(struct run *u, uint64_t *t_last, err *e)
     size_t bytes = 0;
     for (size_t i = 0; i < x->nb; i++)
         bytes += x->b[i].rows * (m->in_dim + 1) * sizeof(float) / u->n;
-    size_t failed = tio_wait(c, x->pa, model_deadline(c, bytes * u->depth), 2 * cli_coll_progress_ms(c) + 1000);
+    uint64_t grace = 2 * cli_coll_progress_ms(c) + 1000;
+    size_t failed = u->cancelled ? tio_wait(c, x->pa, u->drain_deadline, grace)
+                                 : tio_wait_soft(c, x->pa, model_deadline(c, bytes * u->depth), grace);
+    if (failed == TIO_INTERRUPTED) {
+        stop_cleanly(u);
+        failed = tio_wait(c, x->pa, u->drain_deadline, grace);
+    }
     u->head = (u->head + 1) % u->depth;
     u->inflight--;
+    if (failed && u->cancelled) {
+        const struct tio_ans *w = tio_worst(x->pa, u->n);
+        char why[64];
+        if (w && w->code == CODE_CANCELLED)
+            snprintf(why, sizeof why, "a second tpu_cancel came first");
+        else
+            snprintf(why, sizeof why, "not within %u ms", FIT_CANCEL_DRAIN_MS);
+        err_set(e, CODE_CANCELLED, "the call was cancelled (tpu_cancel) before the steps in flight finished (%s; %s): "
+                "the replicas may be out of step; re-initialize the TPU system and restore the model (load a "
+                "checkpoint, or compile it again)", why, w ? w->msg : "a step failed");
+        exec_release(u, x);
+        tio_abort(c);
+        return e->code;
+    }
     if (failed) {
         const struct tio_ans *w = tio_worst(x->pa, u->n);
         int lost = 0;
         for (size_t r = 0; r < u->n; r++)
-            lost |= x->ans[r].code == CODE_UNAVAILABLE || x->ans[r].code == CODE_DEADLINE_EXCEEDED;
+            lost |= x->ans[r].code == CODE_UNAVAILABLE || x->ans[r].code == CODE_DEADLINE_EXCEEDED ||
+                    x->ans[r].code == CODE_CANCELLED;
         err_set(e, w ? w->code : CODE_UNKNOWN, "%s", w ? w->msg : "the step failed");
         exec_release(u, x);
         if (lost)
@@ -423,6 +461,8 @@ static int run_epoch(tpu_model *m, tpu_dataset *ds, int mode, int epoch, size_t 
     u.batches_done = skip;
     rc = CODE_OK;
     while (rc == CODE_OK) {
+        if (cli_cancel_requested(&m->s->c->cancel))
+            stop_cleanly(&u);
         while (!u.eof && u.inflight < u.depth && rc == CODE_OK) {
             if (mode == TPUEMU__STEP_MODE__STEP_TRAIN)
                 for (size_t i = 0; i < o->num_callbacks && rc == CODE_OK; i++)
@@ -470,6 +510,10 @@ static int run_epoch(tpu_model *m, tpu_dataset *ds, int mode, int epoch, size_t 
     }
     if (rc != CODE_OK)
         drain(&u);
+    if (rc == CODE_OK && u.cancelled)
+        rc = err_set(e, CODE_CANCELLED, "the call was cancelled (tpu_cancel) after step %llu (epoch %d, batch %zu): "
+                     "every replica stopped there, and the model can go on from there",
+                     (unsigned long long)m->step, epoch + 1, u.batches_done);
     if (rows_out)
         *rows_out = u.out_put;
     tpu_dataset_iter_free(u.it);
@@ -540,12 +584,6 @@ struct elastic {
 static uint64_t now_ms(void)
 {
     return now_ns() / 1000000u;
-}
-
-static void sleep_ms(uint64_t ms)
-{
-    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 /* src cut to fit, as a string */
@@ -701,7 +739,8 @@ static int elastic_recover(tpu_model *m, tpu_dataset *ds, struct elastic *el, co
         }
         if (got || now_ms() >= deadline)
             break;
-        sleep_ms(200);
+        if (cli_sleep(c, 200, "elastic training's wait for the cores", e) != CODE_OK)
+            return e->code;
     }
     char first_why[ERR_MSG_MAX / 2];
     copy_str(first_why, sizeof first_why, why);
@@ -716,7 +755,8 @@ static int elastic_recover(tpu_model *m, tpu_dataset *ds, struct elastic *el, co
         }
         if (got || now_ms() >= settle + ELASTIC_INIT_MS)
             break;
-        sleep_ms(200);
+        if (cli_sleep(c, 200, "elastic training's wait for the cores", e) != CODE_OK)
+            return e->code;
     }
     if (!got) {
         if (live < 0)
@@ -873,6 +913,7 @@ tpu_status tpu_model_fit(tpu_model *m, tpu_dataset *ds, const tpu_fit_options *o
     int rc, stop = 0;
 
     CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    CLI_CALL(m->s->c);
     if (history)
         *history = NULL;
     if (!o) {
@@ -995,6 +1036,7 @@ tpu_status tpu_model_evaluate(tpu_model *m, tpu_dataset *ds, double *loss, doubl
     err e;
     int stop = 0;
     CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    CLI_CALL(m->s->c);
     memset(&o, 0, sizeof o);
     memset(&logs, 0, sizeof logs);
     if (prepare(m, ds, NULL, 1, "evaluate", &e) != CODE_OK ||
@@ -1015,6 +1057,7 @@ tpu_status tpu_model_predict(tpu_model *m, tpu_dataset *ds, float *out, size_t o
     int stop = 0;
     size_t got = 0;
     CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    CLI_CALL(m->s->c);
     memset(&o, 0, sizeof o);
     memset(&logs, 0, sizeof logs);
     if (rows)

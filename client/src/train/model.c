@@ -569,6 +569,7 @@ tpu_status tpu_model_compile(tpu_model *m, const tpu_compile_options *o)
     tpu_compile_options co;
     err e;
     CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    CLI_CALL(m->s->c);
     if (o)
         co = *o;
     else
@@ -677,7 +678,8 @@ static int request_all(tpu_model *m, Tpuemu__FrameHeader *h, const struct dpio_s
         const struct tio_ans *w = tio_worst(pa, n);
         int lost = 0;
         for (size_t r = 0; r < n; r++)
-            lost |= ans[r].code == CODE_UNAVAILABLE || ans[r].code == CODE_DEADLINE_EXCEEDED || !ans[r].done;
+            lost |= ans[r].code == CODE_UNAVAILABLE || ans[r].code == CODE_DEADLINE_EXCEEDED ||
+                    ans[r].code == CODE_CANCELLED || !ans[r].done;
         if (w && !strncmp(w->msg, "XLA:", 4)) /* XLA's report (it says what it was doing) leads, as on a TPU */
             rc = err_set(e, w->code, "%s", w->msg);
         else
@@ -885,6 +887,7 @@ tpu_status tpu_model_get_weights(tpu_model *m, int replica, float *out, size_t n
 {
     err e;
     CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    CLI_CALL(m->s->c);
     if (need_compiled(m, &e) != CODE_OK)
         return cli_fail(&e);
     size_t np = model_nparams(m), ns = (size_t)model_nslots(m);
@@ -919,6 +922,7 @@ tpu_status tpu_model_save_checkpoint(tpu_model *m, const char *path)
     err e;
     char desc[512];
     CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    CLI_CALL(m->s->c);
     if (!path || !*path)
         return cli_failf(TPU_INVALID_ARGUMENT, "no checkpoint path");
     if (need_compiled(m, &e) != CODE_OK)
@@ -1131,6 +1135,7 @@ tpu_status tpu_model_load_checkpoint(tpu_model *m, const char *path)
     struct model_snap sn;
     err e;
     CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    CLI_CALL(m->s->c);
     if (!m->configured)
         return cli_failf(TPU_FAILED_PRECONDITION, "compile the model (tpu_model_compile) before loading a checkpoint");
     if (!path || !*path)

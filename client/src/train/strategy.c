@@ -519,7 +519,8 @@ static int run_step(tpu_model *m, int mode, const tpu_per_replica *x, struct tio
             const struct tio_ans *w = tio_worst(pa, n);
             int lost = 0;
             for (size_t r = 0; r < n; r++)
-                lost |= ans[r].code == CODE_UNAVAILABLE || ans[r].code == CODE_DEADLINE_EXCEEDED;
+                lost |= ans[r].code == CODE_UNAVAILABLE || ans[r].code == CODE_DEADLINE_EXCEEDED ||
+                        ans[r].code == CODE_CANCELLED;
             rc = err_set(e, w ? w->code : CODE_UNKNOWN, "strategy.run: %s", w ? w->msg : "the step failed");
             if (lost)
                 tio_abort(c);
@@ -562,6 +563,7 @@ tpu_status tpu_strategy_run(tpu_strategy *s, tpu_step_fn fn, tpu_model *m, const
     int mode, rc;
     CHECK_HANDLE(s, MAGIC_STRATEGY, "tpu_strategy");
     CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    CLI_CALL(s->c);
     CHECK_HANDLE(x, MAGIC_PR, "tpu_per_replica");
     if (!out)
         return cli_failf(TPU_INVALID_ARGUMENT, "strategy.run: out is NULL");

@@ -196,12 +196,12 @@ static int state(void *arg)
     return any_failed ? DPIO_FAILING : DPIO_MORE;
 }
 
-size_t tio_wait(tpu_cluster *c, struct tio_ans *const *ans, uint64_t deadline_ms, uint64_t grace_ms)
+static size_t wait_ans(tpu_cluster *c, struct tio_ans *const *ans, uint64_t deadline_ms, uint64_t grace_ms, int soft)
 {
     static const struct dpio_ops ops = {on_header, on_frame, on_lost, state};
     struct cli_coll *k = c->coll;
     struct wait_ctx w = {k, ans};
-    struct dpio_run run = {&ops, &w, NULL, deadline_ms, grace_ms, 0};
+    struct dpio_run run = {&ops, &w, NULL, deadline_ms, grace_ms, 0, &c->cancel};
     size_t n = k->n, failed = 0;
     enum dpio_end end = DPIO_END_NOMEM;
 
@@ -212,11 +212,19 @@ size_t tio_wait(tpu_cluster *c, struct tio_ans *const *ans, uint64_t deadline_ms
         }
         end = dpio_run(k->peers, n, &run);
     }
+    if (soft && end == DPIO_END_CANCELLED) {
+        for (size_t r = 0; r < n; r++)
+            k->peers[r].reading = 0;
+        return TIO_INTERRUPTED;
+    }
     for (size_t r = 0; r < n; r++) {
         struct dpio_conn *p = &k->peers[r];
         p->reading = 0;
         if (end == DPIO_END_NOMEM)
             ans_fail(ans[r], CODE_RESOURCE_EXHAUSTED, "out of memory");
+        else if (end == DPIO_END_CANCELLED)
+            ans_fail(ans[r], CODE_CANCELLED, "training was cancelled (tpu_cancel) before core %s/%d answered", p->host,
+                     p->core);
         else if (end == DPIO_END_IDLE)
             ans_fail(ans[r], CODE_UNAVAILABLE, "core %s/%d has no data connection", p->host, p->core);
         else if (run.grace_used)
@@ -231,6 +239,16 @@ size_t tio_wait(tpu_cluster *c, struct tio_ans *const *ans, uint64_t deadline_ms
     return failed;
 }
 
+size_t tio_wait(tpu_cluster *c, struct tio_ans *const *ans, uint64_t deadline_ms, uint64_t grace_ms)
+{
+    return wait_ans(c, ans, deadline_ms, grace_ms, 0);
+}
+
+size_t tio_wait_soft(tpu_cluster *c, struct tio_ans *const *ans, uint64_t deadline_ms, uint64_t grace_ms)
+{
+    return wait_ans(c, ans, deadline_ms, grace_ms, 1);
+}
+
 const struct tio_ans *tio_worst(struct tio_ans *const *ans, size_t n)
 {
     const struct tio_ans *best = NULL;
@@ -242,7 +260,9 @@ const struct tio_ans *tio_worst(struct tio_ans *const *ans, size_t n)
             continue;
         /* a core the client gave up on because another failed first tells
          * least; a core that names the core that failed its all-reduce most */
-        if (strstr(a->msg, "after another core failed"))
+        if (a->code == CODE_CANCELLED) /* the caller's own word */
+            rank = 4;
+        else if (strstr(a->msg, "after another core failed"))
             rank = 0;
         else if (strstr(a->msg, "never sent") || strstr(a->msg, "did not answer") || strstr(a->msg, "stopped"))
             rank = 3;

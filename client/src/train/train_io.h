@@ -52,6 +52,12 @@ int tio_post(tpu_cluster *c, size_t r, Tpuemu__FrameHeader *h, const struct dpio
  * DEADLINE_EXCEEDED or UNAVAILABLE). */
 size_t tio_wait(tpu_cluster *c, struct tio_ans *const *ans, uint64_t deadline_ms, uint64_t grace_ms);
 
+/* tio_wait, except that tpu_cancel(c) leaves every answer pending (the
+ * requests stay in flight, the streams in step) and returns TIO_INTERRUPTED:
+ * the caller may wait for them again (fit's clean stop). */
+#define TIO_INTERRUPTED ((size_t)-1)
+size_t tio_wait_soft(tpu_cluster *c, struct tio_ans *const *ans, uint64_t deadline_ms, uint64_t grace_ms);
+
 /* Drops everything queued and pending and closes the connections (after a
  * failure: their streams are no longer in step). */
 void tio_abort(tpu_cluster *c);
