@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 #include <sodium.h>
 
@@ -22,12 +23,24 @@ int auth_from_token(auth *a, const char *token, size_t len, err *e)
 {
     static const char ctx[] = "tpuemu cluster key v1";
 
+    a->warning[0] = '\0';
     while (len > 0 && (token[len - 1] == '\n' || token[len - 1] == '\r'))
         len--;
     if (len < 16)
         return err_set(e, CODE_INVALID_ARGUMENT,
                        "the cluster token is %zu bytes long; use at least 16 random bytes "
                        "(for example: head -c 32 /dev/urandom | base64 > token)", len);
+    {
+        /* a token typed by hand ("aaaa...", "password12345678") passes the
+         * length check: a guesser tries those first */
+        unsigned char seen[256] = {0};
+        unsigned distinct = 0;
+        for (size_t i = 0; i < len; i++)
+            distinct += !seen[(unsigned char)token[i]]++;
+        if (distinct < 8)
+            snprintf(a->warning, sizeof a->warning, "the cluster token has only %u distinct bytes: it does not "
+                     "look random; make one with: head -c 32 /dev/urandom | base64", distinct);
+    }
     crypto_generichash(a->key, sizeof a->key, (const unsigned char *)token, len,
                        (const unsigned char *)ctx, sizeof ctx - 1);
     a->enabled = 1;
@@ -49,6 +62,8 @@ int auth_load(auth *a, const char *token_file, err *e)
                 e->code = CODE_INVALID_ARGUMENT;
             return CODE_INVALID_ARGUMENT;
         }
+        struct stat st;
+        int open_to_others = fstat(fd, &st) == 0 && (st.st_mode & 077);
         if (!(f = fdopen(fd, "rb"))) {
             close(fd);
             return err_set(e, CODE_INVALID_ARGUMENT, "cannot read token file %s: %s",
@@ -63,6 +78,13 @@ int auth_load(auth *a, const char *token_file, err *e)
         sodium_memzero(buf, sizeof buf);
         if (rc)
             err_prefix(e, "token file %s", token_file);
+        else if (open_to_others) { /* as OpenSSH says of a private key others can read */
+            char weak[sizeof a->warning];
+            snprintf(weak, sizeof weak, "%s", a->warning);
+            snprintf(a->warning, sizeof a->warning, "token file %.300s can be read by others than its owner (mode "
+                     "%04o): anyone who reads it holds the cluster; chmod 600 %.300s%s%.200s", token_file,
+                     (unsigned)(st.st_mode & 07777), token_file, weak[0] ? "; also: " : "", weak);
+        }
         return rc;
     }
     const char *t = getenv("TPUEMU_TOKEN");

@@ -19,6 +19,10 @@
 typedef struct auth {
     int enabled;
     unsigned char key[32];
+    /* auth_load: what is weak about the token, for the caller to show (a
+     * token of few distinct bytes, a token file others can read); "" if
+     * nothing */
+    char warning[1024];
 } auth;
 
 /* Loads the token from token_file if given, else from $TPUEMU_TOKEN, else leaves

@@ -18,7 +18,9 @@ int opt_parse_int(const char *s, long long lo, long long hi, long long *out)
     char *end;
     long long v;
 
-    if (!s || !*s)
+    /* digits, with a '-' in front at most: no blank, no '+' (strtoll would
+     * take both) */
+    if (!s || !*s || !((*s >= '0' && *s <= '9') || (*s == '-' && s[1] >= '0' && s[1] <= '9')))
         return -1;
     errno = 0;
     v = strtoll(s, &end, 10);
@@ -33,7 +35,7 @@ int opt_parse_bytes(const char *s, long long *out)
     char *end;
     unsigned long long v, mult = 1;
 
-    if (!s || !*s || *s == '-' || *s == '+')
+    if (!s || !(*s >= '0' && *s <= '9')) /* no sign, no blank */
         return -1;
     errno = 0;
     v = strtoull(s, &end, 10);

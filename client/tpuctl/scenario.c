@@ -133,7 +133,11 @@ int chaos_fault_args(tpu_fault *f, char *const *args, int nargs, char *peer, siz
 static int words(char *line, char **w)
 {
     int n = 0;
-    char *save = NULL, *hash = strchr(line, '#');
+    char *save = NULL, *hash = line;
+    /* a comment starts with '#' at the start of a word: "5#0" is one word
+     * (refused as a number), not 5 and a comment */
+    while ((hash = strchr(hash, '#')) && hash != line && !strchr(" \t", hash[-1]))
+        hash++;
     if (hash)
         *hash = '\0';
     for (char *t = strtok_r(line, " \t\r\n", &save); t; t = strtok_r(NULL, " \t\r\n", &save)) {
@@ -241,6 +245,14 @@ int scenario_load(const char *path, struct scenario *s, char *why, size_t errn)
     }
     while (fgets(line, sizeof line, fp)) {
         lineno++;
+        size_t got = strlen(line);
+        /* fgets stops at a newline, not at a NUL: a NUL inside the line
+         * leaves bytes after it, and the line without its newline */
+        if (got + 1 < sizeof line && !strchr(line, '\n') && !feof(fp)) {
+            snprintf(why, errn, "%s:%d: the line holds a NUL byte (column %zu): not a text file", path, lineno,
+                     got + 1);
+            goto bad;
+        }
         if (!strchr(line, '\n') && !feof(fp)) {
             snprintf(why, errn, "%s:%d: the line is longer than %zu characters", path, lineno, sizeof line - 2);
             goto bad;

@@ -57,6 +57,12 @@ void rsv_inject_fault(resolver *r, rreq *req, const Tpuemu__InjectFault *q)
                         "(the others are a core's: aim them at HOST/CORE)", kind);
         return;
     }
+    if (q->skew_ms || q->latency_ms || q->seed || (q->peer_host && *q->peer_host) || q->peer_core) {
+        rsv_reply_error(r, req, CODE_INVALID_ARGUMENT, "a fault on the resolver takes no skew, latency, seed or "
+                        "peer (got skew %d ms, latency %u ms, seed %u, peer '%.64s'/%d): those are a core's faults",
+                        (int)q->skew_ms, q->latency_ms, q->seed, q->peer_host ? q->peer_host : "", (int)q->peer_core);
+        return;
+    }
     if (q->percent || q->notice_ms || q->delay_ms || q->at_step ||
         (kind == TPUEMU__FAULT_KIND__FAULT_KILL && q->duration_ms) ||
         (kind == TPUEMU__FAULT_KIND__FAULT_PAUSE && (q->duration_ms < 1 || q->duration_ms > CHAOS_MAX_MS))) {

@@ -224,6 +224,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "tpu-resolver: %s\n", e.msg);
         return 2;
     }
+    if (r.auth.warning[0])
+        fprintf(stderr, "tpu-resolver: warning: %s\n", r.auth.warning);
     addr_format(la.host, la.port, shown, sizeof shown);
     if (!r.auth.enabled && !addr_is_loopback(la.host) && !st.insecure) {
         fprintf(stderr, "tpu-resolver: refusing to listen on %s without a cluster token: give "

@@ -941,3 +941,52 @@ Test(chaos, all_goes_on_past_a_core_that_does_not_answer, .timeout = 120)
     cr_assert(cl_wait_log(&c->workers[1], "fault injected", 5000), "see %s", c->workers[1].log);
     cluster_free(c);
 }
+
+/* Scenario text and resolver faults a careless or hostile hand writes: a NUL
+ * byte is named as one (not as a long line), "5#0" is not 5 %, " 50" and
+ * "+50" are not numbers, and a resolver pause with a field the resolver
+ * would ignore is refused naming it. */
+Test(chaos, scenario_text_and_resolver_fields_are_checked, .timeout = 60)
+{
+    cluster_opts o = {.hosts = 1, .cores_per_host = 1};
+    cluster *c = cluster_start(&o);
+    char path[600];
+    run_result r;
+    FILE *f;
+
+    snprintf(path, sizeof path, "%s/nul.txt", cl_tmpdir());
+    cr_assert_not_null(f = fopen(path, "wb"));
+    fwrite("at 600000ms slow h0/0 50\nat 0ms sl\0w h0/0 50\n", 1, 46, f);
+    fclose(f);
+    cluster_tpuctl(c, &r, 10000, "chaos", "--scenario", path, NULL);
+    cr_assert_eq(r.code, 2, "exit %d: %s", r.code, r.err);
+    cr_assert(strstr(r.err, "nul.txt:2: the line holds a NUL byte") && !strstr(r.err, "longer than"), "%s", r.err);
+    run_result_free(&r);
+    static const char *const bad[] = {"at 600000ms slow h0/0 5#0\n", "at 600000ms slow h0/0 +50\n",
+                                      "at step +3 kill h0/0\n"};
+    snprintf(path, sizeof path, "%s/num.txt", cl_tmpdir());
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_file(path, bad[i]);
+        cluster_tpuctl(c, &r, 10000, "chaos", "--scenario", path, NULL);
+        cr_assert_eq(r.code, 2, "'%s' was taken: exit %d: %s %s", bad[i], r.code, r.out, r.err);
+        run_result_free(&r);
+    }
+    cr_assert_not(cl_log_contains(&c->workers[0], "fault scheduled"), "see %s", c->workers[0].log);
+
+    tpu_resolver *rs;
+    tpu_cluster *tc;
+    cr_assert_eq(cluster_connect(c, &rs, &tc), TPU_OK, "%s", tpu_last_error());
+    tpu_fault p = {.kind = TPU_FAULT_PAUSE, .duration_ms = 100, .seed = 7};
+    cr_assert_eq(tpu_inject_resolver_fault(tc, &p), TPU_INVALID_ARGUMENT, "%s", tpu_last_error());
+    cr_assert(strstr(tpu_last_error(), "seed 7"), "%s", tpu_last_error());
+    p.seed = 0;
+    p.skew_ms = 5;
+    cr_assert_eq(tpu_inject_resolver_fault(tc, &p), TPU_INVALID_ARGUMENT, "%s", tpu_last_error());
+    p.skew_ms = 0;
+    p.peer_host = "h0";
+    cr_assert_eq(tpu_inject_resolver_fault(tc, &p), TPU_INVALID_ARGUMENT, "%s", tpu_last_error());
+    cr_assert(strstr(tpu_last_error(), "peer 'h0'"), "%s", tpu_last_error());
+    tpu_cluster_free(tc);
+    tpu_resolver_free(rs);
+    cluster_free(c);
+}

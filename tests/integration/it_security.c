@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@ static void write_token(const char *path, const char *tok)
     cr_assert_not_null(f);
     fprintf(f, "%s\n", tok);
     fclose(f);
+    chmod(path, 0600);
 }
 
 static uint64_t epoch_of(cluster *c)

@@ -584,6 +584,7 @@ cluster *cluster_start(const cluster_opts *o)
         cr_assert_not_null(f);
         fprintf(f, "%s\n", CL_TOKEN);
         fclose(f);
+        chmod(c->token_file, 0600); /* as the docs ask: readable by its owner only */
     }
     snprintf(c->resolver.log, sizeof c->resolver.log, "%s/resolver.log", c->dir);
     start_resolver(c, 1);

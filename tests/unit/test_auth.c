@@ -396,3 +396,30 @@ Test(auth, replay_cache_decides_as_the_plain_rules)
         replay_free(r);
     }
 }
+
+/* A token of few distinct bytes ("aaaa...") and a token file others can read
+ * are taken, with a warning the daemons and the client show (as OpenSSH
+ * warns of a private key others can read); a random one, mode 0600, with
+ * none. */
+Test(auth, weak_tokens_and_open_token_files_warn)
+{
+    auth a;
+    err e;
+    cr_assert_eq(auth_from_token(&a, "aaaaaaaaaaaaaaaa", 16, &e), CODE_OK, "%s", e.msg);
+    cr_assert(strstr(a.warning, "does not look random"), "'%s'", a.warning);
+    cr_assert_eq(auth_from_token(&a, TOKEN_A, strlen(TOKEN_A), &e), CODE_OK);
+    cr_assert_str_eq(a.warning, "");
+
+    char path[] = "/tmp/tpuemu-auth-XXXXXX";
+    int fd = mkstemp(path); /* 0600 */
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, TOKEN_A "\n", strlen(TOKEN_A) + 1), (ssize_t)strlen(TOKEN_A) + 1);
+    close(fd);
+    cr_assert_eq(auth_load(&a, path, &e), CODE_OK, "%s", e.msg);
+    cr_assert_str_eq(a.warning, "", "a private random token");
+    chmod(path, 0644);
+    cr_assert_eq(auth_load(&a, path, &e), CODE_OK, "%s", e.msg);
+    cr_assert(strstr(a.warning, path) && strstr(a.warning, "can be read by others") && strstr(a.warning, "0644"),
+              "'%s'", a.warning);
+    unlink(path);
+}

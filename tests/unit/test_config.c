@@ -245,9 +245,23 @@ Test(config, bad_bytes)
 {
     long long v = 7;
     const char *bad[] = {"", "-1", "+1", "M", "1MB", "1 M", "1.5G", "1X", "99999999999T",
-                         "18446744073709551616", "1GiBx"};
+                         "18446744073709551616", "1GiBx", " 1", "\t1M"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         cr_assert_eq(opt_parse_bytes(bad[i], &v), -1, "'%s' should be refused", bad[i]);
     cr_assert_eq(opt_parse_bytes(NULL, &v), -1);
     cr_assert_eq(v, 7, "out untouched on failure");
+}
+
+/* A number is digits with at most a '-' in front: no blank, no '+' (strtoll
+ * takes both, and " 5" or "+5" from a file or a flag went through). */
+Test(config, whole_numbers_are_digits_only)
+{
+    long long v = 7;
+    const char *bad[] = {" 5", "+5", "\t5", "\n5", "5 ", "- 5", "--5", "-", "", "5#0", "0x10"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        cr_assert_eq(opt_parse_int(bad[i], -100, 100, &v), -1, "'%s' should be refused", bad[i]);
+    cr_assert_eq(opt_parse_int("-5", -100, 100, &v), 0);
+    cr_assert_eq(v, -5);
+    cr_assert_eq(opt_parse_int("50", -100, 100, &v), 0);
+    cr_assert_eq(v, 50);
 }

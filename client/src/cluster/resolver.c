@@ -82,6 +82,8 @@ tpu_status tpu_resolver_new(const char *tpu, tpu_resolver **out)
     snprintf(r->master, sizeof r->master, "grpc://%s", r->ep_str[0]);
     if (auth_load(&r->auth, getenv("TPUEMU_TOKEN_FILE"), &e) != CODE_OK)
         goto fail;
+    if (r->auth.warning[0])
+        cli_warn("%s", r->auth.warning);
     r->timeout_ms = CLI_DEFAULT_TIMEOUT_MS;
     if (gethostname(host, sizeof host) != 0)
         snprintf(host, sizeof host, "unknown");
@@ -116,6 +118,8 @@ tpu_status tpu_resolver_set_token_file(tpu_resolver *r, const char *path)
         return cli_failf(TPU_INVALID_ARGUMENT, "tpu_resolver_set_token_file: empty path");
     if (auth_load(&a, path, &e) != CODE_OK)
         return cli_fail(&e);
+    if (a.warning[0])
+        cli_warn("%s", a.warning);
     r->auth = a;
     return TPU_OK;
 }

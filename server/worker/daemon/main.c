@@ -467,6 +467,8 @@ static int configure(struct worker *w, int argc, char **argv)
         fprintf(stderr, "tpu-worker: %s\n", e.msg);
         return EXIT_USAGE;
     }
+    if (w->auth.warning[0])
+        fprintf(stderr, "tpu-worker: warning: %s\n", w->auth.warning);
     if (!w->auth.enabled && !addr_is_loopback(w->listen) && !insecure) {
         fprintf(stderr, "tpu-worker: refusing to listen on %s without a cluster token: give "
                         "--token-file (or $TPUEMU_TOKEN), or --insecure to allow it\n", w->listen);
