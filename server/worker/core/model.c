@@ -35,6 +35,7 @@ struct layer {
     float *a;                   /* activations of the last forward, max_rows x osz */
     float *col;                 /* Conv2D: the last forward's patches (im2col), max_rows*outer x in */
     float *mask;                /* Dropout: the last training forward's mask (0 or 1/(1-rate)) */
+    uint32_t *arg;              /* MaxPooling2D: which input element each output took, per example */
     /* The last forward's bfloat16-rounded input (max_rows x in) and kernel
      * (in x units), kept for the backward matmuls when the model rounds its
      * operands itself (see preround); NULL in float32 models. */
@@ -265,6 +266,10 @@ int model_new(model **out, const struct model_cfg *cfg, mxu *u, err *e)
             if (!(L->mask = floats(rows, L->osz)))
                 goto oom;
             break;
+        case LK_MAX_POOL2D:
+            if (!(L->arg = calloc(rows * L->osz, sizeof *L->arg)))
+                goto oom;
+            break;
         default:
             break;
         }
@@ -303,6 +308,7 @@ void model_free(model *m)
             free(m->layer[l].a);
         free(m->layer[l].col);
         free(m->layer[l].mask);
+        free(m->layer[l].arg);
         free(m->layer[l].ar);
         free(m->layer[l].wr);
     }
@@ -725,17 +731,29 @@ static void col2im(const struct layer *L, const float *dcol, int rows, float *dx
     }
 }
 
-/* Max and average pooling, forward (y) or backward (dy -> dx, dx
- * overwritten). Max: the first maximum of the window in scan order takes the
- * gradient (TensorFlow's MaxPoolGrad); padding never wins. Average: over
- * the window's pixels inside the input (TensorFlow's "same" excludes the
- * padding). */
+/* Max and average pooling, forward (y; max also records in arg which input
+ * element won) or backward (dy -> dx, dx overwritten). Max: the first
+ * maximum of the window in scan order takes the gradient (TensorFlow's
+ * MaxPoolGrad); padding never wins. Average: over the window's pixels inside
+ * the input (TensorFlow's "same" excludes the padding). Channels innermost,
+ * as NHWC lays them out. */
 static void pool(const struct layer *L, const float *x, int rows, float *y, const float *dy, float *dx)
 {
     int H = L->ish.d[0], W = L->ish.d[1], C = L->ish.d[2], OH = L->osh.d[0], OW = L->osh.d[1];
     int mx = L->kind == LK_MAX_POOL2D;
+    uint32_t *arg = L->arg;
     if (dx)
         memset(dx, 0, (size_t)rows * L->isz * sizeof *dx);
+    if (dx && mx) {   /* scatter to the recorded winners */
+        for (int r = 0; r < rows; r++) {
+            const float *g = dy + (size_t)r * L->osz;
+            const uint32_t *ar = arg + (size_t)r * L->osz;
+            float *d = dx + (size_t)r * L->isz;
+            for (size_t i = 0; i < L->osz; i++)
+                d[ar[i]] += g[i];
+        }
+        return;
+    }
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * L->isz;
         for (int oy = 0; oy < OH; oy++)
@@ -745,37 +763,40 @@ static void pool(const struct layer *L, const float *x, int rows, float *y, cons
                 size_t o = (((size_t)r * (size_t)OH + (size_t)oy) * (size_t)OW + (size_t)ox) * (size_t)C;
                 y0 = y0 < 0 ? 0 : y0, x0 = x0 < 0 ? 0 : x0;
                 y1 = y1 > H ? H : y1, x1 = x1 > W ? W : x1;
-                for (int c = 0; c < C; c++) {
-                    size_t best = 0;
-                    float acc = 0.0f;
-                    int first = 1;
+                float cnt = (float)((y1 - y0) * (x1 - x0));
+                if (y) {
+                    float *restrict yo = y + o;
+                    uint32_t *restrict ao = mx ? arg + o : NULL;
+                    size_t first = ((size_t)y0 * (size_t)W + (size_t)x0) * (size_t)C;
+                    memcpy(yo, xr + first, (size_t)C * sizeof *yo);
+                    if (mx)
+                        for (int c = 0; c < C; c++)
+                            ao[c] = (uint32_t)(first + (size_t)c);
                     for (int iy = y0; iy < y1; iy++)
                         for (int ix = x0; ix < x1; ix++) {
-                            size_t i = ((size_t)iy * (size_t)W + (size_t)ix) * (size_t)C + (size_t)c;
+                            size_t p = ((size_t)iy * (size_t)W + (size_t)ix) * (size_t)C;
+                            const float *restrict xp = xr + p;
+                            if (p == first)
+                                continue;
                             if (mx) {
-                                if (first || xr[i] > acc)
-                                    acc = xr[i], best = i;
-                                first = 0;
+                                for (int c = 0; c < C; c++)
+                                    if (xp[c] > yo[c])
+                                        yo[c] = xp[c], ao[c] = (uint32_t)(p + (size_t)c);
                             } else
-                                acc += xr[i];
+                                for (int c = 0; c < C; c++)
+                                    yo[c] += xp[c];
                         }
-                    if (mx) {
-                        if (y)
-                            y[o + (size_t)c] = acc;
-                        else
-                            dx[(size_t)r * L->isz + best] += dy[o + (size_t)c];
-                    } else {
-                        float cnt = (float)((y1 - y0) * (x1 - x0));
-                        if (y)
-                            y[o + (size_t)c] = acc / cnt;
-                        else {
-                            float g = dy[o + (size_t)c] / cnt;
-                            for (int iy = y0; iy < y1; iy++)
-                                for (int ix = x0; ix < x1; ix++)
-                                    dx[(size_t)r * L->isz + ((size_t)iy * (size_t)W + (size_t)ix) * (size_t)C +
-                                       (size_t)c] += g;
+                    if (!mx)
+                        for (int c = 0; c < C; c++)
+                            yo[c] /= cnt;
+                } else {
+                    const float *restrict go = dy + o;
+                    for (int iy = y0; iy < y1; iy++)
+                        for (int ix = x0; ix < x1; ix++) {
+                            float *restrict dp = dx + (size_t)r * L->isz + ((size_t)iy * (size_t)W + (size_t)ix) * (size_t)C;
+                            for (int c = 0; c < C; c++)
+                                dp[c] += go[c] / cnt;
                         }
-                    }
                 }
             }
     }
