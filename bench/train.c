@@ -65,7 +65,8 @@ static int usage(const char *why)
         fprintf(stderr, "bench_train: %s\n", why);
     fprintf(stderr,
             "usage: bench_train --tpu HOST:PORT --cores N --batch PER_CORE [--seconds S] [--warmup STEPS]\n"
-            "                   [--data DIR] [--rows R] [--tile T] [--deterministic]\n"
+            "                   [--data DIR] [--rows R] [--tile T] [--deterministic] [--model mlp|cnn]\n"
+            "  --model M       mlp (default) or cnn: examples/fashion_mnist --model cnn's network\n"
             "                   [--header | --no-header | --header-only]\n"
             "  --cores N       cores to initialize (and train on)\n"
             "  --batch B       per-core batch; the global batch is B x N\n"
@@ -160,7 +161,34 @@ struct inproc {
     int steps;
 };
 
-static int deterministic;
+static int deterministic, cnn;
+
+/* --model cnn: examples/fashion_mnist --model cnn's layers after the input */
+static void cnn_layers(struct model_cfg *c)
+{
+    static const struct {
+        enum lkind k;
+        int units;
+        enum model_act act;
+        int win, same;
+        float rate;
+    } L[] = {{LK_CONV2D, 32, ACT_RELU, 3, 1, 0},  {LK_MAX_POOL2D, 0, ACT_LINEAR, 2, 0, 0},
+             {LK_CONV2D, 64, ACT_RELU, 3, 1, 0},  {LK_MAX_POOL2D, 0, ACT_LINEAR, 2, 0, 0},
+             {LK_DROPOUT, 0, ACT_LINEAR, 0, 0, 0.25f}, {LK_FLATTEN, 0, ACT_LINEAR, 0, 0, 0},
+             {LK_DENSE, HIDDEN, ACT_RELU, 0, 0, 0}, {LK_DROPOUT, 0, ACT_LINEAR, 0, 0, 0.5f},
+             {LK_DENSE, CLASSES, ACT_SOFTMAX, 0, 0, 0}};
+    c->in_shape = (struct lshape){3, {28, 28, 1}};
+    c->nlayers = (int)(sizeof L / sizeof *L);
+    for (int i = 0; i < c->nlayers; i++) {
+        memset(&c->kind[i], 0, sizeof c->kind[i]);
+        c->kind[i].kind = L[i].k;
+        c->kind[i].kh = c->kind[i].kw = L[i].win;
+        c->kind[i].same = L[i].same;
+        c->kind[i].rate = L[i].rate;
+        c->units[i] = L[i].units;
+        c->act[i] = L[i].act;
+    }
+}
 
 static int measure_inproc(int batch, unsigned tile, const float *x, const int32_t *y, struct inproc *out)
 {
@@ -188,6 +216,8 @@ static int measure_inproc(int batch, unsigned tile, const float *x, const int32_
     cfg.max_rows = batch;
     cfg.mxu_tile = tile;
     cfg.deterministic = deterministic;
+    if (cnn)
+        cnn_layers(&cfg);
     if (mxu_new(&u, tile, &e) != CODE_OK) {
         fprintf(stderr, "bench_train: matrix unit: %s\n", e.msg);
         return 1;
@@ -328,6 +358,13 @@ int main(int argc, char **argv)
             hdr = 0;
             continue;
         }
+        if (!strcmp(a, "--model") && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (strcmp(v, "cnn") && strcmp(v, "mlp"))
+                return usage("--model is mlp or cnn");
+            cnn = !strcmp(v, "cnn");
+            continue;
+        }
         if (!strcmp(a, "--deterministic")) {
             deterministic = 1;
             continue;
@@ -413,7 +450,16 @@ int main(int argc, char **argv)
         return fail("building the dataset");
     tpu_model *mdl;
     tpu_compile_options co;
-    if (tpu_model_new(strategy, IN_DIM, &mdl) || tpu_model_add_dense(mdl, HIDDEN, TPU_ACT_RELU) ||
+    if (tpu_model_new(strategy, IN_DIM, &mdl))
+        return fail("building the model");
+    if (cnn && (tpu_model_set_input_shape(mdl, (size_t[]){28, 28, 1}, 3) ||
+                tpu_model_add_conv2d(mdl, 32, 3, 3, 1, 1, TPU_PADDING_SAME, TPU_ACT_RELU) ||
+                tpu_model_add_max_pooling2d(mdl, 2, 2, 0, 0, TPU_PADDING_VALID) ||
+                tpu_model_add_conv2d(mdl, 64, 3, 3, 1, 1, TPU_PADDING_SAME, TPU_ACT_RELU) ||
+                tpu_model_add_max_pooling2d(mdl, 2, 2, 0, 0, TPU_PADDING_VALID) ||
+                tpu_model_add_dropout(mdl, 0.25f) || tpu_model_add_flatten(mdl)))
+        return fail("building the model");
+    if (tpu_model_add_dense(mdl, HIDDEN, TPU_ACT_RELU) || (cnn && tpu_model_add_dropout(mdl, 0.5f)) ||
         tpu_model_add_dense(mdl, CLASSES, TPU_ACT_SOFTMAX) || tpu_model_set_seed(mdl, 1))
         return fail("building the model");
     tpu_compile_options_init(&co);

@@ -20,7 +20,8 @@
 # with both builds, alternating ROUNDS times (default 3) so that both see the
 # same machine, then prints each build's median examples/s and their ratio.
 #
-# Environment: SECONDS_PER_RUN (measured seconds per configuration, default 2),
+# Environment: MODEL=cnn (examples/fashion_mnist --model cnn's convolutional
+# network instead of the MLP; default mlp), SECONDS_PER_RUN (measured seconds per configuration, default 2),
 # WARMUP (warm-up steps, default 20), DATA (a Fashion-MNIST IDX directory to
 # train on instead of synthetic rows), KEEP_LOGS=1 (keep the daemon logs),
 # TPU_TYPE (default v3), DETERMINISTIC=1 (run every row twice, in the default
@@ -38,6 +39,8 @@ cores_list=${2:-"1 2 4 8"}
 batches_list=${3:-"32 128 512"}
 secs=${SECONDS_PER_RUN:-2}
 warmup=${WARMUP:-20}
+model_args=()
+[ "${MODEL:-mlp}" != mlp ] && model_args=(--model "$MODEL")
 tpu_type=${TPU_TYPE:-v3}
 bin=$build/bin
 for b in bench_train tpu-worker tpu-resolver; do
@@ -154,7 +157,7 @@ run_rows() {
     for b in $batches_list; do
         echo "bench_train ($label): $n cores, per-core batch $b (warm-up $warmup steps, then ${secs} s)" >&2
         if ! "$b_bin/bench_train" --tpu "$tpu" --cores "$n" --batch "$b" --seconds "$secs" --warmup "$warmup" \
-                "${data_args[@]}" "${extra[@]}" --no-header >>"$rows.$label" 2>"$logdir/bench.$label.n$n.b$b.err"; then
+                "${data_args[@]}" "${model_args[@]}" "${extra[@]}" --no-header >>"$rows.$label" 2>"$logdir/bench.$label.n$n.b$b.err"; then
             echo "  FAILED: $(head -3 "$logdir/bench.$label.n$n.b$b.err")" >&2
             failed=1
         fi
