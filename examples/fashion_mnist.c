@@ -288,6 +288,7 @@ int main(int argc, char **argv)
     float lr = 0, decay_rate = 0.7f;
     int warmup_epochs = 1, deterministic = 0, cnn = 0;
     unsigned long long seed = 42;
+    tpu_set_warning_handler(tpu_warning_to_file, stderr); /* the library itself never prints */
     enum { SCHED_COSINE, SCHED_EXPONENTIAL, SCHED_CONSTANT } sched = SCHED_COSINE;
 
     setvbuf(stdout, NULL, _IOLBF, 0); /* progress lines as they happen, also into a pipe */
@@ -504,7 +505,8 @@ int main(int argc, char **argv)
     tpu_callback cbs[3];
     tpu_fit_options fo;
     size_t ncb = 2;
-    if (tpu_callback_progress(stdout, &cbs[0]) || tpu_callback_tensorboard(logdir, 10, 20, &cbs[1]))
+    if (tpu_callback_progress(stdout, &cbs[0]) || tpu_callback_tensorboard(logdir, 10, 20, &cbs[1]) ||
+        tpu_callback_profiler_report(&cbs[1], stdout))
         return fail("making the callbacks");
     if (ckpt && tpu_callback_checkpoint(ckpt, (uint64_t)ckpt_every, &cbs[ncb++]))
         return fail("making the checkpoint callback");
@@ -563,7 +565,7 @@ int main(int argc, char **argv)
         } while ((st = recover(cluster, &topology, model, &co, ckpt, replicas, recover_wait, &fo.resume)) != TPU_OK);
         if (!*tpu_callback_profiler_dir(&cbs[1])) { /* its batches start again after the resume */
             tpu_callback_free(&cbs[1]);
-            if (tpu_callback_tensorboard(logdir, 10, 20, &cbs[1]))
+            if (tpu_callback_tensorboard(logdir, 10, 20, &cbs[1]) || tpu_callback_profiler_report(&cbs[1], stdout))
                 return fail("making the TensorBoard callback");
         }
     }

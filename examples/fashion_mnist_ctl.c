@@ -115,6 +115,7 @@ int main(int argc, char **argv)
     const char *tpu = NULL, *data = DEFAULT_DATA;
     int epochs = 10, from_function = 0;
     long max_steps = 0;
+    tpu_set_warning_handler(tpu_warning_to_file, stderr); /* the library itself never prints */
 
     setvbuf(stdout, NULL, _IOLBF, 0);
     for (int i = 1; i < argc; i++) {

@@ -6,6 +6,7 @@
 
 #include "config.h"
 #include "tpuctl.h"
+#include "tpuemu/model.h"
 
 #define USAGE "tpuctl [--tpu ADDR] [--token-file F] [--json] [--timeout-ms T] COMMAND [ARGS]"
 
@@ -72,6 +73,7 @@ int main(int argc, char **argv)
         {"timeout-ms", NULL, OPT_INT, "5000", 1, 600000, "MS", "deadline of each call to the resolver",
          &g.timeout_ms},
     };
+    tpu_set_warning_handler(tpu_warning_to_file, stderr); /* the library itself never prints */
     size_t n = sizeof table / sizeof table[0];
     int first = argc;
     err e;

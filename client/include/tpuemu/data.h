@@ -181,7 +181,7 @@ typedef struct tpu_idx {
     void *data;       /* count elements, in host byte order */
 } tpu_idx;
 
-/* Reads path into *out (zeroed on failure; free it with tpu_idx_free).
+/* Reads path into *out (zeroed on failure; release it with tpu_idx_clear).
  * Errors name the file and what is wrong: TPU_NOT_FOUND (no such file),
  * TPU_PERMISSION_DENIED (not readable), TPU_DATA_LOSS (not an IDX file,
  * truncated, corrupt gzip, trailing data, dims that disagree with the size),
@@ -189,7 +189,10 @@ typedef struct tpu_idx {
  * TPU_RESOURCE_EXHAUSTED (larger than 4 GiB, out of memory), TPU_UNKNOWN
  * (another I/O error). */
 TPU_API tpu_status tpu_idx_read(const char *path, tpu_idx *out);
-/* Frees a->data and zeroes *a. NULL-safe. */
+/* Frees a->data and zeroes *a (the struct's contents: _clear; a handle's
+ * end is _free). NULL-safe. */
+TPU_API void tpu_idx_clear(tpu_idx *a);
+/* Deprecated name of tpu_idx_clear (kept until the next SOVERSION). */
 TPU_API void tpu_idx_free(tpu_idx *a);
 
 /* Unsigned-byte images as floats scaled by `scale` (1/255.0f for pixels in

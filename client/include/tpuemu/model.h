@@ -281,7 +281,7 @@ TPU_API tpu_status tpu_model_last_step_stats(const tpu_model *m, tpu_step_stats 
 /* A callback's hooks may be NULL. A hook returns TPU_OK to go on,
  * TPU_CANCELLED to stop training cleanly (fit returns TPU_OK with the
  * epochs done), anything else to stop fit with that status. destroy (may be
- * NULL) frees user when the callback is no longer needed (tpu_callback_free). */
+ * NULL) frees user when the callback is no longer needed (tpu_callback_clear). */
 typedef struct tpu_callback {
     tpu_status (*on_train_begin)(tpu_model *m, void *user);
     tpu_status (*on_epoch_begin)(tpu_model *m, int epoch, void *user);
@@ -292,6 +292,9 @@ typedef struct tpu_callback {
     void (*destroy)(void *user);
     void *user;
 } tpu_callback;
+/* Calls cb->destroy(cb->user) and zeroes *cb (the struct's contents). */
+TPU_API void tpu_callback_clear(tpu_callback *cb);
+/* Deprecated name of tpu_callback_clear (kept until the next SOVERSION). */
 TPU_API void tpu_callback_free(tpu_callback *cb);
 
 /* Keras' progress bar: on a terminal one line per epoch redrawn after each
@@ -308,8 +311,9 @@ TPU_API tpu_status tpu_callback_checkpoint(const char *path, uint64_t save_every
  * writes the trace to logdir/train/plugins/profile/RUN/HOST.trace.json.gz
  * (RUN: the local time, YYYY_MM_DD_HH_MM_SS), and beside it the overview
  * (HOST.overview.json), its picture (steps.svg) and the client's per-step
- * times (steps.json), and prints the overview. It also writes the epoch
- * scalars as tpu_callback_tensorboard does. */
+ * times (steps.json), and reports where they are with the overview to the
+ * FILE * of tpu_callback_profiler_report (none by default). It also writes
+ * the epoch scalars as tpu_callback_tensorboard does. */
 TPU_API tpu_status tpu_callback_profiler(const char *logdir, uint64_t first, uint64_t last, tpu_callback *cb);
 /* Keras' TensorBoard(log_dir, profile_batch): after every epoch, the
  * scalars epoch_loss and epoch_accuracy (step: the epoch, from 0) in an
@@ -321,6 +325,11 @@ TPU_API tpu_status tpu_callback_profiler(const char *logdir, uint64_t first, uin
  * last = 0 profiles nothing (profile_batch=0); else batches first..last are
  * profiled as tpu_callback_profiler does. */
 TPU_API tpu_status tpu_callback_tensorboard(const char *log_dir, uint64_t first, uint64_t last, tpu_callback *cb);
+/* Where a profiler or TensorBoard callback reports each profile it wrote
+ * ("Profile of batches ...", the overview, "Trace: PATH", "Picture: PATH"):
+ * out (NULL: nowhere, the default), which must outlive the callback.
+ * TPU_INVALID_ARGUMENT when cb is not such a callback. */
+TPU_API tpu_status tpu_callback_profiler_report(tpu_callback *cb, FILE *out);
 /* The run directory the profiler callback wrote ("" before it wrote one). */
 TPU_API const char *tpu_callback_profiler_dir(const tpu_callback *cb);
 
@@ -440,10 +449,14 @@ TPU_API tpu_status tpu_model_save_checkpoint(tpu_model *m, const char *path);
 TPU_API tpu_status tpu_model_load_checkpoint(tpu_model *m, const char *path);
 
 /* Warnings (batch sizes, elastic training's events, initializing a TPU
- * system again): fn(message, user); the default writes
- * "tpuemu: warning: ..." to stderr. NULL restores the default. Process-wide. */
+ * system again): fn(message, user). The library never prints: by default,
+ * and with fn NULL, warnings are dropped. Process-wide. */
 typedef void (*tpu_warning_fn)(const char *message, void *user);
 TPU_API void tpu_set_warning_handler(tpu_warning_fn fn, void *user);
+/* A ready handler: writes "tpuemu: warning: MESSAGE\n" to the FILE * given as
+ * user (NULL: nothing), as tpuctl does with stderr:
+ *   tpu_set_warning_handler(tpu_warning_to_file, stderr); */
+TPU_API void tpu_warning_to_file(const char *message, void *file);
 
 /* ---- custom training loops (tf.distribute.TPUStrategy) ----
  *
@@ -456,7 +469,7 @@ TPU_API void tpu_set_warning_handler(tpu_warning_fn fn, void *user);
  *           tpu_strategy_run(s, TPU_STEP_TRAIN, m, x, &o);      //   strategy.run(train_step, args=(x,))
  *           tpu_strategy_reduce(s, TPU_SUM, o.loss, TPU_AXIS_NONE, &loss, 1, &got);
  *           total += loss;                                      //   strategy.reduce(SUM, per_replica_losses)
- *           tpu_step_outputs_free(&o);  tpu_per_replica_free(x);
+ *           tpu_step_outputs_clear(&o);  tpu_per_replica_free(x);
  *       }
  *       tpu_dist_iter_free(it);
  *   }
@@ -557,6 +570,9 @@ typedef struct tpu_step_outputs {
  * all NULL. */
 TPU_API tpu_status tpu_strategy_run(tpu_strategy *s, tpu_step_fn fn, tpu_model *m, const tpu_per_replica *x,
                                     tpu_step_outputs *out);
+/* Frees what *o holds and zeroes it (the struct's contents). */
+TPU_API void tpu_step_outputs_clear(tpu_step_outputs *o);
+/* Deprecated name of tpu_step_outputs_clear (kept until the next SOVERSION). */
 TPU_API void tpu_step_outputs_free(tpu_step_outputs *o);
 TPU_API void tpu_per_replica_free(tpu_per_replica *pr);
 TPU_API int tpu_per_replica_num_replicas(const tpu_per_replica *pr);

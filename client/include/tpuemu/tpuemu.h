@@ -72,6 +72,9 @@ TPU_API const char *tpu_last_error(void);
 /* Version of the library as loaded at run time ("0.1.0"); compare with
  * TPUEMU_VERSION_STRING from tpuemu/version.h, the one compiled against. */
 TPU_API const char *tpu_version(void);
+/* The running library's TPUEMU_VERSION_NUMBER (MAJOR * 10000 + MINOR * 100 +
+ * PATCH), to compare with the one compiled against. */
+TPU_API int tpu_version_number(void);
 
 /* ---- resolver: where the cluster is (no network traffic) ---- */
 
@@ -220,10 +223,14 @@ TPU_API const char *tpu_cluster_spec_resolver_version(const tpu_cluster_spec *s)
 /* Health, with Cloud TPU's names (the Node's health and its symptoms). */
 typedef enum tpu_health {
     TPU_HEALTH_UNSPECIFIED = 0,    /* no cores, or none of them answers for itself (preempted) */
-    TPU_HEALTHY = 1,
+    TPU_HEALTH_HEALTHY = 1,
     TPU_HEALTH_TIMEOUT = 2,        /* it stopped answering: missed heartbeats */
-    TPU_UNHEALTHY_TENSORFLOW = 3,  /* the program cannot run on it: restarted out of the initialized system */
-    TPU_UNHEALTHY_MAINTENANCE = 4, /* down for a maintenance event */
+    TPU_HEALTH_UNHEALTHY_TENSORFLOW = 3,  /* the program cannot run on it: restarted out of the initialized system */
+    TPU_HEALTH_UNHEALTHY_MAINTENANCE = 4, /* down for a maintenance event */
+    /* deprecated names, kept until the next SOVERSION */
+    TPU_HEALTHY = TPU_HEALTH_HEALTHY,
+    TPU_UNHEALTHY_TENSORFLOW = TPU_HEALTH_UNHEALTHY_TENSORFLOW,
+    TPU_UNHEALTHY_MAINTENANCE = TPU_HEALTH_UNHEALTHY_MAINTENANCE,
 } tpu_health;
 typedef enum tpu_symptom {
     TPU_SYMPTOM_NONE = 0,
@@ -544,15 +551,23 @@ TPU_API tpu_status tpu_inject_resolver_fault(tpu_cluster *c, const tpu_fault *f)
  * contents are unspecified. tpu_last_collective() tells more, per replica. */
 
 typedef enum tpu_dtype {
-    TPU_F32 = 0,
-    TPU_BF16 = 1, /* bfloat16 (uint16_t storage), reduced in float32, rounded once */
+    TPU_DTYPE_F32 = 0,
+    TPU_DTYPE_BF16 = 1, /* bfloat16 (uint16_t storage), reduced in float32, rounded once */
+    /* deprecated names, kept until the next SOVERSION */
+    TPU_F32 = TPU_DTYPE_F32,
+    TPU_BF16 = TPU_DTYPE_BF16,
 } tpu_dtype;
 
 typedef enum tpu_reduce_op {
-    TPU_SUM = 0,
-    TPU_MEAN = 1, /* SUM, then one multiplication by 1/n at the end */
-    TPU_MAX = 2,  /* NaN propagates */
-    TPU_MIN = 3,
+    TPU_REDUCE_SUM = 0,
+    TPU_REDUCE_MEAN = 1, /* SUM, then one multiplication by 1/n at the end */
+    TPU_REDUCE_MAX = 2,  /* NaN propagates */
+    TPU_REDUCE_MIN = 3,
+    /* deprecated names, kept until the next SOVERSION */
+    TPU_SUM = TPU_REDUCE_SUM,
+    TPU_MEAN = TPU_REDUCE_MEAN,
+    TPU_MAX = TPU_REDUCE_MAX,
+    TPU_MIN = TPU_REDUCE_MIN,
 } tpu_reduce_op;
 
 typedef enum tpu_algo {

@@ -32,6 +32,11 @@ const char *tpu_version(void)
     return TPUEMU_VERSION_STRING;
 }
 
+int tpu_version_number(void)
+{
+    return TPUEMU_VERSION_NUMBER;
+}
+
 tpu_status cli_fail(const err *e)
 {
     last.code = e->code;

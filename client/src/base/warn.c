@@ -1,5 +1,6 @@
 /* The library's warnings: one process-wide handler (tpu_set_warning_handler),
- * reached from every room through cli_warn. */
+ * reached from every room through cli_warn. The library never prints: no
+ * handler, no output. */
 #include "client.h"
 
 #include <stdarg.h>
@@ -25,6 +26,10 @@ void cli_warn(const char *fmt, ...)
     va_end(ap);
     if (warn_fn)
         warn_fn(msg, warn_user);
-    else
-        fprintf(stderr, "tpuemu: warning: %s\n", msg);
+}
+
+void tpu_warning_to_file(const char *message, void *file)
+{
+    if (file && message)
+        fprintf((FILE *)file, "tpuemu: warning: %s\n", message);
 }

@@ -323,6 +323,11 @@ tpu_status tpu_idx_read(const char *path, tpu_idx *out)
 
 void tpu_idx_free(tpu_idx *a)
 {
+    tpu_idx_clear(a);
+}
+
+void tpu_idx_clear(tpu_idx *a)
+{
     if (!a)
         return;
     free(a->data);

@@ -16,6 +16,11 @@
 
 void tpu_callback_free(tpu_callback *cb)
 {
+    tpu_callback_clear(cb);
+}
+
+void tpu_callback_clear(tpu_callback *cb)
+{
     if (!cb)
         return;
     if (cb->destroy)
@@ -184,6 +189,7 @@ struct prof {
     char dir[4700];
     int written;
     tfevents train_ev, val_ev;      /* the event files, opened when first needed */
+    FILE *report;                   /* tpu_callback_profiler_report; NULL: none */
 };
 
 static void prof_free(void *user)
@@ -213,10 +219,12 @@ static tpu_status prof_write(struct prof *p, tpu_model *m)
         tpu_profile_free(pr);
         return tpu_last_status();
     }
-    printf("Profile of batches %llu-%llu (steps %llu-%llu):\n", (unsigned long long)p->first,
-           (unsigned long long)p->last, (unsigned long long)p->step_first, (unsigned long long)p->step_last);
-    tpu_profile_print_overview(pr, stdout);
-    printf("Trace: %s\n", file);
+    if (p->report) {
+        fprintf(p->report, "Profile of batches %llu-%llu (steps %llu-%llu):\n", (unsigned long long)p->first,
+                (unsigned long long)p->last, (unsigned long long)p->step_first, (unsigned long long)p->step_last);
+        tpu_profile_print_overview(pr, p->report);
+        fprintf(p->report, "Trace: %s\n", file);
+    }
     if ((slash = strrchr(file, '/')))
         *slash = '\0';
     snprintf(p->dir, sizeof p->dir, "%s", file);
@@ -230,8 +238,10 @@ static tpu_status prof_write(struct prof *p, tpu_model *m)
         tpu_profile_free(pr);
         return tpu_last_status();
     }
-    printf("Picture: %s\n", file);
-    fflush(stdout);
+    if (p->report) {
+        fprintf(p->report, "Picture: %s\n", file);
+        fflush(p->report);
+    }
     tpu_profile_free(pr);
     file[strlen(file) - 10] = '\0';
     memcpy(file + strlen(file), "/steps.json", 12);
@@ -399,6 +409,14 @@ tpu_status tpu_callback_profiler(const char *logdir, uint64_t first, uint64_t la
         return cli_failf(TPU_INVALID_ARGUMENT, "profiler: profile_batch '%llu,%llu' is not a range of batches "
                          "counted from 1", (unsigned long long)first, (unsigned long long)last);
     return tpu_callback_tensorboard(logdir, first, last, cb);
+}
+
+tpu_status tpu_callback_profiler_report(tpu_callback *cb, FILE *out)
+{
+    if (!cb || cb->destroy != prof_free)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_callback_profiler_report: not a profiler or TensorBoard callback");
+    ((struct prof *)cb->user)->report = out;
+    return TPU_OK;
 }
 
 const char *tpu_callback_profiler_dir(const tpu_callback *cb)

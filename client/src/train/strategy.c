@@ -456,6 +456,11 @@ static void outputs_clear(tpu_step_outputs *o)
 
 void tpu_step_outputs_free(tpu_step_outputs *o)
 {
+    tpu_step_outputs_clear(o);
+}
+
+void tpu_step_outputs_clear(tpu_step_outputs *o)
+{
     if (o)
         outputs_clear(o);
 }
