@@ -150,7 +150,8 @@ static int get_system(const struct tpuctl *g, tpu_resolver **r, tpu_cluster **c,
     *r = NULL;
     *c = NULL;
     if (tpu_resolver_new(g->tpu, r) != TPU_OK) {
-        fprintf(stderr, "tpuctl: --tpu: %s\n", tpu_last_error());
+        fprintf(stderr, "tpuctl: %s%s\n", strncmp(tpu_last_error(), "$TPUEMU_TPU_API", 15) ? "--tpu: " : "",
+                tpu_last_error());
         return EXIT_USAGE;
     }
     if ((g->token_file && *g->token_file && tpu_resolver_set_token_file(*r, g->token_file) != TPU_OK) ||

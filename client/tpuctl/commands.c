@@ -54,8 +54,10 @@ static int connect_cluster(const struct tpuctl *g, tpu_resolver **r, tpu_cluster
     *r = NULL;
     *c = NULL;
     if (tpu_resolver_new(g->tpu, r) != TPU_OK) {
-        /* a bad --tpu is the user's command line */
-        fprintf(stderr, "tpuctl: --tpu: %s\n", tpu_last_error());
+        /* a bad --tpu is the user's command line; a bad $TPUEMU_TPU_API the
+         * environment's, which the message names */
+        fprintf(stderr, "tpuctl: %s%s\n", strncmp(tpu_last_error(), "$TPUEMU_TPU_API", 15) ? "--tpu: " : "",
+                tpu_last_error());
         return EXIT_USAGE;
     }
     if ((g->token_file && *g->token_file && tpu_resolver_set_token_file(*r, g->token_file) != TPU_OK) ||

@@ -28,6 +28,49 @@ static int bare_word(const char *s)
     return !strchr(s, ',') && !strchr(s, ':') && !strchr(s, '[') && !strchr(s, '/');
 }
 
+/* A control byte in tpu (a \r from a file saved on Windows, an escape
+ * sequence): refused, shown escaped so the terminal prints what it is. */
+static int control_byte(const char *tpu, err *e)
+{
+    for (size_t i = 0; tpu[i]; i++) {
+        unsigned char ch = (unsigned char)tpu[i];
+        if (ch < 0x20 || ch == 0x7f) {
+            char shown[200];
+            size_t n = 0;
+            for (size_t k = 0; tpu[k] && n + 5 < sizeof shown; k++) {
+                unsigned char x = (unsigned char)tpu[k];
+                if (x < 0x20 || x == 0x7f)
+                    n += (size_t)snprintf(shown + n, sizeof shown - n, "\\x%02x", x);
+                else
+                    shown[n++] = (char)x;
+            }
+            shown[n] = '\0';
+            return err_set(e, CODE_INVALID_ARGUMENT, "the TPU '%s' holds a control byte (\\x%02x at position %zu): "
+                           "a TPU name or address is printable text (a line ending copied from a file?)", shown, ch,
+                           i + 1);
+        }
+    }
+    return CODE_OK;
+}
+
+/* In a comma list every entry is an address with a port or a scheme: a bare
+ * word there (a TPU name, a host without a port) would be looked up as a
+ * host name, in DNS. */
+static int list_entries(const char *tpu, err *e)
+{
+    const char *p = tpu;
+    while (p && *p) {
+        const char *comma = strchr(p, ',');
+        size_t n = comma ? (size_t)(comma - p) : strlen(p);
+        if (!memchr(p, ':', n) && !memchr(p, '[', n))
+            return err_set(e, CODE_INVALID_ARGUMENT, "'%.*s' in the list '%s' is neither HOST:PORT nor grpc://HOST: "
+                           "a comma list holds every host's address (a TPU name stands alone)", (int)(n < 200 ? n : 200),
+                           p, tpu);
+        p = comma ? comma + 1 : NULL;
+    }
+    return CODE_OK;
+}
+
 static int parse_name(tpu_resolver *r, const char *tpu, err *e)
 {
     const char *api = getenv("TPUEMU_TPU_API");
@@ -65,9 +108,13 @@ tpu_status tpu_resolver_new(const char *tpu, tpu_resolver **out)
     r = calloc(1, sizeof *r);
     if (!r)
         return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory");
+    if (control_byte(tpu, &e) != CODE_OK)
+        goto fail;
     if (bare_word(tpu)) {
         if (parse_name(r, tpu, &e) != CODE_OK)
             goto fail;
+    } else if (strchr(tpu, ',') && list_entries(tpu, &e) != CODE_OK) {
+        goto fail;
     } else if (addr_parse_list(tpu, ADDR_DEFAULT_PORT, r->eps, CLI_MAX_ENDPOINTS, &r->n, &e) != CODE_OK) {
         goto fail;
     }

@@ -822,7 +822,8 @@ tpu_status tpu_profile_write(const tpu_profile *p, const char *logdir, char *pat
     }
     snprintf(dir, sizeof dir, "%s/plugins/profile/%s", logdir, run);
     if (mkdirs(dir) < 0)
-        return cli_failf(TPU_PERMISSION_DENIED, "profile: cannot create %s: %s", dir, strerror(errno));
+        return cli_failf((tpu_status)safefile_errno_code(errno), "profile: cannot create %s: %s", dir,
+                         strerror(errno));
     snprintf(file, sizeof file, "%s/%s.trace.json.gz", dir, host);
     struct safefile sf;
     err werr;

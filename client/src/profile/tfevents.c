@@ -3,6 +3,7 @@
  * by hand (field numbers from tensorflow/core/util/event.proto,
  * tensorflow/core/framework/summary.proto, tensor.proto and types.proto). */
 #include "tfevents.h"
+#include "safefile.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -154,9 +155,9 @@ int tfevents_profile_empty(const char *dir, err *e)
     DIR *d;
     struct dirent *de;
     if (tfevents_mkdirs(dir) < 0)
-        return err_set(e, CODE_PERMISSION_DENIED, "cannot create %s: %s", dir, strerror(errno));
+        return err_set(e, safefile_errno_code(errno), "cannot create %s: %s", dir, strerror(errno));
     if (!(d = opendir(dir)))
-        return err_set(e, CODE_PERMISSION_DENIED, "cannot read %s: %s", dir, strerror(errno));
+        return err_set(e, safefile_errno_code(errno), "cannot read %s: %s", dir, strerror(errno));
     while ((de = readdir(d))) {
         size_t n = strlen(de->d_name);
         if (n >= 14 && strcmp(de->d_name + n - 14, ".profile-empty") == 0) {
@@ -166,7 +167,7 @@ int tfevents_profile_empty(const char *dir, err *e)
     }
     closedir(d);
     if (open_file(&w, dir, ".profile-empty", e) != CODE_OK)
-        return e->code == CODE_PERMISSION_DENIED && errno == EEXIST ? CODE_OK : e->code;
+        return e->code == CODE_ALREADY_EXISTS ? CODE_OK : e->code; /* another writer made it first */
     return tfevents_close(&w, e);
 }
 
@@ -181,12 +182,12 @@ static int open_file(tfevents *w, const char *dir, const char *suffix, err *e)
     memset(w, 0, sizeof *w);
     gethostname(host, sizeof host - 1);
     if (tfevents_mkdirs(dir) < 0)
-        return err_set(e, CODE_PERMISSION_DENIED, "TensorBoard: cannot create %s: %s", dir, strerror(errno));
+        return err_set(e, safefile_errno_code(errno), "TensorBoard: cannot create %s: %s", dir, strerror(errno));
     if ((size_t)snprintf(w->path, sizeof w->path, "%s/events.out.tfevents.%010lld.%s%s", dir, (long long)now, host,
                          suffix) >= sizeof w->path)
         return err_set(e, CODE_INVALID_ARGUMENT, "TensorBoard: the log directory's path is too long");
     if (!(w->f = fopen(w->path, "wbx")))
-        return err_set(e, CODE_PERMISSION_DENIED, "TensorBoard: cannot create %s: %s", w->path, strerror(errno));
+        return err_set(e, errno == EEXIST ? CODE_ALREADY_EXISTS : safefile_errno_code(errno), "TensorBoard: cannot create %s: %s", w->path, strerror(errno));
     fixed64(&ev, 1, &wt);                        /* Event.wall_time */
     bytes(&ev, 3, version, sizeof version - 1);  /* Event.file_version */
     if (record(w, &ev, e) != CODE_OK) {
