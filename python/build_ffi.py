@@ -7,7 +7,9 @@ declaration, through the C preprocessor), so the module always has the
 library's whole API. The types the Python layer reads are declared here by
 hand with only the fields it uses, followed by "...;": their layout comes from
 the real header when the module is compiled, and a field or an enum constant
-the Python layer needs that the header no longer has fails the build.
+the Python layer needs that the header no longer has fails the build. Types
+it does not read are declared without fields (enums as int), so a new type in
+a header needs nothing here.
 """
 import os
 import re
@@ -325,6 +327,11 @@ typedef struct tpu_profile_core {
     ...;
 } tpu_profile_core;
 typedef struct tpu_profile_summary { ...; } tpu_profile_summary;
+typedef struct tpu_eval_options {
+    const tpu_callback *callbacks;
+    size_t num_callbacks;
+    ...;
+} tpu_eval_options;
 
 /* C's stdout, for the library's progress bar and the profiler's overview */
 extern FILE *stdout;
@@ -369,7 +376,17 @@ def declarations(include_dirs):
         elif ch == ";" and depth == 0:
             stmts.append(" ".join(cur.split()))
             cur = ""
-    return "\n".join(s for s in stmts if not s.startswith("typedef") and "(" in s)
+    # a type of the headers the Python layer does not use: declared without
+    # fields (its layout from the header; pointers to it pass through) or,
+    # for an enum, as the int it converts to, so its functions are there too
+    known = set(re.findall(r"\b(tpu_\w+)\s*;", TYPES)) | set(re.findall(r"\}\s*(tpu_\w+)\s*;", TYPES))
+    extra = []
+    for st in stmts:
+        m = re.match(r"typedef (struct|enum) (tpu_\w+) \{.*\} (tpu_\w+)\s*;$", st)
+        if m and m.group(3) not in known:
+            extra.append("typedef struct %s { ...; } %s;" % (m.group(2), m.group(3)) if m.group(1) == "struct"
+                         else "typedef int %s;" % m.group(3))
+    return "\n".join(extra + [s for s in stmts if not s.startswith("typedef") and "(" in s])
 
 
 def main():

@@ -222,3 +222,46 @@ def test_custom_loop_with_run_and_reduce(strategy):
     assert abs(test_total / k - loss) < 1e-4
     with pytest.raises(NotImplementedError, match="train_step"):
         strategy.run(lambda b: b, args=(batch,))
+
+
+def test_evaluate_and_predict_take_callbacks(strategy):
+    x, y = _data()
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(512)
+    m = _model(strategy)
+    m.fit(ds, epochs=1, verbose=0)
+    calls = []
+
+    class Rec(tf.keras.callbacks.Callback):
+        def on_test_begin(self, logs=None):
+            calls.append("test_begin")
+
+        def on_test_batch_end(self, batch, logs=None):
+            calls.append(("test_batch", batch, sorted(logs)))
+
+        def on_test_end(self, logs=None):
+            calls.append(("test_end", logs))
+
+        def on_predict_batch_begin(self, batch, logs=None):
+            calls.append(("predict_batch", batch))
+
+        def on_predict_end(self, logs=None):
+            calls.append("predict_end")
+
+    loss, acc = m.evaluate(ds, callbacks=[Rec()], verbose=0)
+    assert calls[0] == "test_begin"
+    assert [c[1] for c in calls[1:-1]] == list(range(8))
+    assert calls[1][2] == ["accuracy", "loss"]
+    assert calls[-1][0] == "test_end" and calls[-1][1]["loss"] == loss and calls[-1][1]["accuracy"] == acc
+    calls.clear()
+    p = m.predict(ds, callbacks=[Rec()], verbose=0)
+    assert p.shape == (4096, 4)
+    assert calls == [("predict_batch", i) for i in range(8)] + ["predict_end"]
+    boom = ValueError("stop predicting")
+
+    class Bomb(tf.keras.callbacks.Callback):
+        def on_predict_batch_end(self, batch, logs=None):
+            raise boom
+
+    with pytest.raises(ValueError) as ei:
+        m.predict(ds, callbacks=[Bomb()], verbose=0)
+    assert ei.value is boom

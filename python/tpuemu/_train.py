@@ -196,8 +196,16 @@ class _Hooks:
     """One C callback dispatching to Python objects with Keras' methods
     (on_epoch_begin(epoch, logs), on_train_batch_end(batch, logs), ...)."""
 
-    def __init__(self, model, callbacks, cancel, batches=True):
+    FIT = {"begin": "on_train_begin", "epoch_begin": "on_epoch_begin", "batch_begin": "on_train_batch_begin",
+           "batch_end": "on_train_batch_end", "epoch_end": "on_epoch_end", "end": "on_train_end"}
+    EVALUATE = {"begin": "on_test_begin", "batch_begin": "on_test_batch_begin", "batch_end": "on_test_batch_end",
+                "end": "on_test_end"}
+    PREDICT = {"begin": "on_predict_begin", "batch_begin": "on_predict_batch_begin",
+               "batch_end": "on_predict_batch_end", "end": "on_predict_end"}
+
+    def __init__(self, model, callbacks, cancel, batches=True, names=FIT):
         self.model = model
+        self.names = names
         self.callbacks = list(callbacks)
         self.cancel = cancel
         self.exc = None
@@ -212,7 +220,10 @@ class _Hooks:
             self.c.on_batch_begin = lib._py_on_batch_begin
             self.c.on_batch_end = lib._py_on_batch_end
 
-    def dispatch(self, method, *args):
+    def dispatch(self, kind, *args):
+        method = self.names.get(kind)
+        if method is None:
+            return lib.TPU_OK
         if self.exc is not None:
             return lib.TPU_ABORTED
         if self.cancel is not None and self.cancel.requested:
@@ -228,6 +239,13 @@ class _Hooks:
         if getattr(self.model, "stop_training", False):
             return lib.TPU_CANCELLED
         return lib.TPU_OK
+
+
+def _logs(self, lg):
+    return {} if self.names is _Hooks.PREDICT else logs_dict(lg)
+
+
+_Hooks.logs = _logs
 
 
 def logs_dict(lg, prefix=""):
@@ -247,32 +265,32 @@ def _hooks(user):
 
 @ffi.def_extern(error=lib.TPU_ABORTED)
 def _py_on_train_begin(m, user):
-    return _hooks(user).dispatch("on_train_begin", {})
+    return _hooks(user).dispatch("begin", {})
 
 
 @ffi.def_extern(error=lib.TPU_ABORTED)
 def _py_on_epoch_begin(m, epoch, user):
-    return _hooks(user).dispatch("on_epoch_begin", epoch, {})
+    return _hooks(user).dispatch("epoch_begin", epoch, {})
 
 
 @ffi.def_extern(error=lib.TPU_ABORTED)
 def _py_on_batch_begin(m, epoch, batch, user):
-    return _hooks(user).dispatch("on_train_batch_begin", batch, {})
+    return _hooks(user).dispatch("batch_begin", batch, {})
 
 
 @ffi.def_extern(error=lib.TPU_ABORTED)
 def _py_on_batch_end(m, epoch, batch, logs, user):
-    return _hooks(user).dispatch("on_train_batch_end", batch, logs_dict(logs))
+    return _hooks(user).dispatch("batch_end", batch, _hooks(user).logs(logs))
 
 
 @ffi.def_extern(error=lib.TPU_ABORTED)
 def _py_on_epoch_end(m, epoch, logs, user):
-    return _hooks(user).dispatch("on_epoch_end", epoch, logs_dict(logs))
+    return _hooks(user).dispatch("epoch_end", epoch, logs_dict(logs))
 
 
 @ffi.def_extern(error=lib.TPU_ABORTED)
 def _py_on_train_end(m, logs, user):
-    return _hooks(user).dispatch("on_train_end", logs_dict(logs))
+    return _hooks(user).dispatch("end", _hooks(user).logs(logs))
 
 
 # ---------------------------------------------------------------- history
@@ -411,19 +429,44 @@ class Model:
             raise err
         return history
 
-    def evaluate(self, dataset):
-        """(loss, accuracy) over the dataset (accuracy NaN when not computed)."""
+    def _eval_hooks(self, callbacks, names, cancel):
+        want = not HAVE_CANCEL or any(
+            _overrides(cb, (names["batch_begin"], names["batch_end"])) for cb in callbacks)
+        hooks = _Hooks(self, callbacks, cancel, batches=want, names=names)
+        eo = ffi.new("tpu_eval_options *")
+        lib.tpu_eval_options_init(eo)
+        eo.callbacks = hooks.c
+        eo.num_callbacks = 1
+        return hooks, eo
+
+    def evaluate(self, dataset, callbacks=()):
+        """(loss, accuracy) over the dataset (accuracy NaN when not computed); Python
+        callbacks get Keras' on_test_* hooks."""
         loss, acc = ffi.new("double *"), ffi.new("double *")
-        _call(lib.tpu_model_evaluate, self._h, dataset.c(self._sparse()), loss, acc,
-              cancel=Cancel(self.strategy.cluster._h))
+        cancel = Cancel(self.strategy.cluster._h)
+        hooks, eo = self._eval_hooks(callbacks, _Hooks.EVALUATE, cancel)
+        try:
+            _call(lib.tpu_model_evaluate_with, self._h, dataset.c(self._sparse()), eo, loss, acc, cancel=cancel)
+        except errors.OpError:
+            if hooks.exc is not None:
+                raise hooks.exc
+            raise
         return loss[0], acc[0]
 
-    def predict(self, dataset):
+    def predict(self, dataset, callbacks=()):
+        """The last layer's outputs (rows x units); Python callbacks get on_predict_* hooks."""
         rows = dataset.num_rows
         out = np.empty((rows, self.units[-1]), dtype=np.float32)
         got = ffi.new("size_t *")
-        _call(lib.tpu_model_predict, self._h, dataset.c(), ffi.cast("float *", ffi.from_buffer(out)), rows, got,
-              cancel=Cancel(self.strategy.cluster._h))
+        cancel = Cancel(self.strategy.cluster._h)
+        hooks, eo = self._eval_hooks(callbacks, _Hooks.PREDICT, cancel)
+        try:
+            _call(lib.tpu_model_predict_with, self._h, dataset.c(), eo, ffi.cast("float *", ffi.from_buffer(out)),
+                  rows, got, cancel=cancel)
+        except errors.OpError:
+            if hooks.exc is not None:
+                raise hooks.exc
+            raise
         return out[:got[0]]
 
     def get_weights(self, replica=0):

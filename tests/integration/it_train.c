@@ -915,6 +915,119 @@ Test(train, evaluate_and_predict, .timeout = 60)
     ct_free(t);
 }
 
+/* what evaluate's and predict's callbacks saw */
+typedef struct pass_log {
+    int begins, ends;
+    size_t batch_begins, batch_ends, last_batch;
+    double end_loss;
+    int cancel_after; /* on_batch_end returns TPU_CANCELLED after this batch (-1: never) */
+} pass_log;
+
+static tpu_status pass_begin(tpu_model *m, void *user)
+{
+    (void)m;
+    ((pass_log *)user)->begins++;
+    return TPU_OK;
+}
+
+static tpu_status pass_batch_begin(tpu_model *m, int epoch, size_t batch, void *user)
+{
+    pass_log *l = user;
+    (void)m;
+    cr_assert_eq(epoch, 0);
+    cr_assert_eq(batch, l->batch_begins, "on_batch_begin %zu after %zu begins", batch, l->batch_begins);
+    l->batch_begins++;
+    return TPU_OK;
+}
+
+static tpu_status pass_batch_end(tpu_model *m, int epoch, size_t batch, const tpu_logs *lg, void *user)
+{
+    pass_log *l = user;
+    (void)m, (void)epoch, (void)lg;
+    l->batch_ends++;
+    l->last_batch = batch;
+    return l->cancel_after >= 0 && batch >= (size_t)l->cancel_after ? TPU_CANCELLED : TPU_OK;
+}
+
+static tpu_status pass_end(tpu_model *m, const tpu_logs *lg, void *user)
+{
+    pass_log *l = user;
+    (void)m;
+    l->ends++;
+    l->end_loss = lg->loss;
+    return TPU_OK;
+}
+
+static tpu_status pass_fail(tpu_model *m, int epoch, size_t batch, const tpu_logs *lg, void *user)
+{
+    (void)m, (void)epoch, (void)lg, (void)user;
+    return batch == 2 ? TPU_ABORTED : TPU_OK;
+}
+
+/* Keras' evaluate(callbacks=) and predict(callbacks=): begin, every batch
+ * (exactly the dataset's batches), end with evaluate's logs; TPU_CANCELLED
+ * ends the pass early; another status fails the call with it. */
+Test(train, evaluate_and_predict_take_callbacks, .timeout = 60)
+{
+    colltest *t = ct_start(1, (int[]){2}, NULL, HB_MS);
+    tpu_strategy *s;
+    CALL_OK(tpu_strategy_new(t->c, &s));
+    blobs b = blobs_make(480, DIM, 2.0, 10);
+    tpu_dataset *test = make_ds(&b, 48, 0, 0); /* 10 batches */
+    tpu_model *m = make_model(s, DIM, 32, 12);
+    tpu_compile_options co = copts(tpu_optimizer_adam(0.01f), TPU_POLICY_FLOAT32, 48);
+    CALL_OK(tpu_model_compile(m, &co));
+
+    pass_log l = {.cancel_after = -1};
+    tpu_callback cb = {.on_train_begin = pass_begin,
+                       .on_batch_begin = pass_batch_begin,
+                       .on_batch_end = pass_batch_end,
+                       .on_train_end = pass_end,
+                       .user = &l};
+    tpu_eval_options eo;
+    tpu_eval_options_init(&eo);
+    cr_assert(eo.callbacks == NULL && eo.num_callbacks == 0);
+    eo.callbacks = &cb;
+    eo.num_callbacks = 1;
+    double loss, acc, loss0;
+    CALL_OK(tpu_model_evaluate(m, test, &loss0, NULL));
+    CALL_OK(tpu_model_evaluate_with(m, test, &eo, &loss, &acc));
+    cr_assert(memcmp(&loss, &loss0, sizeof loss) == 0, "with callbacks %.17g, without %.17g", loss, loss0);
+    cr_assert(l.begins == 1 && l.ends == 1, "begin %d, end %d", l.begins, l.ends);
+    cr_assert(l.batch_begins == 10 && l.batch_ends == 10 && l.last_batch == 9, "batches: %zu begun, %zu ended",
+              l.batch_begins, l.batch_ends);
+    cr_assert(memcmp(&l.end_loss, &loss, sizeof loss) == 0, "on_train_end's loss %g, evaluate's %g", l.end_loss, loss);
+
+    float *p = malloc(b.n * CLASSES * sizeof(float));
+    size_t rows = 0;
+    cr_assert_not_null(p);
+    memset(&l, 0, sizeof l);
+    l.cancel_after = 3;
+    CALL_OK(tpu_model_predict_with(m, test, &eo, p, b.n, &rows));
+    /* the executions already in flight (infeed depth 2) still end */
+    cr_assert(l.begins == 1 && l.ends == 1 && l.batch_ends >= 4 && l.batch_ends <= 6,
+              "cancelled after batch 3: %zu batches ended", l.batch_ends);
+    cr_assert(rows == l.batch_ends * 48, "a pass cancelled after %zu of 10 batches gave %zu rows", l.batch_ends, rows);
+    cr_assert(isnan(l.end_loss), "predict's logs carry no loss");
+
+    memset(&l, 0, sizeof l);
+    cb.on_batch_end = pass_fail;
+    tpu_status st = tpu_model_evaluate_with(m, test, &eo, &loss, NULL);
+    cr_assert_eq(st, TPU_ABORTED, "a hook's status: %s: %s", tpu_status_name(st), tpu_last_error());
+    /* the model works after it; the plain calls take no callbacks */
+    CALL_OK(tpu_model_evaluate_with(m, test, NULL, &loss, NULL));
+    cr_assert(memcmp(&loss, &loss0, sizeof loss) == 0);
+    eo.callbacks = NULL;
+    cr_assert_eq(tpu_model_evaluate_with(m, test, &eo, &loss, NULL), TPU_INVALID_ARGUMENT);
+
+    free(p);
+    tpu_dataset_free(test);
+    tpu_model_free(m);
+    blobs_free(&b);
+    tpu_strategy_free(s);
+    ct_free(t);
+}
+
 /* ---- 8 ---- */
 
 #define KILL_HB_MS 200

@@ -424,6 +424,27 @@ TPU_API tpu_status tpu_model_evaluate(tpu_model *m, tpu_dataset *ds, double *los
  * (room for out_rows rows). TPU_OUT_OF_RANGE if the dataset has more rows. */
 TPU_API tpu_status tpu_model_predict(tpu_model *m, tpu_dataset *ds, float *out, size_t out_rows, size_t *rows);
 
+/* Options of evaluate and predict, as Keras' evaluate(..., callbacks=) and
+ * predict(..., callbacks=) take them. Each callback's on_train_begin runs
+ * before the pass (Keras' on_test_begin / on_predict_begin), on_batch_begin
+ * and on_batch_end around every execution (epoch 0, the batch's index in the
+ * pass; evaluate's logs carry the loss and accuracy so far), and
+ * on_train_end after it (evaluate's final logs; predict's loss and accuracy
+ * are NaN); the epoch hooks are not called. A hook returning TPU_CANCELLED
+ * ends the pass early (the results cover the batches done); another status
+ * fails the call with it. Fill with tpu_eval_options_init before setting
+ * fields: fields may be added at the end. */
+typedef struct tpu_eval_options {
+    const tpu_callback *callbacks;
+    size_t num_callbacks;
+} tpu_eval_options;
+TPU_API void tpu_eval_options_init(tpu_eval_options *o);
+/* tpu_model_evaluate and tpu_model_predict with options (o may be NULL). */
+TPU_API tpu_status tpu_model_evaluate_with(tpu_model *m, tpu_dataset *ds, const tpu_eval_options *o, double *loss,
+                                           double *accuracy);
+TPU_API tpu_status tpu_model_predict_with(tpu_model *m, tpu_dataset *ds, const tpu_eval_options *o, float *out,
+                                          size_t out_rows, size_t *rows);
+
 /* The notice (preemption, maintenance) the last training answers carried:
  * of all replicas, the one whose event comes soonest; kind TPU_NOTICE_NONE
  * when none did. *replica (may be NULL) gets its replica, -1 for none. A

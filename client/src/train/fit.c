@@ -464,16 +464,16 @@ static int run_epoch(tpu_model *m, tpu_dataset *ds, int mode, int epoch, size_t 
         if (cli_cancel_requested(&m->s->c->cancel))
             stop_cleanly(&u);
         while (!u.eof && u.inflight < u.depth && rc == CODE_OK) {
-            if (mode == TPUEMU__STEP_MODE__STEP_TRAIN)
-                for (size_t i = 0; i < o->num_callbacks && rc == CODE_OK; i++)
-                    if (o->callbacks[i].on_batch_begin) {
-                        tpu_status cs = o->callbacks[i].on_batch_begin(m, epoch, u.batches_done + u.inflight,
-                                                                       o->callbacks[i].user);
-                        if (cs == TPU_CANCELLED)
-                            *stop = 1, u.eof = 1;
-                        else if (cs != TPU_OK)
-                            rc = err_set(e, (int)cs, "a callback stopped training: %s", tpu_last_error());
-                    }
+            /* not past the last batch: the end of the epoch is found by the read after it */
+            for (size_t i = 0; i < o->num_callbacks && rc == CODE_OK && u.batches_done + u.inflight < nb; i++)
+                if (o->callbacks[i].on_batch_begin) {
+                    tpu_status cs = o->callbacks[i].on_batch_begin(m, epoch, u.batches_done + u.inflight,
+                                                                   o->callbacks[i].user);
+                    if (cs == TPU_CANCELLED)
+                        *stop = 1, u.eof = 1;
+                    else if (cs != TPU_OK)
+                        rc = err_set(e, (int)cs, "a callback stopped training: %s", tpu_last_error());
+                }
             if (rc == CODE_OK && !u.eof)
                 rc = post_next(&u, e);
         }
@@ -497,16 +497,14 @@ static int run_epoch(tpu_model *m, tpu_dataset *ds, int mode, int epoch, size_t 
         logs->step = m->step;
         logs->elapsed_s = (double)(now_ns() - t0) / 1e9;
         logs->examples_per_s = logs->elapsed_s > 0 ? (double)u.rows / logs->elapsed_s : 0;
-        if (mode == TPUEMU__STEP_MODE__STEP_TRAIN)
-            for (size_t i = 0; i < o->num_callbacks && rc == CODE_OK; i++)
-                if (o->callbacks[i].on_batch_end) {
-                    tpu_status cs = o->callbacks[i].on_batch_end(m, epoch, u.batches_done - 1, logs,
-                                                                 o->callbacks[i].user);
-                    if (cs == TPU_CANCELLED)
-                        *stop = 1, u.eof = 1;
-                    else if (cs != TPU_OK)
-                        rc = err_set(e, (int)cs, "a callback stopped training: %s", tpu_last_error());
-                }
+        for (size_t i = 0; i < o->num_callbacks && rc == CODE_OK; i++)
+            if (o->callbacks[i].on_batch_end) {
+                tpu_status cs = o->callbacks[i].on_batch_end(m, epoch, u.batches_done - 1, logs, o->callbacks[i].user);
+                if (cs == TPU_CANCELLED)
+                    *stop = 1, u.eof = 1;
+                else if (cs != TPU_OK)
+                    rc = err_set(e, (int)cs, "a callback stopped training: %s", tpu_last_error());
+            }
     }
     if (rc != CODE_OK)
         drain(&u);
@@ -872,8 +870,11 @@ static int train_epochs(tpu_model *m, tpu_dataset *ds, const tpu_fit_options *o,
             break; /* a notice: the checkpoint is saved by the caller */
         if (o->validation_data) {
             tpu_logs vl;
+            tpu_fit_options vo = *o; /* fit's callbacks see training batches only */
+            vo.callbacks = NULL;
+            vo.num_callbacks = 0;
             memset(&vl, 0, sizeof vl);
-            if ((rc = run_epoch(m, o->validation_data, TPUEMU__STEP_MODE__STEP_EVALUATE, 0, 0, o, NULL, &vl, NULL, 0,
+            if ((rc = run_epoch(m, o->validation_data, TPUEMU__STEP_MODE__STEP_EVALUATE, 0, 0, &vo, NULL, &vl, NULL, 0,
                                 NULL, stop, e)) != CODE_OK)
                 break;
             logs->has_val = 1;
@@ -1029,19 +1030,50 @@ tpu_status tpu_model_notice(const tpu_model *m, tpu_notice *out, int *replica)
     return TPU_OK;
 }
 
-tpu_status tpu_model_evaluate(tpu_model *m, tpu_dataset *ds, double *loss, double *accuracy)
+void tpu_eval_options_init(tpu_eval_options *o)
 {
+    if (o)
+        memset(o, 0, sizeof *o);
+}
+
+/* evaluate or predict: one pass over ds, the callbacks around it */
+static tpu_status eval_pass(tpu_model *m, tpu_dataset *ds, int mode, const tpu_eval_options *eo, tpu_logs *logs,
+                            float *out, size_t out_rows, size_t *got)
+{
+    const char *what = mode == TPUEMU__STEP_MODE__STEP_EVALUATE ? "evaluate" : "predict";
     tpu_fit_options o;
-    tpu_logs logs;
     err e;
-    int stop = 0;
+    int stop = 0, ignored = 0;
+    memset(&o, 0, sizeof o);
+    memset(logs, 0, sizeof *logs);
+    if (eo && eo->num_callbacks && !eo->callbacks)
+        return cli_failf(TPU_INVALID_ARGUMENT, "%s: num_callbacks is %zu but callbacks is NULL", what,
+                         eo->num_callbacks);
+    if (eo) {
+        o.callbacks = eo->callbacks;
+        o.num_callbacks = eo->num_callbacks;
+    }
+    if (prepare(m, ds, NULL, mode == TPUEMU__STEP_MODE__STEP_EVALUATE, what, &e) != CODE_OK ||
+        callbacks_call(&o, m, 0, 0, logs, &stop, &e) != CODE_OK)
+        return cli_fail(&e);
+    if (!stop && run_epoch(m, ds, mode, 0, 0, &o, NULL, logs, out, out_rows, got, &stop, &e) != CODE_OK)
+        return cli_fail(&e);
+    if (mode == TPUEMU__STEP_MODE__STEP_PREDICT)
+        logs->loss = logs->accuracy = NAN;
+    if (callbacks_call(&o, m, 3, 0, logs, &ignored, &e) != CODE_OK)
+        return cli_fail(&e);
+    return TPU_OK;
+}
+
+tpu_status tpu_model_evaluate_with(tpu_model *m, tpu_dataset *ds, const tpu_eval_options *o, double *loss,
+                                   double *accuracy)
+{
+    tpu_logs logs;
     CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
     CLI_CALL(m->s->c);
-    memset(&o, 0, sizeof o);
-    memset(&logs, 0, sizeof logs);
-    if (prepare(m, ds, NULL, 1, "evaluate", &e) != CODE_OK ||
-        run_epoch(m, ds, TPUEMU__STEP_MODE__STEP_EVALUATE, 0, 0, &o, NULL, &logs, NULL, 0, NULL, &stop, &e) != CODE_OK)
-        return cli_fail(&e);
+    tpu_status st = eval_pass(m, ds, TPUEMU__STEP_MODE__STEP_EVALUATE, o, &logs, NULL, 0, NULL);
+    if (st != TPU_OK)
+        return st;
     if (loss)
         *loss = logs.loss;
     if (accuracy)
@@ -1049,25 +1081,31 @@ tpu_status tpu_model_evaluate(tpu_model *m, tpu_dataset *ds, double *loss, doubl
     return TPU_OK;
 }
 
-tpu_status tpu_model_predict(tpu_model *m, tpu_dataset *ds, float *out, size_t out_rows, size_t *rows)
+tpu_status tpu_model_evaluate(tpu_model *m, tpu_dataset *ds, double *loss, double *accuracy)
 {
-    tpu_fit_options o;
+    return tpu_model_evaluate_with(m, ds, NULL, loss, accuracy);
+}
+
+tpu_status tpu_model_predict_with(tpu_model *m, tpu_dataset *ds, const tpu_eval_options *o, float *out, size_t out_rows,
+                                  size_t *rows)
+{
     tpu_logs logs;
-    err e;
-    int stop = 0;
     size_t got = 0;
     CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
     CLI_CALL(m->s->c);
-    memset(&o, 0, sizeof o);
-    memset(&logs, 0, sizeof logs);
     if (rows)
         *rows = 0;
     if (!out && out_rows)
         return cli_failf(TPU_INVALID_ARGUMENT, "predict: no output buffer");
-    if (prepare(m, ds, NULL, 0, "predict", &e) != CODE_OK ||
-        run_epoch(m, ds, TPUEMU__STEP_MODE__STEP_PREDICT, 0, 0, &o, NULL, &logs, out, out_rows, &got, &stop, &e) != CODE_OK)
-        return cli_fail(&e);
+    tpu_status st = eval_pass(m, ds, TPUEMU__STEP_MODE__STEP_PREDICT, o, &logs, out, out_rows, &got);
+    if (st != TPU_OK)
+        return st;
     if (rows)
         *rows = got;
     return TPU_OK;
+}
+
+tpu_status tpu_model_predict(tpu_model *m, tpu_dataset *ds, float *out, size_t out_rows, size_t *rows)
+{
+    return tpu_model_predict_with(m, ds, NULL, out, out_rows, rows);
 }

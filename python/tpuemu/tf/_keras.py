@@ -497,15 +497,12 @@ class Sequential(Offered):
         cbs = list(callbacks or [])
         for cb in cbs:
             cb.set_model(self)
-            cb.on_test_begin({})
         t0 = time.monotonic()
-        loss, acc = self._m.evaluate(ds._d)
+        loss, acc = self._m.evaluate(ds._d, callbacks=cbs)
         dt = time.monotonic() - t0
         logs = {"loss": loss}
         if not math.isnan(acc):
             logs["accuracy"] = acc
-        for cb in cbs:
-            cb.on_test_end(dict(logs))
         if verbose not in (0, False):
             n = len(ds)
             _flush_py()
@@ -522,11 +519,7 @@ class Sequential(Offered):
         cbs = list(callbacks or [])
         for cb in cbs:
             cb.set_model(self)
-            cb.on_predict_begin({})
-        out = self._m.predict(ds._d)
-        for cb in cbs:
-            cb.on_predict_end({})
-        return out
+        return self._m.predict(ds._d, callbacks=cbs)
 
     def get_weights(self):
         if self._m is None:
