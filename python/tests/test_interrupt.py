@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from tpuemu._run import HAVE_CANCEL
 
 CHILD = textwrap.dedent("""
     import sys, time
@@ -89,3 +88,7 @@ def _interrupt(cluster, tmp_path, what):
 
 def test_ctrl_c_during_fit(cluster, tmp_path):
     _interrupt(cluster, tmp_path, "fit")
+
+
+def test_ctrl_c_during_initialize(cluster, tmp_path):
+    _interrupt(cluster, tmp_path, "initialize")
