@@ -22,6 +22,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1369,4 +1370,47 @@ Test(profile, profiler_port_refuses_other_frames_and_keeps_serving, .timeout = 1
     frame_header_free(ans);
     close(fd);
     ct_free(t);
+}
+
+static char lost_warning[2048];
+static void keep_warning(const char *message, void *user)
+{
+    (void)user;
+    snprintf(lost_warning, sizeof lost_warning, "%s", message);
+}
+
+/* A core that does not answer during a capture (its worker stopped by the
+ * test, still listed alive: heartbeats 2 s apart, dead after 30 of them) is
+ * left out and named (a warning, and "missing" in the overview with why);
+ * the other core's part of the capture is kept. The capture used to fail
+ * whole. */
+Test(profile, a_silent_core_is_named_and_the_others_kept, .timeout = 60)
+{
+    cluster_opts o = {.hosts = 1, .cores_per_host = 2, .heartbeat_ms = 2000, .dead_after = 30};
+    cluster *c = cluster_start(&o);
+    tpu_resolver *r;
+    tpu_cluster *tc;
+    tpu_profile *p = NULL;
+    cr_assert_not_null(c);
+    cr_assert_eq(cluster_connect(c, &r, &tc), TPU_OK, "%s", tpu_last_error());
+    tpu_set_warning_handler(keep_warning, NULL);
+    cr_assert_eq(kill(c->workers[1].pid, SIGSTOP), 0);
+    tpu_status st = tpu_profile_capture(tc, 200, &p);
+    kill(c->workers[1].pid, SIGCONT);
+    tpu_set_warning_handler(NULL, NULL);
+    cr_assert_eq(st, TPU_OK, "%s: %s", tpu_status_name(st), tpu_last_error());
+    cr_assert(strstr(lost_warning, "core h0/1 is not in the capture"), "'%s'", lost_warning);
+    cr_assert_eq(tpu_profile_num_cores(p), 2);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert_eq(tpu_profile_write_overview_json(p, f), TPU_OK, "%s", tpu_last_error());
+    fclose(f);
+    cr_assert(strstr(buf, "\"missing\":[{\"core\":\"h0/1\",\"why\":"), "%s", buf);
+    cr_assert_not(strstr(buf, "\"core\":\"h0/0\",\"why\""), "%s", buf);
+    free(buf);
+    tpu_profile_free(p);
+    tpu_cluster_free(tc);
+    tpu_resolver_free(r);
+    cluster_free(c);
 }

@@ -59,6 +59,7 @@ struct pcore {
     struct pev *ev;
     size_t n, cap;
     const struct cli_cancel *cancel;  /* the capturing cluster handle's (tpu_cancel) */
+    char missing[300];                /* why its events are not in the capture (it did not answer); "": they are */
 };
 
 struct tpu_profile {
@@ -349,6 +350,18 @@ static int in_hosts(const char *host, const char *const *hosts, size_t nhosts)
     return 0;
 }
 
+/* Core i did not answer (rc, e): it is left out of the capture, named, and
+ * the others go on; a cancel or running out of memory ends the capture. */
+static int core_lost(tpu_profile *p, size_t i, int rc, err *e)
+{
+    if (rc == CODE_CANCELLED || rc == CODE_RESOURCE_EXHAUSTED)
+        return rc;
+    snprintf(p->c[i].missing, sizeof p->c[i].missing, "%s: %.250s", code_name(rc), e->msg);
+    dpio_close(&p->c[i].peer);
+    p->c[i].n = 0;
+    return CODE_OK;
+}
+
 /* The capture of the cores of c's cluster on hosts[0..nhosts) (NULL: every
  * host). */
 static tpu_status capture_cores(tpu_cluster *c, const char *const *hosts, size_t nhosts, uint32_t duration_ms,
@@ -410,6 +423,8 @@ static tpu_status capture_cores(tpu_cluster *c, const char *const *hosts, size_t
         if ((rc = dpio_dial(&p->c[i].peer, &c->r->auth, c->r->sender, wire_now_ms() + DPIO_CONNECT_MS, &e)) ==
             CODE_OK)
             rc = sync_clock(&p->c[i], &e);
+        else
+            rc = core_lost(p, i, rc, &e);
     p->wall = time(NULL);
     p->start = now_ns();
     p->end = p->start + (int64_t)duration_ms * 1000000;
@@ -424,12 +439,26 @@ static tpu_status capture_cores(tpu_cluster *c, const char *const *hosts, size_t
                             "the profile capture", &e)) != CODE_OK)
             break;
         for (size_t i = 0; i < p->n && rc == CODE_OK; i++)
-            rc = drain(&p->c[i], 0, &e);
+            if (!p->c[i].missing[0] && (rc = drain(&p->c[i], 0, &e)) != CODE_OK)
+                rc = core_lost(p, i, rc, &e);
     }
     if (!duration_ms)
         p->end = now_ns();
     for (size_t i = 0; i < p->n && rc == CODE_OK; i++)
-        rc = drain(&p->c[i], p->end, &e);
+        if (!p->c[i].missing[0] && (rc = drain(&p->c[i], p->end, &e)) != CODE_OK)
+            rc = core_lost(p, i, rc, &e);
+    if (rc == CODE_OK) { /* one core that did not answer is named; every core's is the capture's failure */
+        size_t lost = 0;
+        for (size_t i = 0; i < p->n; i++)
+            if (p->c[i].missing[0]) {
+                lost++;
+                cli_warn("profile: core %s/%d is not in the capture (%s); the other cores' events are kept",
+                         p->c[i].peer.host, p->c[i].peer.core, p->c[i].missing);
+            }
+        if (lost == p->n)
+            rc = err_set(&e, CODE_UNAVAILABLE, "profile: no core answered: %s/%d: %s", p->c[0].peer.host,
+                         p->c[0].peer.core, p->c[0].missing);
+    }
     if (duration_ms && rc == CODE_OK) /* events already under way when the capture began are not in it */
         for (size_t i = 0; i < p->n; i++) {
             size_t k = 0;
@@ -1483,6 +1512,16 @@ tpu_status tpu_profile_write_overview_json(const tpu_profile *p, FILE *f)
     fprintf(f, ",\"allreduce_spread_ms\":%.6f,\"allreduce_after_last_ms\":%.6f", sum.ar_spread_ms,
             sum.ar_after_last_ms);
     fprintf(f, ",\"shared_cores\":%u,\"shared_cpus\":%u", sum.shared_cores, sum.shared_cpus);
+    fprintf(f, ",\"missing\":["); /* cores that did not answer during the capture, and why */
+    for (size_t i = 0, k = 0; i < p->n; i++)
+        if (p->c[i].missing[0]) {
+            fprintf(f, "%s{\"core\":", k++ ? "," : "");
+            fcore(f, p, (int)i);
+            fprintf(f, ",\"why\":");
+            fjstr(f, p->c[i].missing);
+            fprintf(f, "}");
+        }
+    fprintf(f, "]");
     fprintf(f, ",\"straggler\":");
     if (sum.straggler >= 0)
         fcore(f, p, sum.straggler);
