@@ -34,6 +34,10 @@
  * header, before it is allocated; a signed message captured before a resolver
  * restart is refused after it. */
 #include <poll.h>
+#include <stddef.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1136,5 +1140,103 @@ Test(hardening, idle_strangers_do_not_stop_a_workers_control_port, .timeout = 18
     run_result_free(&r);
     release_conns(fds, N);
     cr_assert(cluster_alive(&c->workers[0]), "see %s", c->workers[0].log);
+    cluster_free(c);
+}
+
+/* ---- slots without an idle timeout ---- */
+
+static uint64_t incarnation_in(cluster *c, const char *host, int core)
+{
+    int sock = raw_req_open(c->addr, 3000);
+    wire_msg m = TPUEMU__MESSAGE__INIT, *rep;
+    Tpuemu__ClusterSpecRequest q = TPUEMU__CLUSTER_SPEC_REQUEST__INIT;
+    uint64_t inc = 0;
+    m.body_case = TPUEMU__MESSAGE__BODY_CLUSTER_SPEC_REQUEST;
+    m.cluster_spec_request = &q;
+    cr_assert_eq(raw_call_msg(sock, NULL, &m, &rep, NULL), CODE_OK);
+    for (size_t i = 0; i < rep->cluster_spec->n_cores; i++) {
+        const Tpuemu__WorkerInfo *w = rep->cluster_spec->cores[i]->worker;
+        if (strcmp(w->host_id, host) == 0 && w->core == core)
+            inc = w->incarnation;
+    }
+    wire_msg_free(rep);
+    raw_req_close(sock);
+    cr_assert_neq(inc, 0, "%s/%d is not registered", host, core);
+    return inc;
+}
+
+/* A connection to a worker's shared-memory hello socket (abstract, same
+ * user): 1 if the worker sent its challenge (the connection was taken). */
+static int shm_hello_conn(uint64_t inc, int *fd)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    char name[64];
+    unsigned char chal[64];
+    int n = snprintf(name, sizeof name, "tpuemu-%016llx", (unsigned long long)inc);
+    memcpy(sa.sun_path + 1, name, (size_t)n);
+    *fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    cr_assert_geq(*fd, 0);
+    cr_assert_eq(connect(*fd, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)),
+                 0, "%s", strerror(errno));
+    struct pollfd pf = {.fd = *fd, .events = POLLIN};
+    if (poll(&pf, 1, 5000) != 1)
+        return 0;
+    return recv(*fd, chal, sizeof chal, 0) > 0;
+}
+
+/* 64 silent connections of the same user to a worker's shared-memory hello
+ * socket used to fill its table for as long as they were held, so its
+ * peers on the host fell back to TCP: now the oldest goes when the table is
+ * full, and one silent 2 s is closed at the next connection. */
+Test(hardening, silent_shm_hello_connections_are_evicted, .timeout = 60)
+{
+    cluster_opts o = {.hosts = 1, .cores_per_host = 1};
+    cluster *c = cluster_start(&o);
+    uint64_t inc = incarnation_in(c, "h0", 0);
+    int fds[64], extra, late;
+    for (int i = 0; i < 64; i++)
+        cr_assert(shm_hello_conn(inc, &fds[i]), "connection %d was not taken", i);
+    cr_assert(shm_hello_conn(inc, &extra), "a 65th connection was turned away: the table stays full");
+    nap_ms(2500); /* any time past 2 s: silence that long is a squatter's */
+    cr_assert(shm_hello_conn(inc, &late), "a connection after the silent ones was turned away");
+    char b;
+    struct pollfd pf = {.fd = fds[63], .events = POLLIN};
+    cr_assert_eq(poll(&pf, 1, 5000), 1);
+    cr_assert_eq(recv(fds[63], &b, 1, 0), 0, "a connection silent for 2.5 s is still open");
+    for (int i = 0; i < 64; i++)
+        close(fds[i]);
+    close(extra);
+    close(late);
+    cr_assert(cluster_alive(&c->workers[0]));
+    cluster_free(c);
+}
+
+/* Without a token anyone on loopback authenticates to a profiler port: 256
+ * idle clients used to lock it. Now, with the table full, a new client takes
+ * the place of one silent for 2 s. */
+Test(hardening, idle_profiler_clients_make_room, .timeout = 120)
+{
+    char port[16];
+    int pp = cl_free_port(), fds[256], fd;
+    snprintf(port, sizeof port, "%d", pp);
+    cluster_opts o = {.hosts = 1, .cores_per_host = 1, .worker_args = (const char *const[]){"--profiler-port", port,
+                                                                                               NULL}};
+    cluster *c = cluster_start(&o);
+    char addr[64];
+    uint8_t chal[AUTH_CHALLENGE_BYTES];
+    Tpuemu__FrameHeader *ans;
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", pp);
+    for (int i = 0; i < 256; i++) {
+        cr_assert_eq(dp_handshake(addr, NULL, 0, &fds[i], &ans, chal), 0, "client %d", i);
+        cr_assert_eq(ans->kind, TPUEMU__FRAME_KIND__FRAME_AUTH_OK, "client %d: kind %d", i, (int)ans->kind);
+        tpuemu__frame_header__free_unpacked(ans, NULL);
+    }
+    nap_ms(2500); /* the clients are silent for longer than 2 s */
+    cr_assert_eq(dp_handshake(addr, NULL, 0, &fd, &ans, chal), 0);
+    cr_assert_eq(ans->kind, TPUEMU__FRAME_KIND__FRAME_AUTH_OK, "the 257th client was refused: the port is locked");
+    tpuemu__frame_header__free_unpacked(ans, NULL);
+    close(fd);
+    for (int i = 0; i < 256; i++)
+        close(fds[i]);
     cluster_free(c);
 }

@@ -31,6 +31,7 @@ struct dp_peer {
     dp_conn *c;
     enum dp_slot slot;
     unsigned long long seq; /* arrival order */
+    uint64_t last_ms;       /* its last frame (uv_now), or when it authenticated */
 };
 
 static void forget(struct dp_peer *p)
@@ -67,6 +68,24 @@ static void on_ready(dp_conn *c)
         return;
     }
     if (dp_conn_auth_epoch(c) == 0 || dp_conn_auth_replica(c) < 0) { /* a client */
+        uint64_t now = uv_now(dp->env.loop), idle_ms = dp->env.profiler_only ? DP_PROFILER_IDLE_MS : DP_CLIENT_IDLE_MS;
+        p->last_ms = now;
+        if (dp->nauth >= DP_MAX_CONNS) { /* the client silent longest goes, if silent long enough */
+            struct dp_peer *q, *idle = NULL;
+            for (q = dp->conns; q; q = q->next)
+                if (q->slot == SLOT_CLIENT && (!idle || q->last_ms < idle->last_ms))
+                    idle = q;
+            if (idle && now - idle->last_ms >= idle_ms) {
+                err why;
+                idle->slot = SLOT_EVICTED;
+                dp->nauth--;
+                dp->evicted++;
+                err_set(&why, CODE_RESOURCE_EXHAUSTED, "closed after %llu ms without a request: %d clients were "
+                        "connected (the limit) and another one came", (unsigned long long)(now - idle->last_ms),
+                        DP_MAX_CONNS);
+                dp_conn_close(idle->c, &why);
+            }
+        }
         if (dp->nauth >= DP_MAX_CONNS) {
             dp_conn_fail(c, CODE_RESOURCE_EXHAUSTED,
                          "too many data-plane connections: %d clients are connected to core %s/%d already "
@@ -170,6 +189,7 @@ static void on_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload,
 {
     struct dp_peer *p = dp_conn_data(c);
 
+    p->last_ms = uv_now(p->dp->env.loop);
     if (p->dp->env.profiler_only && h->kind != TPUEMU__FRAME_KIND__FRAME_PROFILE) {
         free(payload);
         dp_conn_fail(c, CODE_INVALID_ARGUMENT,

@@ -29,6 +29,11 @@
 #define DP_MAX_UNAUTH 64  /* connections still in their handshake */
 #define DP_MAX_PING (1024u * 1024u)
 #define DP_HANDSHAKE_MS 5000u
+/* With DP_MAX_CONNS clients connected, a new one takes the place of the one
+ * silent longest, if it has been silent this long (a profiler client asks
+ * every 200 ms while it captures; a training client at every step) */
+#define DP_CLIENT_IDLE_MS 30000u
+#define DP_PROFILER_IDLE_MS 2000u
 
 struct dp_peer;
 

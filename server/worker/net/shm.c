@@ -44,6 +44,7 @@
 #define SHM_BYTES ((size_t)SHM_CTL + (size_t)SHM_SLOTS * SHM_STRIDE)
 #define SHM_MAGIC 0x74707573686d3032ull /* "tpushm02": the control block with the sleep flags */
 #define SHM_PENDING_MAX 64
+#define SHM_HELLO_MS 2000u /* a peer sends its hello right after connecting: silence this long is a squatter */
 #define SHM_SEG_MAX (1ull << 31) /* a peer's host segment: at most this many bytes */
 
 /* Wake-ups: a side that finds nothing to do sets its flag before it goes
@@ -98,6 +99,7 @@ struct pend {
     struct pend *next;
     struct peers *p;
     int sock;
+    uint64_t since_ms;       /* accepted (uv_now) */
     uv_poll_t poll;
     unsigned char chal[AUTH_CHALLENGE_BYTES];
 };
@@ -809,13 +811,39 @@ static void on_listen(uv_poll_t *h, int status, int events)
         int fd = accept4(s->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
             return;
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || cr.uid != getuid() ||
-            s->npending >= SHM_PENDING_MAX || !(pd = calloc(1, sizeof *pd))) {
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || cr.uid != getuid()) {
+            close(fd);
+            continue;
+        }
+        /* connections that never sent their hello are dropped once silent
+         * for SHM_HELLO_MS, and when the table is full the oldest one goes
+         * (as the data-plane port evicts its slowest handshakes): holding
+         * the slots no longer keeps the host's cores on TCP */
+        uint64_t now = uv_now(p->loop);
+        for (struct pend *q = s->pending, *nx; q; q = nx) {
+            nx = q->next;
+            if (now - q->since_ms >= SHM_HELLO_MS) {
+                log_warn_limited("shared-memory link refused", "reason=%s",
+                                 log_q("no hello within 2 s of connecting: closed"));
+                pend_drop(q);
+            }
+        }
+        if (s->npending >= SHM_PENDING_MAX) {
+            struct pend *old = s->pending;
+            for (struct pend *q = s->pending; q; q = q->next)
+                if (q->since_ms <= old->since_ms)
+                    old = q;
+            log_warn_limited("shared-memory link refused", "reason=%s",
+                             log_q("the hello table is full: the oldest silent connection closed"));
+            pend_drop(old);
+        }
+        if (!(pd = calloc(1, sizeof *pd))) {
             close(fd);
             continue;
         }
         pd->p = p;
         pd->sock = fd;
+        pd->since_ms = now;
         auth_random(pd->chal, sizeof pd->chal);
         if (send(fd, pd->chal, sizeof pd->chal, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof pd->chal) {
             close(fd);
