@@ -310,10 +310,13 @@ static int cmd_cluster(const struct tpuctl *g, int argc, char **argv)
             snprintf(more, sizeof more, ", %zu preempted, %zu in maintenance", cnt[TPU_CORE_PREEMPTED],
                      cnt[TPU_CORE_MAINTENANCE]);
         printf("cluster: %zu cores (%zu ready, %zu idle, %zu dead%s) on %zu hosts, epoch %llu, "
-               "initialized %s, heartbeat %u ms\n",
+               "initialized %s, heartbeat %u ms, dead after %u missed (%.1f s; the heartbeat follows the cores per CPU "
+               "of the busiest machine)\n",
                n, cnt[TPU_CORE_READY], cnt[TPU_CORE_IDLE], cnt[TPU_CORE_DEAD], more, count_hosts(s),
                (unsigned long long)tpu_cluster_spec_epoch(s),
-               tpu_cluster_spec_initialized(s) ? "yes" : "no", tpu_cluster_spec_heartbeat_ms(s));
+               tpu_cluster_spec_initialized(s) ? "yes" : "no", tpu_cluster_spec_heartbeat_ms(s),
+               tpu_cluster_spec_dead_after(s),
+               tpu_cluster_spec_heartbeat_ms(s) * (double)tpu_cluster_spec_dead_after(s) / 1000.0);
         print_cluster_spec(s);
         print_shown(shown, n, hosts, states);
         if (!n) {

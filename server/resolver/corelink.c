@@ -92,6 +92,8 @@ static int send_head(corelink *l, err *e)
             reset.peer_table.data = c->peers->table;
             reset.heartbeat_ms = c->peers->heartbeat_ms;
             reset.dead_after = c->peers->dead_after;
+            reset.machine_cores = c->peers->machine_cores;
+            reset.machine_cpus = c->peers->machine_cpus;
             reset.keep_scheduled_faults = c->peers->keep_faults != 0;
         }
         m.body_case = TPUEMU__MESSAGE__BODY_RESET_CORE;

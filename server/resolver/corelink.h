@@ -44,6 +44,7 @@ typedef void (*corelink_cb)(void *ctx, uint64_t tag, int idx, int code, const ch
 struct cl_peers {
     int refs;
     uint32_t heartbeat_ms, dead_after;
+    uint32_t machine_cores, machine_cpus; /* why dead_after is what it is */
     size_t n;
     uint8_t *table; /* a serialized PeerTable of n cores (peertab.h) */
     size_t table_len;

@@ -129,7 +129,7 @@ void rsv_forget_core(resolver *r, rreq *req, const Tpuemu__ForgetCore *q)
     }
     silent = wire_now_ms() - en->last_hb_ms;
     if (!en->dead || (en->w.notice_under_way && !en->preempted &&
-                      silent <= (uint64_t)r->dead_after * r->heartbeat_ms)) {
+                      silent <= rsv_dead_ms(r))) {
         rsv_reply_error(r, req, CODE_FAILED_PRECONDITION, "forget: core %s is alive (pid %u, last "
                         "heartbeat %.1f s ago): its next heartbeat would register it again; stop its "
                         "worker instead (SIGTERM: it leaves by itself)", name, en->w.pid,

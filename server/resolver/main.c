@@ -185,10 +185,11 @@ static void on_dead_timer(uv_timer_t *t)
      * in its sockets, and libuv runs timers before it reads them. The check
      * waits for the next round, after they are read, instead of declaring
      * every core dead. */
-    if (now - last > r->heartbeat_ms / 2 + r->heartbeat_ms) {
+    if (now - last > r->heartbeat_flag_ms / 2 + r->heartbeat_flag_ms) {
         log_info("dead-core check deferred: the resolver itself did not run", "late_ms=%llu",
-                 (unsigned long long)(now - last - r->heartbeat_ms / 2));
+                 (unsigned long long)(now - last - r->heartbeat_flag_ms / 2));
     } else {
+        rsv_machine_update(r);
         sys_dead_check(r, now);
     }
     rsv_expire(t->data);
@@ -232,7 +233,7 @@ int main(int argc, char **argv)
                 "--token-file (or $TPUEMU_TOKEN), or --insecure to allow it\n", shown);
         return 2;
     }
-    r.heartbeat_ms = (uint32_t)st.heartbeat_ms;
+    r.heartbeat_ms = r.heartbeat_flag_ms = (uint32_t)st.heartbeat_ms;
     r.dead_after = (uint32_t)st.dead_after;
     r.max_cores = (uint32_t)st.max_cores;
     r.forget_after_ms = (uint64_t)st.forget_after_ms;
@@ -293,7 +294,7 @@ int main(int argc, char **argv)
     uv_timer_init(&loop, &r.fault_timer);
     r.fault_timer.data = &r;
     r.dead_timer_ms = wire_now_ms(); /* a stop before its first round is a late round too */
-    uv_timer_start(&r.dead_timer, on_dead_timer, r.heartbeat_ms / 2, r.heartbeat_ms / 2);
+    uv_timer_start(&r.dead_timer, on_dead_timer, r.heartbeat_flag_ms / 2, r.heartbeat_flag_ms / 2);
     sys_start(&r);
     uv_signal_init(&loop, &r.sigint);
     uv_signal_init(&loop, &r.sigterm);

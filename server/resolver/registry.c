@@ -61,6 +61,9 @@ int reg_validate(const Tpuemu__WorkerInfo *w, err *e)
     if (w->shm_name && strlen(w->shm_name) >= REG_SHM_MAX)
         return err_set(e, CODE_INVALID_ARGUMENT, "shm_name must be shorter than %d characters",
                        REG_SHM_MAX);
+    if (w->boot_id && strlen(w->boot_id) >= sizeof ((winfo *)0)->boot_id)
+        return err_set(e, CODE_INVALID_ARGUMENT, "boot_id must be shorter than %zu characters",
+                       sizeof ((winfo *)0)->boot_id);
     if (!slice_type_find(w->tpu_type))
         return err_set(e, CODE_INVALID_ARGUMENT, "tpu_type must be one of %s", slice_type_names());
     if (w->accelerator_type && *w->accelerator_type) {
@@ -109,6 +112,8 @@ void reg_winfo_copy(winfo *d, const Tpuemu__WorkerInfo *s, uint64_t now_ms)
     snprintf(d->shm_name, sizeof d->shm_name, "%s", s->shm_name ? s->shm_name : "");
     d->hbm_ooms = s->hbm_ooms;
     snprintf(d->accelerator_type, sizeof d->accelerator_type, "%s", s->accelerator_type ? s->accelerator_type : "");
+    d->host_cpus = s->host_cpus;
+    snprintf(d->boot_id, sizeof d->boot_id, "%s", s->boot_id ? s->boot_id : "");
     d->notice_kind = s->notice ? (int)s->notice->kind : 0;
     d->notice_at_ms = s->notice ? now_ms + s->notice->event_in_ms : 0;
     d->notice_window_ms = s->notice ? s->notice->window_ms : 0;
@@ -134,6 +139,8 @@ void reg_winfo_view(const winfo *w, Tpuemu__WorkerInfo *o, Tpuemu__Notice *nbuf,
     o->replica_id = w->replica_id;
     o->hbm_ooms = w->hbm_ooms;
     o->accelerator_type = (char *)w->accelerator_type;
+    o->host_cpus = w->host_cpus;
+    o->boot_id = (char *)w->boot_id;
     if (w->notice_kind) {
         tpuemu__notice__init(nbuf);
         nbuf->kind = (Tpuemu__NoticeKind)w->notice_kind;

@@ -39,6 +39,8 @@ typedef struct winfo {
     char shm_name[REG_SHM_MAX]; /* same-host shared-memory socket, "" if none */
     uint32_t hbm_ooms;
     char accelerator_type[32]; /* its slice ("v4-16"), "" if none */
+    uint32_t host_cpus;        /* its machine's CPUs (its affinity), 0 if not told */
+    char boot_id[40];          /* its machine's kernel boot id, "" if not told */
     /* its notice (preemption, maintenance): kind 0 none; the event at
      * notice_at_ms on this resolver's monotonic clock */
     int notice_kind;

@@ -53,7 +53,16 @@ typedef struct resolver {
     uv_timer_t dead_timer;
     uint64_t dead_timer_ms;    /* when it last ran (wire_now_ms) */
     uv_signal_t sigint, sigterm;
-    uint32_t heartbeat_ms, dead_after, max_cores;
+    /* the heartbeat interval the workers are told: --heartbeat-ms, stretched
+     * on a machine running more emulated cores than its CPUs keep up with
+     * (machine_stretch; rsv_machine_update). The dead-core time is
+     * dead_after of them. */
+    uint32_t heartbeat_ms, heartbeat_flag_ms, dead_after, max_cores;
+    uint32_t machine_cores, machine_cpus; /* the busiest machine's (0: none told) */
+    /* after the interval shrank: cores may beat at the old one until they
+     * hear the new; the dead-core check allows for it until then */
+    uint32_t heartbeat_old_ms;
+    uint64_t heartbeat_old_until;
     uint64_t forget_after_ms; /* a dead core silent this long is forgotten; 0: never */
     char tpu_name[64];        /* --name: the TPU node name clients may look up; "" if none */
     registry reg;
@@ -74,6 +83,12 @@ typedef struct resolver {
     pid_t fault_helper;      /* of the pause in effect; 0: none */
     uint64_t fault_until_ms; /* uv_now when the pause and its grace are over */
 } resolver;
+
+/* Counts the live cores on each machine (boot id) and sets heartbeat_ms from
+ * the busiest machine's cores per CPU; logs a change. */
+void rsv_machine_update(resolver *r);
+/* How long a core may stay silent before it is dead (ms). */
+uint64_t rsv_dead_ms(const resolver *r);
 
 /* Seals m as the reply to req and sends it; consumes req->ctl. */
 void rsv_reply(resolver *r, rreq *req, wire_msg *m);

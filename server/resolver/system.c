@@ -36,7 +36,7 @@ Tpuemu__CoreState sys_core_state(const resolver *r, const rentry *en)
     if (en->dead && en->preempted)
         return TPUEMU__CORE_STATE__CORE_PREEMPTED;
     if (en->dead && en->w.notice_under_way &&
-        wire_now_ms() - en->last_hb_ms <= (uint64_t)r->dead_after * r->heartbeat_ms)
+        wire_now_ms() - en->last_hb_ms <= rsv_dead_ms(r))
         return TPUEMU__CORE_STATE__CORE_MAINTENANCE;
     if (en->dead)
         return TPUEMU__CORE_STATE__CORE_DEAD;
@@ -299,8 +299,13 @@ static void init_proceed(resolver *r, size_t n)
             const struct sys_chosen *c = &op->chosen[i];
             rows[i] = (struct peertab_row){c->host, c->core, c->data_addr, c->control_addr, c->shm_name, c->inc};
         }
+        rsv_machine_update(r);
         peers = cl_peers_new(rows, op->nchosen, r->heartbeat_ms, r->dead_after, &e);
         free(rows);
+        if (peers) {
+            peers->machine_cores = r->machine_cores;
+            peers->machine_cpus = r->machine_cpus;
+        }
         if (!peers) {
             init_fail(r, e.code, "initialize: %s", e.msg);
             return;
@@ -764,7 +769,7 @@ void sys_note_worker(resolver *r, const rentry *en)
 
 void sys_dead_check(resolver *r, uint64_t now)
 {
-    uint64_t limit = (uint64_t)r->dead_after * r->heartbeat_ms;
+    uint64_t limit = rsv_dead_ms(r);
     int changed = 0;
 
     for (size_t i = 0; i < r->reg.n; i++) {

@@ -4,6 +4,7 @@
  * frames go to the collectives engine (coll/coll.h), training frames to the
  * training service (train/train.h), and PING is echoed. The framing,
  * handshake and write bounds live in net/dpconn.c. */
+#include "machine.h"
 #include "dataplane.h"
 
 #include <sched.h>
@@ -109,36 +110,6 @@ static void free_payload(void *arg, int status)
     free(arg);
 }
 
-/* The CPUs this process may run on (its affinity; else those online). */
-static uint32_t cpus_allowed(void)
-{
-    cpu_set_t set;
-    long n;
-    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
-        return (uint32_t)CPU_COUNT(&set);
-    n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (uint32_t)n : 0;
-}
-
-/* The running kernel's boot id ("" when it cannot be read), read once. */
-static const char *boot_id(void)
-{
-    static char id[40];
-    static int done;
-    if (!done) {
-        FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-        done = 1;
-        if (f) {
-            if (fgets(id, sizeof id, f))
-                id[strcspn(id, "\n")] = '\0';
-            else
-                id[0] = '\0';
-            fclose(f);
-        }
-    }
-    return id;
-}
-
 /* PROFILE: answered at once, ahead of any queued training work, so the
  * client can also use it to estimate this worker's clock offset. */
 static void profile_answer(const struct dp_env *env, dp_conn *c, const Tpuemu__FrameHeader *h)
@@ -173,8 +144,8 @@ static void profile_answer(const struct dp_env *env, dp_conn *c, const Tpuemu__F
     pi.hbm_bandwidth = env->preset->hbm_bw_per_core;
     pi.ici_bandwidth = env->preset->ici_bw_per_chip / env->preset->cores_per_chip;
     pi.mxu_dim = (uint32_t)env->preset->mxu_dim;
-    pi.host_cpus = cpus_allowed();
-    pi.boot_id = (char *)boot_id();
+    pi.host_cpus = machine_cpus();
+    pi.boot_id = (char *)machine_boot_id();
     pi.host_service = env->profiler_only != 0;
     pi.resolver = (char *)(env->profiler_only && env->resolver_addr ? env->resolver_addr : "");
     a.kind = TPUEMU__FRAME_KIND__FRAME_PROFILE_RESULT;

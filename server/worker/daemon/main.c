@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "machine.h"
 #include "config.h"
 #include "slice.h"
 #include "fdlimit.h"
@@ -81,6 +82,8 @@ static void worker_info(void *arg, Tpuemu__WorkerInfo *out)
     out->shm_name = (char *)peers_shm_name(w->peers);
     out->hbm_ooms = w->hbm.ooms;
     out->accelerator_type = w->accelerator_type;
+    out->host_cpus = machine_cpus();
+    out->boot_id = (char *)machine_boot_id();
     tpuemu__notice__init(&w->notice_pb);
     if (notice_fill(&w->notice, uv_now(w->loop), &w->notice_pb))
         out->notice = &w->notice_pb;

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 
 #include "log.h"
+#include "machine.h"
 #include "probe.h"
 #include "trace.h"
 
@@ -382,7 +383,17 @@ void chan_fail(struct chan *l, uint64_t seq, const err *e)
 
 static void chunk_err(struct chan *l, const struct lop *op, err *e, const char *shape)
 {
-    if (strcmp(shape, "never") == 0)
+    const struct peers *p = l->p;
+    if (strcmp(shape, "never") == 0 && p->machine_cpus &&
+        p->machine_cores > (uint64_t)MACHINE_CORES_PER_CPU * p->machine_cpus)
+        /* the peer may be alive but not get to run: say so, with the numbers */
+        err_set(e, CODE_UNAVAILABLE,
+                "core %s sent nothing for chunk %u of %s #%llu in %u ms and did not answer a probe in %u ms: "
+                "it is gone, or its machine is too overloaded to keep even these times (a machine of the "
+                "cluster runs %u emulated cores on %u CPUs); run fewer cores per machine or give them more "
+                "CPUs", l->name, op->chunk, op->what, (unsigned long long)op->seq, p->timeout_ms, p->probe_ms,
+                p->machine_cores, p->machine_cpus);
+    else if (strcmp(shape, "never") == 0)
         err_set(e, CODE_UNAVAILABLE, "core %s never sent chunk %u of %s #%llu", l->name, op->chunk,
                 op->what, (unsigned long long)op->seq);
     else

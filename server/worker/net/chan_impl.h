@@ -180,6 +180,8 @@ struct peers {
     unsigned timeout_ms;       /* silence after which a peer is probed */
     unsigned probe_ms;         /* how long a probe waits for the answer */
     unsigned stall_ms;         /* silence after which even a live peer is given up on */
+    uint32_t machine_cores;    /* the cluster's busiest machine: emulated cores on it */
+    uint32_t machine_cpus;     /* and its CPUs (ResetCore); named when a peer is blamed */
     int tcp_only;
 
     struct lopq dq;            /* completions to deliver from the loop */

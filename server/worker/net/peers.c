@@ -211,6 +211,12 @@ void peers_reset(struct peers *p, const Tpuemu__ResetCore *r)
         uint64_t t = (uint64_t)(r->heartbeat_ms ? r->heartbeat_ms : DEFAULT_HEARTBEAT_MS) *
                      (r->dead_after ? r->dead_after : DEFAULT_DEAD_AFTER);
         set_timeouts(p, t > TIMEOUT_MAX_MS ? TIMEOUT_MAX_MS : t);
+        p->machine_cores = r->machine_cores;
+        p->machine_cpus = r->machine_cpus;
+        if (r->replica_id >= 0)
+            log_info("collective timeouts", "bound_ms=%llu silence_ms=%u probe_ms=%u stall_ms=%u dead_after=%u "
+                     "machine_cores=%u machine_cpus=%u", (unsigned long long)t, p->timeout_ms, p->probe_ms,
+                     p->stall_ms, r->dead_after, r->machine_cores, r->machine_cpus);
     }
     n = r->num_replicas;
     if (r->replica_id < 0 || n == 0)
