@@ -11,8 +11,10 @@
 #   init         `tpuctl init --expect N`: the first after the start, and the
 #                median of the INITS - 1 after it (INITS default 4)
 #   cluster      `tpuctl cluster`, median of 5 runs
-#   resolver CPU the resolver's CPU time over IDLE_S seconds (default 10) of
-#                the idle, initialized cluster, as % of one core
+#   idle CPU     the resolver's CPU time, and all the workers' together, over
+#                IDLE_S seconds (default 10; at least three heartbeats) of the
+#                idle, initialized cluster, as % of one core (schedstat: to the
+#                ns, where /proc/PID/stat's ticks miss a worker's 0.1 ms beats)
 #   all-reduce   4 KiB f32 sum over all N replicas (bench_scale: median of 5,
 #                every element of every replica checked)
 #   train        STEPS (default 20) steps of the Fashion-MNIST model with a
@@ -20,10 +22,11 @@
 #                weights are bitwise identical to replica 0's afterwards
 #   stop         seconds from SIGTERM to every process gone
 # and prints one markdown table. Everything started here is stopped on exit.
-# With many more workers than CPUs a worker waits long for its turn to run, so
-# the dead-core time (heartbeat x --dead-after, from which the collectives'
-# and clients' timeouts derive too) grows with N: --dead-after is
-# max(3, N / (16 x CPUs)) unless DEAD_AFTER says otherwise.
+# Every daemon runs on its default timing: with many more workers than CPUs
+# the resolver stretches the heartbeat (and with it the dead-core time, from
+# which the collectives' and clients' timeouts derive) by the machine's cores
+# per CPU. DEAD_AFTER=K gives the resolver --dead-after K instead of its
+# default.
 # Needs about 8 MB of memory per worker and an open-file hard limit of at
 # least 2 x N + 512 for the resolver (it raises its soft limit itself).
 #
@@ -45,8 +48,6 @@ for b in tpuctl tpu-worker tpu-resolver bench_scale; do
     [ -x "$bin/$b" ] || { echo "no $bin/$b: build first (cmake --build $build)" >&2; exit 2; }
 done
 bin=$(cd "$bin" && pwd)
-hz=$(getconf CLK_TCK)
-ncpu=$(nproc)
 machines=${MACHINES:-0}
 [[ "$machines" =~ ^[0-9]+$ ]] && [ "$machines" -le 200 ] ||
     { echo "MACHINES=$machines: give a number of machines from 1 to 200 (0 or unset: one machine, loopback)" >&2; exit 2; }
@@ -111,7 +112,9 @@ alive_count() {
     on 0 "$bin/tpuctl" --tpu "$tpu" --json --timeout-ms 5000 cluster 2>/dev/null |
         grep -o '"state": *"\(IDLE\|READY\)"' | wc -l || true
 }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+# CPU time of processes (every thread), in microseconds
+cpu_us() { local p; for p in "$@"; do cat /proc/"$p"/task/*/schedstat 2>/dev/null; done |
+    awk '{s += $1} END {printf "%d", s / 1000}'; }
 
 rows=()
 for n in $n_list; do
@@ -123,9 +126,10 @@ for n in $n_list; do
         tpu=127.0.0.1:$(free_port)
     fi
     max=$(( n > 1024 ? n : 1024 ))
-    dead=${DEAD_AFTER:-$(( n / (16 * ncpu) > 3 ? n / (16 * ncpu) : 3 ))}
+    dead_args=()
+    [ -z "${DEAD_AFTER:-}" ] || dead_args=(--dead-after "$DEAD_AFTER")
     prefix 0
-    "${ON[@]}" "$bin/tpu-resolver" --listen "$tpu" --max-cores "$max" --dead-after "$dead" 2>"$logdir/resolver.$n.log" &
+    "${ON[@]}" "$bin/tpu-resolver" --listen "$tpu" --max-cores "$max" "${dead_args[@]}" 2>"$logdir/resolver.$n.log" &
     rpid=$!
     pids+=("$rpid")
     for ((t = 0; t < 50; t++)); do
@@ -157,7 +161,7 @@ for n in $n_list; do
     t_reg=$(( $(ms_now) - t0 ))
     if [ "$alive" -lt "$n" ]; then
         echo "  only $alive of $n registered after 120 s" >&2
-        rows+=("| $n | only $alive registered | | | | | | | | |")
+        rows+=("| $n | only $alive registered | | | | | | | | | | | |")
         stop_all
         continue
     fi
@@ -185,10 +189,16 @@ for n in $n_list; do
         on 0 "$bin/tpuctl" --tpu "$tpu" --timeout-ms 30000 cluster >/dev/null 2>&1 && echo $(( $(ms_now) - a ))
     done | median)
 
-    c0=$(cpu_ticks "$rpid")
-    sleep "$idle_s"
-    c1=$(cpu_ticks "$rpid")
-    cpu=$(awk -v a="$c0" -v b="$c1" -v hz="$hz" -v s="$idle_s" 'BEGIN {printf "%.1f", (b - a) / hz / s * 100}')
+    hb_ms=$(on 0 "$bin/tpuctl" --tpu "$tpu" --timeout-ms 30000 cluster 2>/dev/null |
+        sed -n 's/.*heartbeat \([0-9]*\) ms.*/\1/p' | head -1)
+    win=$(( ${hb_ms:-1000} * 3 / 1000 > idle_s ? ${hb_ms:-1000} * 3 / 1000 : idle_s ))
+    c0=$(cpu_us "$rpid")
+    w0=$(cpu_us "${wpids[@]}")
+    sleep "$win"
+    c1=$(cpu_us "$rpid")
+    w1=$(cpu_us "${wpids[@]}")
+    cpu=$(awk -v a="$c0" -v b="$c1" -v s="$win" 'BEGIN {printf "%.1f", (b - a) / 1e6 / s * 100}')
+    wcpu=$(awk -v a="$w0" -v b="$w1" -v s="$win" 'BEGIN {printf "%.1f", (b - a) / 1e6 / s * 100}')
 
     ar="-" ar_ok="-" step="-" same="-"
     if [ $init_ok = 1 ]; then
@@ -208,13 +218,14 @@ for n in $n_list; do
     t_stop=$(( $(ms_now) - a ))
     grep -l "AddressSanitizer\|Segmentation\|level=error" "$logdir"/resolver.$n.log >/dev/null 2>&1 &&
         echo "  the resolver logged errors: $logdir/resolver.$n.log" >&2
-    rows+=("$(printf '| %d | %.1f | %s | %s | %s | %s | %s %s | %s | %s | %.1f | %d |' "$n" \
-        "$(awk -v m="$t_reg" 'BEGIN {print m / 1000}')" "$rss" "$first_ms / $init_ms" "$cluster_ms" "$cpu" \
+    rows+=("$(printf '| %d | %.1f | %s | %s | %s | %s s | %s | %s | %s %s | %s | %s | %.1f | %d |' "$n" \
+        "$(awk -v m="$t_reg" 'BEGIN {print m / 1000}')" "$rss" "$first_ms / $init_ms" "$cluster_ms" \
+        "$(awk -v m="${hb_ms:-0}" 'BEGIN {print m / 1000}')" "$cpu" "$wcpu" \
         "${ar:--}" "${ar_ok:+($ar_ok)}" "${step:--}" "${same:--}" \
         "$(awk -v m="$t_stop" 'BEGIN {print m / 1000}')" "$gone")")
 done
 
 echo
-echo "| N | all registered (s) | RSS per worker (MB) | tpuctl init (ms): first / median of the rest | tpuctl cluster (ms) | resolver CPU idle (%) | 4 KiB all-reduce (ms, correct) | train step (ms, batch 8/core) | replicas identical | stop (s) | processes died |"
-echo "|--:|--:|--:|--:|--:|--:|--:|--:|:-:|--:|--:|"
+echo "| N | all registered (s) | RSS per worker (MB) | tpuctl init (ms): first / median of the rest | tpuctl cluster (ms) | heartbeat | resolver CPU idle (%) | all workers' CPU idle (%) | 4 KiB all-reduce (ms, correct) | train step (ms, batch 8/core) | replicas identical | stop (s) | processes died |"
+echo "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|--:|--:|"
 printf '%s\n' "${rows[@]}"

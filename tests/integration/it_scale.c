@@ -4,12 +4,17 @@
  * alive, the topology's shape, every element of every replica's result, and
  * every replica's weights bitwise the same after training.
  *
- * With 128 workers per CPU a worker waits long for its turn to run, so the
- * dead-core time (from which the collectives' timeouts derive) is 10 s. */
+ * Every daemon on its default timing: with 128 workers per CPU a worker waits
+ * long for its turn to run, and the resolver stretches the heartbeat (and with
+ * it the dead-core time, from which the collectives' timeouts derive) by the
+ * machine's cores per CPU; the test checks it does, and that the idle pod's
+ * workers together use little CPU. */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #include <criterion/criterion.h>
 
@@ -17,6 +22,7 @@
 #include <tpuemu/model.h>
 
 #include "cluster.h"
+#include "machine.h"
 
 #define HOSTS 32
 #define PER_HOST 8
@@ -42,6 +48,42 @@ static int all_registered_anew(cluster *c, void *arg)
     return ok;
 }
 
+/* CPU time of every thread of pid so far (ns; schedstat counts to the ns,
+ * where /proc/PID/stat's ticks miss a process that runs 100 us a second). */
+static uint64_t cpu_ns(pid_t pid)
+{
+    char path[64];
+    uint64_t sum = 0;
+    struct dirent *d;
+    DIR *dir;
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    if (!(dir = opendir(path)))
+        return 0;
+    while ((d = readdir(dir))) {
+        char f[300];
+        unsigned long long ns;
+        FILE *fp;
+        if (d->d_name[0] == '.')
+            continue;
+        snprintf(f, sizeof f, "/proc/%d/task/%s/schedstat", (int)pid, d->d_name);
+        if ((fp = fopen(f, "r"))) {
+            if (fscanf(fp, "%llu", &ns) == 1)
+                sum += ns;
+            fclose(fp);
+        }
+    }
+    closedir(dir);
+    return sum;
+}
+
+static uint64_t workers_cpu_ns(cluster *c)
+{
+    uint64_t sum = 0;
+    for (int i = 0; i < N; i++)
+        sum += cpu_ns(c->workers[i].pid);
+    return sum;
+}
+
 static void quiet(const char *msg, void *user)
 {
     (void)msg, (void)user;
@@ -51,7 +93,7 @@ Test(scale, pod_of_256_cores, .timeout = 900)
 {
     static const char *const wargs[] = {"--trace-events", "1024", NULL};
     static const char *const rargs[] = {"--max-cores", "256", NULL};
-    cluster_opts o = {.hosts = HOSTS, .cores_per_host = PER_HOST, .heartbeat_ms = 1000, .dead_after = 10,
+    cluster_opts o = {.hosts = HOSTS, .cores_per_host = PER_HOST, .heartbeat_ms = 1000, .dead_after = 3,
                       .worker_args = wargs, .resolver_args = rargs};
     cluster *c = cluster_start(&o);
     run_result r;
@@ -65,10 +107,33 @@ Test(scale, pod_of_256_cores, .timeout = 900)
     cr_assert_eq(r.code, 0, SHOW(r));
     cr_assert(strstr(r.out, "256 cores on 32 hosts (32 tasks x 8 cores per task)"), SHOW(r));
     run_result_free(&r);
+    /* the heartbeat follows the machine: 32 cores a CPU keep the flag's 1 s */
+    char want_hb[96];
+    uint32_t hb = 1000 * machine_stretch(N, machine_cpus());
+    snprintf(want_hb, sizeof want_hb, "heartbeat %u ms, dead after 3 missed", hb);
     cluster_tpuctl(c, &r, 60000, "cluster", NULL);
     cr_assert_eq(r.code, 0, SHOW(r));
     cr_assert(strstr(r.out, "256 cores (256 ready, 0 idle, 0 dead) on 32 hosts"), SHOW(r));
+    cr_assert(strstr(r.out, want_hb), "want %s: " SHOW(r), want_hb);
     run_result_free(&r);
+
+    /* idle is idle: over three heartbeats (at least 10 s) of the initialized,
+     * idle pod, the 256 workers together use under 5 % of one core (about
+     * 1 % here; 1,024 idle workers on 2 CPUs measured about 1 %) */
+    {
+        uint64_t window_ms = 3ull * hb < 10000 ? 10000 : 3ull * hb;
+        uint64_t c0 = workers_cpu_ns(c), c1;
+        struct timespec ts = {(time_t)(window_ms / 1000), (long)(window_ms % 1000) * 1000000L};
+        double pct;
+        nanosleep(&ts, NULL);
+        c1 = workers_cpu_ns(c);
+        pct = (double)(c1 - c0) / 1e6 / (double)window_ms * 100.0;
+        fprintf(stderr, "it_scale: %d idle workers used %.2f %% of one core over %llu ms\n", N, pct,
+                (unsigned long long)window_ms);
+        cr_assert(c1 > c0, "no CPU time read for the workers (is /proc/PID/task/*/schedstat there?)");
+        cr_assert(pct < 5.0, "%d idle workers used %.2f %% of one core over %llu ms (at most 5 %%)", N, pct,
+                  (unsigned long long)window_ms);
+    }
 
     tpu_resolver *res;
     tpu_cluster *cc;
