@@ -10,9 +10,10 @@ dataset-fashion-mnist python3-dev python3-cffi python3-numpy"
 # YAML parser, strace, and Node.js and npm for the Kubernetes schema validator;
 # systemd-nspawn for the systemd test's container; Prometheus (and promtool)
 # for the metrics test; man-db for the manual pages' test; clang-format for the
-# format check of changed lines.
+# format check of changed lines; abigail-tools (abidw, abidiff) for the ABI
+# check of libtpuclient.
 TPUEMU_TEST_PACKAGES="chromium python3 curl openssl iproute2 util-linux docker.io docker-compose debootstrap
-systemd python3-yaml strace nodejs npm systemd-container prometheus python3-pytest man-db clang-format"
+systemd python3-yaml strace nodejs npm systemd-container prometheus python3-pytest man-db clang-format abigail-tools"
 
 install_packages() { # extra packages...
     local missing=()

@@ -71,6 +71,7 @@ step "install packages" install_packages $TPUEMU_TEST_PACKAGES || { echo "cannot
 step "format of the changed C lines" tests/lint/format.sh
 if step "build (-Werror)" build build -DTPUEMU_WERROR=ON; then
     step "ctest" run_ctest build
+    step "ABI of libtpuclient against client/abi" tests/abi/check.sh build
     step "profile in real viewers" tests/viewer/run.sh build
     step "multihost" tests/multihost/run.sh
 fi

@@ -31,7 +31,7 @@ static void allreduce_checked(colltest *t, size_t count, tpu_dtype dt, tpu_reduc
 {
     int members[64];
     void **b = ct_bufs(t->n, count, dt, seed, 0, t->n);
-    tpu_collective_options o = {algo, 0, NULL, 0, 0};
+    tpu_collective_options o = {.algo = algo};
     char why[512];
     for (int r = 0; r < t->n; r++)
         members[r] = r;
@@ -164,7 +164,7 @@ Test(allreduce, identical_run_to_run, .timeout = 120)
     for (size_t a = 0; a < 4; a++) {
         void **first = ct_bufs(t->n, count, TPU_F32, 7, 20, t->n);
         void **again = ct_bufs(t->n, count, TPU_F32, 7, 20, t->n);
-        tpu_collective_options o = {ALGOS[a], 0, NULL, 0, 0};
+        tpu_collective_options o = {.algo = ALGOS[a]};
         CALL_OK(tpu_all_reduce(t->c, first, count, TPU_F32, TPU_SUM, &o));
         CALL_OK(tpu_all_reduce(t->c, again, count, TPU_F32, TPU_SUM, &o));
         for (int r = 0; r < t->n; r++)
@@ -182,7 +182,7 @@ Test(allreduce, identical_run_to_run, .timeout = 120)
 static void repro_sum(colltest *t, size_t count, tpu_algo algo, size_t chunk, int nonzero, void *out)
 {
     void **b = ct_bufs(t->n, count, TPU_F32, 11, 30, nonzero);
-    tpu_collective_options o = {algo, 1, NULL, chunk, 0};
+    tpu_collective_options o = {.algo = algo, .reproducible = 1, .chunk_bytes = chunk};
     tpu_status st = tpu_all_reduce(t->c, b, count, TPU_F32, TPU_SUM, &o);
     cr_assert_eq(st, TPU_OK, "reproducible all-reduce n=%d algo %s chunk %zu: %s: %s", t->n, tpu_algo_name(algo),
                  chunk, tpu_status_name(st), tpu_last_error());
@@ -245,7 +245,7 @@ Test(groups, allreduce_and_allgather, .timeout = 120)
     for (int gi = 0; gi < 2; gi++)
         for (size_t a = 0; a < 4; a++) {
             void **b = ct_bufs(t->n, count, TPU_F32, 21, 0, t->n);
-            tpu_collective_options o = {ALGOS[a], 0, ga[gi], 0, 0};
+            tpu_collective_options o = {.algo = ALGOS[a], .group_assignment = ga[gi]};
             CALL_OK(tpu_all_reduce(t->c, b, count, TPU_F32, TPU_SUM, &o));
             for (int r = 0; r < t->n; r++) {
                 int members[6], m = 0;
@@ -264,7 +264,7 @@ Test(groups, allreduce_and_allgather, .timeout = 120)
         int g = gi ? 2 : 3;
         void **in = ct_bufs(t->n, count, TPU_F32, 22, 0, t->n);
         void **out = ct_alloc(t->n, count * 4 * (size_t)g);
-        tpu_collective_options o = {TPU_ALGO_AUTO, 0, ga[gi], 0, 0};
+        tpu_collective_options o = {.algo = TPU_ALGO_AUTO, .group_assignment = ga[gi]};
         CALL_OK(tpu_all_gather(t->c, (const void *const *)in, out, count, TPU_F32, &o));
         for (int r = 0; r < t->n; r++)
             for (int q = 0, k = 0; q < t->n; q++)
@@ -281,7 +281,7 @@ Test(groups, allreduce_and_allgather, .timeout = 120)
     {
         static const int bad[6] = {0, 0, 0, 1, 1, 2};
         void **b = ct_bufs(t->n, 4, TPU_F32, 1, 0, t->n);
-        tpu_collective_options o = {TPU_ALGO_AUTO, 0, bad, 0, 0};
+        tpu_collective_options o = {.algo = TPU_ALGO_AUTO, .group_assignment = bad};
         cr_assert_eq(tpu_all_reduce(t->c, b, 4, TPU_F32, TPU_SUM, &o), TPU_INVALID_ARGUMENT);
         cr_assert(strstr(tpu_last_error(), "group"), "%s", tpu_last_error());
         ct_free_bufs(b, t->n);

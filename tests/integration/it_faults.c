@@ -69,7 +69,7 @@ static void fault_round_sized(colltest *t, int victim, int sig, int delay_ms, in
                               uint32_t iters)
 {
     void **b = ct_bufs(t->n, count, TPU_F32, 3, 0, t->n);
-    tpu_collective_options o = {TPU_ALGO_AUTO, 0, NULL, 0, iters};
+    tpu_collective_options o = {.algo = TPU_ALGO_AUTO, .iters = iters};
     struct fault f = {t->cl->workers[t->worker_of[victim]].pid, sig, delay_ms, 0};
     tpu_collective_stats st;
     pthread_t th;

@@ -137,6 +137,7 @@ typedef struct tpu_batch {
     uint64_t wait_ns;/* how long tpu_dataset_iter_next waited for it (input-bound time;
                         without prefetch, the time it took to produce it) */
     void *opaque_;   /* the iterator's */
+    uint64_t reserved[8]; /* zero: room to grow (docs/api/conventions.md) */
 } tpu_batch;
 
 typedef struct tpu_dataset_iter tpu_dataset_iter;
@@ -179,6 +180,7 @@ typedef struct tpu_idx {
     size_t dims[4];
     size_t count;     /* product of dims */
     void *data;       /* count elements, in host byte order */
+    uint64_t reserved[8]; /* zero: room to grow (docs/api/conventions.md) */
 } tpu_idx;
 
 /* Reads path into *out (zeroed on failure; release it with tpu_idx_clear).

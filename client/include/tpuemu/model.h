@@ -121,6 +121,7 @@ typedef struct tpu_lr_schedule {
     size_t num_boundaries;               /* PiecewiseConstantDecay: 1..16 */
     uint64_t boundaries[TPU_LR_MAX_BOUNDARIES];
     float values[TPU_LR_MAX_BOUNDARIES + 1];
+    uint64_t reserved[8]; /* zero: room to grow (docs/api/conventions.md) */
 } tpu_lr_schedule;
 
 /* tf.keras.optimizers.schedules.ExponentialDecay(initial_learning_rate,
@@ -148,6 +149,7 @@ typedef struct tpu_optimizer {
     int nesterov;               /* SGD */
     float beta_1, beta_2, epsilon; /* Adam */
     tpu_lr_schedule schedule;   /* kind TPU_LR_CONSTANT (zero): none */
+    uint64_t reserved[8];       /* zero: room to grow (docs/api/conventions.md) */
 } tpu_optimizer;
 
 /* Keras' defaults: SGD(learning_rate 0.01 when 0 is given, momentum),
@@ -222,6 +224,7 @@ typedef struct tpu_compile_options {
      * Slower (docs/design/emulated-core.md). Also runs mixed_bfloat16 on hosts
      * without AVX-512, where oneDNN has no bf16 matmul. */
     int deterministic;
+    uint64_t reserved[8]; /* zero: room to grow (docs/api/conventions.md) */
 } tpu_compile_options;
 
 /* Adam, sparse categorical cross-entropy, accuracy, 1 step per execution,
@@ -258,6 +261,7 @@ typedef struct tpu_logs {
     uint64_t step;        /* global steps done */
     double elapsed_s;     /* since the epoch began */
     double examples_per_s;
+    uint64_t reserved[8]; /* zero: room to grow (docs/api/conventions.md) */
 } tpu_logs;
 
 /* Time of the last step, as the client and the cores saw it (nanoseconds;
@@ -275,6 +279,7 @@ typedef struct tpu_step_stats {
     uint64_t optimizer_ns;
     uint64_t infeed_wait_ns; /* cores waiting for their shard */
     size_t rows;             /* global batch */
+    uint64_t reserved[8];    /* zero: room to grow (docs/api/conventions.md) */
 } tpu_step_stats;
 TPU_API tpu_status tpu_model_last_step_stats(const tpu_model *m, tpu_step_stats *out);
 
@@ -291,6 +296,7 @@ typedef struct tpu_callback {
     tpu_status (*on_train_end)(tpu_model *m, const tpu_logs *logs, void *user);
     void (*destroy)(void *user);
     void *user;
+    uint64_t reserved[8]; /* zero: room to grow (docs/api/conventions.md) */
 } tpu_callback;
 /* Calls cb->destroy(cb->user) and zeroes *cb (the struct's contents). */
 TPU_API void tpu_callback_clear(tpu_callback *cb);
@@ -354,6 +360,7 @@ typedef struct tpu_elastic_options {
      * steps and at a notice). NULL: the snapshot only. */
     const char *checkpoint;
     uint64_t snapshot_steps;   /* 0: 50 */
+    uint64_t reserved[8];      /* zero: room to grow (docs/api/conventions.md) */
 } tpu_elastic_options;
 
 /* One event of elastic training, in the history. */
@@ -372,6 +379,7 @@ typedef struct tpu_elastic_event {
     double seconds;            /* waiting for cores, re-initializing, restoring */
     char from[256];            /* "memory" or the checkpoint file restored */
     char cause[512];           /* the error or the notice, naming the core */
+    uint64_t reserved[8];      /* zero: room to grow (docs/api/conventions.md) */
 } tpu_elastic_event;
 
 typedef struct tpu_fit_options {
@@ -401,6 +409,7 @@ typedef struct tpu_fit_options {
      * snapshot taken at that step boundary, and training goes on until the
      * event comes. */
     tpu_elastic_options elastic;
+    uint64_t reserved[8]; /* zero: room to grow (docs/api/conventions.md) */
 } tpu_fit_options;
 
 typedef struct tpu_history tpu_history;
@@ -530,6 +539,7 @@ typedef struct tpu_input_context {
     int num_input_pipelines;   /* 1 */
     int input_pipeline_id;     /* 0 */
     int num_replicas_in_sync;
+    uint64_t reserved[8]; /* zero: room to grow (docs/api/conventions.md) */
 } tpu_input_context;
 /* InputContext.get_per_replica_batch_size(global_batch): global / replicas;
  * 0 (and TPU_INVALID_ARGUMENT recorded) when it does not divide evenly, as
@@ -577,6 +587,7 @@ typedef struct tpu_step_outputs {
     tpu_per_replica *correct;      /* examples predicted right (NULL for MSE). TRAIN, EVALUATE */
     tpu_per_replica *examples;     /* the replica's rows. every step */
     tpu_per_replica *predictions;  /* rows x units of the last layer. PREDICT */
+    uint64_t reserved[8];          /* zero: room to grow (docs/api/conventions.md) */
 } tpu_step_outputs;
 
 /* strategy.run(fn, args=(x,)): fn on every replica with its shard of x (from
@@ -623,6 +634,7 @@ typedef struct tpu_local_value {
     const double *v;       /* a tensor's values (NULL for an input) */
     const float *x;        /* an input's shard: dims[0] rows of dims[1] floats (NULL for a tensor) */
     const void *y;         /* and its labels as the dataset has them (NULL: none) */
+    uint64_t reserved[8];  /* zero: room to grow (docs/api/conventions.md) */
 } tpu_local_value;
 
 /* strategy.experimental_local_results(value): the value of each replica in

@@ -68,6 +68,7 @@ typedef struct tpu_profile_core {
     uint64_t dropped;
     const char *tpu_type;    /* the generation it emulates */
     uint64_t hbm_used, hbm_peak, hbm_capacity; /* bytes, at the end of the capture */
+    uint64_t reserved[8];                      /* zero: room to grow (docs/api/conventions.md) */
 } tpu_profile_core;
 TPU_API tpu_status tpu_profile_core_info(const tpu_profile *p, size_t i, tpu_profile_core *out);
 
@@ -115,6 +116,7 @@ typedef struct tpu_profile_layer {
     unsigned layer;          /* 0-based: 0 is "dense", 1 "dense_1", as the trace names them */
     double mxu_utilization;  /* of its forward and backward matmuls */
     char padding[192];       /* what padding costs, e.g. "100 units padded to 128 (78%)"; "" when nothing */
+    uint64_t reserved[8];    /* zero: room to grow (docs/api/conventions.md) */
 } tpu_profile_layer;
 typedef struct tpu_profile_summary {
     size_t steps;            /* core-steps with a full period in the capture */
@@ -161,6 +163,7 @@ typedef struct tpu_profile_summary {
      * waiting for the others' turns. Both 0 when no machine has more cores
      * than CPUs. */
     unsigned shared_cores, shared_cpus;
+    uint64_t reserved[8]; /* zero: room to grow (docs/api/conventions.md) */
 } tpu_profile_summary;
 TPU_API tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out);
 

@@ -180,6 +180,7 @@ typedef struct tpu_notice {
     uint64_t event_in_ms; /* until the event, as of when the notice was read; under way: until its end */
     uint32_t window_ms;   /* maintenance: how long the core is down */
     int under_way;        /* maintenance: the window has begun */
+    uint64_t reserved[8]; /* zero: room to grow (docs/api/conventions.md) */
 } tpu_notice;
 /* "PREEMPTION", "MAINTENANCE", "NONE" */
 TPU_API const char *tpu_notice_kind_name(tpu_notice_kind k);
@@ -201,6 +202,7 @@ typedef struct tpu_core_info {
     uint64_t hbm_peak;        /* bytes: the most in use since the last initialize */
     tpu_notice notice;        /* what is coming to it (kind NONE: nothing) */
     uint32_t hbm_ooms;        /* compiles refused for want of HBM since the last initialize */
+    uint64_t reserved[8];     /* zero: room to grow (docs/api/conventions.md) */
 } tpu_core_info;
 
 typedef struct tpu_cluster_spec tpu_cluster_spec;
@@ -244,6 +246,7 @@ typedef struct tpu_core_health {
     tpu_health health;
     tpu_symptom symptom; /* the most telling one; NONE when there is none */
     char details[192];   /* what happened, in words ("" when healthy with nothing to tell) */
+    uint64_t reserved[8]; /* zero: room to grow (docs/api/conventions.md) */
 } tpu_core_health;
 /* "HEALTHY", "TIMEOUT", "UNHEALTHY_TENSORFLOW", "UNHEALTHY_MAINTENANCE", "HEALTH_UNSPECIFIED" */
 TPU_API const char *tpu_health_name(tpu_health h);
@@ -283,6 +286,7 @@ typedef struct tpu_system_metadata {
     int num_hosts;
     int num_of_cores_per_host; /* the largest host's count */
     char tpu_type[16];
+    uint64_t reserved[8]; /* zero: room to grow (docs/api/conventions.md) */
 } tpu_system_metadata;
 TPU_API tpu_status tpu_system_metadata_get(tpu_cluster *c, tpu_system_metadata *out);
 
@@ -295,6 +299,7 @@ typedef struct tpu_init_options {
     int keep_scheduled_faults; /* the cores keep the faults waiting for a step (tpu_fault.at_step);
                                   0: a new system cancels those whose core has trained since they
                                   were scheduled (their run is over) */
+    uint64_t reserved[8];      /* zero: room to grow (docs/api/conventions.md) */
 } tpu_init_options;
 
 typedef struct tpu_topology tpu_topology;
@@ -337,6 +342,7 @@ typedef struct tpu_topology_core {
     int task_id;
     int coords[4];   /* x, y, z, core on chip */
     const char *data_addr;
+    uint64_t reserved[8]; /* zero: room to grow (docs/api/conventions.md) */
 } tpu_topology_core;
 /* Core by replica id (0 .. num_replicas-1). Strings owned by t. */
 TPU_API tpu_status tpu_topology_core_get(const tpu_topology *t, int replica, tpu_topology_core *out);
@@ -464,6 +470,7 @@ typedef struct tpu_fault {
     const char *peer_host; /* link faults: the core at the other end (tpu_inject_fault); otherwise NULL */
     int peer_core;
     uint32_t seed;        /* LINK_LOSS: which transmissions are lost; otherwise 0 */
+    uint64_t reserved[8]; /* zero: room to grow (docs/api/conventions.md) */
 } tpu_fault;
 
 /* "kill", "pause", "slow", "hbm", "preempt", "maintenance", "skew", "link-delay", "link-loss",
@@ -501,6 +508,7 @@ typedef struct tpu_scheduled_fault {
     uint32_t duration_ms, percent, notice_ms;
     char peer_host[256];  /* link faults: the other end; otherwise "" */
     int peer_core;
+    uint64_t reserved[8]; /* zero: room to grow (docs/api/conventions.md) */
 } tpu_scheduled_fault;
 /* Lists the faults waiting on core host_id/core (at most 16): the first max
  * into out, each elem_size bytes apart (give sizeof(tpu_scheduled_fault):
@@ -584,6 +592,7 @@ typedef struct tpu_collective_options {
                                      group the same size; NULL: one group of all replicas */
     size_t chunk_bytes;           /* pipeline chunk; 0: chosen by the core */
     uint32_t iters;               /* run back to back this many times (benchmarks); 0 = 1 */
+    uint64_t reserved[8];         /* zero: room to grow (docs/api/conventions.md) */
 } tpu_collective_options;
 
 /* Element size in bytes of a dtype (4 or 2; 0 if unknown). */
@@ -637,6 +646,7 @@ typedef struct tpu_collective_stats {
     int num_failed;          /* replicas whose core reported or caused an error */
     uint64_t time_p50_ns;    /* the largest of the cores' median times per iteration, as the
                                 OpenMPI and Gloo benchmarks report theirs (0: one iteration) */
+    uint64_t reserved[8];    /* zero: room to grow (docs/api/conventions.md) */
 } tpu_collective_stats;
 TPU_API tpu_status tpu_last_collective(const tpu_cluster *c, tpu_collective_stats *out);
 
@@ -651,6 +661,7 @@ typedef struct tpu_replica_result {
     uint64_t time_ns;          /* that core's time per iteration */
     const char *algorithm;     /* that core's algo_used; owned by c */
     uint64_t time_p50_ns;      /* the median of that core's iterations' times (0: one iteration) */
+    uint64_t reserved[8];      /* zero: room to grow (docs/api/conventions.md) */
 } tpu_replica_result;
 TPU_API tpu_status tpu_last_collective_replica(const tpu_cluster *c, int replica, tpu_replica_result *out);
 

@@ -193,7 +193,8 @@ tpu_status tpu_strategy_distribute_datasets_from_function(tpu_strategy *s, tpu_d
     if (!s->c->coll || !s->c->coll->n)
         return cli_failf(TPU_FAILED_PRECONDITION,
                          "distribute_datasets_from_function: no TPU system; initialize it first");
-    tpu_input_context ctx = {1, 0, (int)s->c->coll->n};
+    tpu_input_context ctx = {
+        .num_input_pipelines = 1, .input_pipeline_id = 0, .num_replicas_in_sync = (int)s->c->coll->n};
     if ((st = fn(&ctx, user, &ds)) != TPU_OK) {
         char why[ERR_MSG_MAX];
         snprintf(why, sizeof why, "%s", tpu_last_error()); /* the message is formatted into the same buffer */
