@@ -51,7 +51,7 @@ run_ctest() {
 fuzz_all() {
     local dir=build-fuzz/bin f rc=0 work
     work=$(mktemp -d)
-    for f in wire_open frame addr bytes http peertab; do
+    for f in wire_open frame addr bytes http peertab ckpt scenario; do
         mkdir -p "$work/$f"
         echo "--- fuzz_$f for ${FUZZ_SECONDS} s"
         if ! "$dir/fuzz_$f" -max_total_time="$FUZZ_SECONDS" -print_final_stats=0 \
@@ -85,7 +85,8 @@ if step "build ASan+UBSan" build build-asan -DTPUEMU_SANITIZE=ON -DTPUEMU_WERROR
 fi
 fuzz_build() {
     CC=clang cmake -S . -B build-fuzz -DTPUEMU_FUZZ=ON -DBUILD_TESTING=ON &&
-        cmake --build build-fuzz -j"$JOBS" --target fuzz_wire_open fuzz_frame fuzz_addr fuzz_bytes fuzz_http fuzz_peertab
+        cmake --build build-fuzz -j"$JOBS" --target fuzz_wire_open fuzz_frame fuzz_addr fuzz_bytes fuzz_http fuzz_peertab \
+            fuzz_ckpt fuzz_scenario
 }
 if step "build fuzzers (clang)" fuzz_build; then
     step "fuzz (${FUZZ_SECONDS} s each)" fuzz_all
