@@ -446,6 +446,7 @@ TPU_API tpu_status tpu_model_predict(tpu_model *m, tpu_dataset *ds, float *out, 
 typedef struct tpu_eval_options {
     const tpu_callback *callbacks;
     size_t num_callbacks;
+    uint64_t reserved[8]; /* zero: room to grow (docs/api/conventions.md) */
 } tpu_eval_options;
 TPU_API void tpu_eval_options_init(tpu_eval_options *o);
 /* tpu_model_evaluate and tpu_model_predict with options (o may be NULL). */
