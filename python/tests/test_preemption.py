@@ -68,3 +68,40 @@ def test_preemption_saves_exits_42_and_resumes(cluster, tmp_path):
     epochs = eval(done[0][len("done "):])
     assert epochs and epochs[0] >= 1 and epochs[-1] == 29, "resumed history %s" % epochs
     assert not os.path.exists(backup / "ckpt"), "BackupAndRestore deletes its backup when fit ends"
+
+
+def test_custom_loop_preemption_handler_exits_42_and_resumes(cluster, tmp_path):
+    """examples/python/custom_loop.py: PreemptionCheckpointHandler.run saves at a
+    notice and exits 42; started again, the loop goes on from the saved step."""
+    from conftest import DATA
+    if not os.path.exists(os.path.join(DATA, "train-images-idx3-ubyte.gz")):
+        import pytest
+        pytest.skip("needs dataset-fashion-mnist")
+    src = os.environ.get("TPUEMU_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+    prog = os.path.join(src, "examples", "python", "custom_loop.py")
+    env = dict(os.environ, TPU_NAME="grpc://" + cluster.tpu, CHECKPOINT_DIR=str(tmp_path / "ckpt"))
+    args = [sys.executable, prog, "4"]
+    child = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        r, _, _ = select.select([child.stdout], [], [], 120)
+        line = child.stdout.readline() if r else ""
+        assert line.startswith("Epoch 1, Loss: "), line + (child.stderr.read() if child.poll() is not None else "")
+        tpuemu.Cluster(cluster.tpu).inject_fault("host0", 1, "preempt", notice_ms=500)
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 42, out + err[-2000:]
+    assert "test accuracy" not in out
+    assert os.path.exists(tmp_path / "ckpt" / "ckpt")
+    w = cluster.workers[(0, 1)]
+    w.wait(timeout=30)
+    cluster.start_worker(0, 1)
+    cluster.tpuctl("init", "--expect", "4", "--timeout-ms", "20000")
+    again = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr[-2000:]
+    epochs = [l.split(",")[0] for l in again.stdout.splitlines() if l.startswith("Epoch ")]
+    assert "Epoch 1" not in epochs and epochs[-1] == "Epoch 4", again.stdout
+    acc = float(again.stdout.split("test accuracy: ")[1])
+    assert acc > 0.8, again.stdout
