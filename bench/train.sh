@@ -127,6 +127,15 @@ start_resolver() {
 
 t_begin=$(date +%s)
 failed=0
+# run_py LABEL N B: bench/train_py.py's row on the running cluster into $rows.python
+run_py() {
+    echo "train_py.py ($1): $2 cores, per-core batch $3 (warm-up $warmup steps, then ${secs} s)" >&2
+    if ! PYTHONPATH=$pypath /usr/bin/python3 bench/train_py.py --tpu "$tpu" --cores "$2" --batch "$3" \
+            --seconds "$secs" --warmup "$warmup" --data "$DATA" >>"$rows.python" 2>"$logdir/py.$1.n$2.b$3.err"; then
+        echo "  FAILED (Python): $(tail -3 "$logdir/py.$1.n$2.b$3.err")" >&2
+        failed=1
+    fi
+}
 # run_rows LABEL BIN N [BENCH_ARGS...]: one cluster of N workers of BIN, a row per batch size into $rows.LABEL
 run_rows() {
     local label=$1 b_bin=$2 n=$3 h c i b mports=() margs
@@ -155,17 +164,15 @@ run_rows() {
         pids+=($!)
     fi
     for b in $batches_list; do
+        # the Python row first in odd rounds: neither always meets the fresh cluster
+        [ "$py" = 1 ] && [ $((r % 2)) = 1 ] && run_py "$label" "$n" "$b"
         echo "bench_train ($label): $n cores, per-core batch $b (warm-up $warmup steps, then ${secs} s)" >&2
         if ! "$b_bin/bench_train" --tpu "$tpu" --cores "$n" --batch "$b" --seconds "$secs" --warmup "$warmup" \
                 "${data_args[@]}" "${model_args[@]}" "${extra[@]}" --no-header >>"$rows.$label" 2>"$logdir/bench.$label.n$n.b$b.err"; then
             echo "  FAILED: $(head -3 "$logdir/bench.$label.n$n.b$b.err")" >&2
             failed=1
         fi
-        if [ "$py" = 1 ] && ! PYTHONPATH=$pypath /usr/bin/python3 bench/train_py.py --tpu "$tpu" --cores "$n" --batch "$b" \
-                --seconds "$secs" --warmup "$warmup" --data "$DATA" >>"$rows.python" 2>"$logdir/py.$label.n$n.b$b.err"; then
-            echo "  FAILED (Python): $(tail -3 "$logdir/py.$label.n$n.b$b.err")" >&2
-            failed=1
-        fi
+        [ "$py" = 1 ] && [ $((r % 2)) = 0 ] && run_py "$label" "$n" "$b"
     done
     stop_all
 }

@@ -227,7 +227,7 @@ class _Hooks:
         if self.exc is not None:
             return lib.TPU_ABORTED
         if self.cancel is not None and self.cancel.requested:
-            return lib.TPU_CANCELLED if False else lib.TPU_ABORTED
+            return lib.TPU_ABORTED  # Ctrl-C: the call raises KeyboardInterrupt
         try:
             for cb in self.callbacks:
                 fn = getattr(cb, method, None)
