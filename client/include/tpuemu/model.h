@@ -441,8 +441,7 @@ TPU_API tpu_status tpu_model_predict(tpu_model *m, tpu_dataset *ds, float *out, 
  * on_train_end after it (evaluate's final logs; predict's loss and accuracy
  * are NaN); the epoch hooks are not called. A hook returning TPU_CANCELLED
  * ends the pass early (the results cover the batches done); another status
- * fails the call with it. Fill with tpu_eval_options_init before setting
- * fields: fields may be added at the end. */
+ * fails the call with it. tpu_eval_options_init (or = {0}) zeroes it. */
 typedef struct tpu_eval_options {
     const tpu_callback *callbacks;
     size_t num_callbacks;
