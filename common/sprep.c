@@ -143,13 +143,6 @@ void sprep_close(sprep *s)
     maybe_free(s);
 }
 
-void sprep_get_stats(const sprep *s, struct sprep_stats *st)
-{
-    *st = s->st;
-    st->trusted = s->ntrusted;
-    st->untrusted = s->nuntrusted;
-}
-
 void *sprep_data(const sprep *s)
 {
     return s->cfg.data;

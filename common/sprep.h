@@ -73,7 +73,6 @@ int sprep_start(uv_loop_t *loop, const char *host, int port, const struct sprep_
  * gone the reply is dropped and CODE_OK returned (nanomsg does the same). */
 int sprep_reply(sprep *s, void *ctl, const void *buf, size_t len, err *e);
 void sprep_ctl_free(void *ctl);
-void sprep_get_stats(const sprep *s, struct sprep_stats *st);
 void *sprep_data(const sprep *s);
 /* Stops listening and closes every connection; s is freed once all are
  * closed (a ctl still held keeps only its own small record). */

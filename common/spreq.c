@@ -49,13 +49,6 @@ struct wreq {
     uint8_t *body;
 };
 
-static unsigned g_open;
-
-unsigned spreq_open_count(void)
-{
-    return g_open;
-}
-
 void *spreq_data(const spreq *q)
 {
     return q->cfg.data;
@@ -107,7 +100,6 @@ static void conn_free(struct conn *c)
 
 static void on_tcp_closed(uv_handle_t *h)
 {
-    g_open--;
     conn_free(h->data);
 }
 
@@ -326,7 +318,6 @@ static void on_resolved(uv_getaddrinfo_t *g, int status, struct addrinfo *res)
     }
     c->tcp_inited = 1;
     c->tcp.data = c;
-    g_open++;
     rc = uv_tcp_connect(&c->cr, &c->tcp, res->ai_addr, on_connect);
     uv_freeaddrinfo(res);
     if (rc != 0)

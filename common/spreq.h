@@ -56,8 +56,6 @@ int spreq_is_open(const spreq *q);
 /* Forgets the outstanding request: its reply, if it comes, is dropped. */
 void spreq_cancel(spreq *q);
 void *spreq_data(const spreq *q);
-/* Descriptors held by every spreq of the process (connected or connecting). */
-unsigned spreq_open_count(void);
 /* Closes the connection; no callback comes after this returns, and q is
  * freed once libuv lets go of its handles. */
 void spreq_close(spreq *q);

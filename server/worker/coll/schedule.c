@@ -184,13 +184,6 @@ int sched_local(struct sched *s, int kern, int dbuf, uint64_t doff, int sbuf, ui
     return id;
 }
 
-int sched_nop(struct sched *s, int dep)
-{
-    int id = add_op(s, SOP_NOP);
-    sched_dep(s, dep, id);
-    return id;
-}
-
 int sched_recv_reduce(struct sched *s, int peer, int kern, int dbuf, uint64_t doff, uint64_t len,
                       uint32_t step, uint32_t chunk, uint64_t woff, int dep, int dep2)
 {

@@ -118,9 +118,8 @@ int sched_send(struct sched *s, int peer, int buf, uint64_t off, uint64_t len, u
                uint32_t chunk, uint64_t woff, int dep);
 int sched_recv(struct sched *s, int peer, int buf, uint64_t off, uint64_t len, uint32_t step,
                uint32_t chunk, uint64_t woff, int dep);
-int sched_local(struct sched *s, int kern, int dbuf, uint64_t doff, int sbuf, uint64_t soff,
-                uint64_t len, uint64_t aux, int dep);
-int sched_nop(struct sched *s, int dep);
+int sched_local(struct sched *s, int kern, int dbuf, uint64_t doff, int sbuf, uint64_t soff, uint64_t len, uint64_t aux,
+                int dep);
 void sched_dep(struct sched *s, int from, int to);
 /* RECV into the next temporary slot, then LOCAL kern(dbuf+doff, slot, len):
  * returns the LOCAL's id. dep2: another dependency of the LOCAL (-1: none).

@@ -760,11 +760,6 @@ int dp_conn_connect(uv_loop_t *loop, const struct sockaddr *sa, const struct dp_
     return CODE_OK;
 }
 
-int dp_conn_is_ready(const dp_conn *c)
-{
-    return c->hs == HS_READY && !c->closing && !c->flushing;
-}
-
 const char *dp_conn_peer_addr(const dp_conn *c)
 {
     return c->peer_addr;
@@ -778,9 +773,4 @@ const char *dp_conn_peer_name(const dp_conn *c)
 void *dp_conn_data(const dp_conn *c)
 {
     return c->cfg.data;
-}
-
-void dp_conn_set_data(dp_conn *c, void *data)
-{
-    c->cfg.data = data;
 }

@@ -127,10 +127,8 @@ void dp_conn_fail(dp_conn *c, int code, const char *fmt, ...) __attribute__((for
 /* Closes now; pending writes are cancelled. why may be NULL (orderly). */
 void dp_conn_close(dp_conn *c, const err *why);
 
-int dp_conn_is_ready(const dp_conn *c);
 const char *dp_conn_peer_addr(const dp_conn *c); /* "127.0.0.1:53412" */
 const char *dp_conn_peer_name(const dp_conn *c); /* AUTH.peer of the other side, or "" */
 void *dp_conn_data(const dp_conn *c);
-void dp_conn_set_data(dp_conn *c, void *data);
 
 #endif
