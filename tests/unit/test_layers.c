@@ -363,3 +363,55 @@ Test(layers, conv_flops_count_the_patches_matmuls)
     cr_assert_eq(model_num_params(m), (size_t)(27 * 16 + 16 + 16 * 10 + 10));
     model_free(m);
 }
+
+/* Gradient checkpointing recomputes the segments' activations in the
+ * backward pass: the same gradients, bit for bit, and the recomputed layers
+ * counted (9 layers: segments of 3, the first two run again). */
+Test(layers, gradient_checkpointing_gives_the_same_bits)
+{
+    struct model_cfg a = cfg0(8, 8, 2), b;
+    model *ma, *mb;
+    err e;
+    unsigned s = 77;
+    float x[8 * 128];
+    int32_t y[8] = {0, 1, 2, 0, 1, 2, 0, 1};
+    a.deterministic = 0;
+    a.precision = MODEL_MIXED_BF16;
+    add_win(&a, LK_CONV2D, 4, ACT_RELU, 3, 3, 1, 1, 1);
+    add_win(&a, LK_MAX_POOL2D, 0, ACT_LINEAR, 2, 2, 0, 0, 0);
+    add_win(&a, LK_CONV2D, 6, ACT_TANH, 3, 3, 1, 1, 1);
+    add_win(&a, LK_AVG_POOL2D, 0, ACT_LINEAR, 2, 2, 0, 0, 0);
+    a.kind[a.nlayers].rate = 0.3f;
+    add(&a, LK_DROPOUT, 0, ACT_LINEAR);
+    add(&a, LK_FLATTEN, 0, ACT_LINEAR);
+    add(&a, LK_DENSE, 16, ACT_SIGMOID);
+    add(&a, LK_DENSE, 8, ACT_RELU);
+    add(&a, LK_DENSE, 3, ACT_SOFTMAX);
+    b = a;
+    b.remat = 1;
+    cr_assert_eq(model_new(&ma, &a, u, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(model_new(&mb, &b, u, &e), CODE_OK, "%s", e.msg);
+    for (int l = 0; l < 9; l++)
+        cr_assert_eq(model_layer_checkpointed(mb, l), l == 2 || l == 5 || l == 8, "layer %d", l);
+    for (int i = 0; i < 8 * 128; i++)
+        x[i] = frand(&s);
+    model_set_training(ma, 1);
+    model_set_training(mb, 1);
+    for (int step = 0; step < 3; step++) {
+        cr_assert_eq(model_forward(ma, x, 8, NULL, &e), CODE_OK, "%s", e.msg);
+        cr_assert_eq(model_forward(mb, x, 8, NULL, &e), CODE_OK, "%s", e.msg);
+        cr_assert_eq(model_backward(ma, y, 8, NULL, &e), CODE_OK, "%s", e.msg);
+        cr_assert_eq(model_backward(mb, y, 8, NULL, &e), CODE_OK, "%s", e.msg);
+        cr_assert_eq(memcmp(model_grads(ma), model_grads(mb), model_num_params(ma) * sizeof(float)), 0,
+                     "step %d: the gradients differ with checkpointing", step);
+        model_apply_gradients(ma, 0.125f);
+        model_apply_gradients(mb, 0.125f);
+    }
+    cr_assert_eq(model_remat_calls(ma), 0u);
+    cr_assert_eq(model_remat_calls(mb), 3u * 6u, "recomputed %llu layer passes in 3 steps, not 18",
+                 (unsigned long long)model_remat_calls(mb));
+    double pa, pb, fa = model_train_flops(ma, 8, &pa), fb = model_train_flops(mb, 8, &pb);
+    cr_assert_gt(fb, fa, "the recomputation's FLOPs are not counted");
+    model_free(ma);
+    model_free(mb);
+}

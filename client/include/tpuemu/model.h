@@ -205,6 +205,15 @@ TPU_API tpu_status tpu_model_add_reshape(tpu_model *m, const size_t *dims, size_
  * (kept values scaled by 1/(1 - rate)); evaluate and predict pass the
  * values through. rate in [0, 1). */
 TPU_API tpu_status tpu_model_add_dropout(tpu_model *m, float rate);
+/* Gradient checkpointing (rematerialization; tf.recompute_grad, jax.checkpoint):
+ * the cores keep only the output of every ceil(sqrt(layers))-th layer for the
+ * backward pass and compute the other activations again, one segment of
+ * layers at a time, just before the backward pass needs them. HBM then holds
+ * the kept outputs and one segment's activations (and convolution patches)
+ * instead of all of them, so a batch whose activations do not fit may; each
+ * step runs every segment's forward pass but the last one's twice (the
+ * profiler's FLOPs count it). The results are the same bits. Before compile. */
+TPU_API tpu_status tpu_model_set_gradient_checkpointing(tpu_model *m, int enabled);
 /* Seed of the glorot-uniform initial weights (the same on every replica). Before compile. */
 TPU_API tpu_status tpu_model_set_seed(tpu_model *m, uint64_t seed);
 

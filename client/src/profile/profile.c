@@ -1349,7 +1349,7 @@ tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out)
     if (out->hbm_peak_fraction >= PROF_HBM_TIGHT) {
         out->bottleneck = "memory";
         out->advice = "memory: HBM is nearly full; use a smaller batch per core, or recompute activations in "
-                      "the backward pass instead of keeping them";
+                      "the backward pass instead of keeping them (tpu_model_set_gradient_checkpointing)";
     } else if (strcmp(out->input_classification, "host") == 0) {
         out->bottleneck = cat_names[CAT_INPUT];
         out->advice = cat_fix[CAT_INPUT];

@@ -396,6 +396,16 @@ tpu_status tpu_model_add_reshape(tpu_model *m, const size_t *dims, size_t rank)
     return add_layer(m, &sp, 0, TPU_ACT_LINEAR);
 }
 
+tpu_status tpu_model_set_gradient_checkpointing(tpu_model *m, int enabled)
+{
+    CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
+    if (m->configured)
+        return cli_failf(TPU_FAILED_PRECONDITION, "the model is compiled: set gradient checkpointing before "
+                         "tpu_model_compile");
+    m->remat = enabled != 0;
+    return TPU_OK;
+}
+
 tpu_status tpu_model_set_seed(tpu_model *m, uint64_t seed)
 {
     CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
@@ -804,6 +814,7 @@ int model_ensure_compiled(tpu_model *m, size_t global_batch, err *e)
     ms.infeed_depth = m->co.infeed_depth;
     ms.steps_per_execution = m->co.steps_per_execution;
     ms.deterministic = m->co.deterministic != 0;
+    ms.gradient_checkpointing = m->remat != 0;
     ms.label_dim = m->co.loss == TPU_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY ? 1 : (uint32_t)m->units[m->nlayers - 1];
     h.kind = KIND(COMPILE);
     h.model = &ms;

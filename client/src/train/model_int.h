@@ -32,6 +32,7 @@ struct tpu_model {
     tpu_activation act[MODEL_LAYERS_MAX];
     struct lspec spec[MODEL_LAYERS_MAX];   /* kind and options (units, act as above) */
     struct lshape in_shape;               /* per example; rank 0: (in_dim) */
+    int remat;                            /* gradient checkpointing */
     uint64_t seed;
     int configured;       /* compile options set */
     tpu_compile_options co;

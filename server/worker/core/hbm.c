@@ -280,7 +280,8 @@ static int program_exhausted(const hbm *h, const struct hbm_block *bs, size_t n,
             snprintf(msg + off, sizeof msg - off,
                      "Activations and infeed buffers take most of it and grow with the batch: use a smaller "
                      "per-core batch (or more cores for the same global batch), recompute activations in the "
-                     "backward pass instead of keeping them, or use fewer or narrower layers.");
+                     "backward pass instead of keeping them (gradient checkpointing: "
+                     "tpu_model_set_gradient_checkpointing), or use fewer or narrower layers.");
         else if (reserved * 2 >= need + reserved)
             snprintf(msg + off, sizeof msg - off,
                      "What was on the core before the compile takes most of it: free it, or use a core with "

@@ -32,6 +32,7 @@ struct layer {
     struct lspec spec;
     struct lgeom g;
     int alias;                  /* Flatten, Reshape: a is the input itself (no copy) */
+    int ckpt;                   /* its output is kept for the backward pass (always, without remat) */
     float *a;                   /* activations of the last forward, max_rows x osz */
     float *col;                 /* Conv2D: the last forward's patches (im2col), max_rows*outer x in */
     float *mask;                /* Dropout: the last training forward's mask (0 or 1/(1-rate)) */
@@ -57,6 +58,8 @@ struct model {
     float *d0, *d1;             /* backward ping-pong, max_rows x widest layer */
     float *dcol;                /* Conv2D backward: the patches' gradient, the largest col */
     int training;               /* Dropout drops */
+    uint64_t pass;              /* the Dropout pass of the last forward (a recompute redraws its masks) */
+    uint64_t remat_calls;       /* layer forwards recomputed in backward passes */
     uint64_t drop_calls;        /* training forward passes: Dropout's masks differ per pass */
     int out_rows;               /* rows of the last forward's outputs, -1 if none */
     int fresh;                  /* that forward ran on the current weights */
@@ -280,6 +283,15 @@ int model_new(model **out, const struct model_cfg *cfg, mxu *u, err *e)
             goto oom;
         if (L->kind == LK_CONV2D && m->prec == MXU_DEFAULT && !(L->wr = floats((size_t)L->in, (size_t)L->units)))
             goto oom;
+    }
+    /* gradient checkpointing: segments of ceil(sqrt(n)) layers; each one's
+     * last output is kept, the others are recomputed in the backward pass */
+    {
+        int seg = 1;
+        while (seg * seg < cfg->nlayers)
+            seg++;
+        for (int l = 0; l < cfg->nlayers; l++)
+            m->layer[l].ckpt = !cfg->remat || (l + 1) % seg == 0 || l == cfg->nlayers - 1;
     }
     m->nparams = off;
     m->nslots = cfg->opt.kind == OPT_ADAM ? 2 : cfg->opt.momentum != 0.0f ? 1 : 0;
@@ -829,12 +841,12 @@ static void gap(const struct layer *L, const float *x, int rows, float *y, const
 
 /* Dropout: a fresh mask per training pass, from (seed, salt, pass, layer,
  * element) alone; kept units scaled by 1/(1 - rate) as Keras does. */
-static void dropout(model *m, int l, const float *x, int rows)
+static void dropout(model *m, int l, const float *x, int rows, uint64_t pass)
 {
     struct layer *L = &m->layer[l];
     size_t n = (size_t)rows * L->osz;
     float rate = L->spec.rate, keep = 1.0f / (1.0f - rate);
-    uint64_t key = splitmix64(m->cfg.seed ^ splitmix64(m->cfg.dropout_salt ^ splitmix64(m->drop_calls)) ^
+    uint64_t key = splitmix64(m->cfg.seed ^ splitmix64(m->cfg.dropout_salt ^ splitmix64(pass)) ^
                               ((uint64_t)l << 48));
     for (size_t i = 0; i < n; i++) {
         double r = (double)(splitmix64(key ^ (uint64_t)i) >> 11) * 0x1p-53;
@@ -884,10 +896,66 @@ static int preround(const model *m)
     return m->prec == MXU_DEFAULT && (m->cfg.deterministic || !mxu_bf16_native(m->u));
 }
 
+/* Layer l's forward pass over rows rows of its input in (recompute: again,
+ * in a backward pass, with the forward's Dropout masks). */
+static int forward_layer(model *m, int l, const float *in, int rows, int recompute, err *e)
+{
+    struct layer *L = &m->layer[l];
+    uint64_t t0 = m->rec ? model_now_ns() : 0;
+    const float *a = in, *w;
+    int M = rows * L->outer, rc;
+    w = m->params + L->w;
+    switch (L->kind) {
+    case LK_DENSE:
+    case LK_CONV2D:
+        if (L->kind == LK_CONV2D) {
+            im2col(L, in, rows, L->col);
+            if (m->rounded)
+                bf16_round_n(L->col, L->col, (size_t)M * (size_t)L->in);
+            a = L->col;
+        } else if (m->rounded) { /* once here, for the backward matmuls too */
+            bf16_round_n(L->ar, in, (size_t)M * (size_t)L->in);
+            a = L->ar;
+        }
+        if (m->rounded) {
+            bf16_round_n(L->wr, w, (size_t)L->in * (size_t)L->units);
+            w = L->wr;
+        }
+        if ((rc = matmul(m, l, 0, M, L->units, L->in, 0, 0, a, m->rounded, w, m->rounded, L->a, e)) != CODE_OK) {
+            err_prefix(e, "layer %d forward", l);
+            return rc;
+        }
+        activate(L->a, m->params + L->b, M, L->units, L->act, m->cfg.deterministic);
+        break;
+    case LK_FLATTEN:
+    case LK_RESHAPE:
+        L->a = (float *)(uintptr_t)in;   /* the same floats; never written through */
+        break;
+    case LK_DROPOUT:
+        if (m->training && L->spec.rate > 0.0f)
+            dropout(m, l, in, rows, m->pass);
+        else
+            memcpy(L->a, in, (size_t)rows * L->osz * sizeof *L->a);
+        break;
+    case LK_MAX_POOL2D:
+    case LK_AVG_POOL2D:
+        pool(L, in, rows, L->a, NULL, NULL);
+        break;
+    case LK_GLOBAL_AVG_POOL2D:
+        gap(L, in, rows, L->a, NULL, NULL);
+        break;
+    }
+    if (recompute)
+        m->remat_calls++;
+    if (m->rec)
+        rec_add(m, MODEL_REC_FORWARD, l, recompute, M, L->units, L->in, t0, model_now_ns());
+    return CODE_OK;
+}
+
 int model_forward(model *m, const float *x, int rows, float *out, err *e)
 {
     const float *in = x;
-    struct layer *L = NULL;
+    const struct layer *L = NULL;
     int rc;
 
     m->out_rows = -1;
@@ -899,54 +967,12 @@ int model_forward(model *m, const float *x, int rows, float *out, err *e)
         return err_set(e, CODE_INVALID_ARGUMENT, "model: missing input for %d rows", rows);
     m->x = x;
     m->rounded = preround(m);
+    m->pass = m->drop_calls;
     for (int l = 0; l < m->cfg.nlayers && rows > 0; l++) {
-        uint64_t t0 = m->rec ? model_now_ns() : 0;
-        const float *a = in, *w;
-        int M = rows * (L = &m->layer[l])->outer;
-        w = m->params + L->w;
-        switch (L->kind) {
-        case LK_DENSE:
-        case LK_CONV2D:
-            if (L->kind == LK_CONV2D) {
-                im2col(L, in, rows, L->col);
-                if (m->rounded)
-                    bf16_round_n(L->col, L->col, (size_t)M * (size_t)L->in);
-                a = L->col;
-            } else if (m->rounded) { /* once here, for the backward matmuls too */
-                bf16_round_n(L->ar, in, (size_t)M * (size_t)L->in);
-                a = L->ar;
-            }
-            if (m->rounded) {
-                bf16_round_n(L->wr, w, (size_t)L->in * (size_t)L->units);
-                w = L->wr;
-            }
-            if ((rc = matmul(m, l, 0, M, L->units, L->in, 0, 0, a, m->rounded, w, m->rounded, L->a, e)) != CODE_OK) {
-                err_prefix(e, "layer %d forward", l);
-                return rc;
-            }
-            activate(L->a, m->params + L->b, M, L->units, L->act, m->cfg.deterministic);
-            break;
-        case LK_FLATTEN:
-        case LK_RESHAPE:
-            L->a = (float *)(uintptr_t)in;   /* the same floats; never written through */
-            break;
-        case LK_DROPOUT:
-            if (m->training && L->spec.rate > 0.0f)
-                dropout(m, l, in, rows);
-            else
-                memcpy(L->a, in, (size_t)rows * L->osz * sizeof *L->a);
-            break;
-        case LK_MAX_POOL2D:
-        case LK_AVG_POOL2D:
-            pool(L, in, rows, L->a, NULL, NULL);
-            break;
-        case LK_GLOBAL_AVG_POOL2D:
-            gap(L, in, rows, L->a, NULL, NULL);
-            break;
-        }
+        L = &m->layer[l];
+        if ((rc = forward_layer(m, l, in, rows, 0, e)) != CODE_OK)
+            return rc;
         in = L->a;
-        if (m->rec)
-            rec_add(m, MODEL_REC_FORWARD, l, 0, M, L->units, L->in, t0, model_now_ns());
     }
     if (m->training)
         m->drop_calls++;
@@ -973,6 +999,29 @@ static void colsum(const float *d, int rows, int n, float *restrict db)
     }
 }
 
+/* Layers a0..b forward again from layer a0's input (a kept output or x). */
+static int remat_segment(model *m, int a0, int b, int rows, err *e)
+{
+    for (int l = a0; l <= b; l++) {
+        int rc = forward_layer(m, l, l ? m->layer[l - 1].a : m->x, rows, 1, e);
+        if (rc != CODE_OK) {
+            err_prefix(e, "recomputing layer %d", l);
+            return rc;
+        }
+    }
+    return CODE_OK;
+}
+
+int model_layer_checkpointed(const model *m, int l)
+{
+    return m->layer[l].ckpt;
+}
+
+uint64_t model_remat_calls(const model *m)
+{
+    return m->remat_calls;
+}
+
 int model_backward(model *m, const void *y, int rows, struct model_metrics *out, err *e)
 {
     float *d = m->d0;
@@ -989,9 +1038,20 @@ int model_backward(model *m, const void *y, int rows, struct model_metrics *out,
         const struct layer *L = &m->layer[l];
         const float *xin = l ? m->layer[l - 1].a : m->x;
         const float *w = m->rounded ? L->wr : m->params + L->w;
-        float *dn = d == m->d0 ? m->d1 : m->d0;
-        uint64_t t0 = m->rec ? model_now_ns() : 0;
+        float *dn;
+        uint64_t t0;
         int M = rows * L->outer;
+        if (m->cfg.remat && L->ckpt && l < m->cfg.nlayers - 1) {
+            /* rematerialization: this segment's activations were not kept;
+             * compute them again from the last kept output */
+            int a0 = l;
+            while (a0 > 0 && !m->layer[a0 - 1].ckpt)
+                a0--;
+            if ((rc = remat_segment(m, a0, l, rows, e)) != CODE_OK)
+                return rc;
+        }
+        dn = d == m->d0 ? m->d1 : m->d0;
+        t0 = m->rec ? model_now_ns() : 0;
         switch (L->kind) {
         case LK_DENSE: {
             const float *ain = m->rounded ? L->ar : xin;
@@ -1158,6 +1218,13 @@ double model_forward_flops(const model *m, int rows, double *padded)
 double model_train_flops(const model *m, int rows, double *padded)
 {
     double p = 0.0, f = model_forward_flops(m, rows, &p);
+    /* rematerialization: every segment but the last runs forward twice */
+    int last_seg = m->cfg.nlayers - 1;
+    while (last_seg > 0 && !m->layer[last_seg - 1].ckpt)
+        last_seg--;
+    for (int l = 0; m->cfg.remat && l < last_seg && rows > 0; l++)
+        if (m->layer[l].kind == LK_DENSE || m->layer[l].kind == LK_CONV2D)
+            f += flops((int64_t)rows * m->layer[l].outer, m->layer[l].units, m->layer[l].in, m->tile, &p);
     for (int l = 0; l < m->cfg.nlayers && rows > 0; l++) {
         const struct layer *L = &m->layer[l];
         int64_t M = (int64_t)rows * L->outer;

@@ -93,6 +93,13 @@ struct model_cfg {
     /* Dropout masks depend on seed, this salt (the replica: each draws its
      * own) and the count of training forward passes. */
     uint64_t dropout_salt;
+    /* Gradient checkpointing (rematerialization): the layers form segments
+     * of ceil(sqrt(nlayers)); only each segment's last output is kept for
+     * the backward pass, which computes the others again, segment by
+     * segment, just before it needs them (the last segment's are still
+     * there). The same bits as without it; HBM holds the kept outputs and
+     * one segment's. */
+    int remat;
 };
 
 /* Per step metrics over the rows of one shard (summed, so shards add up). */
@@ -155,6 +162,11 @@ struct lshape model_layer_in_shape(const model *m, int l);
 /* Floats per example of the last layer's output (the outputs predict gives). */
 int model_out_dim(const model *m);
 
+/* Whether layer l's output is kept for the backward pass (cfg.remat: a
+ * segment's last layer), and the layer forwards recomputed so far. */
+int model_layer_checkpointed(const model *m, int l);
+uint64_t model_remat_calls(const model *m);
+
 /* Loss and metrics of the last forward pass against y (int32 class ids for
  * SPARSE_CCE, rows x units floats otherwise) without gradients (evaluate).
  * CODE_INVALID_ARGUMENT for a class id outside 0..units-1, naming the row,
@@ -195,7 +207,8 @@ double model_matmul_seconds(const model *m);
 
 /* The profiler's view of a pass: with a recorder set, forward and backward
  * append one record per layer pass and one per matmul (op 0 forward,
- * 1 weight gradient, 2 input gradient; its m x k times k x n shape), with
+ * 1 weight gradient, 2 input gradient; its m x k times k x n shape; a
+ * forward record with op 1 is a layer recomputed in the backward pass), with
  * CLOCK_MONOTONIC times (the clock of uv_hrtime), until cap records are in.
  * Setting it (NULL: off) empties it. */
 enum model_rec_kind { MODEL_REC_FORWARD = 0, MODEL_REC_BACKWARD = 1, MODEL_REC_MATMUL = 2 };

@@ -73,6 +73,10 @@ static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cf
     tm->nids = 0;
     struct lshape sh = cfg->in_shape.rank ? cfg->in_shape : (struct lshape){1, {cfg->in_dim, 0, 0}};
     int seen[LK_LAST + 1] = {0};
+    /* gradient checkpointing: what a segment recomputes is live one segment
+     * at a time (bytes of the segment being recomputed, and the largest) */
+    int64_t seg = 0, seg_max = 0;
+    int esz = cfg->precision == MODEL_MIXED_BF16 ? 2 : 4;
     const char *adt = cfg->precision == MODEL_MIXED_BF16 ? "bf16" : "f32";
     for (int l = 0; l < cfg->nlayers; l++) {
         struct lspec ls = cfg->kind[l];
@@ -108,11 +112,24 @@ static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cf
             NAME("gradients/%s/bias", lname);
             REQ(HBM_GRADIENTS, "f32", 1, u);
         }
-        if (ls.kind == LK_CONV2D) {   /* the patches the convolution multiplies (XLA's im2col) */
+        int kept = !cfg->remat || model_layer_checkpointed(tm->m, l);
+        if (cfg->remat) {
+            if (ls.kind == LK_CONV2D)
+                seg += b * g.out.d[0] * g.out.d[1] * (int64_t)ls.kh * ls.kw * prev * esz;
+            if (!kept && ls.kind != LK_FLATTEN && ls.kind != LK_RESHAPE)
+                seg += b * (int64_t)lshape_size(&g.out) * esz;
+            if (ls.kind == LK_DROPOUT)
+                seg += b * (int64_t)lshape_size(&g.out);
+            if (seg > seg_max)
+                seg_max = seg;
+            if (model_layer_checkpointed(tm->m, l))
+                seg = 0;
+        }
+        if (ls.kind == LK_CONV2D && !cfg->remat) {   /* the patches the convolution multiplies (XLA's im2col) */
             NAME("%s/patches", lname);
             REQ(HBM_ACTIVATIONS, adt, 3, b * g.out.d[0] * g.out.d[1], (int64_t)ls.kh * ls.kw, prev);
         }
-        if (ls.kind != LK_FLATTEN && ls.kind != LK_RESHAPE) {   /* those are views: no copy */
+        if (ls.kind != LK_FLATTEN && ls.kind != LK_RESHAPE && kept) {   /* those are views: no copy */
             NAME("%s/activations", lname);
             if (g.out.rank == 1)
                 REQ(HBM_ACTIVATIONS, adt, 2, b, g.out.d[0]);
@@ -121,7 +138,7 @@ static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cf
             else
                 REQ(HBM_ACTIVATIONS, adt, 4, b, g.out.d[0], g.out.d[1], g.out.d[2]);
         }
-        if (ls.kind == LK_DROPOUT) {
+        if (ls.kind == LK_DROPOUT && !cfg->remat) {
             NAME("%s/mask", lname);
             REQ(HBM_ACTIVATIONS, "u8", 2, b, (int64_t)lshape_size(&g.out));
         }
@@ -130,6 +147,10 @@ static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cf
         if ((int64_t)lshape_size(&g.out) > maxu)
             maxu = (int64_t)lshape_size(&g.out);
         sh = g.out;
+    }
+    if (cfg->remat && seg_max > 0) {
+        NAME("rematerialized/segment");   /* recomputed in the backward pass */
+        REQ(HBM_ACTIVATIONS, "u8", 1, seg_max);
     }
     NAME("backward/delta");
     REQ(HBM_ACTIVATIONS, "f32", 2, 2 * b, maxu);
@@ -269,6 +290,7 @@ static int cfg_from_spec(const Tpuemu__ModelSpec *sp, struct model_cfg *cfg, err
     if ((rc = sched_from_spec(sp->optimizer, &cfg->opt.sched, e)) != CODE_OK)
         return rc;
     cfg->deterministic = sp->deterministic;
+    cfg->remat = sp->gradient_checkpointing;
     cfg->precision = sp->mixed_bfloat16 ? MODEL_MIXED_BF16 : MODEL_FLOAT32;
     cfg->seed = sp->seed;
     if (sp->batch_per_core < 1 || sp->batch_per_core > (1u << 20))
