@@ -454,8 +454,7 @@ Test(cli, data_port_and_advertise_data, .timeout = 60)
 /* Where the TPU comes from is named right and shown safely: a bad
  * $TPUEMU_TPU_API is the environment's fault, not --tpu's; a \r in TPU_NAME
  * (a line ending copied from a file) is refused and shown escaped, not
- * printed raw; a bare word inside a comma list is refused, not looked up in
- * DNS. */
+ * printed raw. */
 Test(cli, tpu_sources_and_paths_are_named_right, .timeout = 30)
 {
     run_result r;
@@ -472,10 +471,4 @@ Test(cli, tpu_sources_and_paths_are_named_right, .timeout = 30)
     cr_assert_eq(r.code, 2, SHOW(r));
     cr_assert(strstr(r.err, "my-tpu\\x0d") && !strchr(r.err, '\r'), SHOW(r));
     run_result_free(&r);
-
-    tpu_resolver *res;
-    cr_assert_eq(tpu_resolver_new("grpc://127.0.0.1:8470,my-tpu", &res), TPU_INVALID_ARGUMENT);
-    cr_assert(strstr(tpu_last_error(), "'my-tpu' in the list"), "%s", tpu_last_error());
-    cr_assert_eq(tpu_resolver_new("grpc://127.0.0.1:8470,127.0.0.2:8470", &res), TPU_OK, "%s", tpu_last_error());
-    tpu_resolver_free(res);
 }

@@ -53,24 +53,6 @@ static int control_byte(const char *tpu, err *e)
     return CODE_OK;
 }
 
-/* In a comma list every entry is an address with a port or a scheme: a bare
- * word there (a TPU name, a host without a port) would be looked up as a
- * host name, in DNS. */
-static int list_entries(const char *tpu, err *e)
-{
-    const char *p = tpu;
-    while (p && *p) {
-        const char *comma = strchr(p, ',');
-        size_t n = comma ? (size_t)(comma - p) : strlen(p);
-        if (!memchr(p, ':', n) && !memchr(p, '[', n))
-            return err_set(e, CODE_INVALID_ARGUMENT, "'%.*s' in the list '%s' is neither HOST:PORT nor grpc://HOST: "
-                           "a comma list holds every host's address (a TPU name stands alone)", (int)(n < 200 ? n : 200),
-                           p, tpu);
-        p = comma ? comma + 1 : NULL;
-    }
-    return CODE_OK;
-}
-
 static int parse_name(tpu_resolver *r, const char *tpu, err *e)
 {
     const char *api = getenv("TPUEMU_TPU_API");
@@ -113,8 +95,6 @@ tpu_status tpu_resolver_new(const char *tpu, tpu_resolver **out)
     if (bare_word(tpu)) {
         if (parse_name(r, tpu, &e) != CODE_OK)
             goto fail;
-    } else if (strchr(tpu, ',') && list_entries(tpu, &e) != CODE_OK) {
-        goto fail;
     } else if (addr_parse_list(tpu, ADDR_DEFAULT_PORT, r->eps, CLI_MAX_ENDPOINTS, &r->n, &e) != CODE_OK) {
         goto fail;
     }
