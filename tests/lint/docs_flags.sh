@@ -4,7 +4,7 @@
 # bench/README.md must be one the program's --help lists. On a command line of
 # one of the project's programs (tpuctl, with its global flags and the
 # command's own; tpu-resolver, tpu-worker, tpu-slice, fashion_mnist,
-# fashion_mnist_ctl, bench_train, bench_scale, bench_mxu) it is checked against
+# fashion_mnist_ctl, bench_train, bench_scale, bench_mxu, bench_conv) it is checked against
 # that program's --help; after another program (docker, cmake, kubectl, ...)
 # it is that program's business and skipped; on its own (`--core`) it must be a
 # flag of one of the project's programs. Fails naming the file, line and flag.
@@ -37,8 +37,9 @@ flags_of() { # key, command...: the "  --flag" lines of its --help (and of a usa
             flags_of "tpuctl:$c" "$bin/tpuctl" "$c"
         fi
     done
-    # bench_mxu has no --help: its one flag, from its source's argument loop
+    # bench_mxu and bench_conv have no --help: their flags, from their sources' argument loops
     grep -oE '"--[a-z][a-z0-9_-]*"' "$src/bench/mxu.c" | tr -d '"' | sort -u | sed 's|^|bench_mxu |'
+    grep -oE '"--[a-z][a-z0-9_-]*"' "$src/bench/conv.c" | tr -d '"' | sort -u | sed 's|^|bench_conv |'
 } >"$tmp/flags" || exit 1
 [ "$(grep -c '^tpuctl:' "$tmp/flags")" -gt 10 ] || { echo "FAIL: tpuctl's commands list too few flags"; exit 1; }
 cut -d' ' -f2 "$tmp/flags" | sort -u >"$tmp/any"
@@ -47,7 +48,7 @@ cut -d' ' -f2 "$tmp/flags" | sort -u >"$tmp/any"
 docs=(README.md SECURITY.md tests/README.md bench/README.md)
 while IFS= read -r f; do docs+=("${f#"$src"/}"); done < <(find "$src/docs" -name '*.md' | sort)
 (cd "$src" && awk '
-function ours(w) { return w ~ /^(tpuctl|tpu-resolver|tpu-worker|tpu-slice|fashion_mnist|fashion_mnist_ctl|bench_train|bench_scale|bench_mxu)$/ }
+function ours(w) { return w ~ /^(tpuctl|tpu-resolver|tpu-worker|tpu-slice|fashion_mnist|fashion_mnist_ctl|bench_train|bench_scale|bench_mxu|bench_conv)$/ }
 function other(w) { return w ~ /^(docker|docker-compose|kubectl|cmake|ctest|systemctl|systemd-analyze|journalctl|pkg-config|npm|node|apt-get|curl|perf|strace|git|ip|install|head|base64|capture_tpu_profile|promtool|prometheus|chromium|python3|mpirun|iperf3|valgrind|make|cc|gcc|clang|man|ss|lsof|jq|tar|debootstrap)$/ }
 function scan(text,   n, i, t, w, fl, prev) {
     prog = "-"; cmd = ""; prev = ""
