@@ -265,3 +265,15 @@ def test_evaluate_and_predict_take_callbacks(strategy):
     with pytest.raises(ValueError) as ei:
         m.predict(ds, callbacks=[Bomb()], verbose=0)
     assert ei.value is boom
+
+
+def test_library_warnings_reach_pythons_logging(strategy, caplog):
+    """A global batch the matrix unit must pad earns the library's performance
+    warning; Python sees it as a WARNING of the "tpuemu" logger."""
+    x, y = _data(n=1200)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(100)
+    m = _model(strategy)
+    with caplog.at_level("WARNING", logger="tpuemu"):
+        m.fit(ds, epochs=1, verbose=0)
+    msgs = [r.getMessage() for r in caplog.records if r.name == "tpuemu"]
+    assert any("not a multiple of 8 per core and 128 overall" in t for t in msgs), msgs
