@@ -73,7 +73,7 @@ static void *sweep_range(void *arg)
     return NULL;
 }
 
-Test(bf16, every_float32_rounds_like_the_reference, .timeout = 120)
+Test(bf16, every_float32_rounds_like_the_reference, .timeout = 540)
 {
     pthread_t t[THREADS];
     struct sweep s[THREADS];
