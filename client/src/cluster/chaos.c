@@ -108,6 +108,22 @@ static tpu_status not_found(const tpu_cluster_spec *spec, const char *what, cons
                      cs ? cs->n_cores : 0);
 }
 
+/* f as the InjectFault message's fields, with peer as the other end of a link fault. */
+static void fault_body(Tpuemu__InjectFault *body, const tpu_fault *f, const char *peer_host, int peer_core)
+{
+    body->kind = (Tpuemu__FaultKind)f->kind;
+    body->duration_ms = f->duration_ms;
+    body->percent = f->percent;
+    body->delay_ms = f->delay_ms;
+    body->at_step = f->at_step;
+    body->notice_ms = f->notice_ms;
+    body->skew_ms = f->skew_ms;
+    body->latency_ms = f->latency_ms;
+    body->seed = f->seed;
+    body->peer_host = (char *)(peer_host ? peer_host : "");
+    body->peer_core = peer_core;
+}
+
 /* f into core w (host/core), with peer as the other end of a link fault. */
 static int inject_one(tpu_cluster *c, const Tpuemu__WorkerInfo *w, const char *host, int core, const tpu_fault *f,
                       const char *peer_host, int peer_core, err *e)
@@ -122,17 +138,7 @@ static int inject_one(tpu_cluster *c, const Tpuemu__WorkerInfo *w, const char *h
     to.host_id = (char *)host;
     to.core = core;
     to.incarnation = w->incarnation;
-    body.kind = (Tpuemu__FaultKind)f->kind;
-    body.duration_ms = f->duration_ms;
-    body.percent = f->percent;
-    body.delay_ms = f->delay_ms;
-    body.at_step = f->at_step;
-    body.notice_ms = f->notice_ms;
-    body.skew_ms = f->skew_ms;
-    body.latency_ms = f->latency_ms;
-    body.seed = f->seed;
-    body.peer_host = (char *)(peer_host ? peer_host : "");
-    body.peer_core = peer_core;
+    fault_body(&body, f, peer_host, peer_core);
     req.recipient = &to;
     req.body_case = TPUEMU__MESSAGE__BODY_INJECT_FAULT;
     req.inject_fault = &body;
@@ -316,17 +322,7 @@ tpu_status tpu_inject_resolver_fault(tpu_cluster *c, const tpu_fault *f)
     CLI_CALL(c);
     if (!f)
         return cli_failf(TPU_INVALID_ARGUMENT, "tpu_inject_resolver_fault: no fault");
-    body.kind = (Tpuemu__FaultKind)f->kind;
-    body.duration_ms = f->duration_ms;
-    body.percent = f->percent;
-    body.delay_ms = f->delay_ms;
-    body.at_step = f->at_step;
-    body.notice_ms = f->notice_ms;
-    body.skew_ms = f->skew_ms;
-    body.latency_ms = f->latency_ms;
-    body.seed = f->seed;
-    body.peer_host = (char *)(f->peer_host ? f->peer_host : "");
-    body.peer_core = f->peer_core;
+    fault_body(&body, f, f->peer_host, f->peer_core);
     req.body_case = TPUEMU__MESSAGE__BODY_INJECT_FAULT;
     req.inject_fault = &body;
     if (call_do(c, &req, TPUEMU__MESSAGE__BODY_INJECT_FAULT_REPLY, c->r->timeout_ms, &m, &e) != CODE_OK)
