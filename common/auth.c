@@ -132,6 +132,11 @@ int auth_challenge_mac_ok(const auth *a, const unsigned char chal[AUTH_CHALLENGE
     return ok;
 }
 
+void auth_subkey(const auth *a, const char *purpose, unsigned char out[32])
+{
+    crypto_generichash(out, 32, (const unsigned char *)purpose, strlen(purpose), a->key, sizeof a->key);
+}
+
 void auth_random(void *buf, size_t n)
 {
     randombytes_buf(buf, n);

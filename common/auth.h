@@ -46,6 +46,10 @@ void auth_challenge_mac(const auth *a, const unsigned char chal[AUTH_CHALLENGE_B
 int auth_challenge_mac_ok(const auth *a, const unsigned char chal[AUTH_CHALLENGE_BYTES], const unsigned char *mac,
                           size_t maclen);
 
+/* A 32-byte key for one purpose (a short fixed string), derived from the
+ * cluster key: a key of one use cannot be turned into a key of another. */
+void auth_subkey(const auth *a, const char *purpose, unsigned char out[32]);
+
 void auth_random(void *buf, size_t n);
 uint64_t auth_random64(void); /* never 0 */
 

@@ -698,6 +698,105 @@ Test(train, hostile_checkpoint_contents_are_refused, .timeout = 60)
     ct_free(t);
 }
 
+/* Sets a copy of src at dst to format version 1 and seals it with the
+ * unkeyed checksum: a keyed checkpoint "downgraded" by someone who can write
+ * the file. */
+static void downgrade(const char *src, const char *dst)
+{
+    FILE *fp = fopen(src, "rb");
+    cr_assert_not_null(fp);
+    fseek(fp, 0, SEEK_END);
+    size_t n = (size_t)ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    unsigned char *buf = malloc(n);
+    cr_assert(buf && fread(buf, 1, n, fp) == n);
+    fclose(fp);
+    buf[8] = 1;
+    crypto_generichash(buf + n - 32, 32, buf, n - 32, NULL, 0);
+    cr_assert_not_null(fp = fopen(dst, "wb"));
+    cr_assert_eq(fwrite(buf, 1, n, fp), n);
+    fclose(fp);
+    free(buf);
+}
+
+static void expect_refused(tpu_model *m, const char *path, tpu_status want, const char *msg)
+{
+    tpu_status st = tpu_model_load_checkpoint(m, path);
+    cr_assert_eq(st, want, "%s: want %s, got %s: %s", path, tpu_status_name(want), tpu_status_name(st),
+                 tpu_last_error());
+    cr_assert(strstr(tpu_last_error(), path) && strstr(tpu_last_error(), msg), "'%s' and '%s' not in: %s", path,
+              msg, tpu_last_error());
+}
+
+/* On a cluster with a token, a checkpoint is sealed with a key derived from
+ * it: it loads with that token; with another token, damaged, or changed and
+ * sealed again with the unkeyed checksum (with or without the keyed
+ * version) it is refused saying so, and changes nothing. An unkeyed file
+ * loads only with TPUEMU_CHECKPOINT_ALLOW_UNKEYED=1. */
+Test(train, checkpoint_sealed_with_the_cluster_token, .timeout = 60)
+{
+    colltest *t = ct_start_token(1, (int[]){2}, HB_MS);
+    tpu_strategy *s;
+    CALL_OK(tpu_strategy_new(t->c, &s));
+    blobs b = blobs_make(192, DIM, 1.0, 4);
+    tpu_dataset *ds = make_ds(&b, 48, 1, 0);
+    tpu_compile_options co = copts(tpu_optimizer_adam(0.01f), TPU_POLICY_FLOAT32, 48);
+    const char *good = tmp_path("k-good.ckpt"), *bad = tmp_path("k-bad.ckpt"), *other = tmp_path("k-token");
+    tpu_model *m = make_model(s, DIM, 16, 5);
+    CALL_OK(tpu_model_compile(m, &co));
+    tpu_fit_options fo = fitopts(1, NULL, 0);
+    CALL_OK(tpu_model_fit(m, ds, &fo, NULL));
+    CALL_OK(tpu_model_save_checkpoint(m, good));
+    size_t np = tpu_model_num_params(m);
+    float *w1 = weights(m, 0);
+    CALL_OK(tpu_model_fit(m, ds, &fo, NULL)); /* move on from the checkpoint */
+    float *w2 = weights(m, 1);
+    cr_assert_neq(first_diff(w1, w2, np), -1);
+
+    /* another cluster's token: the file is read before anything is sent */
+    FILE *f = fopen(other, "w");
+    cr_assert_not_null(f);
+    fputs("another-cluster-token-fedcba9876543210\n", f);
+    fclose(f);
+    chmod(other, 0600);
+    CALL_OK(tpu_resolver_set_token_file(t->r, other));
+    expect_refused(m, good, TPU_UNAUTHENTICATED, "its seal does not match this cluster's token");
+    CALL_OK(tpu_resolver_set_token_file(t->r, t->cl->token_file));
+
+    flip_byte(good, bad, -1);
+    expect_refused(m, bad, TPU_UNAUTHENTICATED, "changed or damaged");
+    reseal(good, bad, "position", 8, 0, NULL); /* epoch 0, the unkeyed checksum */
+    expect_refused(m, bad, TPU_UNAUTHENTICATED, "its seal does not match this cluster's token");
+    downgrade(bad, bad);
+    expect_refused(m, bad, TPU_UNAUTHENTICATED, "sealed with an unkeyed checksum only");
+    float *w3 = weights(m, 1);
+    cr_assert_eq(first_diff(w2, w3, np), -1, "a refused checkpoint changed the weights");
+    cr_assert_eq(tpu_model_step(m), 8u);
+    free(w3);
+
+    /* an unkeyed file (as a cluster without a token writes) when the user says so */
+    downgrade(good, bad);
+    cr_assert_eq(setenv("TPUEMU_CHECKPOINT_ALLOW_UNKEYED", "1", 1), 0);
+    tpu_status st = tpu_model_load_checkpoint(m, bad);
+    unsetenv("TPUEMU_CHECKPOINT_ALLOW_UNKEYED");
+    cr_assert_eq(st, TPU_OK, "%s: %s", tpu_status_name(st), tpu_last_error());
+    cr_assert_eq(tpu_model_step(m), 4u);
+    CALL_OK(tpu_model_fit(m, ds, &fo, NULL));
+
+    CALL_OK(tpu_model_load_checkpoint(m, good));
+    w3 = weights(m, 1);
+    long d = first_diff(w1, w3, np);
+    cr_assert_eq(d, -1, "after loading %s weight %ld is %a, it was saved as %a", good, d, (double)w3[d < 0 ? 0 : d],
+                 (double)w1[d < 0 ? 0 : d]);
+    cr_assert_eq(tpu_model_step(m), 4u);
+    free(w1), free(w2), free(w3);
+    tpu_model_free(m);
+    tpu_dataset_free(ds);
+    blobs_free(&b);
+    tpu_strategy_free(s);
+    ct_free(t);
+}
+
 /* ---- 5 ---- */
 
 /* Cores of 32 MiB HBM: a Dense(4096) model with 4096 rows per core needs

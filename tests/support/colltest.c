@@ -11,12 +11,13 @@
 
 #include "bf16.h"
 
-colltest *ct_start(int hosts, const int *cores, const char *const *worker_args, int heartbeat_ms)
+static colltest *start(int hosts, const int *cores, const char *const *worker_args, int heartbeat_ms, int token)
 {
     colltest *t = calloc(1, sizeof *t);
     cluster_opts o;
     int total = 0;
     memset(&o, 0, sizeof o);
+    o.token = token;
     o.worker_args = worker_args;
     o.heartbeat_ms = heartbeat_ms;
     o.no_wait = 1;
@@ -34,6 +35,16 @@ colltest *ct_start(int hosts, const int *cores, const char *const *worker_args, 
     ct_reinit(t);
     cr_assert_eq(t->n, total, "the system has %d replicas, %d workers run", t->n, total);
     return t;
+}
+
+colltest *ct_start(int hosts, const int *cores, const char *const *worker_args, int heartbeat_ms)
+{
+    return start(hosts, cores, worker_args, heartbeat_ms, 0);
+}
+
+colltest *ct_start_token(int hosts, const int *cores, int heartbeat_ms)
+{
+    return start(hosts, cores, NULL, heartbeat_ms, 1);
 }
 
 void ct_reinit(colltest *t)

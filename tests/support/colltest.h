@@ -31,6 +31,9 @@ typedef struct colltest {
  * with extra worker args (NULL-terminated or NULL) and heartbeat settings (0:
  * the fixture's 100 ms x 3), connects and initializes. Fails the test on error. */
 colltest *ct_start(int hosts, const int *cores, const char *const *worker_args, int heartbeat_ms);
+/* Same, the cluster with a token (CL_TOKEN in t->cl->token_file), which the
+ * client handle carries. */
+colltest *ct_start_token(int hosts, const int *cores, int heartbeat_ms);
 void ct_free(colltest *t);
 /* Initializes again (a new epoch) with every alive core; n, worker_of and
  * name updated. */

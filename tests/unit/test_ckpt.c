@@ -16,6 +16,7 @@
 #include <criterion/criterion.h>
 #include <sodium.h>
 
+#include "auth.h"
 #include "ckpt.h"
 
 static char dir[64];
@@ -490,10 +491,10 @@ Test(ckpt, sealed_but_inconsistent)
     snprintf(bad, sizeof bad, "%s/sealed.ckpt", dir);
 
     memcpy(buf, orig, size);
-    buf[8] = 2; /* version */
+    buf[8] = 3; /* version */
     rehash(buf, size);
     spit(bad, buf, size);
-    expect_fail(bad, CODE_DATA_LOSS, "unsupported format version 2");
+    expect_fail(bad, CODE_DATA_LOSS, "unsupported format version 3");
 
     memcpy(buf, orig, size);
     buf[12] = CKPT_MAX_SECTIONS + 1; /* count */
@@ -649,4 +650,161 @@ Test(ckpt, crashed_save_leftovers_are_removed)
     cr_assert_neq(access(fresh, F_OK), 0, "a load left the crashed save's temp file");
     cr_assert_eq(access(live, F_OK), 0);
     free(data);
+}
+
+/* ---- checkpoints sealed with the cluster token ---- */
+
+/* The checkpoint key of a cluster token, as the client derives it. */
+static void token_key(const char *token, unsigned char key[CKPT_KEY_BYTES])
+{
+    auth a;
+    err e;
+    cr_assert_eq(auth_from_token(&a, token, strlen(token), &e), CODE_OK, "%s", e.msg);
+    auth_subkey(&a, "tpuemu checkpoint seal v1", key);
+}
+
+static const char token_a[] = "Zq3v9LmX2pR7tY1wK8bN4cH6dF0gJ5sA";
+static const char token_b[] = "Qw8eR4tY6uI2oP0aS9dF3gH7jK1lZ5xC";
+
+static void write_small_sealed(const char *p, const unsigned char *key)
+{
+    const uint64_t step = 0x0102030405060708ull;
+    struct ckpt_section s[] = {
+        {"a", "xyz", 3},
+        {"bb", NULL, 0},
+        {"ccc", &step, 8},
+    };
+    err e;
+    cr_assert_eq(ckpt_write_sealed(p, s, 3, key, &e), CODE_OK, "%s", e.msg);
+}
+
+/* Reads p with key expecting failure with code and a message naming p and containing want. */
+static void expect_sealed_fail(const char *p, const unsigned char *key, int allow_unkeyed, int code,
+                               const char *want)
+{
+    ckpt *c = (ckpt *)&c;
+    int keyed = -1;
+    err e;
+    int rc = ckpt_read_sealed(p, key, allow_unkeyed, &c, &keyed, &e);
+    cr_assert_eq(rc, code, "want %s, got %s: %s", code_name(code), code_name(rc), rc ? e.msg : "");
+    cr_assert_null(c);
+    cr_assert_eq(keyed, 0);
+    cr_assert_not_null(strstr(e.msg, p), "message does not name the file: %s", e.msg);
+    if (want)
+        cr_assert_not_null(strstr(e.msg, want), "'%s' not in: %s", want, e.msg);
+}
+
+static void expect_small_sealed(const char *p, const unsigned char *key, int allow_unkeyed, int want_keyed)
+{
+    ckpt *c;
+    int keyed = -1;
+    uint64_t n;
+    err e;
+    cr_assert_eq(ckpt_read_sealed(p, key, allow_unkeyed, &c, &keyed, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(keyed, want_keyed);
+    cr_assert_eq(ckpt_num_sections(c), 3);
+    cr_assert_arr_eq(ckpt_get(c, "a", &n), "xyz", 3);
+    cr_assert_eq(*(const uint64_t *)ckpt_get(c, "ccc", &n), 0x0102030405060708ull);
+    ckpt_free(c);
+}
+
+Test(ckpt, keyed_seal_loads_with_its_token_only)
+{
+    unsigned char ka[CKPT_KEY_BYTES], kb[CKPT_KEY_BYTES];
+    size_t size;
+
+    token_key(token_a, ka);
+    token_key(token_b, kb);
+    cr_assert(memcmp(ka, kb, sizeof ka) != 0);
+    write_small_sealed(path, ka);
+    unsigned char *buf = slurp(path, &size);
+    cr_assert_eq(size, 104, "a keyed seal takes no more room than the checksum");
+    cr_assert_eq(buf[8], CKPT_VERSION_KEYED, "the header says which seal the file carries");
+    free(buf);
+
+    expect_small_sealed(path, ka, 0, 1);
+    expect_sealed_fail(path, kb, 0, CODE_UNAUTHENTICATED, "its seal does not match this cluster's token");
+    expect_sealed_fail(path, kb, 1, CODE_UNAUTHENTICATED, "its seal does not match this cluster's token");
+    /* without a token: refused, saying it needs one (ckpt_read is the same) */
+    expect_sealed_fail(path, NULL, 0, CODE_UNAUTHENTICATED, "sealed with a cluster token");
+    expect_fail(path, CODE_UNAUTHENTICATED, "sealed with a cluster token");
+}
+
+Test(ckpt, keyed_seal_every_bit_flipped)
+{
+    unsigned char ka[CKPT_KEY_BYTES];
+    char bad[192];
+    size_t size;
+
+    token_key(token_a, ka);
+    write_small_sealed(path, ka);
+    unsigned char *buf = slurp(path, &size);
+    snprintf(bad, sizeof bad, "%s/bad.ckpt", dir);
+    for (size_t i = 0; i < size; i++)
+        for (int b = 0; b < 8; b++) {
+            buf[i] ^= (unsigned char)(1u << b);
+            spit(bad, buf, size);
+            ckpt *c = NULL;
+            err e;
+            int rc = ckpt_read_sealed(bad, ka, 1, &c, NULL, &e);
+            cr_assert_neq(rc, CODE_OK, "byte %zu bit %d flipped and the file still loads", i, b);
+            cr_assert_null(c);
+            cr_assert_not_null(strstr(e.msg, bad), "%s", e.msg);
+            buf[i] ^= (unsigned char)(1u << b);
+        }
+    buf[33] ^= 1; /* a section's data */
+    spit(bad, buf, size);
+    expect_sealed_fail(bad, ka, 0, CODE_UNAUTHENTICATED, "changed or damaged");
+    free(buf);
+    expect_small_sealed(path, ka, 0, 1);
+}
+
+/* Whoever can write the file can change it and seal it again with the
+ * unkeyed checksum (or put the unkeyed checksum under the keyed version):
+ * with a token, neither loads. */
+Test(ckpt, tampered_and_resealed_unkeyed_is_refused_with_a_token)
+{
+    unsigned char ka[CKPT_KEY_BYTES];
+    char bad[192];
+    size_t size;
+
+    token_key(token_a, ka);
+    write_small_sealed(path, ka);
+    unsigned char *buf = slurp(path, &size);
+    snprintf(bad, sizeof bad, "%s/bad.ckpt", dir);
+    buf[33] = 'Q'; /* "xyz" -> "Qyz" */
+
+    buf[8] = CKPT_VERSION; /* downgraded to the unkeyed seal */
+    rehash(buf, size);
+    spit(bad, buf, size);
+    expect_sealed_fail(bad, ka, 0, CODE_UNAUTHENTICATED, "sealed with an unkeyed checksum only");
+    expect_sealed_fail(bad, ka, 0, CODE_UNAUTHENTICATED, "TPUEMU_CHECKPOINT_ALLOW_UNKEYED=1");
+
+    buf[8] = CKPT_VERSION_KEYED; /* the keyed version, an unkeyed checksum */
+    rehash(buf, size);
+    spit(bad, buf, size);
+    expect_sealed_fail(bad, ka, 0, CODE_UNAUTHENTICATED, "its seal does not match this cluster's token");
+    expect_sealed_fail(bad, ka, 1, CODE_UNAUTHENTICATED, "its seal does not match this cluster's token");
+    free(buf);
+}
+
+/* A checkpoint written without a token (or before keyed seals) loads as
+ * before without one; with one only when the user says so. */
+Test(ckpt, unkeyed_file_with_and_without_a_token)
+{
+    unsigned char ka[CKPT_KEY_BYTES];
+    size_t size;
+
+    token_key(token_a, ka);
+    write_small(path);
+    unsigned char *buf = slurp(path, &size);
+    cr_assert_eq(buf[8], CKPT_VERSION);
+    free(buf);
+    expect_small(path);
+    expect_small_sealed(path, NULL, 0, 0);
+    expect_sealed_fail(path, ka, 0, CODE_UNAUTHENTICATED, "sealed with an unkeyed checksum only");
+    expect_small_sealed(path, ka, 1, 0);
+    /* and once saved again with the token, it is sealed with it */
+    write_small_sealed(path, ka);
+    expect_small_sealed(path, ka, 0, 1);
 }

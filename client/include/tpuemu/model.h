@@ -480,11 +480,16 @@ TPU_API size_t tpu_model_batch_in_epoch(const tpu_model *m);
 TPU_API tpu_status tpu_model_get_weights(tpu_model *m, int replica, float *out, size_t n);
 
 /* Saves weights, optimizer state, step, epoch and batch and the seeds to path
- * atomically (temp file, fsync, rename) with a checksum. */
+ * atomically (temp file, fsync, rename) with a checksum, keyed with the
+ * cluster token when the client has one. */
 TPU_API tpu_status tpu_model_save_checkpoint(tpu_model *m, const char *path);
 /* Loads a checkpoint into every core of the compiled model (or at its first
  * compile) and sets the step, epoch and batch for fit's resume.
- * TPU_DATA_LOSS for a damaged file, TPU_INVALID_ARGUMENT for another model's. */
+ * TPU_DATA_LOSS for a damaged file, TPU_INVALID_ARGUMENT for another model's;
+ * TPU_UNAUTHENTICATED when the file's keyed seal does not match the client's
+ * token, when it has a keyed seal and the client no token, or when the client
+ * has a token and the file only the unkeyed checksum (unless
+ * $TPUEMU_CHECKPOINT_ALLOW_UNKEYED is 1). */
 TPU_API tpu_status tpu_model_load_checkpoint(tpu_model *m, const char *path);
 
 /* Warnings (batch sizes, elastic training's events, initializing a TPU

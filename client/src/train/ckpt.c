@@ -1,9 +1,10 @@
 /* Checkpoint files: atomic write (temp file, fsync, rename, fsync dir) and a
- * verified read. The format, version 1 (little-endian):
+ * verified read. The format (little-endian):
  *
- *   "TPUEMUCK" | u32 version=1 | u32 count |
+ *   "TPUEMUCK" | u32 version | u32 count |
  *   count x { u16 name_len | name | u64 bytes | zero pad to 8 | data } |
- *   BLAKE2b-256 of everything before it
+ *   BLAKE2b-256 of everything before it: unkeyed in version 1, keyed with a
+ *   key derived from the cluster token in version 2
  *
  * (see ckpt.h for the contract). The reader never uses a size from the file
  * before checking it against the file's real size, and trusts nothing before
@@ -95,6 +96,7 @@ struct writer {
     size_t len;
     uint64_t off; /* bytes emitted so far (file offset of the next byte) */
     crypto_generichash_state h;
+    int keyed;
     int err_no;
 };
 
@@ -259,7 +261,7 @@ static int write_body(struct writer *w, const struct ckpt_section *s, size_t n)
     unsigned char hash[CKPT_HASH_BYTES];
 
     w_put(w, CKPT_MAGIC, 8);
-    w_put_le(w, CKPT_VERSION, 4);
+    w_put_le(w, w->keyed ? CKPT_VERSION_KEYED : CKPT_VERSION, 4);
     w_put_le(w, n, 4);
     for (size_t i = 0; i < n; i++) {
         size_t len = strlen(s[i].name);
@@ -280,7 +282,13 @@ static int write_body(struct writer *w, const struct ckpt_section *s, size_t n)
 
 int ckpt_write(const char *path, const struct ckpt_section *s, size_t n, err *e)
 {
-    struct writer w = {.fd = -1};
+    return ckpt_write_sealed(path, s, n, NULL, e);
+}
+
+int ckpt_write_sealed(const char *path, const struct ckpt_section *s, size_t n,
+                      const unsigned char *key, err *e)
+{
+    struct writer w = {.fd = -1, .keyed = key != NULL};
     struct safefile sf;
     int rc, en;
 
@@ -300,7 +308,7 @@ int ckpt_write(const char *path, const struct ckpt_section *s, size_t n, err *e)
     ckpt_sweep_stale(sf.target); /* a crashed save's leftovers */
     w.fd = sf.fd;
 
-    crypto_generichash_init(&w.h, NULL, 0, CKPT_HASH_BYTES);
+    crypto_generichash_init(&w.h, key, key ? CKPT_KEY_BYTES : 0, CKPT_HASH_BYTES);
     if ((en = write_body(&w, s, n)) != 0) {
         rc = io_err(e, en, path, "writing temp file", sf.tmp);
         safefile_abort(&sf);
@@ -308,6 +316,7 @@ int ckpt_write(const char *path, const struct ckpt_section *s, size_t n, err *e)
     }
     rc = safefile_commit(&sf, 1, e);
 out:
+    sodium_memzero(&w.h, sizeof w.h);
     free(w.buf);
     return rc;
 }
@@ -450,6 +459,12 @@ out:
 
 int ckpt_read(const char *path, ckpt **out, err *e)
 {
+    return ckpt_read_sealed(path, NULL, 0, out, NULL, e);
+}
+
+int ckpt_read_sealed(const char *path, const unsigned char *key, int allow_unkeyed, ckpt **out,
+                     int *keyed, err *e)
+{
     unsigned char *buf = NULL, hash[CKPT_HASH_BYTES];
     size_t size = 0;
     struct ckpt *c = NULL;
@@ -459,6 +474,8 @@ int ckpt_read(const char *path, ckpt **out, err *e)
 
     if (out)
         *out = NULL;
+    if (keyed)
+        *keyed = 0;
     if (!path || path[0] == '\0' || !out)
         return err_set(e, CODE_INVALID_ARGUMENT, "checkpoint: NULL or empty argument");
     ckpt_sweep_stale(path); /* a crashed save's leftovers */
@@ -479,10 +496,17 @@ int ckpt_read(const char *path, ckpt **out, err *e)
         goto fail;
     }
     uint64_t version = get_le(buf + 8, 4);
-    if (version != CKPT_VERSION) {
+    if (version != CKPT_VERSION && version != CKPT_VERSION_KEYED) {
         rc = err_set(e, CODE_DATA_LOSS,
-                     "checkpoint %s: unsupported format version %" PRIu64 " (this build reads %u)",
-                     path, version, CKPT_VERSION);
+                     "checkpoint %s: unsupported format version %" PRIu64
+                     " (this build reads %u and %u)", path, version, CKPT_VERSION, CKPT_VERSION_KEYED);
+        goto fail;
+    }
+    if (version == CKPT_VERSION_KEYED && !key) {
+        rc = err_set(e, CODE_UNAUTHENTICATED,
+                     "checkpoint %s: it is sealed with a cluster token, and none is configured: "
+                     "load it with the token of the cluster that wrote it ($TPUEMU_TOKEN_FILE or "
+                     "$TPUEMU_TOKEN)", path);
         goto fail;
     }
     if (size < MIN_FILE_BYTES) {
@@ -493,7 +517,8 @@ int ckpt_read(const char *path, ckpt **out, err *e)
     }
 
     size_t end = size - CKPT_HASH_BYTES;
-    crypto_generichash(hash, sizeof hash, buf, end, NULL, 0);
+    int has_key = version == CKPT_VERSION_KEYED;
+    crypto_generichash(hash, sizeof hash, buf, end, has_key ? key : NULL, has_key ? CKPT_KEY_BYTES : 0);
     if (sodium_memcmp(hash, buf + end, sizeof hash) != 0) {
         /* Only to say what the damage looks like; nothing is kept. */
         enum walk w = walk(buf, end, NULL, &need, why, sizeof why);
@@ -505,8 +530,25 @@ int ckpt_read(const char *path, ckpt **out, err *e)
                      (uint64_t)end - need);
         else
             why[0] = '\0';
-        rc = err_set(e, CODE_DATA_LOSS, "checkpoint %s: checksum mismatch: the file is damaged%s",
-                     path, why);
+        if (has_key)
+            /* a keyed seal cannot tell another token from damage */
+            rc = err_set(e, CODE_UNAUTHENTICATED,
+                         "checkpoint %s: its seal does not match this cluster's token: it was "
+                         "sealed with another token, or changed or damaged since%s", path, why);
+        else
+            rc = err_set(e, CODE_DATA_LOSS,
+                         "checkpoint %s: checksum mismatch: the file is damaged%s", path, why);
+        goto fail;
+    }
+    if (!has_key && key && !allow_unkeyed) {
+        /* whoever can write the file can seal any contents with the
+         * unkeyed checksum: taking it would undo the keyed seal */
+        rc = err_set(e, CODE_UNAUTHENTICATED,
+                     "checkpoint %s: it is sealed with an unkeyed checksum only (written without "
+                     "a cluster token, or by an older version), which anyone who can write the "
+                     "file can forge; with a cluster token configured it is refused. To take it "
+                     "once, set TPUEMU_CHECKPOINT_ALLOW_UNKEYED=1 (the next save seals it with "
+                     "the token)", path);
         goto fail;
     }
 
@@ -538,6 +580,8 @@ int ckpt_read(const char *path, ckpt **out, err *e)
     c->buf = buf;
     c->size = size;
     *out = c;
+    if (keyed)
+        *keyed = has_key;
     return CODE_OK;
 
 fail:

@@ -15,8 +15,12 @@
  *     zero padding                 0..7 bytes, so the data starts at a file
  *                                  offset that is a multiple of 8
  *     data                         byte count bytes
- *   BLAKE2b-256 (libsodium crypto_generichash, no key) of every byte before it
+ *   BLAKE2b-256 (libsodium crypto_generichash) of every byte before it
  *                                  32 bytes
+ *
+ * Format version 1 is sealed with the unkeyed BLAKE2b-256, version 2 (same
+ * layout) with BLAKE2b-256 keyed with CKPT_KEY_BYTES derived from the cluster
+ * token: the version says which seal a file carries.
  *
  * Thread safety: ckpt_write() and ckpt_read() share no state and may run in
  * any number of threads at once (two writers of the same path race, and the
@@ -34,7 +38,9 @@
 #define CKPT_VERSION 1u
 #define CKPT_MAX_SECTIONS 64
 #define CKPT_NAME_MAX 255
+#define CKPT_VERSION_KEYED 2u
 #define CKPT_HASH_BYTES 32
+#define CKPT_KEY_BYTES 32
 
 /* One section to write. name is a NUL-terminated string of 1..CKPT_NAME_MAX
  * bytes; data may be NULL only when bytes is 0. Both are only read during
@@ -68,6 +74,10 @@ struct ckpt_section {
  *   CODE_UNAVAILABLE        any other I/O error (with strerror)
  *   CODE_INTERNAL           libsodium could not be initialized */
 int ckpt_write(const char *path, const struct ckpt_section *s, size_t n, err *e);
+/* Same, sealed with a keyed MAC (format version 2) when key (CKPT_KEY_BYTES)
+ * is not NULL; ckpt_write is this with key NULL (format version 1). */
+int ckpt_write_sealed(const char *path, const struct ckpt_section *s, size_t n,
+                      const unsigned char *key, err *e);
 
 /* A save that crashed (the process killed between creating its temp file and
  * the rename) leaves path.tmp.PID.XXXXXXXX behind. ckpt_write and ckpt_read
@@ -104,6 +114,17 @@ typedef struct ckpt ckpt;
  *   CODE_RESOURCE_EXHAUSTED the file does not fit in memory
  *   CODE_UNAVAILABLE        any other I/O error */
 int ckpt_read(const char *path, ckpt **out, err *e);
+/* Same, with a key (CKPT_KEY_BYTES) or NULL. ckpt_read is this with key NULL.
+ *   key NULL: a version 1 file is read as ckpt_read does; a version 2
+ *     (keyed) file is CODE_UNAUTHENTICATED, "sealed with a cluster token".
+ *   key set: a version 2 file must carry the keyed MAC under key, else
+ *     CODE_UNAUTHENTICATED "its seal does not match this cluster's token"
+ *     (another key and damage look the same); a version 1 (unkeyed) file is
+ *     CODE_UNAUTHENTICATED "sealed with an unkeyed checksum only" unless
+ *     allow_unkeyed, and then read as ckpt_read does.
+ * On success *keyed (if not NULL) is 1 when the file carried a keyed MAC. */
+int ckpt_read_sealed(const char *path, const unsigned char *key, int allow_unkeyed, ckpt **out,
+                     int *keyed, err *e);
 
 /* The section called name: its data (owned by c, valid until ckpt_free(c),
  * 8-byte aligned, never NULL for a present section, even a 0-byte one) and

@@ -10,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sodium.h>
+
+#include "auth.h"
 #include "ckpt.h"
 #include "lrsched.h"
 
@@ -924,6 +927,17 @@ tpu_status tpu_model_get_weights(tpu_model *m, int replica, float *out, size_t n
 #define CKPT_MAX_EPOCH 100000u
 #define CKPT_MAX_STEP (UINT64_C(1) << 40)
 
+/* The key a checkpoint is sealed with: derived from the cluster token when
+ * the client has one (NULL without: the file gets the unkeyed checksum). */
+static const unsigned char *ckpt_key(const tpu_model *m, unsigned char key[CKPT_KEY_BYTES])
+{
+    const auth *a = &m->s->c->r->auth;
+    if (!a->enabled)
+        return NULL;
+    auth_subkey(a, "tpuemu checkpoint seal v1", key);
+    return key;
+}
+
 struct ckpt_pos {
     uint64_t step, epoch, batch, iterations, seed, num_params, num_slots, model_id;
 };
@@ -960,7 +974,9 @@ tpu_status tpu_model_save_checkpoint(tpu_model *m, const char *path)
         {"position", &pos, sizeof pos},
         {"state", buf, np * (1 + ns) * sizeof(float)},
     };
-    int rc = ckpt_write(path, sec, 4, &e);
+    unsigned char key[CKPT_KEY_BYTES];
+    int rc = ckpt_write_sealed(path, sec, 4, ckpt_key(m, key), &e);
+    sodium_memzero(key, sizeof key);
     free(buf);
     return rc == CODE_OK ? TPU_OK : cli_fail(&e);
 }
@@ -1036,8 +1052,17 @@ int model_snap_read(tpu_model *m, const char *path, struct model_snap *out, err 
     int rc;
 
     memset(out, 0, sizeof *out);
-    if ((rc = ckpt_read(path, &ck, e)) != CODE_OK)
+    unsigned char key[CKPT_KEY_BYTES];
+    const unsigned char *k = ckpt_key(m, key);
+    const char *allow = getenv("TPUEMU_CHECKPOINT_ALLOW_UNKEYED");
+    int keyed = 0;
+    rc = ckpt_read_sealed(path, k, allow && strcmp(allow, "1") == 0, &ck, &keyed, e);
+    sodium_memzero(key, sizeof key);
+    if (rc != CODE_OK)
         return rc;
+    if (k && !keyed)
+        cli_warn("checkpoint %s: loading it although it is sealed with an unkeyed checksum only "
+                 "(TPUEMU_CHECKPOINT_ALLOW_UNKEYED=1): nothing proves who wrote it", path);
     const char *fmt = ckpt_get(ck, "format", &nb);
     if (!fmt || nb != sizeof CKPT_FORMAT - 1 || memcmp(fmt, CKPT_FORMAT, nb) != 0) {
         ckpt_free(ck);
@@ -1063,8 +1088,8 @@ int model_snap_read(tpu_model *m, const char *path, struct model_snap *out, err 
         return err_set(e, CODE_DATA_LOSS, "%s: its position or state section does not match its model (%s)", path,
                        desc);
     }
-    /* The checksum only proves the file is as its writer left it, not that
-     * the writer was this library: every field is range-checked and every
+    /* An unkeyed checksum only proves the file is as its writer left it,
+     * and even a keyed seal does not prove the writer was this library: every field is range-checked and every
      * weight and optimizer value must be finite before anything is used. */
     if ((rc = check_position(m, path, pp, e)) != CODE_OK || (rc = check_state(m, path, st, e)) != CODE_OK) {
         ckpt_free(ck);
