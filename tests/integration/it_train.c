@@ -724,8 +724,8 @@ static void expect_refused(tpu_model *m, const char *path, tpu_status want, cons
     tpu_status st = tpu_model_load_checkpoint(m, path);
     cr_assert_eq(st, want, "%s: want %s, got %s: %s", path, tpu_status_name(want), tpu_status_name(st),
                  tpu_last_error());
-    cr_assert(strstr(tpu_last_error(), path) && strstr(tpu_last_error(), msg), "'%s' and '%s' not in: %s", path,
-              msg, tpu_last_error());
+    cr_assert(strstr(tpu_last_error(), path) && strstr(tpu_last_error(), msg), "'%s' and '%s' not in: %s", path, msg,
+              tpu_last_error());
 }
 
 /* On a cluster with a token, a checkpoint is sealed with a key derived from

@@ -679,8 +679,7 @@ static void write_small_sealed(const char *p, const unsigned char *key)
 }
 
 /* Reads p with key expecting failure with code and a message naming p and containing want. */
-static void expect_sealed_fail(const char *p, const unsigned char *key, int allow_unkeyed, int code,
-                               const char *want)
+static void expect_sealed_fail(const char *p, const unsigned char *key, int allow_unkeyed, int code, const char *want)
 {
     ckpt *c = (ckpt *)&c;
     int keyed = -1;

@@ -285,8 +285,7 @@ int ckpt_write(const char *path, const struct ckpt_section *s, size_t n, err *e)
     return ckpt_write_sealed(path, s, n, NULL, e);
 }
 
-int ckpt_write_sealed(const char *path, const struct ckpt_section *s, size_t n,
-                      const unsigned char *key, err *e)
+int ckpt_write_sealed(const char *path, const struct ckpt_section *s, size_t n, const unsigned char *key, err *e)
 {
     struct writer w = {.fd = -1, .keyed = key != NULL};
     struct safefile sf;
@@ -462,8 +461,7 @@ int ckpt_read(const char *path, ckpt **out, err *e)
     return ckpt_read_sealed(path, NULL, 0, out, NULL, e);
 }
 
-int ckpt_read_sealed(const char *path, const unsigned char *key, int allow_unkeyed, ckpt **out,
-                     int *keyed, err *e)
+int ckpt_read_sealed(const char *path, const unsigned char *key, int allow_unkeyed, ckpt **out, int *keyed, err *e)
 {
     unsigned char *buf = NULL, hash[CKPT_HASH_BYTES];
     size_t size = 0;
@@ -498,15 +496,16 @@ int ckpt_read_sealed(const char *path, const unsigned char *key, int allow_unkey
     uint64_t version = get_le(buf + 8, 4);
     if (version != CKPT_VERSION && version != CKPT_VERSION_KEYED) {
         rc = err_set(e, CODE_DATA_LOSS,
-                     "checkpoint %s: unsupported format version %" PRIu64
-                     " (this build reads %u and %u)", path, version, CKPT_VERSION, CKPT_VERSION_KEYED);
+                     "checkpoint %s: unsupported format version %" PRIu64 " (this build reads %u and %u)", path,
+                     version, CKPT_VERSION, CKPT_VERSION_KEYED);
         goto fail;
     }
     if (version == CKPT_VERSION_KEYED && !key) {
         rc = err_set(e, CODE_UNAUTHENTICATED,
                      "checkpoint %s: it is sealed with a cluster token, and none is configured: "
                      "load it with the token of the cluster that wrote it ($TPUEMU_TOKEN_FILE or "
-                     "$TPUEMU_TOKEN)", path);
+                     "$TPUEMU_TOKEN)",
+                     path);
         goto fail;
     }
     if (size < MIN_FILE_BYTES) {
@@ -534,10 +533,10 @@ int ckpt_read_sealed(const char *path, const unsigned char *key, int allow_unkey
             /* a keyed seal cannot tell another token from damage */
             rc = err_set(e, CODE_UNAUTHENTICATED,
                          "checkpoint %s: its seal does not match this cluster's token: it was "
-                         "sealed with another token, or changed or damaged since%s", path, why);
+                         "sealed with another token, or changed or damaged since%s",
+                         path, why);
         else
-            rc = err_set(e, CODE_DATA_LOSS,
-                         "checkpoint %s: checksum mismatch: the file is damaged%s", path, why);
+            rc = err_set(e, CODE_DATA_LOSS, "checkpoint %s: checksum mismatch: the file is damaged%s", path, why);
         goto fail;
     }
     if (!has_key && key && !allow_unkeyed) {
@@ -548,7 +547,8 @@ int ckpt_read_sealed(const char *path, const unsigned char *key, int allow_unkey
                      "a cluster token, or by an older version), which anyone who can write the "
                      "file can forge; with a cluster token configured it is refused. To take it "
                      "once, set TPUEMU_CHECKPOINT_ALLOW_UNKEYED=1 (the next save seals it with "
-                     "the token)", path);
+                     "the token)",
+                     path);
         goto fail;
     }
 

@@ -76,8 +76,7 @@ struct ckpt_section {
 int ckpt_write(const char *path, const struct ckpt_section *s, size_t n, err *e);
 /* Same, sealed with a keyed MAC (format version 2) when key (CKPT_KEY_BYTES)
  * is not NULL; ckpt_write is this with key NULL (format version 1). */
-int ckpt_write_sealed(const char *path, const struct ckpt_section *s, size_t n,
-                      const unsigned char *key, err *e);
+int ckpt_write_sealed(const char *path, const struct ckpt_section *s, size_t n, const unsigned char *key, err *e);
 
 /* A save that crashed (the process killed between creating its temp file and
  * the rename) leaves path.tmp.PID.XXXXXXXX behind. ckpt_write and ckpt_read
@@ -123,8 +122,7 @@ int ckpt_read(const char *path, ckpt **out, err *e);
  *     CODE_UNAUTHENTICATED "sealed with an unkeyed checksum only" unless
  *     allow_unkeyed, and then read as ckpt_read does.
  * On success *keyed (if not NULL) is 1 when the file carried a keyed MAC. */
-int ckpt_read_sealed(const char *path, const unsigned char *key, int allow_unkeyed, ckpt **out,
-                     int *keyed, err *e);
+int ckpt_read_sealed(const char *path, const unsigned char *key, int allow_unkeyed, ckpt **out, int *keyed, err *e);
 
 /* The section called name: its data (owned by c, valid until ckpt_free(c),
  * 8-byte aligned, never NULL for a present section, even a 0-byte one) and

@@ -1062,7 +1062,8 @@ int model_snap_read(tpu_model *m, const char *path, struct model_snap *out, err 
         return rc;
     if (k && !keyed)
         cli_warn("checkpoint %s: loading it although it is sealed with an unkeyed checksum only "
-                 "(TPUEMU_CHECKPOINT_ALLOW_UNKEYED=1): nothing proves who wrote it", path);
+                 "(TPUEMU_CHECKPOINT_ALLOW_UNKEYED=1): nothing proves who wrote it",
+                 path);
     const char *fmt = ckpt_get(ck, "format", &nb);
     if (!fmt || nb != sizeof CKPT_FORMAT - 1 || memcmp(fmt, CKPT_FORMAT, nb) != 0) {
         ckpt_free(ck);
