@@ -575,3 +575,37 @@ Test(lifecycle, resolver_addresses, .timeout = 10)
     cr_assert_eq(tpu_last_status(), TPU_INVALID_ARGUMENT);
     cr_assert_str_not_empty(tpu_last_error());
 }
+
+/* A bare word in a comma list is a host with the default port, as
+ * TensorFlow reads it, never a TPU name: when it does not resolve, the error
+ * says how it was read and how to write it. The word is a 64-byte DNS label,
+ * which no resolver accepts, so the lookup fails without leaving the machine. */
+Test(lifecycle, list_word_that_does_not_resolve, .timeout = 10)
+{
+    char word[65], list[128];
+    tpu_resolver *r;
+    tpu_cluster *c = NULL;
+    memset(word, 'a', 64);
+    word[64] = '\0';
+    snprintf(list, sizeof list, "%s, 127.0.0.1:8471", word);
+    cr_assert_eq(tpu_resolver_new(list, &r), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_resolver_set_timeout_ms(r, 3000), TPU_OK);
+    tpu_status st = tpu_connect_to_cluster(r, &c);
+    cr_assert_eq(st, TPU_UNAVAILABLE, "%s: %s", tpu_status_name(st), tpu_last_error());
+    cr_assert_null(c);
+    const char *msg = tpu_last_error();
+    cr_assert(strstr(msg, "cannot resolve") && strstr(msg, word), "%s", msg);
+    cr_assert(strstr(msg, "in the comma list") && strstr(msg, "taken as a host name with the default port 8470"), "%s",
+              msg);
+    cr_assert(strstr(msg, "HOST:PORT or grpc://HOST:PORT"), "%s", msg);
+    tpu_resolver_free(r);
+
+    /* with a port it is an address as written: no word about lists */
+    snprintf(list, sizeof list, "%s:8470, 127.0.0.1:8471", word);
+    cr_assert_eq(tpu_resolver_new(list, &r), TPU_OK, "%s", tpu_last_error());
+    st = tpu_connect_to_cluster(r, &c);
+    cr_assert_eq(st, TPU_UNAVAILABLE, "%s: %s", tpu_status_name(st), tpu_last_error());
+    cr_assert(strstr(tpu_last_error(), "cannot resolve") && !strstr(tpu_last_error(), "comma list"), "%s",
+              tpu_last_error());
+    tpu_resolver_free(r);
+}

@@ -35,6 +35,9 @@ struct tpu_resolver {
     /* TPU_NAME a bare word: the TPU node name, looked up at the Cloud TPU API
      * (the resolver at eps[0]: $TPUEMU_TPU_API); "" for an address or a list */
     char tpu_name[64];
+    /* eps[i] was a bare word in a comma list (no port, scheme or brackets):
+     * taken as a host with the default port, as TensorFlow takes it */
+    unsigned char list_word[CLI_MAX_ENDPOINTS];
     auth auth;
     uint32_t timeout_ms;
     char client_id[300]; /* "PID@HOST" */

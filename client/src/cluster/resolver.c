@@ -53,6 +53,25 @@ static int control_byte(const char *tpu, err *e)
     return CODE_OK;
 }
 
+/* Which items of a comma list are bare words (a host without a port, taken
+ * with the default port): a DNS failure on one of them says how it was read. */
+static void mark_list_words(tpu_resolver *r, const char *list)
+{
+    const char *p = list;
+    for (size_t i = 0; i < r->n && p; i++) {
+        const char *c = strchr(p, ',');
+        size_t l = c ? (size_t)(c - p) : strlen(p);
+        char item[ADDR_HOST_MAX + 16];
+        while (l && *p == ' ')
+            p++, l--;
+        while (l && p[l - 1] == ' ')
+            l--;
+        snprintf(item, sizeof item, "%.*s", (int)(l < sizeof item - 1 ? l : sizeof item - 1), p);
+        r->list_word[i] = bare_word(item);
+        p = c ? c + 1 : NULL;
+    }
+}
+
 static int parse_name(tpu_resolver *r, const char *tpu, err *e)
 {
     const char *api = getenv("TPUEMU_TPU_API");
@@ -97,6 +116,8 @@ tpu_status tpu_resolver_new(const char *tpu, tpu_resolver **out)
             goto fail;
     } else if (addr_parse_list(tpu, ADDR_DEFAULT_PORT, r->eps, CLI_MAX_ENDPOINTS, &r->n, &e) != CODE_OK) {
         goto fail;
+    } else if (strchr(tpu, ',')) {
+        mark_list_words(r, tpu);
     }
     for (size_t i = 0; i < r->n; i++) {
         if (r->eps[i].port == 0) {

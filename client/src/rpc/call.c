@@ -42,6 +42,17 @@ int call_open(tpu_cluster *c, size_t i, uint32_t timeout_ms, err *e)
     if (en == EPROTO)
         return err_set(e, CODE_UNAVAILABLE, "%s is not a tpu-resolver (it does not speak the control protocol); "
                        "check --tpu / $TPU_NAME", ep);
+    if (c->r->list_word[i] && strncmp(e->msg, "cannot resolve ", 15) == 0) {
+        /* a TPU name cannot be an item of a list: it was read as a host */
+        char why[ERR_MSG_MAX];
+        snprintf(why, sizeof why, "%s", e->msg);
+        return err_set(
+            e, CODE_UNAVAILABLE,
+            "cannot reach the resolver: %.400s; '%.256s' in the comma list of --tpu / $TPU_NAME was taken as "
+            "a host name with the default port %d (in a list every item is a host, never a TPU name): "
+            "write it as HOST:PORT or grpc://HOST:PORT",
+            why, a->host, a->port);
+    }
     {
         char why[ERR_MSG_MAX];
         snprintf(why, sizeof why, "%s", e->msg);
