@@ -1,4 +1,4 @@
-/* Integration: hardening of the control plane (issue 17).
+/* Integration: hardening of the control plane.
  *
  * Finding 1, what must not make a daemon exit: a heartbeat whose reply is
  * lost gets its original answer when nanomsg resends it; an old error reply

@@ -303,7 +303,7 @@ Test(lifecycle, initialize_names_dead_cores, .timeout = 30)
     tpu_resolver *r;
     tpu_cluster *cc = connect_ok(c, &r);
     tpu_topology *t;
-    /* issue 17: a default initialize never waits for a core that is gone; it
+    /* a default initialize never waits for a core that is gone; it
      * goes on at once with the alive ones and names the dead one as missing */
     int64_t t0 = cl_now_ms();
     tpu_status st = init(cc, 0, 5000, 0, &t);

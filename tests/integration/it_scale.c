@@ -1,4 +1,4 @@
-/* Pod scale (issue 18): 256 cores on this machine, as 32 hosts of 8, start,
+/* Pod scale: 256 cores on this machine, as 32 hosts of 8, start,
  * register, initialize, run an all-reduce and a few training steps, and stop;
  * what a tool or a user would check at each step: every core listed and
  * alive, the topology's shape, every element of every replica's result, and
