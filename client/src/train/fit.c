@@ -286,11 +286,32 @@ static int finish_oldest(struct run *u, uint64_t *t_last, err *e)
     }
     if (failed) {
         const struct tio_ans *w = tio_worst(x->pa, u->n);
+        struct tio_ans **all = NULL;
         int lost = 0;
         for (size_t r = 0; r < u->n; r++)
             lost |= x->ans[r].code == CODE_UNAVAILABLE || x->ans[r].code == CODE_DEADLINE_EXCEEDED ||
                     x->ans[r].code == CODE_CANCELLED;
+        /* A core stopped in the middle of a step (paused, or starved of CPU)
+         * finishes that step after its peers have, then finds a connection
+         * they closed when they gave up on it in the next step: its failure
+         * names an innocent peer. The next steps in flight name the core that
+         * stopped: their answers wait in the connections. Read them, and
+         * report the failure that says most. */
+        if (lost && tio_rank(w) < TIO_RANK_CULPRIT && u->inflight > 0 &&
+            (all = malloc((u->inflight + 1) * u->n * sizeof *all)) != NULL) {
+            size_t na = 0;
+            for (size_t r = 0; r < u->n; r++)
+                all[na++] = x->pa[r];
+            for (size_t k = 0; k < u->inflight; k++) {
+                struct exec *y = &u->ex[(u->head + k) % u->depth];
+                tio_wait(c, y->pa, wire_now_ms() + grace, grace);
+                for (size_t r = 0; r < u->n; r++)
+                    all[na++] = y->pa[r];
+            }
+            w = tio_worst(all, na);
+        }
         err_set(e, w ? w->code : CODE_UNKNOWN, "%s", w ? w->msg : "the step failed");
+        free(all);
         exec_release(u, x);
         if (lost)
             tio_abort(c);

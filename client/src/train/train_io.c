@@ -249,29 +249,31 @@ size_t tio_wait_soft(tpu_cluster *c, struct tio_ans *const *ans, uint64_t deadli
     return wait_ans(c, ans, deadline_ms, grace_ms, 1);
 }
 
+int tio_rank(const struct tio_ans *a)
+{
+    if (!a || !a->done || a->code == CODE_OK)
+        return -1;
+    /* a core the client gave up on because another failed first tells
+     * least; a core that names the core that failed its all-reduce most */
+    if (a->code == CODE_CANCELLED) /* the caller's own word */
+        return 4;
+    if (strstr(a->msg, "after another core failed"))
+        return 0;
+    if (strstr(a->msg, "never sent") || strstr(a->msg, "did not answer") || strstr(a->msg, "stopped"))
+        return TIO_RANK_CULPRIT;
+    if (a->code != CODE_ABORTED && a->code != CODE_DEADLINE_EXCEEDED)
+        return 2;
+    return 1;
+}
+
 const struct tio_ans *tio_worst(struct tio_ans *const *ans, size_t n)
 {
     const struct tio_ans *best = NULL;
     int best_rank = -1;
     for (size_t r = 0; r < n; r++) {
-        const struct tio_ans *a = ans[r];
-        int rank;
-        if (!a->done || a->code == CODE_OK)
-            continue;
-        /* a core the client gave up on because another failed first tells
-         * least; a core that names the core that failed its all-reduce most */
-        if (a->code == CODE_CANCELLED) /* the caller's own word */
-            rank = 4;
-        else if (strstr(a->msg, "after another core failed"))
-            rank = 0;
-        else if (strstr(a->msg, "never sent") || strstr(a->msg, "did not answer") || strstr(a->msg, "stopped"))
-            rank = 3;
-        else if (a->code != CODE_ABORTED && a->code != CODE_DEADLINE_EXCEEDED)
-            rank = 2;
-        else
-            rank = 1;
+        int rank = tio_rank(ans[r]);
         if (rank > best_rank)
-            best = a, best_rank = rank;
+            best = ans[r], best_rank = rank;
     }
     return best;
 }

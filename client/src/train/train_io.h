@@ -64,6 +64,10 @@ void tio_abort(tpu_cluster *c);
 
 /* The most telling failure among ans[0..n): a core's own report of another
  * core's death beats "connection closed"; first by replica otherwise. */
+/* How much a failed answer says of the failure: -1 for none (not done, or
+ * OK), TIO_RANK_CULPRIT for one that names the core that stopped. */
+#define TIO_RANK_CULPRIT 3
+int tio_rank(const struct tio_ans *a);
 const struct tio_ans *tio_worst(struct tio_ans *const *ans, size_t n);
 
 #endif
