@@ -300,11 +300,12 @@ static int finish_oldest(struct run *u, uint64_t *t_last, err *e)
         if (lost && tio_rank(w) < TIO_RANK_CULPRIT && u->inflight > 0 &&
             (all = malloc((u->inflight + 1) * u->n * sizeof *all)) != NULL) {
             size_t na = 0;
+            uint64_t until = wire_now_ms() + 500; /* they are there, or a core is cut off */
             for (size_t r = 0; r < u->n; r++)
                 all[na++] = x->pa[r];
             for (size_t k = 0; k < u->inflight; k++) {
                 struct exec *y = &u->ex[(u->head + k) % u->depth];
-                tio_wait(c, y->pa, wire_now_ms() + grace, grace);
+                tio_wait(c, y->pa, until, 0);
                 for (size_t r = 0; r < u->n; r++)
                     all[na++] = y->pa[r];
             }
