@@ -307,7 +307,8 @@ static int finish_oldest(struct run *u, uint64_t *t_last, err *e)
                 struct exec *y = &u->ex[(u->head + k) % u->depth];
                 tio_wait(c, y->pa, until, 0);
                 for (size_t r = 0; r < u->n; r++)
-                    all[na++] = y->pa[r];
+                    if (y->pa[r]->said) /* not "did not answer": that is this wait's own word */
+                        all[na++] = y->pa[r];
             }
             w = tio_worst(all, na);
         }

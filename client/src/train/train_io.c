@@ -102,7 +102,8 @@ static int on_header(void *arg, size_t r, Tpuemu__FrameHeader *h, void **dst)
         s->failures++;
         dpio_failf(p, CODE_UNAVAILABLE, "refused the request: %.900s",
                    h->status && h->status->message ? h->status->message : "(no reason given)");
-        if (a) {
+        if (a && !a->done) {
+            a->said = 1;
             ans_fail(a, h->status && h->status->code ? (int)h->status->code : CODE_UNKNOWN, "%s",
                      h->status && h->status->message && *h->status->message ? h->status->message
                                                                              : "the core refused the request");
@@ -116,6 +117,7 @@ static int on_header(void *arg, size_t r, Tpuemu__FrameHeader *h, void **dst)
     }
     if (h->status && h->status->code != TPUEMU__CODE__OK) {
         s->failures++;
+        a->said = 1;
         a->code = (int)h->status->code;
         snprintf(a->msg, sizeof a->msg, "%s", h->status->message && *h->status->message ? h->status->message
                                                                                       : "the request failed");

@@ -20,6 +20,7 @@
 struct tio_ans {
     int done;
     int code;
+    int said;               /* the core sent this answer (0: the client made it up: a timeout, a lost link) */
     char msg[ERR_MSG_MAX];
     void *dst;              /* payload destination (set by the caller), NULL: none expected */
     size_t dst_cap;
