@@ -25,7 +25,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 # the public headers only; no path of this machine in the file
 abidw --headers-dir client/include/tpuemu --header-file "$build/client/include/tpuemu/version.h" \
-    --no-corpus-path --no-comp-dir-path --no-show-locs --drop-private-types "$lib" |
+    --no-corpus-path --no-comp-dir-path --no-show-locs --drop-private-types --exported-interfaces-only "$lib" |
     sed -e "s|$build/||g" -e "s|$src/||g" >"$tmp/now.abi"
 
 if [ "${2:-}" = --update ]; then
