@@ -16,42 +16,22 @@
 #include <criterion/criterion.h>
 #include <sodium.h>
 
+#include "scratch.h"
 #include "auth.h"
 #include "ckpt.h"
 
 static char dir[64];
 static char path[128];
 
-static void rm_tree(const char *d)
-{
-    DIR *dp = opendir(d);
-    struct dirent *de;
-    char p[512];
-
-    if (!dp)
-        return;
-    while ((de = readdir(dp))) {
-        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-            continue;
-        snprintf(p, sizeof p, "%s/%s", d, de->d_name);
-        if (unlink(p) != 0 && errno == EISDIR)
-            rm_tree(p);
-    }
-    closedir(dp);
-    rmdir(d);
-}
-
 static void setup(void)
 {
-    strcpy(dir, "/tmp/test_ckpt.XXXXXX");
-    cr_assert_not_null(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+    scratch_make(dir, sizeof dir, "test_ckpt");
     snprintf(path, sizeof path, "%s/model.ckpt", dir);
 }
 
 static void teardown(void)
 {
-    chmod(dir, 0700);
-    rm_tree(dir);
+    scratch_remove(dir);
 }
 
 TestSuite(ckpt, .init = setup, .fini = teardown, .timeout = 60);

@@ -17,40 +17,21 @@
 
 #include <criterion/criterion.h>
 
+#include "scratch.h"
 #include "safefile.h"
 
 static char dir[64], path[128], tmp[160];
 
-static void rm_tree(const char *d)
-{
-    DIR *dp = opendir(d);
-    struct dirent *de;
-    char p[512];
-
-    if (!dp)
-        return;
-    while ((de = readdir(dp))) {
-        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-            continue;
-        snprintf(p, sizeof p, "%s/%s", d, de->d_name);
-        if (unlink(p) != 0 && errno == EISDIR)
-            rm_tree(p);
-    }
-    closedir(dp);
-    rmdir(d);
-}
-
 static void setup(void)
 {
-    strcpy(dir, "/tmp/test_safefile.XXXXXX");
-    cr_assert_not_null(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+    scratch_make(dir, sizeof dir, "test_safefile");
     snprintf(path, sizeof path, "%s/out.svg", dir);
     snprintf(tmp, sizeof tmp, "%s/out.svg.tmp", dir);
 }
 
 static void teardown(void)
 {
-    rm_tree(dir);
+    scratch_remove(dir);
 }
 
 TestSuite(safefile, .init = setup, .fini = teardown, .timeout = 30);
