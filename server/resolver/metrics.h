@@ -1,5 +1,5 @@
 /* The resolver's Prometheus metrics and health check, served over HTTP
- * (common/httpd.h) on --metrics-port of its listen host, on its loop. The
+ * (common/http/httpd.h) on --metrics-port of its listen host, on its loop. The
  * counters live here; handlers.c bumps them. Loop thread only. */
 #ifndef TPUEMU_RESOLVER_METRICS_H
 #define TPUEMU_RESOLVER_METRICS_H

@@ -1,5 +1,5 @@
 /* Mesh shapes and physical coordinates of an initialized system (the mesh
- * rule itself is slice_mesh in common/slice.c, which the tests check against
+ * rule itself is slice_mesh in common/base/slice.c, which the tests check against
  * TensorFlow's figures). */
 #include "topology.h"
 

@@ -1,7 +1,7 @@
 /* Mesh shape and coordinates of an initialized system, as Cloud TPU lays out
  * its slices: cores per chip (2 on v2/v3, 1 on v4/v5e/v5p/v6e), chips on a 2-D
  * torus (v2, v3, v5e, v6e) or a 3-D one (v4, v5p). The type table and the mesh
- * rule live in common/slice.c, shared with the worker and the tests. Pure
+ * rule live in common/base/slice.c, shared with the worker and the tests. Pure
  * functions. */
 #ifndef TPUEMU_RESOLVER_TOPOLOGY_H
 #define TPUEMU_RESOLVER_TOPOLOGY_H

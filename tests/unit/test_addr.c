@@ -1,4 +1,4 @@
-/* Unit tests of common/addr: HOST:PORT, grpc://, [::1]:p, lists, bad ones. */
+/* Unit tests of common/base/addr: HOST:PORT, grpc://, [::1]:p, lists, bad ones. */
 #include <string.h>
 
 #include <criterion/criterion.h>

@@ -1,4 +1,4 @@
-/* Unit tests of common/auth: token loading, MACs, challenge MACs and the replay
+/* Unit tests of common/wire/auth: token loading, MACs, challenge MACs and the replay
  * cache (replays refused, the time window, the eviction floor). */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* Unit tests of common/bf16: float32 -> bfloat16 as XLA rounds it, checked on
+/* Unit tests of common/num/bf16: float32 -> bfloat16 as XLA rounds it, checked on
  * every one of the 2^32 float32 bit patterns against an independent reference,
  * for the scalar conversion and for the vectorized array conversion. */
 #include <math.h>

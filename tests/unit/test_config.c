@@ -1,4 +1,4 @@
-/* Unit tests of common/config: the settings table (flags, environment,
+/* Unit tests of common/base/config: the settings table (flags, environment,
  * defaults, bounds, byte suffixes, bad values). */
 #include <stdio.h>
 #include <stdlib.h>

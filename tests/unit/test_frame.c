@@ -1,4 +1,4 @@
-/* Unit tests of common/frame: the data-plane frame header codec. */
+/* Unit tests of common/wire/frame: the data-plane frame header codec. */
 #include <stdlib.h>
 #include <string.h>
 

@@ -1,4 +1,4 @@
-/* Unit tests of common/log: the rate limit of lines about what others send
+/* Unit tests of common/base/log: the rate limit of lines about what others send
  * (per kind: the first lines written with their reasons, the rest summed up in
  * one "suppressed" line when the window ends). stderr is a temp file here. */
 #include <stdio.h>

@@ -1,6 +1,6 @@
-/* Learning-rate schedules (common/lrsched.c) against Keras' formulas, and the
+/* Learning-rate schedules (common/num/lrsched.c) against Keras' formulas, and the
  * fixed transcendentals they and the deterministic model use
- * (common/detmath.c) against libm.
+ * (common/num/detmath.c) against libm.
  *
  * The formulas are those of keras/src/optimizers/schedules/
  * learning_rate_schedule.py (TF 2.13+ / Keras 3): ExponentialDecay

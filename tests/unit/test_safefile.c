@@ -1,4 +1,4 @@
-/* Unit tests of common/safefile: every file the project writes whole is
+/* Unit tests of common/base/safefile: every file the project writes whole is
  * replaced through it. Planted names are never followed or overwritten, a
  * non-regular file is refused without blocking, a symbolic link at the name
  * is kept and the file it names is rewritten. Each test works in its own

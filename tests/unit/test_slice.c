@@ -1,4 +1,4 @@
-/* Unit tests of common/slice: slice names map to the devices and mesh shapes
+/* Unit tests of common/base/slice: slice names map to the devices and mesh shapes
  * TensorFlow reports (tf.tpu.experimental.Topology.mesh_shape). */
 #include <string.h>
 

@@ -1,5 +1,5 @@
-/* Unit tests of the SP request link (common/spreq.c) against the SP reply
- * port (common/sprep.c), both on one libuv loop on loopback: a large request
+/* Unit tests of the SP request link (common/sp/spreq.c) against the SP reply
+ * port (common/sp/sprep.c), both on one libuv loop on loopback: a large request
  * sent before its connection is made arrives whole; spreq_connect calls
  * on_open once the connection is made, and a request sent from there goes
  * out from the caller's memory and arrives whole; many large requests sent

@@ -1,4 +1,4 @@
-/* Unit tests of common/status: code names and the error value. */
+/* Unit tests of common/base/status: code names and the error value. */
 #include <string.h>
 
 #include <criterion/criterion.h>

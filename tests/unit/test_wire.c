@@ -1,4 +1,4 @@
-/* Unit tests of common/wire: seal/open round trip, wrong token, missing MAC,
+/* Unit tests of common/wire/wire: seal/open round trip, wrong token, missing MAC,
  * version mismatch, garbage, oversized, no body, unknown body field; the
  * envelope read in place, what vouches, the arenas opened messages live in. */
 #include <stdio.h>

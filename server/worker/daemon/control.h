@@ -5,7 +5,7 @@
  * (PERMISSION_DENIED otherwise: the replay cache is per process, so a message
  * captured on its way to another core would pass it); anything else gets an
  * error reply and one warn line, never a crash, and changes nothing.
- * The port is served by sprep (common/sprep.h) with a connection budget per
+ * The port is served by sprep (common/sp/sprep.h) with a connection budget per
  * kind of peer, so strangers holding connections cannot keep the resolver's
  * resets and the peers' probes out. */
 #ifndef TPUEMU_WORKER_CONTROL_H

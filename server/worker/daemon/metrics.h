@@ -1,5 +1,5 @@
 /* The worker's Prometheus metrics and health check, served over HTTP
- * (common/httpd.h) on --metrics-port of its --listen address, on its loop.
+ * (common/http/httpd.h) on --metrics-port of its --listen address, on its loop.
  * The counters live with the parts that count (coll_stats, train_stats, the
  * heartbeat's), bumped where the work is done with relaxed atomic adds: no
  * lock, no call; a scrape reads them here. */
