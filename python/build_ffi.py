@@ -184,7 +184,7 @@ typedef struct tpu_idx {
 } tpu_idx;
 
 typedef enum tpu_activation { TPU_ACT_LINEAR, TPU_ACT_RELU, TPU_ACT_SOFTMAX, TPU_ACT_TANH,
-    TPU_ACT_SIGMOID, ... } tpu_activation;
+    TPU_ACT_SIGMOID, TPU_ACT_GELU, TPU_ACT_SOFTPLUS, TPU_ACT_SWISH, ... } tpu_activation;
 typedef enum tpu_padding { TPU_PADDING_VALID, TPU_PADDING_SAME, ... } tpu_padding;
 typedef enum tpu_loss { TPU_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY, TPU_LOSS_CATEGORICAL_CROSSENTROPY,
     TPU_LOSS_MEAN_SQUARED_ERROR, ... } tpu_loss;
@@ -216,6 +216,7 @@ typedef struct tpu_compile_options {
     size_t batch_size;
     unsigned infeed_depth;
     int deterministic;
+    uint64_t from_logits;
     ...;
 } tpu_compile_options;
 typedef struct tpu_logs {

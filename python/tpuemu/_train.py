@@ -11,7 +11,9 @@ from ._lib import b as _b, ffi, lib, s as _s
 from ._run import HAVE_CANCEL, Cancel, call as _call
 
 _ACT = {None: lib.TPU_ACT_LINEAR, "linear": lib.TPU_ACT_LINEAR, "relu": lib.TPU_ACT_RELU,
-        "softmax": lib.TPU_ACT_SOFTMAX, "tanh": lib.TPU_ACT_TANH, "sigmoid": lib.TPU_ACT_SIGMOID}
+        "softmax": lib.TPU_ACT_SOFTMAX, "tanh": lib.TPU_ACT_TANH, "sigmoid": lib.TPU_ACT_SIGMOID,
+        "gelu": lib.TPU_ACT_GELU, "softplus": lib.TPU_ACT_SOFTPLUS, "swish": lib.TPU_ACT_SWISH,
+        "silu": lib.TPU_ACT_SWISH}
 _LOSS = {"sparse_categorical_crossentropy": lib.TPU_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY,
          "categorical_crossentropy": lib.TPU_LOSS_CATEGORICAL_CROSSENTROPY,
          "mean_squared_error": lib.TPU_LOSS_MEAN_SQUARED_ERROR, "mse": lib.TPU_LOSS_MEAN_SQUARED_ERROR}
@@ -341,7 +343,8 @@ class Model:
         self.loss_kind = None
 
     def compile(self, optimizer=None, loss="sparse_categorical_crossentropy", metrics_accuracy=True,
-                steps_per_execution=1, policy="float32", batch_size=0, infeed_depth=0, deterministic=False):
+                steps_per_execution=1, policy="float32", batch_size=0, infeed_depth=0, deterministic=False,
+                from_logits=False):
         """optimizer: a filled tpu_optimizer (tpu_optimizer_adam(...)) or None for Adam()."""
         co = ffi.new("tpu_compile_options *")
         lib.tpu_compile_options_init(co)
@@ -361,6 +364,7 @@ class Model:
         if infeed_depth:
             co.infeed_depth = int(infeed_depth)
         co.deterministic = int(bool(deterministic))
+        co.from_logits = int(bool(from_logits))
         self._co = co
         errors.check(lib.tpu_model_compile(self._h, co), errors.InvalidArgumentValueError
                      if lib.tpu_last_status() == errors.INVALID_ARGUMENT else None)

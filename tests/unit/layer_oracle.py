@@ -7,6 +7,7 @@ recomputes each output from Keras' definitions in float64 numpy, written
 here independently of the core's C (padding from TensorFlow's rule, the
 pooling windows, the kernel layout (kh, kw, in, out)), and compares."""
 import json
+import math
 import subprocess
 import sys
 
@@ -24,6 +25,12 @@ def act(v, name):
         return np.tanh(v)
     if name == "sigmoid":
         return 1 / (1 + np.exp(-v))
+    if name == "gelu":  # Keras' approximate=False
+        return 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2)))
+    if name == "softplus":
+        return np.logaddexp(0, v)
+    if name == "swish":
+        return v / (1 + np.exp(-v))
     if name == "softmax":
         e = np.exp(v - v.max(axis=-1, keepdims=True))
         return e / e.sum(axis=-1, keepdims=True)
@@ -100,11 +107,33 @@ def forward(case):
     return x
 
 
+def loss_from_logits(case):
+    """The summed cross-entropy of logits, from log-softmax in float64."""
+    z = np.array(case["logits"], dtype=np.float64).reshape(-1, case["n"])
+    logp = z - z.max(axis=1, keepdims=True)
+    logp = logp - np.log(np.exp(logp).sum(axis=1, keepdims=True))
+    if case["loss"] == "sparse_categorical_crossentropy":
+        return -logp[np.arange(len(z)), np.array(case["labels"])].sum()
+    return -(np.array(case["labels"]).reshape(z.shape) * logp).sum()
+
+
 def main():
     dump = subprocess.run([sys.argv[1]], check=True, capture_output=True, text=True).stdout
-    cases = [json.loads(line) for line in dump.splitlines() if line.strip()]
-    assert len(cases) >= 9, f"only {len(cases)} cases dumped"
+    lines = [json.loads(line) for line in dump.splitlines() if line.strip()]
+    cases = [c for c in lines if "loss" not in c]
+    losses = [c for c in lines if "loss" in c]
+    assert len(cases) >= 10, f"only {len(cases)} cases dumped"
+    assert len(losses) >= 2, f"only {len(losses)} loss cases dumped"
     bad = 0
+    for case in losses:
+        want = loss_from_logits(case)
+        spread = np.abs(np.array(case["logits"])).max()
+        err = abs(case["loss_sum"] - want)
+        tol = 1e-5 * max(1.0, abs(want)) + 2e-6 * spread
+        ok = err <= tol and spread > 88  # beyond float32 exp's range without the max shift
+        bad += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {case['loss']} from logits (|logit| up to {spread:.0f}): "
+              f"core {case['loss_sum']:.9g}, numpy {want:.9g} (tolerance {tol:.3g})")
     for case in cases:
         want = forward(case).reshape(-1)
         got = np.array(case["out"])

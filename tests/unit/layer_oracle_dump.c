@@ -32,30 +32,149 @@ static void arr(const char *key, const float *v, size_t n)
     printf("]");
 }
 
+/* The cross-entropies from logits: one Dense(5, linear) whose kernel is
+ * scaled so that the logits reach beyond +-88 (exp overflows float32 beyond
+ * 88 without the max shift), its logits, labels and the core's summed loss
+ * as {"loss": ...} lines. */
+static int loss_cases(mxu *u)
+{
+    for (int k = 0; k < 2; k++) {
+        enum {
+            ROWS = 4,
+            IN = 3,
+            N = 5
+        };
+        struct model_cfg cfg;
+        model *m;
+        err e;
+        unsigned s = 77u + (unsigned)k;
+        float x[ROWS * IN], z[ROWS * N], yf[ROWS * N];
+        int32_t ids[ROWS];
+        struct model_metrics mt;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.in_dim = IN;
+        cfg.nlayers = 1;
+        cfg.units[0] = N;
+        cfg.loss = k == 0 ? LOSS_SPARSE_CCE : LOSS_CCE;
+        cfg.from_logits = 1;
+        cfg.opt = (struct model_opt_cfg){OPT_SGD, 0.01f, 0, 0, 0, 0, 0, {0}};
+        cfg.precision = MODEL_FLOAT32;
+        cfg.seed = 9;
+        cfg.max_rows = ROWS;
+        cfg.deterministic = 1;
+        if (model_new(&m, &cfg, u, &e) != CODE_OK) {
+            fprintf(stderr, "layer_oracle_dump: loss case %d: %s\n", k, e.msg);
+            return 1;
+        }
+        for (size_t i = 0; i < model_num_params(m); i++)
+            model_params(m)[i] = 100.0f * frand(&s);
+        for (int i = 0; i < ROWS * IN; i++)
+            x[i] = frand(&s);
+        for (int r = 0; r < ROWS; r++) {
+            float sum = 0.0f;
+            ids[r] = (int32_t)((r * 3 + k) % N);
+            for (int j = 0; j < N; j++)
+                sum += yf[r * N + j] = 1.1f + frand(&s);
+            for (int j = 0; j < N; j++)
+                yf[r * N + j] /= sum;
+        }
+        if (model_forward(m, x, ROWS, z, &e) != CODE_OK ||
+            model_metrics_of(m, k == 0 ? (const void *)ids : (const void *)yf, ROWS, &mt, &e) != CODE_OK) {
+            fprintf(stderr, "layer_oracle_dump: loss case %d: %s\n", k, e.msg);
+            return 1;
+        }
+        printf("{\"loss\": \"%s\", \"n\": %d", model_loss_name(cfg.loss), N);
+        arr("logits", z, ROWS * N);
+        if (k == 0) {
+            printf(", \"labels\": [");
+            for (int r = 0; r < ROWS; r++)
+                printf("%s%d", r ? ", " : "", (int)ids[r]);
+            printf("]");
+        } else {
+            arr("labels", yf, ROWS * N);
+        }
+        printf(", \"loss_sum\": %.17g}\n", mt.loss_sum);
+        model_free(m);
+    }
+    return 0;
+}
+
 int main(void)
 {
     static const struct lcase cases[] = {
-        {"conv2d_same_relu", 5, 5, 3, 2, {{.kind = LK_CONV2D, .kh = 3, .kw = 3, .same = 1}, {.kind = LK_FLATTEN}},
-         {4, 0}, {ACT_RELU, ACT_LINEAR}},
-        {"conv2d_valid_strided_tanh", 7, 6, 2, 2,
-         {{.kind = LK_CONV2D, .kh = 3, .kw = 2, .sh = 2, .sw = 2}, {.kind = LK_FLATTEN}}, {3, 0}, {ACT_TANH, ACT_LINEAR}},
-        {"conv2d_same_stride2_even", 6, 6, 2, 2,
-         {{.kind = LK_CONV2D, .kh = 3, .kw = 3, .sh = 2, .sw = 2, .same = 1}, {.kind = LK_FLATTEN}}, {2, 0},
+        {"conv2d_same_relu",
+         5,
+         5,
+         3,
+         2,
+         {{.kind = LK_CONV2D, .kh = 3, .kw = 3, .same = 1}, {.kind = LK_FLATTEN}},
+         {4, 0},
+         {ACT_RELU, ACT_LINEAR}},
+        {"conv2d_valid_strided_tanh",
+         7,
+         6,
+         2,
+         2,
+         {{.kind = LK_CONV2D, .kh = 3, .kw = 2, .sh = 2, .sw = 2}, {.kind = LK_FLATTEN}},
+         {3, 0},
+         {ACT_TANH, ACT_LINEAR}},
+        {"conv2d_same_stride2_even",
+         6,
+         6,
+         2,
+         2,
+         {{.kind = LK_CONV2D, .kh = 3, .kw = 3, .sh = 2, .sw = 2, .same = 1}, {.kind = LK_FLATTEN}},
+         {2, 0},
          {ACT_SIGMOID, ACT_LINEAR}},
-        {"max_pooling2d_valid", 6, 5, 2, 2, {{.kind = LK_MAX_POOL2D, .kh = 2, .kw = 2}, {.kind = LK_FLATTEN}}, {0, 0},
+        {"max_pooling2d_valid",
+         6,
+         5,
+         2,
+         2,
+         {{.kind = LK_MAX_POOL2D, .kh = 2, .kw = 2}, {.kind = LK_FLATTEN}},
+         {0, 0},
          {ACT_LINEAR, ACT_LINEAR}},
-        {"max_pooling2d_same_overlapping", 7, 7, 2, 2,
-         {{.kind = LK_MAX_POOL2D, .kh = 3, .kw = 3, .sh = 2, .sw = 2, .same = 1}, {.kind = LK_FLATTEN}}, {0, 0},
+        {"max_pooling2d_same_overlapping",
+         7,
+         7,
+         2,
+         2,
+         {{.kind = LK_MAX_POOL2D, .kh = 3, .kw = 3, .sh = 2, .sw = 2, .same = 1}, {.kind = LK_FLATTEN}},
+         {0, 0},
          {ACT_LINEAR, ACT_LINEAR}},
-        {"average_pooling2d_same_edges", 5, 5, 3, 2,
-         {{.kind = LK_AVG_POOL2D, .kh = 2, .kw = 2, .same = 1}, {.kind = LK_FLATTEN}}, {0, 0},
+        {"average_pooling2d_same_edges",
+         5,
+         5,
+         3,
+         2,
+         {{.kind = LK_AVG_POOL2D, .kh = 2, .kw = 2, .same = 1}, {.kind = LK_FLATTEN}},
+         {0, 0},
          {ACT_LINEAR, ACT_LINEAR}},
         {"global_average_pooling2d", 4, 3, 5, 1, {{.kind = LK_GLOBAL_AVG_POOL2D}}, {0}, {ACT_LINEAR}},
-        {"reshape_dense_last_axis", 4, 3, 2, 3,
-         {{.kind = LK_RESHAPE, .target = {2, {6, 4, 0}}}, {.kind = LK_DENSE}, {.kind = LK_FLATTEN}}, {0, 5, 0},
+        {"reshape_dense_last_axis",
+         4,
+         3,
+         2,
+         3,
+         {{.kind = LK_RESHAPE, .target = {2, {6, 4, 0}}}, {.kind = LK_DENSE}, {.kind = LK_FLATTEN}},
+         {0, 5, 0},
          {ACT_LINEAR, ACT_TANH, ACT_LINEAR}},
-        {"dropout_at_inference", 3, 3, 2, 2, {{.kind = LK_DROPOUT, .rate = 0.5f}, {.kind = LK_FLATTEN}}, {0, 0},
+        {"dropout_at_inference",
+         3,
+         3,
+         2,
+         2,
+         {{.kind = LK_DROPOUT, .rate = 0.5f}, {.kind = LK_FLATTEN}},
+         {0, 0},
          {ACT_LINEAR, ACT_LINEAR}},
+        {"dense_gelu_softplus_swish",
+         3,
+         2,
+         2,
+         4,
+         {{.kind = LK_FLATTEN}, {.kind = LK_DENSE}, {.kind = LK_DENSE}, {.kind = LK_DENSE}},
+         {0, 6, 5, 4},
+         {ACT_LINEAR, ACT_GELU, ACT_SOFTPLUS, ACT_SWISH}},
     };
     mxu *u;
     err e;
@@ -119,6 +238,8 @@ int main(void)
         free(x);
         model_free(m);
     }
+    if (loss_cases(u) != 0)
+        return 1;
     mxu_free(u);
     return 0;
 }

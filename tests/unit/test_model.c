@@ -85,6 +85,18 @@ static double ref_act(double *v, int n, enum model_act a)
         for (int j = 0; j < n; j++)
             v[j] /= s;
         break;
+    case ACT_GELU:
+        for (int j = 0; j < n; j++)
+            v[j] = 0.5 * v[j] * (1 + erf(v[j] / sqrt(2.0)));
+        break;
+    case ACT_SOFTPLUS:
+        for (int j = 0; j < n; j++)
+            v[j] = log1p(exp(v[j]));
+        break;
+    case ACT_SWISH:
+        for (int j = 0; j < n; j++)
+            v[j] = v[j] / (1 + exp(-v[j]));
+        break;
     }
     return 0;
 }
@@ -116,8 +128,19 @@ static double ref_loss(const struct model_cfg *c, const double *w, const float *
             in = n;
         }
         int n = in;
-        double l = 0, s = 0;
-        if (c->loss == LOSS_SPARSE_CCE) {
+        double l = 0, s = 0, lse, mx = a[0];
+        for (int j = 1; j < n; j++)
+            mx = fmax(mx, a[j]);
+        for (int j = 0; j < n; j++)
+            s += exp(a[j] - mx);
+        lse = mx + log(s); /* from logits: -log softmax = lse - z */
+        s = 0;
+        if (c->from_logits && c->loss == LOSS_SPARSE_CCE) {
+            l = lse - a[((const int32_t *)y)[r]];
+        } else if (c->from_logits && c->loss == LOSS_CCE) {
+            for (int j = 0; j < n; j++)
+                l += ((const float *)y)[r * n + j] * (lse - a[j]);
+        } else if (c->loss == LOSS_SPARSE_CCE) {
             int cls = ((const int32_t *)y)[r];
             for (int j = 0; j < n; j++)
                 s += ref_clip(a[j]);
@@ -164,10 +187,13 @@ static void *make_labels(const struct model_cfg *c, int rows, unsigned seed)
  * differences of the double reference, h = 1e-6 (its own error ~1e-9).
  * Tolerance: |g - fd| <= 1e-6 + 1e-5 |fd| (float32 rounding; the worst seen is
  * 10x below it). */
-static void check_grads(int nl, const int *units, const enum model_act *act, enum model_loss loss)
+static void check_grads_with(int nl, const int *units, const enum model_act *act, enum model_loss loss, int from_logits,
+                             int det)
 {
     enum { IN = 5, ROWS = 6 };
     struct model_cfg c = base_cfg(IN, nl, units, act, loss);
+    c.from_logits = from_logits;
+    c.deterministic = det;
     model *m = make(&c);
     size_t np = model_num_params(m);
     float x[IN * ROWS], out[ROWS * 8];
@@ -207,6 +233,11 @@ static void check_grads(int nl, const int *units, const enum model_act *act, enu
     model_free(m);
 }
 
+static void check_grads(int nl, const int *units, const enum model_act *act, enum model_loss loss)
+{
+    check_grads_with(nl, units, act, loss, 0, 0);
+}
+
 Test(model, grads_relu_softmax_sparse_cce_fused)
 {
     check_grads(2, (int[]){7, 3}, (enum model_act[]){ACT_RELU, ACT_SOFTMAX}, LOSS_SPARSE_CCE);
@@ -240,6 +271,61 @@ Test(model, grads_hidden_softmax_and_mse_through_softmax)
 Test(model, grads_single_layer_tanh_mse)
 {
     check_grads(1, (int[]){3}, (enum model_act[]){ACT_TANH}, LOSS_MSE);
+}
+
+Test(model, grads_gelu_softplus_swish_hidden)
+{
+    check_grads(4, (int[]){7, 6, 5, 3}, (enum model_act[]){ACT_GELU, ACT_SOFTPLUS, ACT_SWISH, ACT_SOFTMAX},
+                LOSS_SPARSE_CCE);
+}
+
+Test(model, grads_gelu_softplus_swish_deterministic_math)
+{
+    /* the fixed exp, log and erf of deterministic mode, on the portable unit */
+    check_grads_with(4, (int[]){7, 6, 5, 3}, (enum model_act[]){ACT_SWISH, ACT_GELU, ACT_SOFTPLUS, ACT_SOFTMAX},
+                     LOSS_SPARSE_CCE, 0, 1);
+}
+
+Test(model, grads_gelu_last_layer_mse)
+{
+    check_grads(2, (int[]){7, 3}, (enum model_act[]){ACT_SWISH, ACT_GELU}, LOSS_MSE);
+}
+
+Test(model, grads_sparse_cce_from_logits)
+{
+    check_grads_with(2, (int[]){7, 4}, (enum model_act[]){ACT_GELU, ACT_LINEAR}, LOSS_SPARSE_CCE, 1, 0);
+    check_grads_with(2, (int[]){7, 4}, (enum model_act[]){ACT_RELU, ACT_LINEAR}, LOSS_SPARSE_CCE, 1, 1);
+}
+
+Test(model, grads_cce_from_logits_soft_labels)
+{
+    check_grads_with(2, (int[]){7, 4}, (enum model_act[]){ACT_SOFTPLUS, ACT_LINEAR}, LOSS_CCE, 1, 0);
+    check_grads_with(2, (int[]){7, 4}, (enum model_act[]){ACT_TANH, ACT_LINEAR}, LOSS_CCE, 1, 1);
+}
+
+Test(model, from_logits_is_stable_for_large_logits)
+{
+    /* logits of +-200: exp overflows float32 without the max shift, and the
+     * probabilities' clip would cap the loss at -log(1e-7) = 16.1 */
+    struct model_cfg c = base_cfg(2, 1, (int[]){3}, (enum model_act[]){ACT_LINEAR}, LOSS_SPARSE_CCE);
+    c.from_logits = 1;
+    model *m = make(&c);
+    float x[2] = {1.0f, 0.0f};
+    int32_t y[1] = {1};
+    struct model_metrics mt;
+    err e;
+    memset(model_params(m), 0, model_num_params(m) * sizeof(float));
+    model_params(m)[0] = 200.0f;  /* kernel[0][0]: logit 0 = 200 */
+    model_params(m)[1] = -200.0f; /* logit 1 = -200 */
+    cr_assert_eq(model_forward(m, x, 1, NULL, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(model_backward(m, y, 1, &mt, &e), CODE_OK, "%s", e.msg);
+    /* loss = lse - z_1 = 200 + log(1 + e^-200 + e^-400) + 200 = 400 */
+    cr_assert(fabs(mt.loss_sum - 400.0) < 1e-3, "loss %.9g, want 400", mt.loss_sum);
+    cr_assert(isfinite(model_grads(m)[0]) && fabs(model_grads(m)[0] - 1.0f) < 1e-6, "grad %g",
+              (double)model_grads(m)[0]);
+    cr_assert(fabs(model_grads(m)[1] + 1.0f) < 1e-6, "grad %g", (double)model_grads(m)[1]);
+    cr_assert_eq(mt.correct, 0);
+    model_free(m);
 }
 
 Test(model, cross_entropy_clips_probabilities_like_keras)
@@ -706,6 +792,8 @@ Test(model, names)
 {
     cr_assert_str_eq(model_act_name(ACT_RELU), "relu");
     cr_assert_str_eq(model_act_name(ACT_SIGMOID), "sigmoid");
+    cr_assert_str_eq(model_act_name(ACT_GELU), "gelu");
+    cr_assert_str_eq(model_act_name(ACT_SWISH), "swish");
     cr_assert_str_eq(model_loss_name(LOSS_SPARSE_CCE), "sparse_categorical_crossentropy");
     cr_assert_str_eq(model_loss_name(LOSS_MSE), "mean_squared_error");
     cr_assert_str_eq(model_opt_name(OPT_ADAM), "adam");

@@ -67,6 +67,9 @@ typedef enum tpu_activation {
     TPU_ACT_SOFTMAX = 2,
     TPU_ACT_TANH = 3,
     TPU_ACT_SIGMOID = 4,
+    TPU_ACT_GELU = 5,     /* Keras' gelu with approximate=False: 0.5 x (1 + erf(x / sqrt(2))) */
+    TPU_ACT_SOFTPLUS = 6, /* log(1 + exp(x)) */
+    TPU_ACT_SWISH = 7,    /* x sigmoid(x) (Keras' "swish", also "silu") */
 } tpu_activation;
 
 typedef enum tpu_loss {
@@ -233,7 +236,13 @@ typedef struct tpu_compile_options {
      * Slower (docs/design/emulated-core.md). Also runs mixed_bfloat16 on hosts
      * without AVX-512, where oneDNN has no bf16 matmul. */
     int deterministic;
-    uint64_t reserved[8]; /* zero: room to grow (docs/api/conventions.md) */
+    /* Nonzero: the cross-entropy losses take the last layer's output as
+     * logits (Keras' SparseCategoricalCrossentropy(from_logits=True) and
+     * CategoricalCrossentropy(from_logits=True)), computed through a stable
+     * log-softmax on the cores; the last layer is then usually linear.
+     * Accuracy is the argmax of the logits. Mean squared error ignores it. */
+    uint64_t from_logits;
+    uint64_t reserved[7]; /* zero: room to grow (docs/api/conventions.md) */
 } tpu_compile_options;
 
 /* Adam, sparse categorical cross-entropy, accuracy, 1 step per execution,

@@ -287,7 +287,7 @@ static tpu_status add_layer(tpu_model *m, const struct lspec *sp, size_t units, 
     if ((sp->kind == LK_DENSE || sp->kind == LK_CONV2D) && (units < 1 || units > MODEL_UNITS_MAX))
         return cli_failf(TPU_INVALID_ARGUMENT, "%s(%zu): %s must be in 1..%d", lkind_name(sp->kind), units,
                          sp->kind == LK_DENSE ? "units" : "filters", MODEL_UNITS_MAX);
-    if ((unsigned)act > TPU_ACT_SIGMOID)
+    if ((unsigned)act > TPU_ACT_SWISH)
         return cli_failf(TPU_INVALID_ARGUMENT, "%s(%zu): activation %d is unknown", lkind_name(sp->kind), units,
                          (int)act);
     m->spec[m->nlayers] = *sp;
@@ -481,8 +481,8 @@ tpu_status tpu_model_last_step_stats(const tpu_model *m, tpu_step_stats *out)
 
 static const char *act_name(tpu_activation a)
 {
-    static const char *const n[] = {"linear", "relu", "softmax", "tanh", "sigmoid"};
-    return (unsigned)a <= TPU_ACT_SIGMOID ? n[a] : "?";
+    static const char *const n[] = {"linear", "relu", "softmax", "tanh", "sigmoid", "gelu", "softplus", "swish"};
+    return (unsigned)a <= TPU_ACT_SWISH ? n[a] : "?";
 }
 
 /* "784 -> 128 relu -> 10 softmax, adam": what a checkpoint must match. */
@@ -818,6 +818,7 @@ int model_ensure_compiled(tpu_model *m, size_t global_batch, err *e)
     ms.steps_per_execution = m->co.steps_per_execution;
     ms.deterministic = m->co.deterministic != 0;
     ms.gradient_checkpointing = m->remat != 0;
+    ms.from_logits = m->co.from_logits != 0;
     ms.label_dim = m->co.loss == TPU_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY ? 1 : (uint32_t)m->units[m->nlayers - 1];
     h.kind = KIND(COMPILE);
     h.model = &ms;

@@ -133,9 +133,11 @@ class Dense:
 
     def __init__(self, units, activation=None, use_bias=True, kernel_initializer="glorot_uniform",
                  bias_initializer="zeros", input_shape=None, input_dim=None, dtype=None, name=None, **kwargs):
-        if activation not in (None, "linear", "relu", "softmax", "tanh", "sigmoid"):
+        if activation not in (None, "linear", "relu", "softmax", "tanh", "sigmoid", "gelu", "softplus", "swish",
+                              "silu"):
             raise errors.InvalidArgumentValueError(
-                None, None, "Dense: activation %r is not one of the cores' (relu, softmax, tanh, sigmoid, linear)"
+                None, None, "Dense: activation %r is not one of the cores' (relu, softmax, tanh, sigmoid, gelu, "
+                "softplus, swish, linear)"
                 % (activation,))
         if not use_bias or kernel_initializer != "glorot_uniform" or bias_initializer != "zeros" or kwargs:
             raise not_offered("Dense(%s)" % ", ".join(sorted(kwargs) or ["use_bias/initializers"]),

@@ -15,6 +15,7 @@
 
 #include "bf16.h"
 #include "detmath.h"
+#include "norm.h"
 
 #define MODEL_MAX_ROWS (1 << 20)
 #define CLIP_LO 1e-7f           /* Keras' backend epsilon */
@@ -37,6 +38,7 @@ struct layer {
     float *col;                 /* Conv2D: the last forward's patches (im2col), max_rows*outer x in */
     float *mask;                /* Dropout: the last training forward's mask (0 or 1/(1-rate)) */
     uint32_t *arg;              /* MaxPooling2D: which input element each output took, per example */
+    float *pre;                 /* gelu, softplus, swish: the pre-activations, max_rows x osz */
     /* The last forward's bfloat16-rounded input (max_rows x in) and kernel
      * (in x units), kept for the backward matmuls when the model rounds its
      * operands itself (see preround); NULL in float32 models. */
@@ -70,7 +72,7 @@ struct model {
     size_t rec_cap, rec_n;
 };
 
-static const char *const act_names[] = {"linear", "relu", "softmax", "tanh", "sigmoid"};
+static const char *const act_names[] = {"linear", "relu", "softmax", "tanh", "sigmoid", "gelu", "softplus", "swish"};
 static const char *const loss_names[] = {"sparse_categorical_crossentropy", "categorical_crossentropy",
                                          "mean_squared_error"};
 static const char *const opt_names[] = {"sgd", "adam"};
@@ -134,10 +136,11 @@ static int check_cfg(const struct model_cfg *c, err *e)
         if (c->units[l] < 1 || c->units[l] > MODEL_MAX_UNITS)
             return err_set(e, CODE_INVALID_ARGUMENT, "layer %d: units %d is outside 1..%d", l, c->units[l],
                            MODEL_MAX_UNITS);
-        if ((unsigned)c->act[l] > ACT_SIGMOID)
+        if ((unsigned)c->act[l] > ACT_LAST)
             return err_set(e, CODE_INVALID_ARGUMENT,
-                           "layer %d: activation %d is not linear (0), relu (1), softmax (2), tanh (3) or "
-                           "sigmoid (4)", l, (int)c->act[l]);
+                           "layer %d: activation %d is not linear (0), relu (1), softmax (2), tanh (3), "
+                           "sigmoid (4), gelu (5), softplus (6) or swish (7)",
+                           l, (int)c->act[l]);
     }
     if ((unsigned)c->loss > LOSS_MSE)
         return err_set(e, CODE_INVALID_ARGUMENT,
@@ -278,6 +281,8 @@ int model_new(model **out, const struct model_cfg *cfg, mxu *u, err *e)
         }
         if (!L->alias && !(L->a = floats(rows, L->osz)))
             goto oom;
+        if (L->act >= ACT_GELU && !(L->pre = floats(rows, L->osz)))
+            goto oom;
         if (L->kind == LK_DENSE && m->prec == MXU_DEFAULT &&
             (!(L->ar = floats(rows, L->isz)) || !(L->wr = floats((size_t)L->in, (size_t)L->units))))
             goto oom;
@@ -321,6 +326,7 @@ void model_free(model *m)
         free(m->layer[l].col);
         free(m->layer[l].mask);
         free(m->layer[l].arg);
+        free(m->layer[l].pre);
         free(m->layer[l].ar);
         free(m->layer[l].wr);
     }
@@ -511,6 +517,8 @@ static void activate(float *z, const float *b, int rows, int n, enum model_act a
                 v[j] /= sum;
             break;
         }
+        default: /* the others: actx_forward */
+            break;
         }
     }
 }
@@ -547,6 +555,8 @@ static void act_backward(float *d, const float *a, int rows, int n, enum model_a
             for (int j = 0; j < n; j++)
                 gr[j] = (gr[j] - s) * yr[j];
         }
+        break;
+    default: /* the others: actx_backward */
         break;
     }
 }
@@ -637,7 +647,8 @@ static int loss_pass(model *m, const void *y, int rows, struct model_metrics *ou
 {
     const struct layer *L = &m->layer[m->cfg.nlayers - 1];
     enum model_loss loss = m->cfg.loss;
-    int n = L->units, fused = loss != LOSS_MSE && L->act == ACT_SOFTMAX;
+    int logits = m->cfg.from_logits && loss != LOSS_MSE;
+    int n = L->units, fused = loss != LOSS_MSE && L->act == ACT_SOFTMAX && !logits;
     const int32_t *ids = y;
     const float *yf = y;
     struct model_metrics mt = {0, 0, rows};
@@ -662,13 +673,18 @@ static int loss_pass(model *m, const void *y, int rows, struct model_metrics *ou
         size_t o = (size_t)r * (size_t)n;
         const float *p = L->a + o, *yr = loss == LOSS_SPARSE_CCE ? NULL : yf + o;
         int cls = loss == LOSS_SPARSE_CCE ? ids[r] : 0;
-        mt.loss_sum += (double)row_loss(loss, fused, p, n, yr, cls, dz ? dz + o : NULL, m->cfg.deterministic);
+        if (logits)
+            mt.loss_sum += (double)logits_row_loss(loss, p, n, yr, cls, dz ? dz + o : NULL, m->cfg.deterministic);
+        else
+            mt.loss_sum += (double)row_loss(loss, fused, p, n, yr, cls, dz ? dz + o : NULL, m->cfg.deterministic);
         if (loss == LOSS_SPARSE_CCE)
             mt.correct += argmax(p, n) == cls;
         else if (loss == LOSS_CCE)
             mt.correct += argmax(p, n) == argmax(yr, n);
     }
-    if (dz && !fused)
+    if (dz && !fused && L->act >= ACT_GELU)
+        actx_backward(dz, L->pre, (size_t)rows * (size_t)n, L->act, m->cfg.deterministic);
+    else if (dz && !fused)
         act_backward(dz, L->a, rows, n, L->act);
     if (out)
         *out = mt;
@@ -925,7 +941,10 @@ static int forward_layer(model *m, int l, const float *in, int rows, int recompu
             err_prefix(e, "layer %d forward", l);
             return rc;
         }
-        activate(L->a, m->params + L->b, M, L->units, L->act, m->cfg.deterministic);
+        if (L->act >= ACT_GELU)
+            actx_forward(L->a, m->params + L->b, M, L->units, L->act, m->cfg.deterministic, L->pre);
+        else
+            activate(L->a, m->params + L->b, M, L->units, L->act, m->cfg.deterministic);
         break;
     case LK_FLATTEN:
     case LK_RESHAPE:
@@ -1100,7 +1119,10 @@ int model_backward(model *m, const void *y, int rows, struct model_metrics *out,
         }
         if (l > 0) {
             const struct layer *P = &m->layer[l - 1];
-            act_backward(dn, P->a, rows * P->outer, (int)(P->osz / (size_t)(P->outer ? P->outer : 1)), P->act);
+            if (P->act >= ACT_GELU)
+                actx_backward(dn, P->pre, (size_t)rows * P->osz, P->act, m->cfg.deterministic);
+            else
+                act_backward(dn, P->a, rows * P->outer, (int)(P->osz / (size_t)(P->outer ? P->outer : 1)), P->act);
             d = dn;
         }
         if (m->rec)

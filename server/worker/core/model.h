@@ -36,7 +36,19 @@
 #define MODEL_MAX_LAYERS 16
 #define MODEL_MAX_UNITS 65536
 
-enum model_act { ACT_LINEAR = 0, ACT_RELU = 1, ACT_SOFTMAX = 2, ACT_TANH = 3, ACT_SIGMOID = 4 };
+/* gelu (Keras' default approximate=False, the erf form), softplus and swish
+ * keep their pre-activations for the backward pass (norm.h). */
+enum model_act {
+    ACT_LINEAR = 0,
+    ACT_RELU = 1,
+    ACT_SOFTMAX = 2,
+    ACT_TANH = 3,
+    ACT_SIGMOID = 4,
+    ACT_GELU = 5,
+    ACT_SOFTPLUS = 6,
+    ACT_SWISH = 7,
+};
+#define ACT_LAST ACT_SWISH
 /* SPARSE_CCE: y is int32 class ids; CCE: y is rows x units floats (one-hot or
  * soft, each row summing to 1); MSE: y is rows x units floats. Cross-entropies
  * are computed from the probabilities as Keras does, with them clipped to
@@ -48,6 +60,8 @@ enum model_act { ACT_LINEAR = 0, ACT_RELU = 1, ACT_SOFTMAX = 2, ACT_TANH = 3, AC
  * taken through the fused softmax + cross-entropy (p - y), which is what
  * Keras' clipped formula differentiates to inside the clip range; any other
  * last layer differentiates the clipped formula (zero outside the range).
+ * With from_logits (model_cfg) the cross-entropies take the last layer's
+ * output as logits, through a numerically stable log-softmax (norm.h).
  * Accuracy: argmax of the output (first maximum) against the class id
  * (SPARSE_CCE) or the argmax of y (CCE). */
 enum model_loss { LOSS_SPARSE_CCE = 0, LOSS_CCE = 1, LOSS_MSE = 2 };
@@ -100,6 +114,9 @@ struct model_cfg {
      * there). The same bits as without it; HBM holds the kept outputs and
      * one segment's. */
     int remat;
+    /* The cross-entropies take the last layer's output as logits (Keras'
+     * from_logits=True); MSE ignores it. */
+    int from_logits;
 };
 
 /* Per step metrics over the rows of one shard (summed, so shards add up). */

@@ -118,6 +118,8 @@ static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cf
                 seg += b * g.out.d[0] * g.out.d[1] * (int64_t)ls.kh * ls.kw * prev * esz;
             if (!kept && ls.kind != LK_FLATTEN && ls.kind != LK_RESHAPE)
                 seg += b * (int64_t)lshape_size(&g.out) * esz;
+            if (!kept && cfg->act[l] >= ACT_GELU)
+                seg += b * (int64_t)lshape_size(&g.out) * 4;
             if (ls.kind == LK_DROPOUT)
                 seg += b * (int64_t)lshape_size(&g.out);
             if (seg > seg_max)
@@ -137,6 +139,10 @@ static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cf
                 REQ(HBM_ACTIVATIONS, adt, 3, b, g.out.d[0], g.out.d[1]);
             else
                 REQ(HBM_ACTIVATIONS, adt, 4, b, g.out.d[0], g.out.d[1], g.out.d[2]);
+        }
+        if (cfg->act[l] >= ACT_GELU && kept) { /* gelu, softplus, swish: their inputs, for the backward pass */
+            NAME("%s/preactivations", lname);
+            REQ(HBM_ACTIVATIONS, "f32", 2, b, (int64_t)lshape_size(&g.out));
         }
         if (ls.kind == LK_DROPOUT && !cfg->remat) {
             NAME("%s/mask", lname);
@@ -235,7 +241,7 @@ static int cfg_from_spec(const Tpuemu__ModelSpec *sp, struct model_cfg *cfg, err
     for (size_t l = 0; l < sp->n_layers; l++) {
         const Tpuemu__LayerSpec *ls = sp->layers[l];
         struct lspec *k = &cfg->kind[l];
-        if ((unsigned)ls->activation > TPUEMU__ACTIVATION__ACTIVATION_SIGMOID)
+        if ((unsigned)ls->activation > TPUEMU__ACTIVATION__ACTIVATION_SWISH)
             return err_set(e, CODE_INVALID_ARGUMENT, "layer %zu: activation %d is unknown", l, (int)ls->activation);
         if ((unsigned)ls->kind > LK_LAST)
             return err_set(e, CODE_INVALID_ARGUMENT, "layer %zu: kind %d is unknown", l, (int)ls->kind);
@@ -291,6 +297,7 @@ static int cfg_from_spec(const Tpuemu__ModelSpec *sp, struct model_cfg *cfg, err
         return rc;
     cfg->deterministic = sp->deterministic;
     cfg->remat = sp->gradient_checkpointing;
+    cfg->from_logits = sp->from_logits;
     cfg->precision = sp->mixed_bfloat16 ? MODEL_MIXED_BF16 : MODEL_FLOAT32;
     cfg->seed = sp->seed;
     if (sp->batch_per_core < 1 || sp->batch_per_core > (1u << 20))
