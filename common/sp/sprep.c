@@ -53,7 +53,6 @@ struct sprep {
     size_t untrusted_big;  /* bytes of large requests being read from untrusted connections */
     int closing, listener_open;
     uint64_t seq;
-    struct sprep_stats st;
     uint8_t rbuf[READ_CHUNK]; /* read buffer shared by every connection (one read at a time) */
 };
 
@@ -179,11 +178,9 @@ static void on_timer(uv_timer_t *t)
     if (c->closing)
         return;
     if (!c->trusted) {
-        s->st.expired++;
         log_evict(s, c, c->rd == RD_SPHDR ? "no SP header in time" : "no authenticated request in time");
         conn_close(c);
     } else if (now - c->last_ms >= s->cfg.idle_ms) {
-        s->st.expired++;
         log_debug("idle connection closed", "port=%s peer=%s idle_ms=%llu", s->cfg.name, log_q(c->peer),
                   (unsigned long long)(now - c->last_ms));
         conn_close(c);
@@ -197,7 +194,6 @@ static void make_trusted(struct sprep *s, struct spconn *c)
     if (s->ntrusted >= s->cfg.max_trusted) {
         struct spconn *old = pick(s, 1, c);
         if (old) {
-            s->st.evicted_trusted++;
             log_evict(s, old, "every trusted connection was taken: the one silent for longest made room");
             conn_close(old);
         }
@@ -430,7 +426,6 @@ static void on_connection(uv_stream_t *server, int status)
     if (status < 0) {
         /* out of descriptors: libuv accepted and closed the connection with
          * its reserve descriptor, so this does not spin */
-        s->st.refused_fds++;
         uvtcp_accept_failed(s->cfg.name, s->shown, status);
         return;
     }
@@ -439,7 +434,6 @@ static void on_connection(uv_stream_t *server, int status)
     if (s->nuntrusted >= s->cfg.max_untrusted) {
         struct spconn *old = pick(s, 0, NULL);
         if (old) {
-            s->st.evicted_untrusted++;
             log_evict(s, old, "every slot for connections not yet authenticated was taken: the oldest made room");
             conn_close(old);
         }
@@ -466,7 +460,6 @@ static void on_connection(uv_stream_t *server, int status)
         conn_close(c);
         return;
     }
-    s->st.accepted++;
     uvtcp_peer_name(&c->tcp, c->peer, sizeof c->peer);
     uv_tcp_nodelay(&c->tcp, 1);
     uv_timer_start(&c->timer, on_timer, s->cfg.untrusted_ms, 0);

@@ -61,11 +61,6 @@ struct sprep_cfg {
     void *data;             /* the owner's; passed to vouch */
 };
 
-struct sprep_stats {
-    unsigned trusted, untrusted;
-    unsigned long long accepted, evicted_untrusted, evicted_trusted, expired, refused_fds;
-};
-
 /* Listens on host:port (port 0: the kernel picks; *port_out gets it). */
 int sprep_start(uv_loop_t *loop, const char *host, int port, const struct sprep_cfg *cfg, sprep **out,
                 int *port_out, err *e);

@@ -7,12 +7,6 @@
 
 #include <limits.h>
 
-unsigned topo_cores_per_chip(const char *t)
-{
-    const struct slice_type *st = slice_type_find(t);
-    return st ? st->cores_per_chip : 1u;
-}
-
 void topo_mesh(const char *t, unsigned n, unsigned shape[4])
 {
     slice_mesh(slice_type_find(t), n, shape);

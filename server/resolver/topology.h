@@ -8,9 +8,6 @@
 
 #include <stddef.h>
 
-/* 2 for v2/v3, 1 otherwise. */
-unsigned topo_cores_per_chip(const char *tpu_type);
-
 /* shape = [x, y, z, cores_per_chip] for n cores (n >= 1) of tpu_type.
  * v2-8 -> [2,2,1,2]; v3-32 -> [4,4,1,2]; v4-16 -> [2,2,2,1]. */
 void topo_mesh(const char *tpu_type, unsigned n, unsigned shape[4]);
