@@ -23,15 +23,26 @@ void lshape_format(const struct lshape *s, char *buf, size_t n)
 
 const char *lkind_name(enum lkind k)
 {
-    static const char *const n[] = {"Dense",   "Flatten",   "Conv2D",  "MaxPooling2D", "AveragePooling2D",
-                                    "GlobalAveragePooling2D", "Dropout", "Reshape"};
+    static const char *const n[] = {
+        "Dense",   "Flatten", "Conv2D",    "MaxPooling2D",           "AveragePooling2D",   "GlobalAveragePooling2D",
+        "Dropout", "Reshape", "Embedding", "GlobalAveragePooling1D", "MultiHeadAttention", "Add"};
     return (unsigned)k <= LK_LAST ? n[k] : "unknown";
 }
 
 const char *lkind_prefix(enum lkind k)
 {
-    static const char *const n[] = {"dense",           "flatten",  "conv2d",  "max_pooling2d", "average_pooling2d",
-                                    "global_average_pooling2d", "dropout", "reshape"};
+    static const char *const n[] = {"dense",
+                                    "flatten",
+                                    "conv2d",
+                                    "max_pooling2d",
+                                    "average_pooling2d",
+                                    "global_average_pooling2d",
+                                    "dropout",
+                                    "reshape",
+                                    "embedding",
+                                    "global_average_pooling1d",
+                                    "multi_head_attention",
+                                    "add"};
     return (unsigned)k <= LK_LAST ? n[k] : "unknown";
 }
 
@@ -127,6 +138,47 @@ int lshape_apply(const struct lspec *s, const struct lshape *in, struct lgeom *g
         g->out.rank = 1;
         g->out.d[0] = in->d[2];
         g->out.d[1] = g->out.d[2] = 0;
+        break;
+    case LK_EMBEDDING:
+        if (in->rank != 1)
+            return snprintf(why, n, "Embedding needs a (sequence_length) input of token ids, not %s", is), -1;
+        if (s->vocab < 1 || s->vocab > LSHAPE_MAX_SIZE)
+            return snprintf(why, n, "Embedding: input_dim %d is outside 1..%d", s->vocab, LSHAPE_MAX_SIZE), -1;
+        if (s->units < 1 || s->units > LSHAPE_MAX_DIM)
+            return snprintf(why, n, "Embedding: output_dim %d is outside 1..%d", s->units, LSHAPE_MAX_DIM), -1;
+        g->out.rank = 2;
+        g->out.d[1] = s->units;
+        g->kernel = (size_t)s->vocab * (size_t)s->units + (s->positions ? (size_t)in->d[0] * (size_t)s->units : 0);
+        break;
+    case LK_GLOBAL_AVG_POOL1D:
+        if (in->rank != 2)
+            return snprintf(why, n, "GlobalAveragePooling1D needs a (steps, features) input, not %s", is), -1;
+        g->out.rank = 1;
+        g->out.d[0] = in->d[1];
+        g->out.d[1] = g->out.d[2] = 0;
+        break;
+    case LK_MULTI_HEAD_ATTENTION: {
+        size_t f, hk, hv;
+        if (in->rank != 2)
+            return snprintf(why, n, "MultiHeadAttention needs a (sequence_length, features) input, not %s", is), -1;
+        if (s->heads < 1 || s->heads > 256 || s->key_dim < 1 || s->key_dim > 4096 || s->value_dim < 0 ||
+            s->value_dim > 4096)
+            return snprintf(why, n,
+                            "MultiHeadAttention: num_heads %d, key_dim %d or value_dim %d is outside "
+                            "1..256, 1..4096 and 0..4096",
+                            s->heads, s->key_dim, s->value_dim),
+                   -1;
+        f = (size_t)in->d[1];
+        hk = (size_t)s->heads * (size_t)s->key_dim;
+        hv = (size_t)s->heads * (size_t)(s->value_dim ? s->value_dim : s->key_dim);
+        /* query, key, value and output kernels; their biases */
+        g->kernel = 2 * f * hk + f * hv + hv * f;
+        g->bias = 2 * hk + hv + f;
+        break;
+    }
+    case LK_ADD: /* the other operand's shape is the model's to check */
+        if (s->from < 0 || s->from >= LSHAPE_MAX_DIM)
+            return snprintf(why, n, "Add: layer %d is not a layer before it", s->from), -1;
         break;
     default:
         return snprintf(why, n, "layer kind %d is unknown", (int)s->kind), -1;

@@ -27,8 +27,12 @@ enum lkind {
     LK_GLOBAL_AVG_POOL2D = 5,
     LK_DROPOUT = 6,
     LK_RESHAPE = 7,
+    LK_EMBEDDING = 8,
+    LK_GLOBAL_AVG_POOL1D = 9,
+    LK_MULTI_HEAD_ATTENTION = 10,
+    LK_ADD = 11,
 };
-#define LK_LAST LK_RESHAPE
+#define LK_LAST LK_ADD
 
 struct lshape {
     int rank;                   /* 1..3 */
@@ -44,6 +48,11 @@ struct lspec {
     int same;                   /* padding "same" (1) or "valid" (0) */
     float rate;                 /* Dropout: fraction dropped, [0, 1) */
     struct lshape target;       /* Reshape: target_shape */
+    int vocab;                  /* Embedding: input_dim (token ids 0..vocab-1); units is output_dim */
+    int positions;              /* Embedding: plus a learned position embedding (keras_nlp's
+                                   TokenAndPositionEmbedding) */
+    int heads, key_dim, value_dim; /* MultiHeadAttention; value_dim 0 = key_dim */
+    int from;                      /* Add: the layer whose input is added to this layer's input */
 };
 
 /* Number of floats in a shape. */

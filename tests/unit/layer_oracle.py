@@ -13,7 +13,8 @@ import sys
 
 import numpy as np
 
-DENSE, FLATTEN, CONV2D, MAXPOOL, AVGPOOL, GAP, DROPOUT, RESHAPE = range(8)
+(DENSE, FLATTEN, CONV2D, MAXPOOL, AVGPOOL, GAP, DROPOUT, RESHAPE, EMBEDDING, GAP1D, MHA,
+ ADD) = range(12)
 
 
 def act(v, name):
@@ -73,11 +74,40 @@ def pool(x, k, strides, same, kind):
     return y
 
 
+def mha(x, p, w, heads, key_dim, value_dim):
+    """Keras' MultiHeadAttention(heads, key_dim, value_dim)(x, x): its weights
+    in Keras' order, the einsums as keras.layers.MultiHeadAttention writes them."""
+    f = x.shape[-1]
+    vd = value_dim or key_dim
+
+    def take(*shape):
+        nonlocal w
+        n = int(np.prod(shape))
+        v = p[w:w + n].reshape(shape)
+        w += n
+        return v
+    qk, qb = take(f, heads, key_dim), take(heads, key_dim)
+    kk, kb = take(f, heads, key_dim), take(heads, key_dim)
+    vk, vb = take(f, heads, vd), take(heads, vd)
+    ok, ob = take(heads, vd, f), take(f)
+    q = np.einsum("abc,cde->abde", x, qk) + qb
+    k = np.einsum("abc,cde->abde", x, kk) + kb
+    v = np.einsum("abc,cde->abde", x, vk) + vb
+    q = q / np.sqrt(key_dim)
+    scores = np.einsum("aecd,abcd->acbe", k, q)
+    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    scores /= scores.sum(axis=-1, keepdims=True)
+    o = np.einsum("acbe,aecd->abcd", scores, v)
+    return np.einsum("abcd,cde->abe", o, ok) + ob
+
+
 def forward(case):
     rows = case["rows"]
     x = np.array(case["x"], dtype=np.float64).reshape([rows] + case["input_shape"])
     p = np.array(case["params"], dtype=np.float64)
+    inputs = []
     for L in case["layers"]:
+        inputs.append(x)
         kind = L["kind"]
         if kind == DENSE:
             n_in = x.shape[-1]
@@ -102,6 +132,22 @@ def forward(case):
             x = x.reshape([rows] + L["target"][:L["target_rank"]])
         elif kind == DROPOUT:
             pass  # inference: the identity
+        elif kind == EMBEDDING:
+            ids = x.astype(np.int64)
+            assert (ids == x).all()
+            d = L["units"]
+            table = p[L["w"]:L["w"] + L["vocab"] * d].reshape(L["vocab"], d)
+            x = table[ids]
+            if L["positions"]:
+                seq = ids.shape[1]
+                base = L["w"] + L["vocab"] * d
+                x = x + p[base:base + seq * d].reshape(seq, d)
+        elif kind == GAP1D:
+            x = x.mean(axis=1)
+        elif kind == MHA:
+            x = mha(x, p, L["w"], L["heads"], L["key_dim"], L["value_dim"])
+        elif kind == ADD:
+            x = x + inputs[L["from"]]
         else:
             raise ValueError(kind)
     return x
@@ -122,7 +168,7 @@ def main():
     lines = [json.loads(line) for line in dump.splitlines() if line.strip()]
     cases = [c for c in lines if "loss" not in c]
     losses = [c for c in lines if "loss" in c]
-    assert len(cases) >= 10, f"only {len(cases)} cases dumped"
+    assert len(cases) >= 14, f"only {len(cases)} cases dumped"
     assert len(losses) >= 2, f"only {len(losses)} loss cases dumped"
     bad = 0
     for case in losses:

@@ -13,9 +13,10 @@ struct lcase {
     const char *name;
     int h, w, c;
     int n;                   /* layers before the final Dense */
-    struct lspec l[4];
-    int units[4];
-    enum model_act act[4];
+    struct lspec l[6];
+    int units[6];
+    enum model_act act[6];
+    struct lshape in; /* rank 0: (h, w, c) */
 };
 
 static float frand(unsigned *s)
@@ -109,7 +110,8 @@ int main(void)
          2,
          {{.kind = LK_CONV2D, .kh = 3, .kw = 3, .same = 1}, {.kind = LK_FLATTEN}},
          {4, 0},
-         {ACT_RELU, ACT_LINEAR}},
+         {ACT_RELU, ACT_LINEAR},
+         {0, {0, 0, 0}}},
         {"conv2d_valid_strided_tanh",
          7,
          6,
@@ -117,7 +119,8 @@ int main(void)
          2,
          {{.kind = LK_CONV2D, .kh = 3, .kw = 2, .sh = 2, .sw = 2}, {.kind = LK_FLATTEN}},
          {3, 0},
-         {ACT_TANH, ACT_LINEAR}},
+         {ACT_TANH, ACT_LINEAR},
+         {0, {0, 0, 0}}},
         {"conv2d_same_stride2_even",
          6,
          6,
@@ -125,7 +128,8 @@ int main(void)
          2,
          {{.kind = LK_CONV2D, .kh = 3, .kw = 3, .sh = 2, .sw = 2, .same = 1}, {.kind = LK_FLATTEN}},
          {2, 0},
-         {ACT_SIGMOID, ACT_LINEAR}},
+         {ACT_SIGMOID, ACT_LINEAR},
+         {0, {0, 0, 0}}},
         {"max_pooling2d_valid",
          6,
          5,
@@ -133,7 +137,8 @@ int main(void)
          2,
          {{.kind = LK_MAX_POOL2D, .kh = 2, .kw = 2}, {.kind = LK_FLATTEN}},
          {0, 0},
-         {ACT_LINEAR, ACT_LINEAR}},
+         {ACT_LINEAR, ACT_LINEAR},
+         {0, {0, 0, 0}}},
         {"max_pooling2d_same_overlapping",
          7,
          7,
@@ -141,7 +146,8 @@ int main(void)
          2,
          {{.kind = LK_MAX_POOL2D, .kh = 3, .kw = 3, .sh = 2, .sw = 2, .same = 1}, {.kind = LK_FLATTEN}},
          {0, 0},
-         {ACT_LINEAR, ACT_LINEAR}},
+         {ACT_LINEAR, ACT_LINEAR},
+         {0, {0, 0, 0}}},
         {"average_pooling2d_same_edges",
          5,
          5,
@@ -149,8 +155,9 @@ int main(void)
          2,
          {{.kind = LK_AVG_POOL2D, .kh = 2, .kw = 2, .same = 1}, {.kind = LK_FLATTEN}},
          {0, 0},
-         {ACT_LINEAR, ACT_LINEAR}},
-        {"global_average_pooling2d", 4, 3, 5, 1, {{.kind = LK_GLOBAL_AVG_POOL2D}}, {0}, {ACT_LINEAR}},
+         {ACT_LINEAR, ACT_LINEAR},
+         {0, {0, 0, 0}}},
+        {"global_average_pooling2d", 4, 3, 5, 1, {{.kind = LK_GLOBAL_AVG_POOL2D}}, {0}, {ACT_LINEAR}, {0, {0, 0, 0}}},
         {"reshape_dense_last_axis",
          4,
          3,
@@ -158,7 +165,8 @@ int main(void)
          3,
          {{.kind = LK_RESHAPE, .target = {2, {6, 4, 0}}}, {.kind = LK_DENSE}, {.kind = LK_FLATTEN}},
          {0, 5, 0},
-         {ACT_LINEAR, ACT_TANH, ACT_LINEAR}},
+         {ACT_LINEAR, ACT_TANH, ACT_LINEAR},
+         {0, {0, 0, 0}}},
         {"dropout_at_inference",
          3,
          3,
@@ -166,7 +174,8 @@ int main(void)
          2,
          {{.kind = LK_DROPOUT, .rate = 0.5f}, {.kind = LK_FLATTEN}},
          {0, 0},
-         {ACT_LINEAR, ACT_LINEAR}},
+         {ACT_LINEAR, ACT_LINEAR},
+         {0, {0, 0, 0}}},
         {"dense_gelu_softplus_swish",
          3,
          2,
@@ -174,7 +183,49 @@ int main(void)
          4,
          {{.kind = LK_FLATTEN}, {.kind = LK_DENSE}, {.kind = LK_DENSE}, {.kind = LK_DENSE}},
          {0, 6, 5, 4},
-         {ACT_LINEAR, ACT_GELU, ACT_SOFTPLUS, ACT_SWISH}},
+         {ACT_LINEAR, ACT_GELU, ACT_SOFTPLUS, ACT_SWISH},
+         {0, {0, 0, 0}}},
+        {"embedding",
+         0,
+         0,
+         0,
+         2,
+         {{.kind = LK_EMBEDDING, .vocab = 11}, {.kind = LK_FLATTEN}},
+         {4, 0},
+         {ACT_LINEAR, ACT_LINEAR},
+         {1, {5, 0, 0}}},
+        {"embedding_with_positions_global_average_pooling1d",
+         0,
+         0,
+         0,
+         2,
+         {{.kind = LK_EMBEDDING, .vocab = 6, .positions = 1}, {.kind = LK_GLOBAL_AVG_POOL1D}},
+         {3, 0},
+         {ACT_LINEAR, ACT_LINEAR},
+         {1, {7, 0, 0}}},
+        {"multi_head_attention",
+         0,
+         0,
+         0,
+         2,
+         {{.kind = LK_MULTI_HEAD_ATTENTION, .heads = 3, .key_dim = 2, .value_dim = 4}, {.kind = LK_FLATTEN}},
+         {0, 0},
+         {ACT_LINEAR, ACT_LINEAR},
+         {2, {6, 5, 0}}},
+        {"attention_with_residuals",
+         0,
+         0,
+         0,
+         6,
+         {{.kind = LK_MULTI_HEAD_ATTENTION, .heads = 2, .key_dim = 4},
+          {.kind = LK_ADD, .from = 0},
+          {.kind = LK_DENSE},
+          {.kind = LK_DENSE},
+          {.kind = LK_ADD, .from = 2},
+          {.kind = LK_GLOBAL_AVG_POOL1D}},
+         {0, 0, 8, 4, 0, 0},
+         {ACT_LINEAR, ACT_LINEAR, ACT_RELU, ACT_LINEAR, ACT_LINEAR, ACT_LINEAR},
+         {2, {5, 4, 0}}},
     };
     mxu *u;
     err e;
@@ -189,8 +240,8 @@ int main(void)
         unsigned s = 1000u + (unsigned)k;
         const int rows = 3;
         memset(&cfg, 0, sizeof cfg);
-        cfg.in_dim = lc->h * lc->w * lc->c;
-        cfg.in_shape = (struct lshape){3, {lc->h, lc->w, lc->c}};
+        cfg.in_shape = lc->in.rank ? lc->in : (struct lshape){3, {lc->h, lc->w, lc->c}};
+        cfg.in_dim = (int)lshape_size(&cfg.in_shape);
         for (int l = 0; l < lc->n; l++) {
             cfg.kind[l] = lc->l[l];
             cfg.units[l] = lc->units[l];
@@ -211,24 +262,28 @@ int main(void)
         }
         size_t nx = (size_t)rows * (size_t)cfg.in_dim, np = model_num_params(m);
         float *x = malloc(nx * sizeof *x), out[3 * 3];
-        for (size_t i = 0; i < nx; i++)
-            x[i] = frand(&s);
+        for (size_t i = 0; i < nx; i++) /* token ids for an Embedding */
+            x[i] = lc->l[0].kind == LK_EMBEDDING ? (float)(i * 7 % (size_t)lc->l[0].vocab) : frand(&s);
         for (size_t i = 0; i < np; i++)   /* biases too, so the oracle sees them */
             model_params(m)[i] += 0.05f * frand(&s);
         if (model_forward(m, x, rows, out, &e) != CODE_OK) {
             fprintf(stderr, "layer_oracle_dump: case %s: %s\n", lc->name, e.msg);
             return 1;
         }
-        printf("{\"name\": \"%s\", \"rows\": %d, \"input_shape\": [%d, %d, %d], \"layers\": [", lc->name, rows,
-               lc->h, lc->w, lc->c);
+        printf("{\"name\": \"%s\", \"rows\": %d, \"input_shape\": [", lc->name, rows);
+        for (int i = 0; i < cfg.in_shape.rank; i++)
+            printf("%s%d", i ? ", " : "", cfg.in_shape.d[i]);
+        printf("], \"layers\": [");
         for (int l = 0; l < cfg.nlayers; l++) {
             const struct lspec *sp = &cfg.kind[l];
             printf("%s{\"kind\": %d, \"units\": %d, \"act\": \"%s\", \"k\": [%d, %d], \"s\": [%d, %d], "
                    "\"same\": %d, \"rate\": %g, \"target\": [%d, %d, %d], \"target_rank\": %d, \"w\": %zu, "
-                   "\"b\": %zu}",
+                   "\"b\": %zu, \"vocab\": %d, \"positions\": %d, \"heads\": %d, \"key_dim\": %d, "
+                   "\"value_dim\": %d, \"from\": %d}",
                    l ? ", " : "", (int)sp->kind, cfg.units[l], model_act_name(cfg.act[l]), sp->kh, sp->kw, sp->sh,
                    sp->sw, sp->same, (double)sp->rate, sp->target.d[0], sp->target.d[1], sp->target.d[2],
-                   sp->target.rank, model_kernel_offset(m, l), model_bias_offset(m, l));
+                   sp->target.rank, model_kernel_offset(m, l), model_bias_offset(m, l), sp->vocab, sp->positions,
+                   sp->heads, sp->key_dim, sp->value_dim, sp->from);
         }
         printf("]");
         arr("x", x, nx);

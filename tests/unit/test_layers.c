@@ -90,8 +90,9 @@ static void gradcheck(const struct model_cfg *cfg, int rows, int training, size_
 
     cr_assert_eq(model_new(&m, cfg, u, &e), CODE_OK, "%s", e.msg);
     cr_assert_leq((size_t)rows * (size_t)cfg->in_dim, sizeof x / sizeof *x);
-    for (int i = 0; i < rows * cfg->in_dim; i++)
-        x[i] = frand(&s);
+    for (int i = 0; i < rows * cfg->in_dim; i++) /* token ids for an Embedding */
+        x[i] = cfg->kind[0].kind == LK_EMBEDDING ? (float)((unsigned)(i * 5 + 1) % (unsigned)cfg->kind[0].vocab)
+                                                 : frand(&s);
     for (int r = 0; r < rows; r++)
         y[r] = (int32_t)((unsigned)(r * 7 + 3) % (unsigned)cfg->units[cfg->nlayers - 1]);
     np = model_num_params(m);
@@ -414,4 +415,117 @@ Test(layers, gradient_checkpointing_gives_the_same_bits)
     cr_assert_gt(fb, fa, "the recomputation's FLOPs are not counted");
     model_free(ma);
     model_free(mb);
+}
+
+/* ---- the sequence layers ---- */
+
+static struct model_cfg seq_cfg(int steps, int features)
+{
+    struct model_cfg c = cfg0(1, 1, steps * features);
+    c.in_shape = features ? (struct lshape){2, {steps, features, 0}} : (struct lshape){1, {steps, 0, 0}};
+    c.in_dim = steps * (features ? features : 1);
+    return c;
+}
+
+static void add_mha(struct model_cfg *c, int heads, int key_dim, int value_dim)
+{
+    struct lspec *s = &c->kind[c->nlayers];
+    s->heads = heads, s->key_dim = key_dim, s->value_dim = value_dim;
+    add(c, LK_MULTI_HEAD_ATTENTION, 0, ACT_LINEAR);
+}
+
+static void add_add(struct model_cfg *c, int from)
+{
+    c->kind[c->nlayers].from = from;
+    add(c, LK_ADD, 0, ACT_LINEAR);
+}
+
+Test(layers, embedding_with_positions_gradients)
+{
+    struct model_cfg c = seq_cfg(6, 0);
+    c.kind[0].vocab = 7;
+    c.kind[0].positions = 1;
+    add(&c, LK_EMBEDDING, 4, ACT_LINEAR);
+    add(&c, LK_GLOBAL_AVG_POOL1D, 0, ACT_LINEAR);
+    add(&c, LK_DENSE, 3, ACT_SOFTMAX);
+    gradcheck(&c, 3, 0, 1);
+}
+
+Test(layers, multi_head_attention_gradients)
+{
+    struct model_cfg c = seq_cfg(5, 3);
+    add(&c, LK_DENSE, 4, ACT_TANH); /* per position: so the attention's input gradient is checked too */
+    add_mha(&c, 2, 3, 2);
+    add(&c, LK_FLATTEN, 0, ACT_LINEAR);
+    add(&c, LK_DENSE, 3, ACT_SOFTMAX);
+    gradcheck(&c, 3, 0, 1);
+}
+
+Test(layers, transformer_encoder_block_gradients)
+{
+    /* Embedding, attention + residual, feed-forward + residual, pooling */
+    struct model_cfg c = seq_cfg(5, 0);
+    c.kind[0].vocab = 9;
+    c.kind[0].positions = 1;
+    add(&c, LK_EMBEDDING, 4, ACT_LINEAR);
+    add_mha(&c, 2, 2, 0);
+    add_add(&c, 1); /* the attention's input + its output */
+    add(&c, LK_DENSE, 6, ACT_TANH);
+    add(&c, LK_DENSE, 4, ACT_LINEAR);
+    add_add(&c, 3); /* the feed-forward's input + its output */
+    add(&c, LK_GLOBAL_AVG_POOL1D, 0, ACT_LINEAR);
+    add(&c, LK_DENSE, 3, ACT_SOFTMAX);
+    gradcheck(&c, 3, 0, 1);
+}
+
+Test(layers, embedding_rejects_token_ids_outside_its_table)
+{
+    struct model_cfg c = seq_cfg(4, 0);
+    model *m;
+    err e;
+    float x[2 * 4] = {0, 1, 2, 3, 4, 5, 6, 10};
+    c.kind[0].vocab = 10;
+    add(&c, LK_EMBEDDING, 3, ACT_LINEAR);
+    add(&c, LK_GLOBAL_AVG_POOL1D, 0, ACT_LINEAR);
+    add(&c, LK_DENSE, 2, ACT_SOFTMAX);
+    cr_assert_eq(model_new(&m, &c, u, &e), CODE_OK, "%s", e.msg);
+    cr_assert_eq(model_forward(m, x, 2, NULL, &e), CODE_INVALID_ARGUMENT);
+    cr_expect(strstr(e.msg, "row 1, position 3: token id 10 is not an integer in 0..9"), "%s", e.msg);
+    x[7] = 2.5f;
+    cr_assert_eq(model_forward(m, x, 2, NULL, &e), CODE_INVALID_ARGUMENT);
+    cr_expect(strstr(e.msg, "token id 2.5"), "%s", e.msg);
+    x[7] = -1.0f;
+    cr_assert_eq(model_forward(m, x, 2, NULL, &e), CODE_INVALID_ARGUMENT);
+    x[7] = 9.0f;
+    cr_assert_eq(model_forward(m, x, 2, NULL, &e), CODE_OK, "%s", e.msg);
+    model_free(m);
+}
+
+Test(layers, sequence_layer_shape_rules)
+{
+    model *m;
+    err e;
+    struct model_cfg c = seq_cfg(4, 0);
+    add(&c, LK_DENSE, 3, ACT_RELU);
+    c.kind[1].vocab = 5;
+    add(&c, LK_EMBEDDING, 3, ACT_LINEAR);
+    add(&c, LK_DENSE, 2, ACT_SOFTMAX);
+    cr_assert_eq(model_new(&m, &c, u, &e), CODE_INVALID_ARGUMENT);
+    cr_expect(strstr(e.msg, "layer 1: Embedding takes token ids: it must be the first layer"), "%s", e.msg);
+
+    c = seq_cfg(4, 3);
+    add(&c, LK_DENSE, 5, ACT_RELU);
+    add_add(&c, 0); /* (4, 5) + the (4, 3) input */
+    add(&c, LK_FLATTEN, 0, ACT_LINEAR);
+    add(&c, LK_DENSE, 2, ACT_SOFTMAX);
+    cr_assert_eq(model_new(&m, &c, u, &e), CODE_INVALID_ARGUMENT);
+    cr_expect(strstr(e.msg, "Add needs inputs of one shape, but layer 0 takes (None, 4, 3) and this one (None, 4, 5)"),
+              "%s", e.msg);
+
+    c = seq_cfg(12, 0);
+    add_mha(&c, 2, 4, 0);
+    add(&c, LK_DENSE, 2, ACT_SOFTMAX);
+    cr_assert_eq(model_new(&m, &c, u, &e), CODE_INVALID_ARGUMENT);
+    cr_expect(strstr(e.msg, "MultiHeadAttention needs a (sequence_length, features) input, not (None, 12)"), "%s",
+              e.msg);
 }

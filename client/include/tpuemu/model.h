@@ -208,6 +208,41 @@ TPU_API tpu_status tpu_model_add_reshape(tpu_model *m, const size_t *dims, size_
  * (kept values scaled by 1/(1 - rate)); evaluate and predict pass the
  * values through. rate in [0, 1). */
 TPU_API tpu_status tpu_model_add_dropout(tpu_model *m, float rate);
+/* Embedding(input_dim, output_dim): the model's input rows are token ids
+ * (sequence_length floats per example, each an integer in
+ * 0..input_dim-1; tpu_model_set_input_shape is not needed), each looked up
+ * in a (input_dim, output_dim) table initialized as Keras' "uniform"
+ * (-0.05 to 0.05): (sequence_length) -> (sequence_length, output_dim). The
+ * first layer only. An id that is not an integer in range fails the step
+ * with TPU_INVALID_ARGUMENT naming the row and position. */
+TPU_API tpu_status tpu_model_add_embedding(tpu_model *m, size_t input_dim, size_t output_dim);
+/* keras_nlp's TokenAndPositionEmbedding(vocabulary_size, sequence_length,
+ * embedding_dim): Embedding plus a learned (sequence_length, embedding_dim)
+ * position embedding added at each position (both "uniform"), so the layers
+ * after it can tell the order of the tokens. Weights: the token table, then
+ * the positions'. */
+TPU_API tpu_status tpu_model_add_token_and_position_embedding(tpu_model *m, size_t vocabulary_size,
+                                                              size_t embedding_dim);
+/* GlobalAveragePooling1D(): (steps, features) -> (features). */
+TPU_API tpu_status tpu_model_add_global_average_pooling1d(tpu_model *m);
+/* MultiHeadAttention(num_heads, key_dim, value_dim) called as layer(x, x):
+ * self-attention over a (sequence_length, features) input, output of the
+ * input's shape. value_dim 0 is Keras' default (key_dim). Weights in Keras'
+ * order: query kernel (features, num_heads, key_dim) and bias (num_heads,
+ * key_dim), key kernel and bias, value kernel (features, num_heads,
+ * value_dim) and bias, output kernel (num_heads, value_dim, features) and
+ * bias (features); glorot-uniform kernels with Keras' fans, zero biases.
+ * On the matrix unit it is four projections and, per example and head, the
+ * products Q K^T and P V (docs/guide/training.md). */
+TPU_API tpu_status tpu_model_add_multi_head_attention(tpu_model *m, size_t num_heads, size_t key_dim, size_t value_dim);
+/* A residual connection, Keras' Add()([x, y]) with x the input of layer
+ * from_layer (0 counts from the first layer; layer 0's input is the
+ * model's) and y the output of the layer before this one; both must have
+ * the same shape. With it a Sequential stack expresses a transformer
+ * encoder block: MultiHeadAttention, Add (from the attention layer),
+ * LayerNormalization, Dense (ff, relu), Dense (features), Add (from the
+ * first Dense), LayerNormalization. */
+TPU_API tpu_status tpu_model_add_residual(tpu_model *m, size_t from_layer);
 /* Gradient checkpointing (rematerialization; tf.recompute_grad, jax.checkpoint):
  * the cores keep only the output of every ceil(sqrt(layers))-th layer for the
  * backward pass and compute the other activations again, one segment of

@@ -290,9 +290,33 @@ static tpu_status add_layer(tpu_model *m, const struct lspec *sp, size_t units, 
     if ((unsigned)act > TPU_ACT_SWISH)
         return cli_failf(TPU_INVALID_ARGUMENT, "%s(%zu): activation %d is unknown", lkind_name(sp->kind), units,
                          (int)act);
+    if (sp->kind == LK_EMBEDDING && m->nlayers != 0)
+        return cli_failf(TPU_INVALID_ARGUMENT,
+                         "layer %zu: Embedding takes the token ids the model is given: it must "
+                         "be the first layer",
+                         m->nlayers);
+    if (sp->kind == LK_ADD && (size_t)sp->from >= m->nlayers)
+        return cli_failf(TPU_INVALID_ARGUMENT,
+                         "layer %zu: Add takes the input of a layer before it (0..%zu), not of "
+                         "layer %d",
+                         m->nlayers, m->nlayers ? m->nlayers - 1 : 0, sp->from);
     m->spec[m->nlayers] = *sp;
     m->units[m->nlayers] = units;
     m->act[m->nlayers] = act;
+    if (sp->kind == LK_ADD) {
+        struct lshape a, b;
+        char as[64], bs[64];
+        if (model_layer_geom(m, (size_t)sp->from, &a, &g, why, sizeof why) == 0 &&
+            model_layer_geom(m, m->nlayers, &b, &g, why, sizeof why) == 0 && memcmp(&a, &b, sizeof a) != 0) {
+            lshape_format(&a, as, sizeof as);
+            lshape_format(&b, bs, sizeof bs);
+            memset(&m->spec[m->nlayers], 0, sizeof m->spec[0]);
+            return cli_failf(TPU_INVALID_ARGUMENT,
+                             "layer %zu: Add needs inputs of one shape, but layer %d takes %s "
+                             "and this one %s",
+                             m->nlayers, sp->from, as, bs);
+        }
+    }
     if (model_layer_geom(m, m->nlayers, NULL, &g, why, sizeof why) != 0) {
         memset(&m->spec[m->nlayers], 0, sizeof m->spec[0]);
         m->units[m->nlayers] = 0;
@@ -396,6 +420,53 @@ tpu_status tpu_model_add_reshape(tpu_model *m, const size_t *dims, size_t rank)
         sp.target.d[i] = (int)dims[i];
     }
     sp.target.rank = (int)rank;
+    return add_layer(m, &sp, 0, TPU_ACT_LINEAR);
+}
+
+static tpu_status add_embedding(tpu_model *m, size_t input_dim, size_t output_dim, int positions)
+{
+    struct lspec sp = {.kind = LK_EMBEDDING, .positions = positions};
+    if (input_dim < 1 || input_dim > LSHAPE_MAX_SIZE || output_dim < 1 || output_dim > MODEL_UNITS_MAX)
+        return cli_failf(TPU_INVALID_ARGUMENT,
+                         "Embedding(%zu, %zu): input_dim must be in 1..%d and output_dim in "
+                         "1..%d",
+                         input_dim, output_dim, LSHAPE_MAX_SIZE, MODEL_UNITS_MAX);
+    sp.vocab = (int)input_dim;
+    return add_layer(m, &sp, output_dim, TPU_ACT_LINEAR);
+}
+
+tpu_status tpu_model_add_embedding(tpu_model *m, size_t input_dim, size_t output_dim)
+{
+    return add_embedding(m, input_dim, output_dim, 0);
+}
+
+tpu_status tpu_model_add_token_and_position_embedding(tpu_model *m, size_t vocabulary_size, size_t embedding_dim)
+{
+    return add_embedding(m, vocabulary_size, embedding_dim, 1);
+}
+
+tpu_status tpu_model_add_global_average_pooling1d(tpu_model *m)
+{
+    struct lspec sp = {.kind = LK_GLOBAL_AVG_POOL1D};
+    return add_layer(m, &sp, 0, TPU_ACT_LINEAR);
+}
+
+tpu_status tpu_model_add_multi_head_attention(tpu_model *m, size_t num_heads, size_t key_dim, size_t value_dim)
+{
+    struct lspec sp = {.kind = LK_MULTI_HEAD_ATTENTION};
+    if (num_heads < 1 || num_heads > 256 || key_dim < 1 || key_dim > 4096 || value_dim > 4096)
+        return cli_failf(TPU_INVALID_ARGUMENT,
+                         "MultiHeadAttention(num_heads=%zu, key_dim=%zu, value_dim=%zu): "
+                         "num_heads must be in 1..256, key_dim in 1..4096, value_dim in 0..4096 (0: key_dim)",
+                         num_heads, key_dim, value_dim);
+    sp.heads = (int)num_heads, sp.key_dim = (int)key_dim, sp.value_dim = (int)value_dim;
+    return add_layer(m, &sp, 0, TPU_ACT_LINEAR);
+}
+
+tpu_status tpu_model_add_residual(tpu_model *m, size_t from_layer)
+{
+    struct lspec sp = {.kind = LK_ADD};
+    sp.from = from_layer > MODEL_LAYERS_MAX ? MODEL_LAYERS_MAX : (int)from_layer;
     return add_layer(m, &sp, 0, TPU_ACT_LINEAR);
 }
 
@@ -767,6 +838,12 @@ int model_ensure_compiled(tpu_model *m, size_t global_batch, err *e)
         ls[l].stride_w = (uint32_t)m->spec[l].sw;
         ls[l].padding_same = m->spec[l].same != 0;
         ls[l].rate = m->spec[l].rate;
+        ls[l].input_dim = (uint32_t)m->spec[l].vocab;
+        ls[l].positions = m->spec[l].positions != 0;
+        ls[l].num_heads = (uint32_t)m->spec[l].heads;
+        ls[l].key_dim = (uint32_t)m->spec[l].key_dim;
+        ls[l].value_dim = (uint32_t)m->spec[l].value_dim;
+        ls[l].add_from = (uint32_t)m->spec[l].from;
         ls[l].n_target_shape = (size_t)m->spec[l].target.rank;
         for (int i = 0; i < m->spec[l].target.rank; i++)
             tshape[l][i] = (uint32_t)m->spec[l].target.d[i];

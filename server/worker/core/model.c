@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "attention.h"
 #include "bf16.h"
 #include "detmath.h"
 #include "norm.h"
@@ -39,6 +40,9 @@ struct layer {
     float *mask;                /* Dropout: the last training forward's mask (0 or 1/(1-rate)) */
     uint32_t *arg;              /* MaxPooling2D: which input element each output took, per example */
     float *pre;                 /* gelu, softplus, swish: the pre-activations, max_rows x osz */
+    attn *att;                  /* MultiHeadAttention: its buffers (attention.c) */
+    float *dskip;               /* Add: the gradient its other operand gets, kept until the backward pass
+                                   reaches that operand's layer */
     /* The last forward's bfloat16-rounded input (max_rows x in) and kernel
      * (in x units), kept for the backward matmuls when the model rounds its
      * operands itself (see preround); NULL in float32 models. */
@@ -128,6 +132,14 @@ static int check_cfg(const struct model_cfg *c, err *e)
         enum lkind k = c->kind[l].kind;
         if ((unsigned)k > LK_LAST)
             return err_set(e, CODE_INVALID_ARGUMENT, "layer %d: kind %d is unknown", l, (int)k);
+        if (k == LK_EMBEDDING && l != 0)
+            return err_set(e, CODE_INVALID_ARGUMENT, "layer %d: Embedding takes token ids: it must be the first layer",
+                           l);
+        if (k == LK_ADD && !(c->kind[l].from >= 0 && c->kind[l].from < l))
+            return err_set(e, CODE_INVALID_ARGUMENT,
+                           "layer %d: Add takes the input of a layer before it, not of layer "
+                           "%d",
+                           l, c->kind[l].from);
         if (k != LK_DENSE && k != LK_CONV2D) {
             if (c->act[l] != ACT_LINEAR)
                 return err_set(e, CODE_INVALID_ARGUMENT, "layer %d: %s takes no activation", l, lkind_name(k));
@@ -147,15 +159,25 @@ static int check_cfg(const struct model_cfg *c, err *e)
                        "loss %d is not sparse_categorical_crossentropy (0), categorical_crossentropy (1) or "
                        "mean_squared_error (2)", (int)c->loss);
     {
-        struct lshape sh = in_shape(c);
+        struct lshape sh = in_shape(c), ins[MODEL_MAX_LAYERS];
         struct lgeom g;
         char why[200];
         for (int l = 0; l < c->nlayers; l++) {
             struct lspec sp = c->kind[l];
             sp.units = c->units[l];
             sp.act = (int)c->act[l];
+            ins[l] = sh;
             if (lshape_apply(&sp, &sh, &g, why, sizeof why) != 0)
                 return err_set(e, CODE_INVALID_ARGUMENT, "layer %d: %s", l, why);
+            if (sp.kind == LK_ADD && memcmp(&ins[sp.from], &sh, sizeof sh) != 0) {
+                char a[64], b[64];
+                lshape_format(&ins[sp.from], a, sizeof a);
+                lshape_format(&sh, b, sizeof b);
+                return err_set(e, CODE_INVALID_ARGUMENT,
+                               "layer %d: Add needs inputs of one shape, but layer %d "
+                               "takes %s and this one %s",
+                               l, sp.from, a, b);
+            }
             sh = g.out;
         }
         if (c->kind[c->nlayers - 1].kind != LK_DENSE || sh.rank != 1) {
@@ -276,6 +298,20 @@ int model_new(model **out, const struct model_cfg *cfg, mxu *u, err *e)
             if (!(L->arg = calloc(rows * L->osz, sizeof *L->arg)))
                 goto oom;
             break;
+        case LK_EMBEDDING:
+            L->in = L->spec.vocab;
+            L->outer = L->ish.d[0];
+            break;
+        case LK_MULTI_HEAD_ATTENTION:
+            L->in = L->units = L->ish.d[1];
+            L->outer = L->ish.d[0];
+            if (!(L->att = attn_new(&L->spec, &L->ish, cfg->max_rows)))
+                goto oom;
+            break;
+        case LK_ADD:
+            if (!(L->dskip = floats(rows, L->osz)))
+                goto oom;
+            break;
         default:
             break;
         }
@@ -327,6 +363,8 @@ void model_free(model *m)
         free(m->layer[l].mask);
         free(m->layer[l].arg);
         free(m->layer[l].pre);
+        attn_free(m->layer[l].att);
+        free(m->layer[l].dskip);
         free(m->layer[l].ar);
         free(m->layer[l].wr);
     }
@@ -363,6 +401,14 @@ void model_init_weights(model *m, uint64_t seed)
         /* value i of layer l is a function of (seed, l, i) alone */
         uint64_t key = splitmix64(seed ^ splitmix64((uint64_t)l << 56));
         float *w = m->params + L->w;
+        if (L->kind == LK_EMBEDDING) {
+            embed_init(w, n, key);
+            continue;
+        }
+        if (L->kind == LK_MULTI_HEAD_ATTENTION) {
+            attn_init(&L->spec, &L->ish, w, key);
+            continue;
+        }
         for (size_t i = 0; i < n; i++) {
             double r = (double)(splitmix64(key ^ (uint64_t)i) >> 11) * 0x1p-53;   /* [0, 1) */
             w[i] = (float)((2.0 * r - 1.0) * lim);
@@ -475,6 +521,36 @@ static int matmul(model *m, int layer, int which, int64_t M, int64_t N, int64_t 
             rec_add(m, MODEL_REC_MATMUL, layer, which, M, N, K, t0, model_now_ns());
     }
     return rc;
+}
+
+/* The sequence layers' matmuls (attention.h's seq_mm): batch products,
+ * timed and counted each, recorded as one matmul of batch*M rows. */
+struct seq_ctx {
+    model *m;
+    int layer;
+};
+
+static int seq_matmul(void *ctx, int op, int64_t batch, int64_t M, int64_t N, int64_t K, int ta, int tb, const float *a,
+                      int64_t sa, const float *b, int64_t sb, float *c, int64_t sc, int acc, err *e)
+{
+    struct seq_ctx *x = ctx;
+    model *m = x->m;
+    struct mxu_op mo = {M, N, K, ta, tb, acc, 0, 0};
+    struct mxu_stats st;
+    uint64_t t0 = m->rec ? model_now_ns() : 0;
+    for (int64_t i = 0; i < batch; i++) {
+        int rc = m->cfg.deterministic ? mxu_matmul_fixed(m->u, m->prec, &mo, a + i * sa, b + i * sb, c + i * sc, &st, e)
+                                      : mxu_matmul(m->u, m->prec, &mo, a + i * sa, b + i * sb, c + i * sc, &st, e);
+        if (rc != CODE_OK) {
+            err_prefix(e, "layer %d (%s)", x->layer, lkind_name(m->layer[x->layer].kind));
+            return rc;
+        }
+        m->mm_seconds += st.seconds;
+        m->mm_calls++;
+    }
+    if (m->rec)
+        rec_add(m, MODEL_REC_MATMUL, x->layer, op, batch * M, N, K, t0, model_now_ns());
+    return CODE_OK;
 }
 
 /* z = act(z + b), row by row: one pass over the matmul's output. */
@@ -833,7 +909,7 @@ static void pool(const struct layer *L, const float *x, int rows, float *y, cons
 /* GlobalAveragePooling2D: the mean over height and width, forward or backward. */
 static void gap(const struct layer *L, const float *x, int rows, float *y, const float *dy, float *dx)
 {
-    size_t hw = (size_t)L->ish.d[0] * (size_t)L->ish.d[1], C = (size_t)L->ish.d[2];
+    size_t C = (size_t)L->ish.d[L->ish.rank - 1], hw = L->isz / C; /* 2D: h*w pixels; 1D: steps */
     float inv = 1.0f / (float)hw;
     for (int r = 0; r < rows; r++) {
         if (y) {
@@ -961,8 +1037,28 @@ static int forward_layer(model *m, int l, const float *in, int rows, int recompu
         pool(L, in, rows, L->a, NULL, NULL);
         break;
     case LK_GLOBAL_AVG_POOL2D:
+    case LK_GLOBAL_AVG_POOL1D:
         gap(L, in, rows, L->a, NULL, NULL);
         break;
+    case LK_EMBEDDING:
+        if ((rc = embed_forward(&L->spec, &L->ish, w, in, rows, L->a, e)) != CODE_OK)
+            return rc;
+        break;
+    case LK_MULTI_HEAD_ATTENTION: {
+        struct seq_ctx cx = {m, l};
+        struct seq_mm mm = {seq_matmul, &cx, m->cfg.deterministic};
+        if ((rc = attn_forward(L->att, &mm, w, in, rows, L->a, e)) != CODE_OK) {
+            err_prefix(e, "layer %d forward", l);
+            return rc;
+        }
+        break;
+    }
+    case LK_ADD: {
+        const float *o = L->spec.from ? m->layer[L->spec.from - 1].a : m->x;
+        for (size_t i = 0, n = (size_t)rows * L->osz; i < n; i++)
+            L->a[i] = in[i] + o[i];
+        break;
+    }
     }
     if (recompute)
         m->remat_calls++;
@@ -1113,10 +1209,33 @@ int model_backward(model *m, const void *y, int rows, struct model_metrics *out,
                 pool(L, xin, rows, NULL, d, dn);
             break;
         case LK_GLOBAL_AVG_POOL2D:
+        case LK_GLOBAL_AVG_POOL1D:
             if (l > 0)
                 gap(L, xin, rows, NULL, d, dn);
             break;
+        case LK_EMBEDDING:
+            embed_backward(&L->spec, &L->ish, xin, rows, d, m->grads + L->w);
+            break;
+        case LK_MULTI_HEAD_ATTENTION: {
+            struct seq_ctx cx = {m, l};
+            struct seq_mm mm = {seq_matmul, &cx, m->cfg.deterministic};
+            if ((rc = attn_backward(L->att, &mm, m->params + L->w, xin, rows, d, m->grads + L->w, l > 0 ? dn : NULL,
+                                    e)) != CODE_OK) {
+                err_prefix(e, "layer %d backward", l);
+                return rc;
+            }
+            break;
         }
+        case LK_ADD: /* both operands get the gradient; the other one when the pass reaches it */
+            memcpy(L->dskip, d, (size_t)rows * L->osz * sizeof *d);
+            dn = d;
+            break;
+        }
+        /* the gradients of Add layers whose other operand is this layer's input */
+        for (int j = l + 1; l > 0 && j < m->cfg.nlayers; j++)
+            if (m->layer[j].kind == LK_ADD && m->layer[j].spec.from == l)
+                for (size_t i = 0, n = (size_t)rows * L->isz; i < n; i++)
+                    dn[i] += m->layer[j].dskip[i];
         if (l > 0) {
             const struct layer *P = &m->layer[l - 1];
             if (P->act >= ACT_GELU)
@@ -1226,12 +1345,32 @@ static double flops(int64_t M, int64_t N, int64_t K, unsigned tile, double *padd
     return 2.0 * (double)M * (double)N * (double)K;
 }
 
+/* A sequence layer's matmuls of a forward (train 0) or backward pass. */
+static double seq_flops(const model *m, int l, int rows, int train, double *padded)
+{
+    const struct layer *L = &m->layer[l];
+    struct seq_shape sh[16];
+    double f = 0.0;
+    int n;
+    if (L->kind != LK_MULTI_HEAD_ATTENTION)
+        return 0.0;
+    n = attn_shapes(&L->spec, &L->ish, rows, train, l == 0, sh);
+    for (int i = 0; i < n; i++) {
+        double p = 0.0;
+        f += (double)sh[i].batch * flops(sh[i].m, sh[i].n, sh[i].k, m->tile, &p);
+        *padded += (double)sh[i].batch * p;
+    }
+    return f;
+}
+
 double model_forward_flops(const model *m, int rows, double *padded)
 {
     double f = 0.0, p = 0.0;
     for (int l = 0; l < m->cfg.nlayers && rows > 0; l++)
         if (m->layer[l].kind == LK_DENSE || m->layer[l].kind == LK_CONV2D)
             f += flops((int64_t)rows * m->layer[l].outer, m->layer[l].units, m->layer[l].in, m->tile, &p);
+        else
+            f += seq_flops(m, l, rows, 0, &p);
     if (padded)
         *padded = p;
     return f;
@@ -1247,11 +1386,15 @@ double model_train_flops(const model *m, int rows, double *padded)
     for (int l = 0; m->cfg.remat && l < last_seg && rows > 0; l++)
         if (m->layer[l].kind == LK_DENSE || m->layer[l].kind == LK_CONV2D)
             f += flops((int64_t)rows * m->layer[l].outer, m->layer[l].units, m->layer[l].in, m->tile, &p);
+        else
+            f += seq_flops(m, l, rows, 0, &p);
     for (int l = 0; l < m->cfg.nlayers && rows > 0; l++) {
         const struct layer *L = &m->layer[l];
         int64_t M = (int64_t)rows * L->outer;
-        if (L->kind != LK_DENSE && L->kind != LK_CONV2D)
+        if (L->kind != LK_DENSE && L->kind != LK_CONV2D) {
+            f += seq_flops(m, l, rows, 1, &p);
             continue;
+        }
         f += flops(L->in, L->units, M, m->tile, &p);          /* dW */
         if (l > 0)
             f += flops(M, L->in, L->units, m->tile, &p);      /* dX */

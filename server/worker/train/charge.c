@@ -96,7 +96,48 @@ static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cf
             kd[0] = ls.kh, kd[1] = ls.kw, kd[2] = prev, kd[3] = u, kr = 4;
         else
             kd[0] = prev, kd[1] = u, kd[2] = kd[3] = 0, kr = 2;
-        if (g.kernel) {
+        if (ls.kind == LK_EMBEDDING || ls.kind == LK_MULTI_HEAD_ATTENTION) {
+            /* their variables by Keras' names and shapes, and what they keep for the backward pass */
+            struct {
+                const char *name;
+                int rank;
+                int64_t d[3];
+            } v[8];
+            int nv = 0, H = ls.heads, K = ls.key_dim, V = ls.value_dim ? ls.value_dim : ls.key_dim;
+            int64_t S = sh.d[0], F = sh.rank > 1 ? sh.d[1] : 0;
+            if (ls.kind == LK_EMBEDDING) {
+                v[nv++] = (__typeof__(v[0])){"embeddings", 2, {ls.vocab, u, 0}};
+                if (ls.positions)
+                    v[nv++] = (__typeof__(v[0])){"position_embeddings", 2, {S, u, 0}};
+            } else {
+                v[nv++] = (__typeof__(v[0])){"query/kernel", 3, {F, H, K}};
+                v[nv++] = (__typeof__(v[0])){"query/bias", 2, {H, K, 0}};
+                v[nv++] = (__typeof__(v[0])){"key/kernel", 3, {F, H, K}};
+                v[nv++] = (__typeof__(v[0])){"key/bias", 2, {H, K, 0}};
+                v[nv++] = (__typeof__(v[0])){"value/kernel", 3, {F, H, V}};
+                v[nv++] = (__typeof__(v[0])){"value/bias", 2, {H, V, 0}};
+                v[nv++] = (__typeof__(v[0])){"attention_output/kernel", 3, {H, V, F}};
+                v[nv++] = (__typeof__(v[0])){"attention_output/bias", 1, {F, 0, 0}};
+            }
+            for (int i = 0; i < nv; i++) {
+                NAME("%s/%s", lname, v[i].name);
+                REQ(HBM_WEIGHTS, "f32", v[i].rank, v[i].d[0], v[i].d[1], v[i].d[2]);
+                for (int s = 0; s < nslots; s++) {
+                    NAME("%s/%s/%s/%s", optname, lname, v[i].name, slotname[nslots == 2][s]);
+                    REQ(HBM_OPTIMIZER, "f32", v[i].rank, v[i].d[0], v[i].d[1], v[i].d[2]);
+                }
+                NAME("gradients/%s/%s", lname, v[i].name);
+                REQ(HBM_GRADIENTS, "f32", v[i].rank, v[i].d[0], v[i].d[1], v[i].d[2]);
+            }
+            if (ls.kind == LK_MULTI_HEAD_ATTENTION) {
+                NAME("%s/query_key_value", lname);
+                REQ(HBM_ACTIVATIONS, adt, 4, b, S, H, 2 * K + V);
+                NAME("%s/attention_scores", lname);
+                REQ(HBM_ACTIVATIONS, "f32", 4, b, H, S, S);
+                NAME("%s/attention_heads", lname);
+                REQ(HBM_ACTIVATIONS, adt, 4, b, S, H, V);
+            }
+        } else if (g.kernel) {
             NAME("%s/kernel", lname);
             REQ(HBM_WEIGHTS, "f32", kr, kd[0], kd[1], kd[2], kd[3]);
             NAME("%s/bias", lname);
@@ -256,6 +297,18 @@ static int cfg_from_spec(const Tpuemu__ModelSpec *sp, struct model_cfg *cfg, err
         k->sh = (int)ls->stride_h, k->sw = (int)ls->stride_w;
         k->same = ls->padding_same;
         k->rate = ls->rate;
+        if (ls->input_dim > LSHAPE_MAX_SIZE || ls->num_heads > 256 || ls->key_dim > 4096 || ls->value_dim > 4096 ||
+            ls->add_from >= MODEL_MAX_LAYERS)
+            return err_set(e, CODE_INVALID_ARGUMENT,
+                           "layer %zu: input_dim %u, num_heads %u, key_dim %u, value_dim %u or Add's layer %u is out "
+                           "of range",
+                           l, ls->input_dim, ls->num_heads, ls->key_dim, ls->value_dim, ls->add_from);
+        k->vocab = (int)ls->input_dim;
+        k->positions = ls->positions;
+        k->heads = (int)ls->num_heads;
+        k->key_dim = (int)ls->key_dim;
+        k->value_dim = (int)ls->value_dim;
+        k->from = (int)ls->add_from;
         k->target.rank = (int)ls->n_target_shape;
         for (size_t i = 0; i < ls->n_target_shape; i++) {
             if (ls->target_shape[i] < 1 || ls->target_shape[i] > LSHAPE_MAX_SIZE)
@@ -263,6 +316,8 @@ static int cfg_from_spec(const Tpuemu__ModelSpec *sp, struct model_cfg *cfg, err
                                ls->target_shape[i]);
             k->target.d[i] = (int)ls->target_shape[i];
         }
+        if (k->kind == LK_EMBEDDING)
+            cfg->units[l] = (int)(ls->units > MODEL_MAX_UNITS ? 0 : ls->units); /* output_dim; checked by model_new */
         if (k->kind == LK_DENSE || k->kind == LK_CONV2D) {
             if (ls->units < 1 || ls->units > MODEL_MAX_UNITS)
                 return err_set(e, CODE_INVALID_ARGUMENT, "layer %zu: units %u is outside 1..%d", l, ls->units,

@@ -24,7 +24,7 @@
 #define TRAIN_QUEUE_SLACK 4 /* requests beyond infeed_depth: compile, state, evaluate */
 /* per layer: kernel, bias, up to 2 optimizer slots of each, their gradients,
  * activations; then the backward delta and the infeed's x and y */
-#define TRAIN_MAX_BLOCKS (MODEL_MAX_LAYERS * 10 + 3)
+#define TRAIN_MAX_BLOCKS (MODEL_MAX_LAYERS * 40 + 4)
 
 struct tmodel {
     uint64_t id;
