@@ -53,6 +53,32 @@ void hbuf_printf(hbuf *b, const char *fmt, ...)
     }
 }
 
+void hbuf_put(hbuf *b, const void *p, size_t n)
+{
+    if (b->oom || !n)
+        return;
+    if (b->cap - b->len <= n) {
+        size_t want = b->cap ? b->cap : 4096;
+        while (want <= b->len + n) {
+            if (want > SIZE_MAX / 2) {
+                b->oom = 1;
+                return;
+            }
+            want *= 2;
+        }
+        char *q = realloc(b->p, want);
+        if (!q) {
+            b->oom = 1;
+            return;
+        }
+        b->p = q;
+        b->cap = want;
+    }
+    memcpy(b->p + b->len, p, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
 void hbuf_free(hbuf *b)
 {
     free(b->p);
@@ -162,7 +188,10 @@ static const char *reason_phrase(int status)
 {
     switch (status) {
     case 200: return "OK";
+    case 304: return "Not Modified";
     case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
@@ -201,7 +230,7 @@ static void on_written(uv_write_t *req, int status)
 static void respond(struct hconn *c, int status, const char *content_type, const char *extra, const char *body,
                     size_t blen, int head_only)
 {
-    char head[512];
+    char head[768];
     int n = snprintf(head, sizeof head,
                      "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sCache-Control: no-store\r\n"
                      "Connection: close\r\n\r\n",
@@ -252,7 +281,13 @@ static void handle(struct hconn *c, size_t hlen)
         if (strlen(h->routes[i].path) == plen && !strncmp(h->routes[i].path, q.target, plen))
             rt = &h->routes[i];
     if (!rt) {
-        refuse(c, 404, "no such path (there are /metrics, /healthz and /readyz)", q.method, q.target);
+        char known[160];
+        size_t kl = (size_t)snprintf(known, sizeof known, "no such path (there are");
+        for (size_t i = 0; i < h->nroutes && kl < sizeof known; i++)
+            kl += (size_t)snprintf(known + kl, sizeof known - kl, "%s %s", i ? "," : "", h->routes[i].path);
+        if (kl < sizeof known)
+            snprintf(known + kl, sizeof known - kl, ")");
+        refuse(c, 404, known, q.method, q.target);
         return;
     }
     head = !strcmp(q.method, "HEAD");
@@ -264,7 +299,11 @@ static void handle(struct hconn *c, size_t hlen)
         refuse(c, 413, "a GET or HEAD request takes no body", q.method, q.target);
         return;
     }
-    status = rt->fn(h->user, &body);
+    struct httpd_req rq = {q.method, q.target[plen] == '?' ? q.target + plen + 1 : "", q.authorization, NULL,
+                           NULL};
+    status = rt->fn(h->user, &rq, &body);
+    if (rq.extra_headers && strlen(rq.extra_headers) >= 200)
+        rq.extra_headers = NULL;
     if (body.oom) {
         hbuf_free(&body);
         refuse(c, 500, "out of memory for the answer", q.method, q.target);
@@ -272,7 +311,8 @@ static void handle(struct hconn *c, size_t hlen)
     }
     log_debug("http request", "server=%s peer=%s method=%s path=%s status=%d bytes=%zu", h->name, log_q(c->peer),
               q.method, log_q(q.target), status, body.len);
-    respond(c, status, rt->content_type, NULL, body.p ? body.p : "", body.len, head);
+    respond(c, status, rq.content_type ? rq.content_type : rt->content_type, rq.extra_headers, body.p ? body.p : "",
+            body.len, head);
     hbuf_free(&body);
 }
 

@@ -34,11 +34,23 @@ typedef struct hbuf {
 } hbuf;
 
 void hbuf_printf(hbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void hbuf_put(hbuf *b, const void *p, size_t n);
 void hbuf_free(hbuf *b);
 
-/* Fills body and returns the HTTP status to answer with (200, 503, ...).
+/* The request a route answers. The strings point into the connection's
+ * buffer and live while the handler runs. */
+struct httpd_req {
+    const char *method;        /* "GET" or "HEAD" */
+    const char *query;         /* what follows '?' in the target ("" if nothing) */
+    const char *authorization; /* the Authorization header's value; NULL if none */
+    /* set by the handler if it wants them: */
+    const char *content_type;  /* instead of the route's */
+    const char *extra_headers; /* whole lines with their CRLFs ("WWW-Authenticate: ...\r\n"), < 200 bytes */
+};
+
+/* Fills body and returns the HTTP status to answer with (200, 401, 503, ...).
  * Called on the loop thread while a request is being answered. */
-typedef int (*httpd_fn)(void *user, hbuf *body);
+typedef int (*httpd_fn)(void *user, struct httpd_req *q, hbuf *body);
 
 struct httpd_route {
     const char *path;         /* "/metrics"; a query string in the request is ignored */

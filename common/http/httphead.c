@@ -132,10 +132,17 @@ int http_head_parse(char *buf, size_t hlen, struct http_head *q, const char **wh
                 q->has_body = 1;
         } else if (!strcasecmp(line, "Transfer-Encoding")) {
             q->has_body = 1;
+        } else if (!strcasecmp(line, "Authorization")) {
+            q->authorizations++;
+            q->authorization = v;
         }
     }
     if (bad_length) {
         *why = "bad Content-Length";
+        return 400;
+    }
+    if (q->authorizations > 1) {
+        *why = "more than one Authorization header";
         return 400;
     }
     if (!strcmp(q->version, "HTTP/1.1") && q->hosts != 1) {

@@ -12,6 +12,8 @@ struct http_head {
     char *method, *target, *version; /* into the parsed buffer */
     int hosts;                       /* Host header lines */
     int has_body;                    /* Content-Length > 0 or a Transfer-Encoding */
+    int authorizations;              /* Authorization header lines */
+    char *authorization;             /* the last one's value (trailing blanks kept); NULL if none */
 };
 
 /* Length of the head, through its empty line, in buf[0..len), or 0 when it

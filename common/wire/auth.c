@@ -137,6 +137,26 @@ void auth_subkey(const auth *a, const char *purpose, unsigned char out[32])
     crypto_generichash(out, 32, (const unsigned char *)purpose, strlen(purpose), a->key, sizeof a->key);
 }
 
+void auth_console_key_hex(const auth *a, char out[65])
+{
+    unsigned char k[32];
+    auth_subkey(a, "tpuemu console v1", k);
+    sodium_bin2hex(out, 65, k, sizeof k);
+    sodium_memzero(k, sizeof k);
+}
+
+int auth_console_key_ok(const auth *a, const char *key, size_t len)
+{
+    char want[65];
+    int ok;
+    if (len != 64)
+        return 0;
+    auth_console_key_hex(a, want);
+    ok = sodium_memcmp(want, key, 64) == 0;
+    sodium_memzero(want, sizeof want);
+    return ok;
+}
+
 void auth_random(void *buf, size_t n)
 {
     randombytes_buf(buf, n);

@@ -50,6 +50,13 @@ int auth_challenge_mac_ok(const auth *a, const unsigned char chal[AUTH_CHALLENGE
  * cluster key: a key of one use cannot be turned into a key of another. */
 void auth_subkey(const auth *a, const char *purpose, unsigned char out[32]);
 
+/* The cluster console's key: a subkey that lets a browser read the console's
+ * data (GET /api/cluster on the resolver's metrics port) and nothing else,
+ * as 64 lowercase hex digits and a NUL. */
+void auth_console_key_hex(const auth *a, char out[65]);
+/* Constant-time; 1 if the len bytes at key are the console key's hex. */
+int auth_console_key_ok(const auth *a, const char *key, size_t len);
+
 void auth_random(void *buf, size_t n);
 uint64_t auth_random64(void); /* never 0 */
 

@@ -25,6 +25,7 @@ static void on_fault(uv_timer_t *t)
         raise(SIGKILL);
     }
     log_warn("fault injected: every thread of the resolver stops", "kind=pause duration_ms=%u", r->fault_ms);
+    rsv_event(r, "fault", NULL, 0, "fault injected into the resolver: every thread stops for %u ms", r->fault_ms);
     log_flush_suppressed(1);
     r->fault_kind = 0; /* from here on, its helper and grace say it is under way */
     r->fault_helper = self_pause(r->fault_ms);

@@ -27,6 +27,9 @@ void rsv_forget(resolver *r, rentry *en, enum forget_reason why)
         log_warn("core of the initialized system forgotten; the system is degraded until it is "
                  "initialized again", "host=%s core=%d epoch=%llu", log_q(en->w.host_id), en->w.core,
                  (unsigned long long)r->sys.epoch);
+    if (why != FORGET_LEFT)
+        rsv_event(r, "forgotten", en->w.host_id, en->w.core, "forgotten (%s) after %.1f s of silence",
+                  rsv_forget_reason_name(why), (double)silent / 1000.0);
     prom_add(&r->metrics.forgotten[why], 1);
     rsv_drop_link(en); /* calls waiting on it complete with CANCELLED */
     reg_remove(&r->reg, en);
@@ -90,6 +93,7 @@ void rsv_leave(resolver *r, rreq *req, const Tpuemu__Leave *q)
         /* listed PREEMPTED, as Cloud TPU lists a preempted node, until a new
          * process registers on its key or it is forgotten */
         log_warn("core preempted", "host=%s core=%d pid=%u", log_q(en->w.host_id), en->w.core, en->w.pid);
+        rsv_event(r, "preempted", en->w.host_id, en->w.core, "preempted (pid %u terminated)", en->w.pid);
         en->preempted = 1;
         en->w.notice_kind = 0;
         if (!en->dead)
@@ -97,6 +101,7 @@ void rsv_leave(resolver *r, rreq *req, const Tpuemu__Leave *q)
         rsv_drop_link(en);
     } else {
         log_info("core left", "host=%s core=%d pid=%u", log_q(en->w.host_id), en->w.core, en->w.pid);
+        rsv_event(r, "left", en->w.host_id, en->w.core, "left: its worker stopped (pid %u)", en->w.pid);
         rsv_forget(r, en, FORGET_LEFT);
     }
     m.body_case = TPUEMU__MESSAGE__BODY_LEAVE_REPLY;

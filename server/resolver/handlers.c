@@ -31,6 +31,7 @@ static void refresh(resolver *r, rentry *en, const winfo *w, uint64_t now)
 {
     uint64_t epoch = en->w.epoch;
     int32_t replica = en->w.replica_id;
+    int notice_was = en->w.notice_kind;
 
     if (strcmp(en->w.control_addr, w->control_addr) != 0)
         rsv_drop_link(en);
@@ -40,15 +41,22 @@ static void refresh(resolver *r, rentry *en, const winfo *w, uint64_t now)
         en->w.replica_id = replica;
     }
     en->last_hb_ms = now;
+    if (w->notice_kind && !w->notice_under_way && w->notice_kind != notice_was)
+        rsv_event(r, "notice", w->host_id, w->core, "%s notice: the event is in %.1f s",
+                  w->notice_kind == TPUEMU__NOTICE_KIND__NOTICE_PREEMPTION ? "preemption" : "maintenance",
+                  w->notice_at_ms > now ? (double)(w->notice_at_ms - now) / 1000.0 : 0.0);
     if (w->notice_under_way && !en->dead) {
         /* kept out of initializes until it is back; calls waiting on it fail now */
         reg_set_dead(&r->reg, en, 1);
         rsv_drop_link(en);
         log_warn("core down for maintenance", "host=%s core=%d pid=%u window_ms=%u", log_q(w->host_id), w->core,
                  w->pid, w->notice_window_ms);
+        rsv_event(r, "maintenance", w->host_id, w->core, "down for maintenance for %.1f s (pid %u)",
+                  (double)w->notice_window_ms / 1000.0, w->pid);
     } else if (!w->notice_under_way && en->dead) {
         reg_set_dead(&r->reg, en, 0);
         log_info("core back", "host=%s core=%d pid=%u", log_q(w->host_id), w->core, w->pid);
+        rsv_event(r, "back", w->host_id, w->core, "back (pid %u)", w->pid);
     }
 }
 
@@ -59,6 +67,8 @@ static void replace(resolver *r, rentry *en, const winfo *w, uint64_t now)
                      en->w.replica_id >= 0);
     log_info("core re-registered", "host=%s core=%d old_pid=%u new_pid=%u control=%s",
              log_q(w->host_id), w->core, en->w.pid, w->pid, log_q(w->control_addr));
+    rsv_event(r, "registered", w->host_id, w->core, "registered again: pid %u replaces pid %u%s", w->pid, en->w.pid,
+              was_ready ? " (the system is degraded until it is initialized again)" : "");
     if (was_ready)
         log_warn("core of the initialized system replaced; the system is degraded until it is "
                  "initialized again", "host=%s core=%d epoch=%llu", log_q(w->host_id), w->core,
@@ -315,6 +325,8 @@ static void h_heartbeat(resolver *r, rreq *req, const wire_msg *m)
         }
         prom_add(&r->metrics.registrations, 1);
         log_registered(&w);
+        rsv_event(r, "registered", w.host_id, w.core, "registered (pid %u, %s, control %s)", w.pid, w.tpu_type,
+                  w.control_addr);
     } else if (en->w.incarnation == w.incarnation) {
         refresh(r, en, &w, now);
     } else if (en->probe_tag) {

@@ -233,6 +233,7 @@ int main(int argc, char **argv)
                 "--token-file (or $TPUEMU_TOKEN), or --insecure to allow it\n", shown);
         return 2;
     }
+    rsv_events_init(&r.events);
     r.heartbeat_ms = r.heartbeat_flag_ms = (uint32_t)st.heartbeat_ms;
     r.dead_after = (uint32_t)st.dead_after;
     r.max_cores = (uint32_t)st.max_cores;

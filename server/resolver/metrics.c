@@ -5,11 +5,13 @@
 
 #include <stdio.h>
 
+#include "console.h"
 #include "corelink.h"
 #include "resolver.h"
 
-static int render(void *user, hbuf *b)
+static int render(void *user, struct httpd_req *q, hbuf *b)
 {
+    (void)q;
     resolver *r = user;
     uint64_t by_state[6] = {0, 0, 0, 0, 0, 0}, links = 0;
     static const struct {
@@ -74,8 +76,9 @@ static int render(void *user, hbuf *b)
     return 200;
 }
 
-static int health(void *user, hbuf *b)
+static int health(void *user, struct httpd_req *q, hbuf *b)
 {
+    (void)q;
     resolver *r = user;
     if (r->stopping) {
         hbuf_printf(b, "stopping\n");
@@ -85,11 +88,16 @@ static int health(void *user, hbuf *b)
     return 200;
 }
 
-/* The resolver is ready when it is alive: it needs nobody else to serve. */
+/* The resolver is ready when it is alive: it needs nobody else to serve.
+ * The rest is the cluster console (console.h). */
 static const struct httpd_route routes[] = {
     {"/metrics", PROM_CONTENT_TYPE, render},
     {"/healthz", "text/plain; charset=utf-8", health},
     {"/readyz", "text/plain; charset=utf-8", health},
+    {"/", "text/html; charset=utf-8", console_page},
+    {"/console.js", "text/javascript; charset=utf-8", console_script},
+    {"/console.css", "text/css; charset=utf-8", console_style},
+    {"/api/cluster", "application/json", console_api},
 };
 
 int rm_start(resolver *r, const char *host, int port, err *e)

@@ -27,7 +27,8 @@ struct rmetrics {
     httpd *httpd;
 };
 
-/* Serves /metrics, /healthz and /readyz on host:port; port 0: nothing to do. */
+/* Serves /metrics, /healthz, /readyz and the cluster console (console.h) on
+ * host:port; port 0: nothing to do. */
 int rm_start(struct resolver *r, const char *host, int port, err *e);
 void rm_stop(struct resolver *r);
 

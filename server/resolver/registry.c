@@ -61,6 +61,8 @@ int reg_validate(const Tpuemu__WorkerInfo *w, err *e)
     if (w->shm_name && strlen(w->shm_name) >= REG_SHM_MAX)
         return err_set(e, CODE_INVALID_ARGUMENT, "shm_name must be shorter than %d characters",
                        REG_SHM_MAX);
+    if (w->metrics_port > 65535)
+        return err_set(e, CODE_INVALID_ARGUMENT, "metrics_port %u is outside 0..65535", w->metrics_port);
     if (w->boot_id && strlen(w->boot_id) >= sizeof ((winfo *)0)->boot_id)
         return err_set(e, CODE_INVALID_ARGUMENT, "boot_id must be shorter than %zu characters",
                        sizeof ((winfo *)0)->boot_id);
@@ -113,6 +115,10 @@ void reg_winfo_copy(winfo *d, const Tpuemu__WorkerInfo *s, uint64_t now_ms)
     d->hbm_ooms = s->hbm_ooms;
     snprintf(d->accelerator_type, sizeof d->accelerator_type, "%s", s->accelerator_type ? s->accelerator_type : "");
     d->host_cpus = s->host_cpus;
+    d->train_step = s->train_step;
+    d->step_us = s->step_us;
+    d->allreduce_us = s->allreduce_us;
+    d->metrics_port = s->metrics_port;
     snprintf(d->boot_id, sizeof d->boot_id, "%s", s->boot_id ? s->boot_id : "");
     d->notice_kind = s->notice ? (int)s->notice->kind : 0;
     d->notice_at_ms = s->notice ? now_ms + s->notice->event_in_ms : 0;
@@ -140,6 +146,10 @@ void reg_winfo_view(const winfo *w, Tpuemu__WorkerInfo *o, Tpuemu__Notice *nbuf,
     o->hbm_ooms = w->hbm_ooms;
     o->accelerator_type = (char *)w->accelerator_type;
     o->host_cpus = w->host_cpus;
+    o->train_step = w->train_step;
+    o->step_us = w->step_us;
+    o->allreduce_us = w->allreduce_us;
+    o->metrics_port = w->metrics_port;
     o->boot_id = (char *)w->boot_id;
     if (w->notice_kind) {
         tpuemu__notice__init(nbuf);

@@ -11,6 +11,7 @@
 
 #include "auth.h"
 #include "drc.h"
+#include "events.h"
 #include "metrics.h"
 #include "sprep.h"
 #include "registry.h"
@@ -75,6 +76,7 @@ typedef struct resolver {
     size_t nclaims;
     uint64_t next_tag;   /* tags pending operations so late callbacks find nothing */
     struct rmetrics metrics;
+    struct rsv_events events; /* for the console */
     int stopping;
     /* a fault injected into the resolver itself (chaos.c) */
     uv_timer_t fault_timer;

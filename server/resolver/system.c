@@ -85,6 +85,7 @@ static void init_fail(resolver *r, int code, const char *fmt, ...)
     va_end(ap);
     log_warn("initialize failed", "client=%s code=%s reason=%s", log_q(op->client), code_name(code),
              log_q(msg));
+    rsv_event(r, "init-failed", NULL, 0, "initialize by %s failed: %s: %s", op->client, code_name(code), msg);
     op->ctl = NULL;
     init_clear(r);
     rsv_reply_error(r, &req, code, "%s", msg);
@@ -422,6 +423,8 @@ static void init_succeed(resolver *r)
     t.owner = r->sys.owner;
     m.body_case = TPUEMU__MESSAGE__BODY_TOPOLOGY;
     m.topology = &t;
+    rsv_event(r, "init", NULL, 0, "system initialized: epoch %llu, %zu cores on %zu hosts, by %s",
+              (unsigned long long)op->epoch, op->nchosen, tasks, op->client);
     log_info("system initialized", "epoch=%llu cores=%zu hosts=%zu owner=%s ms=%llu",
              (unsigned long long)op->epoch, op->nchosen, tasks, log_q(op->client),
              (unsigned long long)(wire_now_ms() - op->start_ms));
@@ -707,6 +710,7 @@ void sys_shutdown(resolver *r, void *ctl, uint64_t req_id, const Tpuemu__Shutdow
     r->sys.nshuts++;
     log_info("system shut down", "epoch=%llu from=%llu client=%s", (unsigned long long)op->epoch,
              (unsigned long long)from, log_q(client));
+    rsv_event(r, "shutdown", NULL, 0, "system shut down by %s (epoch %llu)", client, (unsigned long long)op->epoch);
     if (r->sys.init.phase == INIT_RESETTING)
         init_fail(r, CODE_ABORTED, "the TPU system was shut down by client %s while this initialize "
                   "waited for its cores; initialize again", client);
@@ -781,6 +785,8 @@ void sys_dead_check(resolver *r, uint64_t now)
         changed = 1;
         log_warn("core dead", "host=%s core=%d pid=%u age_ms=%llu", log_q(en->w.host_id), en->w.core,
                  en->w.pid, (unsigned long long)(now - en->last_hb_ms));
+        rsv_event(r, "dead", en->w.host_id, en->w.core, "dead: no heartbeat for %.1f s (pid %u)",
+                  (double)(now - en->last_hb_ms) / 1000.0, en->w.pid);
     }
     if (changed)
         sys_on_change(r);

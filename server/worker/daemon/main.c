@@ -84,6 +84,13 @@ static void worker_info(void *arg, Tpuemu__WorkerInfo *out)
     out->accelerator_type = w->accelerator_type;
     out->host_cpus = machine_cpus();
     out->boot_id = (char *)machine_boot_id();
+    out->train_step = w->train_stats.last_step;
+    out->step_us = (uint32_t)(w->train_stats.last_step_ns / 1000 > UINT32_MAX ? UINT32_MAX
+                                                                             : w->train_stats.last_step_ns / 1000);
+    out->allreduce_us = (uint32_t)(w->train_stats.last_allreduce_ns / 1000 > UINT32_MAX
+                                       ? UINT32_MAX
+                                       : w->train_stats.last_allreduce_ns / 1000);
+    out->metrics_port = (uint32_t)w->metrics_port;
     tpuemu__notice__init(&w->notice_pb);
     if (notice_fill(&w->notice, uv_now(w->loop), &w->notice_pb))
         out->notice = &w->notice_pb;

@@ -11,8 +11,9 @@ static int registered(const struct heartbeat *hb)
     return hb->registered && !hb->unreachable && !hb->last_error;
 }
 
-static int render(void *user, hbuf *b)
+static int render(void *user, struct httpd_req *q, hbuf *b)
 {
+    (void)q;
     const struct wm_env *w = user;
     static const char *const kinds[COLL_STAT_KINDS] = {NULL, "all-reduce", "broadcast", "all-gather",
                                                        "reduce-scatter"};
@@ -87,8 +88,9 @@ static int live(const struct wm_env *w, hbuf *b)
     return 200;
 }
 
-static int health(void *user, hbuf *b)
+static int health(void *user, struct httpd_req *q, hbuf *b)
 {
+    (void)q;
     int st = live(user, b);
     if (st == 200)
         hbuf_printf(b, "ok\n");
@@ -96,8 +98,9 @@ static int health(void *user, hbuf *b)
 }
 
 /* Readiness: alive, and registered with a resolver that accepts its heartbeats. */
-static int ready(void *user, hbuf *b)
+static int ready(void *user, struct httpd_req *q, hbuf *b)
 {
+    (void)q;
     const struct wm_env *w = user;
     const struct heartbeat *hb = w->hb;
     int st = live(w, b);

@@ -295,6 +295,9 @@ static void on_allreduce(void *arg, const err *e, const uint8_t *out, size_t out
         memcpy(model_grads(tm->m), out, out_len);
     prom_add(&t->env.stats->steps, 1);
     prom_hist_observe_ns(&t->env.stats->step_seconds, now - r->t_step0);
+    t->env.stats->last_step = r->first_step + r->i;
+    t->env.stats->last_step_ns = now - r->t_step0;
+    t->env.stats->last_allreduce_ns = r->stats[r->i].allreduce_ns;
     tm->pending = 1;
     tm->pending_scale = 1.0f / (float)r->global_rows[r->i];
     if (t->env.on_step)

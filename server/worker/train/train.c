@@ -395,5 +395,6 @@ void train_free(struct train *t)
 void train_stats_init(struct train_stats *s)
 {
     atomic_init(&s->steps, 0);
+    s->last_step = s->last_step_ns = s->last_allreduce_ns = 0;
     prom_hist_init(&s->step_seconds, step_bounds, sizeof step_bounds / sizeof step_bounds[0]);
 }

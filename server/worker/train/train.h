@@ -47,6 +47,9 @@ struct train;
 struct train_stats {
     prom_counter steps;     /* training steps done (gradients all-reduced) */
     prom_hist step_seconds; /* each one's time: compute, all-reduce, the update before it */
+    /* the last step finished (loop thread only): its global number (0: none),
+     * its time and its all-reduce's */
+    uint64_t last_step, last_step_ns, last_allreduce_ns;
 };
 
 /* What the service needs from its owner; every pointer must outlive it. */
