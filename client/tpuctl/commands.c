@@ -7,7 +7,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "addr.h"
+#include "auth.h"
 #include "config.h"
+#include "httpd.h"
 #include "json.h"
 #include "scenario.h"
 #include "select.h"
@@ -1328,6 +1331,58 @@ static int cmd_version(const struct tpuctl *g, int argc, char **argv)
     return EXIT_OK;
 }
 
+/* ---- console ---- */
+
+/* tpuctl console --port N [--host H]: the cluster console's URL on the
+ * resolver's metrics port, with the console key in its fragment when the
+ * cluster has a token (the browser keeps a fragment to itself; the page sends
+ * the key as an Authorization header). Checks that the port answers. */
+static int cmd_console(const struct tpuctl *g, int argc, char **argv)
+{
+    long long port = 0;
+    const char *host = NULL;
+    struct opt flags[] = {
+        {"port", NULL, OPT_INT, NULL, 1, 65535, "N", "the resolver's --metrics-port (required)", &port},
+        {"host", NULL, OPT_STRING, NULL, 0, 0, "H", "the host in the URL (default: the resolver's, from --tpu)", &host},
+    };
+    int rc = cmd_flags(flags, 2, argc, argv, "tpuctl console --port N [--host H]",
+                       "Print the URL of the cluster console the resolver serves on its metrics port (with the "
+                       "console key when the cluster has a token).");
+    addr a;
+    auth au;
+    err e;
+    char key[65] = "", url[400], shown[300], body[256];
+    int status = 0;
+
+    if (rc >= 0)
+        return rc;
+    if (!port) {
+        fprintf(stderr, "tpuctl console: give --port, the resolver's --metrics-port\n");
+        return EXIT_USAGE;
+    }
+    if (!host)
+        host = g->tpu && addr_parse(g->tpu, ADDR_DEFAULT_PORT, &a, &e) == CODE_OK ? a.host : "127.0.0.1";
+    auth_global_init();
+    if (auth_load(&au, g->token_file, &e) != CODE_OK) {
+        fprintf(stderr, "tpuctl console: %s\n", e.msg);
+        return EXIT_USAGE;
+    }
+    if (au.enabled)
+        auth_console_key_hex(&au, key);
+    addr_format(host, (int)port, shown, sizeof shown);
+    snprintf(url, sizeof url, "http://%s/%s%s", shown, key[0] ? "#key=" : "", key);
+    if (httpd_get(host, (int)port, "/healthz", 2000, &status, body, sizeof body, &e) != CODE_OK || status != 200) {
+        fprintf(stderr,
+                "tpuctl console: the resolver's metrics port %s does not answer%s%s (is --port its "
+                "--metrics-port?)\n",
+                shown, status ? "" : ": ", status ? "" : e.msg);
+        printf("%s\n", url);
+        return EXIT_ERROR;
+    }
+    printf("%s\n", url);
+    return EXIT_OK;
+}
+
 /* ---- profile ---- */
 
 /* One capture: through the hosts' profiler ports (--service_addr) or every
@@ -1473,13 +1528,18 @@ const struct tpuctl_cmd tpuctl_cmds[] = {
     {"topology", "print a serialized TopologyProto: topology FILE", tpuctl_cmd_topology},
     {"shutdown", "shut the TPU system down", cmd_shutdown},
     {"forget", "forget a dead core: forget HOST/CORE", cmd_forget},
-    {"chaos", "inject a fault into a core or a link: chaos kill|pause|slow|hbm HOST/CORE [ARGS], "
-              "chaos link-delay|link-loss|partition A B [ARGS]", cmd_chaos},
+    {"chaos",
+     "inject a fault into a core or a link: chaos kill|pause|slow|hbm HOST/CORE [ARGS], "
+     "chaos link-delay|link-loss|partition A B [ARGS]",
+     cmd_chaos},
     {"health", "cluster and per-core health; exit 1 if any core is unhealthy", cmd_health},
     {"version", "print versions", cmd_version},
+    {"console", "print the URL of the cluster console (the resolver's metrics port): console --port N", cmd_console},
     {"profile", "record every core for N ms: trace file and step-time breakdown", cmd_profile},
-    {"capture_tpu_profile", "the same as profile, by TensorFlow's name (--service_addr, --duration_ms, "
-                            "--num_tracing_attempts, --logdir)", cmd_profile},
+    {"capture_tpu_profile",
+     "the same as profile, by TensorFlow's name (--service_addr, --duration_ms, "
+     "--num_tracing_attempts, --logdir)",
+     cmd_profile},
     {"bench", "benchmark a collective: bench allreduce [--dtype --algo --op --min --max]", tpuctl_cmd_bench},
 };
 const int tpuctl_ncmds = (int)(sizeof tpuctl_cmds / sizeof tpuctl_cmds[0]);

@@ -188,10 +188,13 @@ static const char *reason_phrase(int status)
 {
     switch (status) {
     case 200: return "OK";
-    case 304: return "Not Modified";
+    case 304:
+        return "Not Modified";
     case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
+    case 401:
+        return "Unauthorized";
+    case 403:
+        return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
@@ -299,8 +302,7 @@ static void handle(struct hconn *c, size_t hlen)
         refuse(c, 413, "a GET or HEAD request takes no body", q.method, q.target);
         return;
     }
-    struct httpd_req rq = {q.method, q.target[plen] == '?' ? q.target + plen + 1 : "", q.authorization, NULL,
-                           NULL};
+    struct httpd_req rq = {q.method, q.target[plen] == '?' ? q.target + plen + 1 : "", q.authorization, NULL, NULL};
     status = rt->fn(h->user, &rq, &body);
     if (rq.extra_headers && strlen(rq.extra_headers) >= 200)
         rq.extra_headers = NULL;

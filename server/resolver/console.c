@@ -57,12 +57,18 @@ static void jstr(hbuf *b, const char *s)
 static const char *state_name(Tpuemu__CoreState st)
 {
     switch (st) {
-    case TPUEMU__CORE_STATE__CORE_READY: return "READY";
-    case TPUEMU__CORE_STATE__CORE_IDLE: return "IDLE";
-    case TPUEMU__CORE_STATE__CORE_DEAD: return "DEAD";
-    case TPUEMU__CORE_STATE__CORE_PREEMPTED: return "PREEMPTED";
-    case TPUEMU__CORE_STATE__CORE_MAINTENANCE: return "MAINTENANCE";
-    default: return "UNSPECIFIED";
+    case TPUEMU__CORE_STATE__CORE_READY:
+        return "READY";
+    case TPUEMU__CORE_STATE__CORE_IDLE:
+        return "IDLE";
+    case TPUEMU__CORE_STATE__CORE_DEAD:
+        return "DEAD";
+    case TPUEMU__CORE_STATE__CORE_PREEMPTED:
+        return "PREEMPTED";
+    case TPUEMU__CORE_STATE__CORE_MAINTENANCE:
+        return "MAINTENANCE";
+    default:
+        return "UNSPECIFIED";
     }
 }
 
@@ -70,14 +76,18 @@ static const char *state_name(Tpuemu__CoreState st)
 static const char *health_name(const resolver *r, const rentry *en, Tpuemu__CoreState st)
 {
     switch (st) {
-    case TPUEMU__CORE_STATE__CORE_DEAD: return "TIMEOUT";
-    case TPUEMU__CORE_STATE__CORE_PREEMPTED: return "HEALTH_UNSPECIFIED";
-    case TPUEMU__CORE_STATE__CORE_MAINTENANCE: return "UNHEALTHY_MAINTENANCE";
+    case TPUEMU__CORE_STATE__CORE_DEAD:
+        return "TIMEOUT";
+    case TPUEMU__CORE_STATE__CORE_PREEMPTED:
+        return "HEALTH_UNSPECIFIED";
+    case TPUEMU__CORE_STATE__CORE_MAINTENANCE:
+        return "UNHEALTHY_MAINTENANCE";
     case TPUEMU__CORE_STATE__CORE_IDLE:
         if (r->sys.initialized)
             return "UNHEALTHY_TENSORFLOW";
         break;
-    default: break;
+    default:
+        break;
     }
     (void)en;
     return "HEALTHY";
@@ -177,8 +187,9 @@ int console_api(void *user, struct httpd_req *q, hbuf *b)
     jstr(b, type);
     hbuf_printf(b, ",\"slice\":");
     jstr(b, slice);
-    hbuf_printf(b, ",\"hosts\":%zu,\"ready\":%zu,\"mesh\":[%u,%u,%u,%u],\"heartbeat_ms\":%u,\"dead_ms\":%" PRIu64
-                   ",\"cores\":[",
+    hbuf_printf(b,
+                ",\"hosts\":%zu,\"ready\":%zu,\"mesh\":[%u,%u,%u,%u],\"heartbeat_ms\":%u,\"dead_ms\":%" PRIu64
+                ",\"cores\":[",
                 hosts, ready, shape[0], shape[1], shape[2], shape[3], r->heartbeat_ms, rsv_dead_ms(r));
     for (size_t i = 0; i < r->reg.n; i++) {
         const rentry *en = r->reg.v[i];
@@ -195,9 +206,10 @@ int console_api(void *user, struct httpd_req *q, hbuf *b)
         }
         hbuf_printf(b, "%s{\"host\":", i ? ",\n" : "\n");
         jstr(b, w->host_id);
-        hbuf_printf(b, ",\"core\":%d,\"state\":\"%s\",\"health\":\"%s\",\"replica\":%d,\"pid\":%u,\"hbm_used\":%" PRIu64
-                       ",\"hbm_capacity\":%" PRIu64 ",\"hbm_peak\":%" PRIu64 ",\"hbm_ooms\":%u,\"step\":%" PRIu64
-                       ",\"step_us\":%u,\"allreduce_us\":%u,\"heartbeat_age_ms\":%" PRIu64 ",\"notice\":",
+        hbuf_printf(b,
+                    ",\"core\":%d,\"state\":\"%s\",\"health\":\"%s\",\"replica\":%d,\"pid\":%u,\"hbm_used\":%" PRIu64
+                    ",\"hbm_capacity\":%" PRIu64 ",\"hbm_peak\":%" PRIu64 ",\"hbm_ooms\":%u,\"step\":%" PRIu64
+                    ",\"step_us\":%u,\"allreduce_us\":%u,\"heartbeat_age_ms\":%" PRIu64 ",\"notice\":",
                     w->core, state_name(st), health_name(r, en, st), w->replica_id, w->pid, w->hbm_used,
                     w->hbm_capacity, w->hbm_peak, w->hbm_ooms, w->train_step, w->step_us, w->allreduce_us,
                     now > en->last_hb_ms ? now - en->last_hb_ms : 0);

@@ -29,6 +29,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (st == 0) {
             if (!q.method || !q.target || !q.version || q.target[0] != '/' || strlen(q.method) == 0)
                 abort();
+            /* the console's key: one Authorization at most, its value within the head */
+            if (q.authorizations > 1 || (q.authorization && (q.authorization < buf || q.authorization >= buf + hlen ||
+                                                             strlen(q.authorization) >= hlen)))
+                abort();
         } else if (!why || (st != 400 && st != 431 && st != 505)) {
             abort();
         }

@@ -864,7 +864,28 @@ Test(metrics, bad_input_refused_and_training_goes_on, .timeout = 120)
     free(sc);
     /* the resolver's port takes the same abuse */
     expect_status(m->rport, "garbage to the resolver", REQ("\xff\xfe\r\n\r\n"), 400);
-    expect_status(m->rport, "unknown path on the resolver", REQ("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), 404);
+    expect_status(m->rport, "unknown path on the resolver", REQ("GET /secret HTTP/1.1\r\nHost: x\r\n\r\n"), 404);
+    /* and so do the console's routes */
+    expect_status(m->rport, "a body to the console",
+                  REQ("GET /api/cluster HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+                      "\r\nabc"),
+                  413);
+    expect_status(m->rport, "POST to the console", REQ("POST /api/cluster HTTP/1.1\r\nHost: x\r\n\r\n"), 405);
+    expect_status(m->rport, "a bad since", REQ("GET /api/cluster?since=-1 HTTP/1.1\r\nHost: x\r\n\r\n"), 400);
+    expect_status(m->rport, "a huge since",
+                  REQ("GET /api/cluster?since=123456789012345678901 HTTP/1.1\r\nHost: x"
+                      "\r\n\r\n"),
+                  400);
+    expect_status(m->rport, "another query", REQ("GET /api/cluster?core=../../x HTTP/1.1\r\nHost: x\r\n\r\n"), 400);
+    expect_status(m->rport, "a query to the page", REQ("GET /?<script> HTTP/1.1\r\nHost: x\r\n\r\n"), 400);
+    expect_status(m->rport, "two Authorizations",
+                  REQ("GET /api/cluster HTTP/1.1\r\nHost: x\r\nAuthorization: a\r\n"
+                      "Authorization: b\r\n\r\n"),
+                  400);
+    expect_status(m->rport, "a path under the page",
+                  REQ("GET /console.js/../../etc/passwd HTTP/1.1\r\nHost: x\r\n"
+                      "\r\n"),
+                  404);
     /* both still serve their real work, and logged the refusals */
     cr_assert(cluster_alive(&m->c->workers[0]) && cluster_alive(&m->c->resolver));
     cr_assert_eq(cluster_count(m->c, TPU_CORE_READY), 2);
@@ -1018,4 +1039,146 @@ Test(metrics, probe_exit_codes, .timeout = 90)
                  "a resolver outage failed the worker's liveness: %s", r.err);
     run_result_free(&r);
     mc_free(m);
+}
+
+/* ---- 4: the cluster console ---- */
+
+/* The number after "key": at or after from in s; -1 if none. */
+static long long json_num(const char *s, const char *key, const char **after)
+{
+    char k[64];
+    snprintf(k, sizeof k, "\"%s\":", key);
+    const char *p = strstr(s, k);
+    if (!p)
+        return -1;
+    if (after)
+        *after = p + strlen(k);
+    return strtoll(p + strlen(k), NULL, 10);
+}
+
+/* The JSON object of core host/core in the console's answer (a copy in buf). */
+static const char *console_core(const char *body, const char *host, int core, char *buf, size_t n)
+{
+    char k[96];
+    snprintf(k, sizeof k, "{\"host\":\"%s\",\"core\":%d,", host, core);
+    const char *p = strstr(body, k), *e;
+    if (!p || !(e = strchr(p, '}')))
+        return NULL;
+    snprintf(buf, n, "%.*s", (int)(e - p + 1), p);
+    return buf;
+}
+
+Test(metrics, console_shows_the_cluster_and_its_events, .timeout = 120)
+{
+    mcluster *m = mc_start(2);
+    answer *a;
+    char c0[1024], c1[1024];
+    mc_init(m);
+    size_t np = train(m, 1, NULL);
+    cr_assert_gt(np, 0u);
+
+    /* the page and its two files, from the daemon itself */
+    a = http_get(m->rport, "GET", "/");
+    cr_assert_eq(a->status, 200);
+    cr_assert(strstr(header(a, "Content-Type"), "text/html"), "the page is %s", header(a, "Content-Type"));
+    cr_assert(strstr(a->body, "<script src=\"/console.js\""), "the page loads no console.js");
+    cr_assert(strstr(header(a, "Content-Security-Policy"), "default-src 'self'"));
+    a = http_get(m->rport, "GET", "/console.js");
+    cr_assert(a->status == 200 && strstr(a->body, "/api/cluster"), "console.js: %d", a->status);
+    a = http_get(m->rport, "GET", "/console.css");
+    cr_assert(a->status == 200 && strstr(a->body, ".tile"), "console.css: %d", a->status);
+
+    /* every core with its state, HBM and last step; the step comes with the
+     * heartbeat after it, so within a few heartbeats */
+    int got = 0;
+    for (int i = 0; i < 50 && !got; i++) {
+        a = http_get(m->rport, "GET", "/api/cluster");
+        cr_assert_eq(a->status, 200, "GET /api/cluster: %d %.200s", a->status, a->raw);
+        got = console_core(a->body, "h0", 0, c0, sizeof c0) && console_core(a->body, "h0", 1, c1, sizeof c1) &&
+              json_num(c0, "step", NULL) == ROWS / BATCH && json_num(c1, "step", NULL) == ROWS / BATCH;
+        if (!got)
+            nap_ms(100);
+    }
+    cr_assert(got, "the console does not show both cores at step %d: %.1500s", ROWS / BATCH, a->body);
+    cr_assert_str_eq(header(a, "Content-Type"), "application/json");
+    for (const char *c = c0; c; c = c == c0 ? c1 : NULL) {
+        cr_assert(strstr(c, "\"state\":\"READY\"") && strstr(c, "\"health\":\"HEALTHY\""), "%s", c);
+        cr_assert_gt(json_num(c, "hbm_capacity", NULL), 0, "%s", c);
+        cr_assert_gt(json_num(c, "hbm_peak", NULL), 0, "no HBM peak after training: %s", c);
+        long long us = json_num(c, "step_us", NULL), ar = json_num(c, "allreduce_us", NULL);
+        cr_assert(us > 0 && ar > 0 && ar <= us, "step %lld us, all-reduce %lld us: %s", us, ar, c);
+        cr_assert(strstr(c, "\"metrics\":\"http://127.0.0.1:"), "no link to the worker's /metrics: %s", c);
+    }
+    cr_assert_eq(json_num(a->body, "epoch", NULL), 1);
+    cr_assert(strstr(a->body, "\"initialized\":true") && strstr(a->body, "\"tpu_type\":\"v3\""));
+    cr_assert(strstr(a->body, "\"mesh\":[1,1,1,2]"), "a v3 system of 2 cores is one chip: %.300s", a->body);
+    cr_assert(strstr(a->body, "\"kind\":\"registered\",\"core\":\"h0/1\""), "no registration event for h0/1");
+    cr_assert(strstr(a->body, "\"kind\":\"init\""), "no initialize event");
+    /* the events after a number: none new yet */
+    long long next = json_num(a->body, "next", NULL);
+    char path[64];
+    snprintf(path, sizeof path, "/api/cluster?since=%lld", next - 1);
+    a = http_get(m->rport, "GET", path);
+    cr_assert(a->status == 200 && strstr(a->body, "\"events\":[]"), "since=%lld: %.300s", next - 1,
+              a->body ? strstr(a->body, "\"events\"") : "");
+
+    /* a core killed: DEAD, and an event naming it */
+    cluster_kill_worker(m->c, 1);
+    got = 0;
+    for (int i = 0; i < 100 && !got; i++) {
+        a = http_get(m->rport, "GET", path);
+        got = a->status == 200 && console_core(a->body, "h0", 1, c1, sizeof c1) && strstr(c1, "\"state\":\"DEAD\"") &&
+              strstr(a->body, "\"kind\":\"dead\",\"core\":\"h0/1\"");
+        if (!got)
+            nap_ms(100);
+    }
+    cr_assert(got, "the console does not show h0/1 DEAD with an event: %.1500s", a->body);
+    cr_assert(strstr(c1, "\"health\":\"TIMEOUT\""), "%s", c1);
+    mc_free(m);
+}
+
+Test(metrics, console_data_needs_the_console_key_with_a_token, .timeout = 90)
+{
+    cluster_opts o;
+    char rp[16], key[80] = "", hdr[256];
+    run_result r;
+    answer *a = malloc(sizeof *a);
+    memset(&o, 0, sizeof o);
+    int port = cl_free_port();
+    snprintf(rp, sizeof rp, "%d", port);
+    const char *rargs[] = {"--metrics-port", rp, NULL};
+    o.resolver_args = rargs;
+    o.token = 1;
+    o.hosts = 1;
+    o.cores_per_host = 1;
+    o.heartbeat_ms = HB_MS;
+    cluster *c = cluster_start(&o);
+
+    /* the page is public (it holds no data); the data is not */
+    cr_assert_eq(http_get(port, "GET", "/")->status, 200);
+    answer *g = http_get(port, "GET", "/api/cluster");
+    cr_assert_eq(g->status, 401, "without the key: %d", g->status);
+    cr_assert(strstr(header(g, "WWW-Authenticate"), "Bearer"));
+    cr_assert(!strstr(g->body, "h0"), "a 401 shows the cluster: %s", g->body);
+    /* tpuctl console prints the URL with the key */
+    cr_assert_eq(cluster_tpuctl(c, &r, 10000, "console", "--port", rp, NULL), 0, "tpuctl console: %s", r.err);
+    const char *k = strstr(r.out, "#key=");
+    cr_assert(k && strlen(k + 5) >= 64, "tpuctl console printed no key: %s", r.out);
+    snprintf(key, sizeof key, "%.64s", k + 5);
+    cr_assert(!strstr(r.out, CL_TOKEN), "the URL holds the cluster token itself");
+    run_result_free(&r);
+    /* a wrong key, a key of another length, another scheme: 401 */
+    static const char *const bad[] = {"Bearer 0000000000000000000000000000000000000000000000000000000000000000",
+                                      "Bearer abc", "Basic dXNlcjpwYXNz", "Bearer " CL_TOKEN};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int n = snprintf(hdr, sizeof hdr, "GET /api/cluster HTTP/1.1\r\nHost: x\r\nAuthorization: %s\r\n\r\n", bad[i]);
+        http_raw(port, hdr, (size_t)n, 5000, a);
+        cr_assert_eq(a->status, 401, "with \"%s\": %d", bad[i], a->status);
+    }
+    int n = snprintf(hdr, sizeof hdr, "GET /api/cluster HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", key);
+    http_raw(port, hdr, (size_t)n, 5000, a);
+    cr_assert_eq(a->status, 200, "with the console key: %d %.200s", a->status, a->raw);
+    cr_assert(strstr(a->body, "\"host\":\"h0\",\"core\":0,"), "%.300s", a->body);
+    free(a);
+    cluster_free(c);
 }

@@ -86,7 +86,7 @@ static void worker_info(void *arg, Tpuemu__WorkerInfo *out)
     out->boot_id = (char *)machine_boot_id();
     out->train_step = w->train_stats.last_step;
     out->step_us = (uint32_t)(w->train_stats.last_step_ns / 1000 > UINT32_MAX ? UINT32_MAX
-                                                                             : w->train_stats.last_step_ns / 1000);
+                                                                              : w->train_stats.last_step_ns / 1000);
     out->allreduce_us = (uint32_t)(w->train_stats.last_allreduce_ns / 1000 > UINT32_MAX
                                        ? UINT32_MAX
                                        : w->train_stats.last_allreduce_ns / 1000);
