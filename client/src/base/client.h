@@ -89,10 +89,6 @@ struct tpu_topology {
     size_t nser;
 };
 
-/* Fills t's TensorFlow view from t->tp (the resolver's coordinates). A
- * coordinate outside the mesh is TPU_INTERNAL (a malformed topology). */
-tpu_status cli_topology_build(tpu_topology *t);
-
 /* CODE_CANCELLED naming what was cancelled ("all-reduce #12"), for e. */
 int cli_cancelled(const char *what, err *e);
 /* Sleeps ms on c's behalf; CODE_CANCELLED (e says so) if tpu_cancel cut it short. */
@@ -104,42 +100,8 @@ void cli_check_magic(const void *h, uint32_t magic, const char *what);
 
 /* Records e as this thread's last error and returns its code. */
 tpu_status cli_fail(const err *e);
-/* *out from a wire Notice (NULL: none) (health.c). */
-void cli_notice_from(const Tpuemu__Notice *n, tpu_notice *out);
 tpu_status cli_failf(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Emits a warning through the handler of tpu_set_warning_handler (warn.c). */
 void cli_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-/* tpu_initialize_system; restoring: the caller puts its model's state back
- * on the new system itself (elastic fit), so no warning that re-initializing
- * loses the variables on the cores (system.c). */
-tpu_status cli_initialize_system(tpu_cluster *c, const tpu_init_options *opts, tpu_topology **out, int restoring);
-
-/* The pipeline's batch() takes batch_size rows from now on (elastic fit
- * keeping the per-replica batch; dataset.c). */
-int dataset_rebatch(tpu_dataset *ds, size_t batch_size, err *e);
-
-/* One request/reply with the cluster's endpoint: seal req, send, wait up to
- * timeout_ms for the reply, open it and check request_id. A reply whose body
- * is an error becomes that error. Otherwise the body case must be want.
- * *reply is freed by the caller with wire_msg_free(). */
-int call_do(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_ms, wire_msg **reply, err *e);
-
-/* Opens the REQ socket to endpoint i of c->r, after a plain TCP connect check
- * within timeout_ms. Closes any previous socket. */
-int call_open(tpu_cluster *c, size_t i, uint32_t timeout_ms, err *e);
-void call_close(tpu_cluster *c);
-
-/* Collectives (coll.c): the handle now belongs to the system of this epoch,
- * whose n cores are given in replica order (strings copied). Drops any
- * previous data connections; sequence numbers restart at first_seq. */
-struct cli_core_ref {
-    const char *host;
-    int core;
-    const char *data_addr; /* "ADDR:PORT" */
-};
-int cli_coll_set_system(tpu_cluster *c, uint64_t epoch, size_t n, const struct cli_core_ref *cores,
-                        uint64_t first_seq, err *e);
-void cli_coll_free(tpu_cluster *c);
 
 #endif

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client.h"
+#include "cluster_int.h"
 #include "wire.h"
 
 static const char *const kind_names[] = {NULL,   "kill",       "pause",     "slow",     "hbm",      "preempt",

@@ -1,6 +1,6 @@
 /* tpu_cluster: the connection to the resolver (the first endpoint that
  * answers) and cluster-spec snapshots read from it. */
-#include "client.h"
+#include "cluster_int.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "client.h"
+#include "cluster_int.h"
 #include "coll_io.h"
 #include "dpio.h"
 

@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "client.h"
+#include "cluster_int.h"
 
 #define LOW_MEMORY_PCT 90u
 
@@ -17,17 +17,6 @@ const char *tpu_notice_kind_name(tpu_notice_kind k)
     default:
         return "NONE";
     }
-}
-
-void cli_notice_from(const Tpuemu__Notice *n, tpu_notice *out)
-{
-    memset(out, 0, sizeof *out);
-    if (!n || (n->kind != TPUEMU__NOTICE_KIND__NOTICE_PREEMPTION && n->kind != TPUEMU__NOTICE_KIND__NOTICE_MAINTENANCE))
-        return;
-    out->kind = (tpu_notice_kind)n->kind;
-    out->event_in_ms = n->event_in_ms;
-    out->window_ms = n->window_ms;
-    out->under_way = n->under_way;
 }
 
 const char *tpu_health_name(tpu_health h)

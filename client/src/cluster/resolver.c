@@ -3,7 +3,7 @@
  * or a comma list of every host's, or a TPU node name that the Cloud TPU API
  * (here: the resolver at $TPUEMU_TPU_API) resolves. Loads the token; it sends
  * nothing over the network. */
-#include "client.h"
+#include "cluster_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>

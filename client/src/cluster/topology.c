@@ -1,7 +1,7 @@
 /* tpu_topology: read-only views of the Topology an initialize returned (or
  * one parsed from TensorFlow's TopologyProto bytes), and TensorFlow's
  * Topology calls on it (tensorflow/python/tpu/topology.py). */
-#include "client.h"
+#include "cluster_int.h"
 
 #include "tf_topology.pb-c.h"
 

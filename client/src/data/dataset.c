@@ -8,8 +8,7 @@
  * iterator's pool, handed down the chain with their ownership until the
  * consumer gives them back; in steady state nothing here allocates. This file
  * must not touch the cluster: it is plain host-side data. */
-#include "client.h"
-#include "tpuemu/data.h"
+#include "dataset_int.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

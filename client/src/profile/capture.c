@@ -536,6 +536,26 @@ tpu_status tpu_profile_core_info(const tpu_profile *p, size_t i, tpu_profile_cor
     return TPU_OK;
 }
 
+/* s as a quoted JSON string in out (cut short, still quoted, when it does
+ * not fit; the names written are far shorter than the buffers). */
+const char *profile_json_quote(const char *s, char *out, size_t n)
+{
+    size_t k = 0;
+    out[k++] = '"';
+    for (; s && *s && k + 8 < n; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            k += (size_t)snprintf(out + k, n - k, "\\%c", ch);
+        else if (ch < 0x20)
+            k += (size_t)snprintf(out + k, n - k, "\\u%04x", ch);
+        else
+            out[k++] = (char)ch;
+    }
+    out[k++] = '"';
+    out[k] = '\0';
+    return out;
+}
+
 void profile_keep_steps(tpu_profile *p, uint64_t first, uint64_t last, int64_t since_ns)
 {
     int64_t lo = INT64_MAX, hi = INT64_MIN;

@@ -69,7 +69,7 @@ static inline double mm_flops(const struct pev *e, double *padded)
 }
 
 /* s as a quoted JSON string in out (cut short, still quoted, when it does
- * not fit); trace_json.c. */
+ * not fit): for the trace file and the overview JSON. */
 const char *profile_json_quote(const char *s, char *out, size_t n);
 
 #endif

@@ -31,26 +31,6 @@ static int mkdirs(char *path)
     return mkdir(path, 0755) < 0 && errno != EEXIST ? -1 : 0;
 }
 
-/* s as a quoted JSON string in out (cut short, still quoted, when it does
- * not fit; the names written are far shorter than the buffers). */
-const char *profile_json_quote(const char *s, char *out, size_t n)
-{
-    size_t k = 0;
-    out[k++] = '"';
-    for (; s && *s && k + 8 < n; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            k += (size_t)snprintf(out + k, n - k, "\\%c", ch);
-        else if (ch < 0x20)
-            k += (size_t)snprintf(out + k, n - k, "\\u%04x", ch);
-        else
-            out[k++] = (char)ch;
-    }
-    out[k++] = '"';
-    out[k] = '\0';
-    return out;
-}
-
 static void jstr(gzFile f, const char *s)
 {
     char q[1024];

@@ -3,7 +3,7 @@
  * an error. Over the project's own blocking SP client (spcall.h), which
  * tells a dead endpoint at once and never reconnects outside a call.
  * Blocking; no threads. */
-#include "client.h"
+#include "call.h"
 #include "spcall.h"
 
 #include <errno.h>
@@ -216,4 +216,15 @@ int call_do(tpu_cluster *c, wire_msg *req, int want, uint32_t timeout_ms, wire_m
     if (rc == CODE_UNAVAILABLE || rc == CODE_CANCELLED)
         call_close(c);
     return rc;
+}
+
+void cli_notice_from(const Tpuemu__Notice *n, tpu_notice *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!n || (n->kind != TPUEMU__NOTICE_KIND__NOTICE_PREEMPTION && n->kind != TPUEMU__NOTICE_KIND__NOTICE_MAINTENANCE))
+        return;
+    out->kind = (tpu_notice_kind)n->kind;
+    out->event_in_ms = n->event_in_ms;
+    out->window_ms = n->window_ms;
+    out->under_way = n->under_way;
 }

@@ -9,6 +9,7 @@
 
 #include "client.h"
 #include "coll.h"
+#include "dataset_int.h"
 #include "layershape.h"
 #include "tpuemu/model.h"
 #include "train_io.h"
