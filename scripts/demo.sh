@@ -31,6 +31,8 @@ bin=build/bin
 port=${TPUEMU_DEMO_PORT:-8470}
 while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
 tpu="127.0.0.1:$port"
+mport=$((port + 1000))
+while (exec 3<>"/dev/tcp/127.0.0.1/$mport") 2>/dev/null; do mport=$((mport + 1)); done
 logdir=$(mktemp -d /tmp/tpuemu-demo.XXXXXX)
 pids=()
 cleanup() {
@@ -44,7 +46,7 @@ if [ -t 1 ]; then b=$(printf "\033[1m"); n=$(printf "\033[0m"); else b=""; n="";
 step() { printf "\n%s$ %s%s\n" "$b" "$*" "$n"; "$@"; }
 
 echo "starting tpu-resolver on $tpu (TPU name demo-tpu) and a v4-16 slice: 8 tpu-workers (hosts host0, host1; 4 devices each)"
-"$bin/tpu-resolver" --listen "$tpu" --name demo-tpu 2>"$logdir/resolver.log" &
+"$bin/tpu-resolver" --listen "$tpu" --name demo-tpu --metrics-port "$mport" 2>"$logdir/resolver.log" &
 pids+=($!)
 "$bin/tpu-slice" --accelerator-type v4-16 --resolver "$tpu" 2>"$logdir/workers.log" &
 pids+=($!)
@@ -53,6 +55,8 @@ pids+=($!)
 # resolver ($TPUEMU_TPU_API plays the Cloud TPU API)
 export TPU_NAME=demo-tpu TPUEMU_TPU_API="$tpu"
 step "$bin/tpuctl" init --expect 8 --timeout-ms 10000  # waits until all 8 cores registered
+# the cluster console: open the URL it prints in a browser to watch the cores train
+step "$bin/tpuctl" --tpu "$tpu" console --port "$mport"
 cd "$logdir"  # TensorBoard's callback writes logs/train/plugins/profile/RUN/ and logs/train/events.* here
 if [ "$python" = 1 ]; then
     # the TensorFlow program as it is, but for its import line, with the package from the build tree

@@ -5,14 +5,15 @@ TPUEMU_PACKAGES="build-essential cmake pkg-config libuv1-dev libprotobuf-c-dev p
 libnanomsg-dev libcriterion-dev libsodium-dev clang valgrind libdnnl-dev zlib1g-dev
 dataset-fashion-mnist python3-dev python3-cffi python3-numpy"
 # What only the tests need beyond that: the viewer test's browser, web server
-# and checksum (npm fetches its viewer); network namespaces (viewer,
+# and checksum (npm fetches its viewer); the console test's DevTools client
+# (python3-websocket); network namespaces (viewer,
 # multihost); the docker test's engine, compose and base-image maker; the deploy checks' systemd,
 # YAML parser, strace, and Node.js and npm for the Kubernetes schema validator;
 # systemd-nspawn for the systemd test's container; Prometheus (and promtool)
 # for the metrics test; man-db for the manual pages' test; clang-format for the
 # format check of changed lines; abigail-tools (abidw, abidiff) for the ABI
 # check of libtpuclient.
-TPUEMU_TEST_PACKAGES="chromium python3 curl openssl iproute2 util-linux docker.io docker-compose debootstrap
+TPUEMU_TEST_PACKAGES="chromium python3 python3-websocket curl openssl iproute2 util-linux docker.io docker-compose debootstrap
 systemd python3-yaml strace nodejs npm systemd-container prometheus python3-pytest man-db clang-format abigail-tools"
 
 install_packages() { # extra packages...

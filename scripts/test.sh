@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs the build dependencies (Debian/Ubuntu), checks
 # the format of the C lines a change touches, builds with -Werror, runs every
-# test, the profiler's files in real viewers, the cluster over network
+# test, the profiler's files in real viewers, the cluster console in a real
+# browser, the cluster over network
 # namespaces, the checks of deploy/, the units under a real
 # systemd in a container and a real Prometheus scraping a training cluster,
 # again every test under
@@ -73,6 +74,7 @@ if step "build (-Werror)" build build -DTPUEMU_WERROR=ON; then
     step "ctest" run_ctest build
     step "ABI of libtpuclient against client/abi" tests/abi/check.sh build
     step "profile in real viewers" tests/viewer/run.sh build
+    step "cluster console in a real browser" tests/console/run.sh build
     step "multihost" tests/multihost/run.sh
 fi
 step "deploy" tests/deploy/check.sh

@@ -163,12 +163,16 @@ int console_api(void *user, struct httpd_req *q, hbuf *b)
                        "#key=... is the console key)\n");
         return 401;
     }
+    size_t in_system = 0;
     for (size_t i = 0; i < r->reg.n; i++) {
         const rentry *en = r->reg.v[i];
         if (!i || strcmp(en->w.host_id, r->reg.v[i - 1]->w.host_id) != 0)
             hosts++;
-        if (sys_core_state(r, en) == TPUEMU__CORE_STATE__CORE_READY) {
+        if (sys_core_state(r, en) == TPUEMU__CORE_STATE__CORE_READY)
             ready++;
+        /* the system's cores, those lost since included: its mesh stays */
+        if (r->sys.initialized && en->w.epoch == r->sys.epoch && en->w.replica_id >= 0) {
+            in_system++;
             type = en->w.tpu_type;
             slice = en->w.accelerator_type;
         } else if (!*type) {
@@ -176,8 +180,8 @@ int console_api(void *user, struct httpd_req *q, hbuf *b)
             slice = en->w.accelerator_type;
         }
     }
-    if (*type && (ready || r->reg.n))
-        topo_mesh(type, (unsigned)(ready ? ready : r->reg.n), shape);
+    if (*type && r->reg.n)
+        topo_mesh(type, (unsigned)(in_system ? in_system : r->reg.n), shape);
     hbuf_printf(b, "{\"run\":%" PRIu64 ",\"name\":", r->events.run);
     jstr(b, r->tpu_name);
     hbuf_printf(b, ",\"version\":\"%s\",\"epoch\":%" PRIu64 ",\"initialized\":%s,\"owner\":", TPUEMU_VERSION,

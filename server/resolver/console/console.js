@@ -26,7 +26,7 @@
     if (text !== undefined) e.textContent = text;
     return e;
   }
-  const mib = (b) => (b / 1048576).toFixed(b < 10485760 ? 1 : 0) + " MiB";
+  const mib = (b) => b >= 1073741824 ? (b / 1073741824).toFixed(1) + " GiB" : (b / 1048576).toFixed(1) + " MiB";
   const ms = (us) => (us / 1000).toFixed(us < 10000 ? 2 : 1) + " ms";
 
   function status(kind, text) {
@@ -72,7 +72,9 @@
     a.append(el("b", {}, id + " " + c.state));
     a.append(el("span", { class: "health" }, c.health));
     const bar = el("div", { class: "bar" });
-    bar.append(el("i", { style: "width:" + Math.min(100, hbm).toFixed(1) + "%" }));
+    const used = el("i");
+    used.style.width = Math.min(100, hbm).toFixed(1) + "%"; // (the page's CSP allows no style attribute)
+    bar.append(used);
     a.append(bar);
     a.append(el("span", { class: "hbm" }, "HBM " + mib(c.hbm_used) + " / " + mib(c.hbm_capacity)));
     a.append(el("br"));

@@ -1,0 +1,190 @@
+"""The cluster console in headless Chromium, driven over the DevTools protocol.
+
+Run by tests/console/run.sh inside a network namespace that has only
+loopback, with a cluster of 4 cores (host0, host1 x cores 0, 1) that has
+trained an epoch:
+
+  check.py BIN TPU METRICS_PORT WORKDIR [SCREENSHOT_DIR]
+
+It opens the console at http://127.0.0.1:METRICS_PORT/ and checks what a user
+sees: a tile per core, grouped by host, READY with its step; a core killed with
+`tpuctl chaos kill` shows DEAD within 3 s of the command returning, with an
+event naming it; a core preempted with `tpuctl chaos preempt` shows its notice,
+then PREEMPTED, with events naming it; after the resolver restarts, the page
+goes on by itself. Every wait is bounded. Prints one line per check; exits 1 on
+the first that fails.
+"""
+import base64
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import websocket  # Debian's python3-websocket
+
+BIN, TPU, MPORT, WORK = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+SHOTS = sys.argv[5] if len(sys.argv) > 5 else ""
+URL = "http://127.0.0.1:%d/" % MPORT
+passed = 0
+
+
+def fail(msg):
+    print("FAIL: " + msg)
+    sys.exit(1)
+
+
+def ok(msg):
+    global passed
+    passed += 1
+    print("ok: " + msg)
+
+
+class Page:
+    def __init__(self, port):
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:%d/json/list" % port, timeout=2) as r:
+                    targets = [t for t in json.load(r) if t.get("type") == "page"]
+                if targets:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                fail("Chromium's DevTools port %d did not answer within 30 s" % port)
+            time.sleep(0.2)
+        self.ws = websocket.create_connection(targets[0]["webSocketDebuggerUrl"], timeout=30, suppress_origin=True)
+        self.n = 0
+
+    def call(self, method, **params):
+        self.n += 1
+        self.ws.send(json.dumps({"id": self.n, "method": method, "params": params}))
+        while True:
+            m = json.loads(self.ws.recv())
+            if m.get("id") == self.n:
+                if "error" in m:
+                    fail("%s: %s" % (method, m["error"]))
+                return m.get("result", {})
+
+    def js(self, expr):
+        r = self.call("Runtime.evaluate", expression=expr, returnByValue=True)
+        if "exceptionDetails" in r:
+            fail("the page's script failed on %s: %s" % (expr, r["exceptionDetails"]))
+        return r["result"].get("value")
+
+    def wait(self, expr, seconds, what):
+        """Polls expr every 100 ms until it is truthy; returns (value, seconds taken)."""
+        t0 = time.monotonic()
+        while True:
+            v = self.js(expr)
+            if v:
+                return v, time.monotonic() - t0
+            if time.monotonic() - t0 > seconds:
+                fail("%s: not within %.0f s; the page shows: %s" % (what, seconds, self.js(SNAPSHOT)))
+            time.sleep(0.1)
+
+    def shot(self, name):
+        if SHOTS:
+            png = self.call("Page.captureScreenshot", format="png")["data"]
+            with open(os.path.join(SHOTS, name), "wb") as f:
+                f.write(base64.b64decode(png))
+
+
+# what the page shows, for the checks and for failure messages
+SNAPSHOT = """JSON.stringify({
+  status: document.getElementById('status').textContent,
+  tiles: [...document.querySelectorAll('.tile')].map(t => [t.dataset.core, t.dataset.state, t.dataset.step,
+                                                           t.parentNode.parentNode.dataset.host]),
+  summary: document.getElementById('summary').textContent,
+  events: [...document.querySelectorAll('#events li')].slice(0, 12).map(l => [l.dataset.kind, l.dataset.core, l.textContent])
+})"""
+
+
+def shown(p):
+    return json.loads(p.js(SNAPSHOT))
+
+
+def tile_state(core):
+    return "(document.querySelector('.tile[data-core=\"%s\"]') || {dataset: {}}).dataset.state" % core
+
+
+def has_event(kind, core):
+    return "!!document.querySelector('#events li[data-kind=\"%s\"][data-core=\"%s\"]')" % (kind, core)
+
+
+def tpuctl(*args):
+    r = subprocess.run([BIN + "/tpuctl", "--tpu", TPU] + list(args), capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        fail("tpuctl %s: %s%s" % (" ".join(args), r.stdout, r.stderr))
+    return r.stdout
+
+
+dport = int(os.environ["CONSOLE_DEVTOOLS_PORT"])
+profile = tempfile.mkdtemp(dir=WORK)
+chrome = subprocess.Popen(
+    ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
+     "--disable-background-networking", "--disable-component-update", "--disable-default-apps",
+     "--disable-domain-reliability", "--user-data-dir=" + profile, "--window-size=1280,800",
+     "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=%d" % dport,
+     "--remote-allow-origins=*", "about:blank"],
+    stdout=subprocess.DEVNULL, stderr=open(os.path.join(WORK, "chromium.log"), "w"))
+try:
+    p = Page(dport)
+    p.call("Page.enable")
+    p.call("Page.navigate", url=URL)
+
+    # 1. every core, by host, READY, with the step it trained to
+    p.wait("document.querySelectorAll('.tile[data-state=\"READY\"]').length === 4", 20, "4 READY tiles")
+    s = shown(p)
+    cores = sorted(t[0] for t in s["tiles"])
+    if cores != ["host0/0", "host0/1", "host1/0", "host1/1"]:
+        fail("the grid shows %s, not the 4 cores" % cores)
+    if any(t[0].split("/")[0] != t[3] for t in s["tiles"]):
+        fail("a tile is not under its host: %s" % s["tiles"])
+    # the last step comes with each core's next heartbeat: all at the same one, past 0
+    p.wait("new Set([...document.querySelectorAll('.tile')].map(t => t.dataset.step)).size === 1 && "
+           "document.querySelector('.tile').dataset.step !== '0'", 5, "every tile at the training's last step")
+    want = p.js("document.querySelector('.tile').dataset.step")
+    for word in ("epoch", "v3", "mesh 2x1x1 chips x 2 cores", "hosts x devices: 2 x 2"):
+        if word not in s["summary"]:
+            fail("the summary does not say %r: %s" % (word, s["summary"]))
+    if not p.js("document.querySelector('.tile[data-core=\"host0/0\"]').href.endsWith('/metrics')"):
+        fail("host0/0's tile does not link to its worker's /metrics")
+    ok("the grid shows the 4 cores under their 2 hosts, READY at step %s, with the system's epoch and topology" % want)
+    p.shot("console.png")
+
+    # 2. a core killed: DEAD within 3 s, and an event naming it
+    tpuctl("chaos", "kill", "host1/1")
+    _, took = p.wait(tile_state("host1/1") + " === 'DEAD'", 3, "host1/1's tile DEAD after tpuctl chaos kill")
+    p.wait(has_event("dead", "host1/1"), 2, "an event naming host1/1 dead")
+    ok("tpuctl chaos kill host1/1: its tile is DEAD %.1f s later, and the event log names it" % took)
+
+    # 3. a preemption: the notice, then PREEMPTED
+    tpuctl("chaos", "--notice-ms", "1500", "preempt", "host0/1")
+    p.wait(has_event("notice", "host0/1"), 5, "a preemption notice event for host0/1")
+    p.wait(tile_state("host0/1") + " === 'PREEMPTED'", 10, "host0/1's tile PREEMPTED")
+    p.wait(has_event("preempted", "host0/1"), 2, "an event naming host0/1 preempted")
+    ok("tpuctl chaos preempt host0/1: the notice, then PREEMPTED, each in the event log")
+    p.shot("console-faults.png")
+
+    # 4. the resolver restarts: the page says so, then goes on by itself
+    with open(os.path.join(WORK, "resolver.pid")) as f:
+        rpid = int(f.read())
+    os.kill(rpid, 9)
+    p.wait("document.getElementById('status').dataset.status === 'down'", 5, "the page saying the resolver is down")
+    subprocess.run(["bash", "-c", os.environ["CONSOLE_RESTART"]], check=True, timeout=30)
+    p.wait("document.getElementById('status').dataset.status === 'live' && "
+           "document.querySelectorAll('.tile[data-state=\"IDLE\"], .tile[data-state=\"READY\"]').length === 2", 15,
+           "the page live again with the 2 cores still running, after the resolver restarted")
+    p.wait("!!document.querySelector('#events li[data-kind=\"registered\"]')", 5, "the new resolver's events")
+    ok("after the resolver restarted, the page went on by itself with its cores and its new event log")
+finally:
+    chrome.terminate()
+    try:
+        chrome.wait(10)
+    except subprocess.TimeoutExpired:
+        chrome.kill()
+print("%d passed, 0 failed" % passed)
