@@ -23,26 +23,39 @@ void lshape_format(const struct lshape *s, char *buf, size_t n)
 
 const char *lkind_name(enum lkind k)
 {
-    static const char *const n[] = {
-        "Dense",   "Flatten", "Conv2D",    "MaxPooling2D",           "AveragePooling2D",   "GlobalAveragePooling2D",
-        "Dropout", "Reshape", "Embedding", "GlobalAveragePooling1D", "MultiHeadAttention", "Add"};
+    static const char *const n[LK_LAST + 1] = {"Dense",
+                                               "Flatten",
+                                               "Conv2D",
+                                               "MaxPooling2D",
+                                               "AveragePooling2D",
+                                               "GlobalAveragePooling2D",
+                                               "Dropout",
+                                               "Reshape",
+                                               "Embedding",
+                                               "GlobalAveragePooling1D",
+                                               "MultiHeadAttention",
+                                               "Add",
+                                               "LayerNormalization",
+                                               "BatchNormalization"};
     return (unsigned)k <= LK_LAST ? n[k] : "unknown";
 }
 
 const char *lkind_prefix(enum lkind k)
 {
-    static const char *const n[] = {"dense",
-                                    "flatten",
-                                    "conv2d",
-                                    "max_pooling2d",
-                                    "average_pooling2d",
-                                    "global_average_pooling2d",
-                                    "dropout",
-                                    "reshape",
-                                    "embedding",
-                                    "global_average_pooling1d",
-                                    "multi_head_attention",
-                                    "add"};
+    static const char *const n[LK_LAST + 1] = {"dense",
+                                               "flatten",
+                                               "conv2d",
+                                               "max_pooling2d",
+                                               "average_pooling2d",
+                                               "global_average_pooling2d",
+                                               "dropout",
+                                               "reshape",
+                                               "embedding",
+                                               "global_average_pooling1d",
+                                               "multi_head_attention",
+                                               "add",
+                                               "layer_normalization",
+                                               "batch_normalization"};
     return (unsigned)k <= LK_LAST ? n[k] : "unknown";
 }
 
@@ -179,6 +192,18 @@ int lshape_apply(const struct lspec *s, const struct lshape *in, struct lgeom *g
     case LK_ADD: /* the other operand's shape is the model's to check */
         if (s->from < 0 || s->from >= LSHAPE_MAX_DIM)
             return snprintf(why, n, "Add: layer %d is not a layer before it", s->from), -1;
+        break;
+    case LK_LAYER_NORM:
+    case LK_BATCH_NORM:
+        /* over the last axis (Keras' axis=-1): gamma and beta per feature */
+        if (!(s->epsilon > 0.0f && s->epsilon < 1e30f))
+            return snprintf(why, n, "%s: epsilon %g is not a finite number above 0", lkind_name(s->kind),
+                            (double)s->epsilon),
+                   -1;
+        if (s->kind == LK_BATCH_NORM && !(s->momentum >= 0.0f && s->momentum <= 1.0f))
+            return snprintf(why, n, "BatchNormalization: momentum %g is outside [0, 1]", (double)s->momentum), -1;
+        g->kernel = g->bias = (size_t)in->d[in->rank - 1];
+        g->stats = s->kind == LK_BATCH_NORM ? 2 * g->kernel : 0;
         break;
     default:
         return snprintf(why, n, "layer kind %d is unknown", (int)s->kind), -1;

@@ -31,8 +31,10 @@ enum lkind {
     LK_GLOBAL_AVG_POOL1D = 9,
     LK_MULTI_HEAD_ATTENTION = 10,
     LK_ADD = 11,
+    LK_LAYER_NORM = 12,
+    LK_BATCH_NORM = 13,
 };
-#define LK_LAST LK_ADD
+#define LK_LAST LK_BATCH_NORM
 
 struct lshape {
     int rank;                   /* 1..3 */
@@ -53,6 +55,8 @@ struct lspec {
                                    TokenAndPositionEmbedding) */
     int heads, key_dim, value_dim; /* MultiHeadAttention; value_dim 0 = key_dim */
     int from;                      /* Add: the layer whose input is added to this layer's input */
+    float epsilon;                 /* LayerNormalization, BatchNormalization: > 0 (Keras: 1e-3) */
+    float momentum;                /* BatchNormalization: [0, 1] (Keras: 0.99) */
 };
 
 /* Number of floats in a shape. */
@@ -61,7 +65,7 @@ size_t lshape_size(const struct lshape *s);
 void lshape_format(const struct lshape *s, char *buf, size_t n);
 
 /* The output shape of layer s on input shape in, its kernel and bias sizes
- * (0 for layers without weights), and the layer's effective strides (sh, sw
+ * (0 for layers without weights; the normalizations' gamma and beta), and the layer's effective strides (sh, sw
  * filled from the pool size when 0) and padding at the top and left
  * ("same": TensorFlow puts the odd pixel at the bottom and right).
  * -1 with why (naming the rule broken, e.g. "Conv2D needs a (height, width,
@@ -69,6 +73,9 @@ void lshape_format(const struct lshape *s, char *buf, size_t n);
 struct lgeom {
     struct lshape out;
     size_t kernel, bias;
+    /* non-trainable values after the bias: BatchNormalization's
+     * moving_mean and moving_variance (2 x channels) */
+    size_t stats;
     int sh, sw, pad_top, pad_left;
 };
 int lshape_apply(const struct lspec *s, const struct lshape *in, struct lgeom *g, char *why, size_t n);

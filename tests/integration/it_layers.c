@@ -11,6 +11,9 @@
  *    rule; a model ending in a Conv2D is refused at compile;
  *  - a CNN too big for a core's HBM reports its convolution's patches among
  *    the largest allocations.
+ *  - BatchNormalization and LayerNormalization train (with gelu and a loss
+ *    from logits); evaluate uses the moving statistics, which are the same
+ *    on every replica.
  *
  * The images are 8x8x1, generated here with fixed seeds. */
 #include <math.h>
@@ -331,4 +334,106 @@ Test(layers, gradient_checkpointing_fits_what_did_not, .timeout = 300)
     ct_free(t2);
     free(x);
     free(y);
+}
+
+/* BatchNormalization, LayerNormalization, gelu and a loss from logits end to
+ * end on 2 replicas: Keras' summary rows (BatchNormalization's 4 x channels
+ * parameters, half of them not trained), the model learns, evaluate uses the
+ * moving statistics (the same answer twice), and the moving statistics moved
+ * from their initial 0 and 1 and are the same bits on both replicas although
+ * each normalized its own shard with its own batch statistics. */
+Test(layers, normalization_trains_and_moving_statistics_agree_across_replicas, .timeout = 240)
+{
+    colltest *t = ct_start(1, (int[]){2}, NULL, HB_MS);
+    tpu_strategy *s;
+    tpu_model *m;
+    float *x;
+    int32_t *y;
+    char sum[2048];
+    CALL_OK(tpu_strategy_new(t->c, &s));
+    strokes(1024, 21, &x, &y);
+    tpu_dataset *ds = make_ds(x, y, 1024, 64);
+    CALL_OK(tpu_model_new(s, SIDE * SIDE, &m));
+    CALL_OK(tpu_model_set_input_shape(m, (size_t[]){SIDE, SIDE, 1}, 3));
+    CALL_OK(tpu_model_add_conv2d(m, 8, 3, 3, 0, 0, TPU_PADDING_SAME, TPU_ACT_RELU));
+    /* momentum 0.9: Keras' 0.99 moves the statistics 55 % of the way in the
+     * 80 steps here (0.99^80 = 0.45), and evaluate would normalize with
+     * statistics still half their initial 0 and 1, as Keras' would */
+    CALL_OK(tpu_model_add_batch_normalization(m, 0.9f, 0));
+    CALL_OK(tpu_model_add_max_pooling2d(m, 2, 2, 0, 0, TPU_PADDING_VALID));
+    CALL_OK(tpu_model_add_flatten(m));
+    CALL_OK(tpu_model_add_dense(m, 16, TPU_ACT_GELU));
+    CALL_OK(tpu_model_add_layer_normalization(m, 0));
+    CALL_OK(tpu_model_add_dense(m, CLASSES, TPU_ACT_LINEAR));
+    CALL_OK(tpu_model_set_seed(m, 5));
+    cr_assert_eq(tpu_model_add_batch_normalization(m, 1.5f, 0), TPU_INVALID_ARGUMENT);
+    cr_assert(strstr(tpu_last_error(), "BatchNormalization: momentum 1.5 is outside [0, 1]"), "%s", tpu_last_error());
+
+    tpu_model_summary(m, sum, sizeof sum);
+    fprintf(stderr, "%s", sum);
+    static const char *const rows[] = {
+        "batch_normalization (BatchNormalization) (None, 8, 8, 8)                  32",
+        "dense (Dense, gelu)          (None, 16)                     2064",
+        "layer_normalization (LayerNormalization) (None, 16)                       32",
+        "Total params: 2276 ",
+        "Trainable params: 2260 ",
+        "Non-trainable params: 16 ",
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++)
+        cr_assert(strstr(sum, rows[i]), "the summary lacks the row '%s':\n%s", rows[i], sum);
+
+    tpu_compile_options co;
+    tpu_compile_options_init(&co);
+    co.optimizer = tpu_optimizer_adam(0.01f);
+    co.policy = TPU_POLICY_MIXED_BFLOAT16;
+    co.from_logits = 1;
+    CALL_OK(tpu_model_compile(m, &co));
+    tpu_fit_options fo;
+    memset(&fo, 0, sizeof fo);
+    fo.epochs = 5;
+    tpu_history *h;
+    CALL_OK(tpu_model_fit(m, ds, &fo, &h));
+    tpu_logs first, last;
+    CALL_OK(tpu_history_epoch(h, 0, &first));
+    CALL_OK(tpu_history_epoch(h, 4, &last));
+    fprintf(stderr, "epoch 1: loss %.4f accuracy %.4f; epoch 5: loss %.4f accuracy %.4f\n", first.loss, first.accuracy,
+            last.loss, last.accuracy);
+    cr_assert_lt(last.loss, 0.6 * first.loss, "the loss went from %g to %g only", first.loss, last.loss);
+
+    float *xt;
+    int32_t *yt;
+    strokes(512, 54321, &xt, &yt);
+    tpu_dataset *dt = make_ds(xt, yt, 512, 64);
+    double l1, a1, l2, a2;
+    CALL_OK(tpu_model_evaluate(m, dt, &l1, &a1));
+    CALL_OK(tpu_model_evaluate(m, dt, &l2, &a2));
+    fprintf(stderr, "held out: loss %.4f accuracy %.4f\n", l1, a1);
+    cr_assert_eq(l1, l2, "two evaluations differ (%.9g, %.9g): batch statistics in evaluate?", l1, l2);
+    cr_assert_gt(a1, 0.85, "held-out accuracy %g", a1);
+
+    size_t np = tpu_model_num_params(m);
+    float *w0 = malloc(np * sizeof *w0), *w1 = malloc(np * sizeof *w1);
+    cr_assert(w0 && w1);
+    CALL_OK(tpu_model_get_weights(m, 0, w0, np));
+    CALL_OK(tpu_model_get_weights(m, 1, w1, np));
+    cr_assert_eq(memcmp(w0, w1, np * sizeof *w0), 0, "the replicas' variables differ after training");
+    /* conv2d kernel 72 + bias 8; then gamma 8, beta 8, moving_mean 8, moving_variance 8 */
+    const float *mm = w0 + 96, *mv = w0 + 104;
+    for (int c = 0; c < 8; c++) {
+        cr_assert(mm[c] > 0.0f, "channel %d: moving_mean %g did not move from 0 (relu outputs are >= 0)", c,
+                  (double)mm[c]);
+        cr_assert(mv[c] != 1.0f && mv[c] > 0.0f, "channel %d: moving_variance %g", c, (double)mv[c]);
+    }
+    free(w0);
+    free(w1);
+    tpu_history_free(h);
+    tpu_dataset_free(dt);
+    tpu_dataset_free(ds);
+    free(xt);
+    free(yt);
+    free(x);
+    free(y);
+    tpu_model_free(m);
+    tpu_strategy_free(s);
+    ct_free(t);
 }

@@ -5,7 +5,9 @@ layer_oracle_dump runs small models on the core (float32, the portable
 matrix unit) and prints their layers, inputs, weights and outputs; this
 recomputes each output from Keras' definitions in float64 numpy, written
 here independently of the core's C (padding from TensorFlow's rule, the
-pooling windows, the kernel layout (kh, kw, in, out)), and compares."""
+pooling windows, the kernel layout (kh, kw, in, out), the normalizations'
+statistics), and compares; and the cross-entropies from logits against a
+float64 log-softmax."""
 import json
 import math
 import subprocess
@@ -15,6 +17,7 @@ import numpy as np
 
 (DENSE, FLATTEN, CONV2D, MAXPOOL, AVGPOOL, GAP, DROPOUT, RESHAPE, EMBEDDING, GAP1D, MHA,
  ADD) = range(12)
+LAYERNORM, BATCHNORM = 12, 13
 
 
 def act(v, name):
@@ -148,6 +151,21 @@ def forward(case):
             x = mha(x, p, L["w"], L["heads"], L["key_dim"], L["value_dim"])
         elif kind == ADD:
             x = x + inputs[L["from"]]
+        elif kind == LAYERNORM:  # Keras: axis=-1, biased variance, gamma then beta
+            c = x.shape[-1]
+            gamma, beta = p[L["w"]:L["w"] + c], p[L["b"]:L["b"] + c]
+            mean = x.mean(axis=-1, keepdims=True)
+            var = x.var(axis=-1, keepdims=True)
+            x = (x - mean) / np.sqrt(var + L["epsilon"]) * gamma + beta
+        elif kind == BATCHNORM:  # training: the batch's statistics; else the moving ones
+            c = x.shape[-1]
+            gamma, beta = p[L["w"]:L["w"] + c], p[L["b"]:L["b"] + c]
+            if case["training"]:
+                axes = tuple(range(x.ndim - 1))
+                mean, var = x.mean(axis=axes), x.var(axis=axes)
+            else:
+                mean, var = p[L["stats"]:L["stats"] + c], p[L["stats"] + c:L["stats"] + 2 * c]
+            x = (x - mean) / np.sqrt(var + L["epsilon"]) * gamma + beta
         else:
             raise ValueError(kind)
     return x
@@ -168,7 +186,7 @@ def main():
     lines = [json.loads(line) for line in dump.splitlines() if line.strip()]
     cases = [c for c in lines if "loss" not in c]
     losses = [c for c in lines if "loss" in c]
-    assert len(cases) >= 14, f"only {len(cases)} cases dumped"
+    assert len(cases) >= 17, f"only {len(cases)} cases dumped"
     assert len(losses) >= 2, f"only {len(losses)} loss cases dumped"
     bad = 0
     for case in losses:

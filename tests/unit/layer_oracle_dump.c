@@ -100,6 +100,13 @@ static int loss_cases(mxu *u)
     return 0;
 }
 
+static size_t stats_at(const model *m, int l)
+{
+    size_t off = 0;
+    model_stats_count(m, l, &off);
+    return off;
+}
+
 int main(void)
 {
     static const struct lcase cases[] = {
@@ -226,6 +233,39 @@ int main(void)
          {0, 0, 8, 4, 0, 0},
          {ACT_LINEAR, ACT_LINEAR, ACT_RELU, ACT_LINEAR, ACT_LINEAR, ACT_LINEAR},
          {2, {5, 4, 0}}},
+        {"layer_normalization_channels_and_features",
+         3,
+         3,
+         4,
+         4,
+         {{.kind = LK_LAYER_NORM, .epsilon = 1e-3f},
+          {.kind = LK_FLATTEN},
+          {.kind = LK_DENSE},
+          {.kind = LK_LAYER_NORM, .epsilon = 0.5f}},
+         {0, 0, 5, 0},
+         {ACT_LINEAR, ACT_LINEAR, ACT_RELU, ACT_LINEAR},
+         {0, {0, 0, 0}}},
+        {"batch_normalization_inference_moving_statistics",
+         3,
+         3,
+         4,
+         2,
+         {{.kind = LK_BATCH_NORM, .epsilon = 1e-3f, .momentum = 0.99f}, {.kind = LK_FLATTEN}},
+         {0, 0},
+         {ACT_LINEAR, ACT_LINEAR},
+         {0, {0, 0, 0}}},
+        {"batch_normalization_training_batch_statistics",
+         3,
+         3,
+         4,
+         4,
+         {{.kind = LK_BATCH_NORM, .epsilon = 1e-3f, .momentum = 0.99f},
+          {.kind = LK_FLATTEN},
+          {.kind = LK_DENSE},
+          {.kind = LK_BATCH_NORM, .epsilon = 1e-2f, .momentum = 0.9f}},
+         {0, 0, 4, 0},
+         {ACT_LINEAR, ACT_LINEAR, ACT_TANH, ACT_LINEAR},
+         {0, {0, 0, 0}}},
     };
     mxu *u;
     err e;
@@ -266,11 +306,21 @@ int main(void)
             x[i] = lc->l[0].kind == LK_EMBEDDING ? (float)(i * 7 % (size_t)lc->l[0].vocab) : frand(&s);
         for (size_t i = 0; i < np; i++)   /* biases too, so the oracle sees them */
             model_params(m)[i] += 0.05f * frand(&s);
+        for (int l = 0; l < cfg.nlayers; l++) { /* moving statistics far from their initial 0 and 1 */
+            size_t off, ns = model_stats_count(m, l, &off);
+            for (size_t i = 0; i < ns; i++)
+                model_params(m)[off + i] = i < ns / 2 ? 0.5f * frand(&s) : 0.3f + 0.5f * (1.0f + frand(&s));
+        }
+        for (size_t i = 0; i < nx && lc->l[0].kind != LK_EMBEDDING; i++) /* off 0: the normalizations' shift shows */
+            x[i] = 0.7f + 2.0f * x[i];
+        /* a case named "..._training_..." runs fit's forward pass (batch statistics) */
+        int training = strstr(lc->name, "_training_") != NULL;
+        model_set_training(m, training);
         if (model_forward(m, x, rows, out, &e) != CODE_OK) {
             fprintf(stderr, "layer_oracle_dump: case %s: %s\n", lc->name, e.msg);
             return 1;
         }
-        printf("{\"name\": \"%s\", \"rows\": %d, \"input_shape\": [", lc->name, rows);
+        printf("{\"name\": \"%s\", \"rows\": %d, \"training\": %d, \"input_shape\": [", lc->name, rows, training);
         for (int i = 0; i < cfg.in_shape.rank; i++)
             printf("%s%d", i ? ", " : "", cfg.in_shape.d[i]);
         printf("], \"layers\": [");
@@ -279,11 +329,11 @@ int main(void)
             printf("%s{\"kind\": %d, \"units\": %d, \"act\": \"%s\", \"k\": [%d, %d], \"s\": [%d, %d], "
                    "\"same\": %d, \"rate\": %g, \"target\": [%d, %d, %d], \"target_rank\": %d, \"w\": %zu, "
                    "\"b\": %zu, \"vocab\": %d, \"positions\": %d, \"heads\": %d, \"key_dim\": %d, "
-                   "\"value_dim\": %d, \"from\": %d}",
+                   "\"value_dim\": %d, \"from\": %d, \"epsilon\": %.9g, \"stats\": %zu}",
                    l ? ", " : "", (int)sp->kind, cfg.units[l], model_act_name(cfg.act[l]), sp->kh, sp->kw, sp->sh,
                    sp->sw, sp->same, (double)sp->rate, sp->target.d[0], sp->target.d[1], sp->target.d[2],
                    sp->target.rank, model_kernel_offset(m, l), model_bias_offset(m, l), sp->vocab, sp->positions,
-                   sp->heads, sp->key_dim, sp->value_dim, sp->from);
+                   sp->heads, sp->key_dim, sp->value_dim, sp->from, (double)sp->epsilon, stats_at(m, l));
         }
         printf("]");
         arr("x", x, nx);

@@ -74,6 +74,17 @@ static double loss_of(model *m, const float *x, const int32_t *y, int rows)
     return mt.loss_sum;
 }
 
+/* Whether parameter i is a non-trainable statistic (BatchNormalization's). */
+static int is_stat(const model *m, int nlayers, size_t i)
+{
+    for (int l = 0; l < nlayers; l++) {
+        size_t off, n = model_stats_count(m, l, &off);
+        if (i >= off && i < off + n)
+            return 1;
+    }
+    return 0;
+}
+
 /* Every parameter's gradient (all of them, or every stride-th) against the
  * central difference (L(w + h) - L(w - h)) / 2h of the summed loss. float32
  * forward passes: h 2e-3, tolerance 2e-3 absolute plus 2% relative. */
@@ -109,6 +120,8 @@ static void gradcheck(const struct model_cfg *cfg, int rows, int training, size_
     for (size_t i = 0; i < np; i += stride) {
         float *w = model_params(m) + i, w0 = *w, h = 2e-3f;
         double lp, lm, num;
+        if (is_stat(m, cfg->nlayers, i)) /* not trained: no gradient (their place holds statistics) */
+            continue;
         *w = w0 + h;
         model_set_dropout_pass(m, pass);
         lp = loss_of(m, x, y, rows);
@@ -528,4 +541,121 @@ Test(layers, sequence_layer_shape_rules)
     cr_assert_eq(model_new(&m, &c, u, &e), CODE_INVALID_ARGUMENT);
     cr_expect(strstr(e.msg, "MultiHeadAttention needs a (sequence_length, features) input, not (None, 12)"), "%s",
               e.msg);
+}
+
+static void add_norm(struct model_cfg *c, enum lkind k, float eps, float momentum)
+{
+    c->kind[c->nlayers].epsilon = eps;
+    c->kind[c->nlayers].momentum = momentum;
+    add(c, k, 0, ACT_LINEAR);
+}
+
+Test(layers, layer_normalization_gradients)
+{
+    /* over the channels of an image, and over a Dense's features */
+    struct model_cfg c = cfg0(4, 3, 2);
+    add_win(&c, LK_CONV2D, 5, ACT_LINEAR, 3, 3, 1, 1, 1);
+    add_norm(&c, LK_LAYER_NORM, 1e-3f, 0);
+    add(&c, LK_FLATTEN, 0, ACT_LINEAR);
+    add(&c, LK_DENSE, 6, ACT_GELU);
+    add_norm(&c, LK_LAYER_NORM, 1e-3f, 0);
+    add(&c, LK_DENSE, 3, ACT_SOFTMAX);
+    gradcheck(&c, 4, 1, 1);
+}
+
+Test(layers, batch_normalization_gradients_training_and_inference)
+{
+    struct model_cfg c = cfg0(4, 3, 2);
+    add_win(&c, LK_CONV2D, 4, ACT_LINEAR, 3, 3, 1, 1, 1);
+    add_norm(&c, LK_BATCH_NORM, 1e-3f, 0.99f);
+    add_win(&c, LK_MAX_POOL2D, 0, ACT_LINEAR, 2, 2, 0, 0, 0);
+    add(&c, LK_FLATTEN, 0, ACT_LINEAR);
+    add(&c, LK_DENSE, 5, ACT_SWISH);
+    add_norm(&c, LK_BATCH_NORM, 1e-3f, 0.99f);
+    add(&c, LK_DENSE, 3, ACT_SOFTMAX);
+    gradcheck(&c, 6, 1, 1); /* batch statistics: every row's gradient runs through the others' */
+    gradcheck(&c, 6, 0, 1); /* moving statistics (given values by the check's noise) */
+}
+
+/* The moving statistics: not trained, identical on replicas that each saw
+ * their own shard, and moved toward the replicas' batch statistics averaged
+ * by rows, with Keras' momentum: moving -= (moving - batch) * (1 - momentum). */
+Test(layers, batch_normalization_moving_statistics_average_over_replicas)
+{
+    enum {
+        C = 3,
+        ROWS = 8
+    };
+    struct model_cfg c = cfg0(1, 1, C);
+    model *r[2];
+    err e;
+    unsigned s = 5;
+    float x[ROWS * C];
+    int32_t y[ROWS];
+    size_t off;
+    c.in_shape = (struct lshape){1, {C, 0, 0}};
+    add_norm(&c, LK_BATCH_NORM, 1e-3f, 0.9f);
+    add(&c, LK_DENSE, 2, ACT_SOFTMAX);
+    for (int i = 0; i < ROWS * C; i++)
+        x[i] = 2.0f + 3.0f * frand(&s) * (float)(1 + i % C);
+    for (int i = 0; i < ROWS; i++)
+        y[i] = i % 2;
+    for (int k = 0; k < 2; k++) { /* replica k: rows 3 (k = 0) or 5 (k = 1) of the batch of 8 */
+        cr_assert_eq(model_new(&r[k], &c, u, &e), CODE_OK, "%s", e.msg);
+        model_set_training(r[k], 1);
+        cr_assert_eq(model_stats_count(r[k], 0, &off), 2u * C);
+        cr_assert_eq(model_params(r[k])[off], 0.0f);     /* moving_mean starts at 0 */
+        cr_assert_eq(model_params(r[k])[off + C], 1.0f); /* moving_variance at 1 */
+        const float *xs = k ? x + 3 * C : x;
+        int rows = k ? 5 : 3;
+        cr_assert_eq(model_forward(r[k], xs, rows, NULL, &e), CODE_OK, "%s", e.msg);
+        cr_assert_eq(model_backward(r[k], k ? y + 3 : y, rows, NULL, &e), CODE_OK, "%s", e.msg);
+    }
+    /* the all-reduce: the sum over the replicas, on each */
+    size_t np = model_num_params(r[0]);
+    for (size_t i = 0; i < np; i++) {
+        float sum = model_grads(r[0])[i] + model_grads(r[1])[i];
+        model_grads(r[0])[i] = model_grads(r[1])[i] = sum;
+    }
+    model_apply_gradients(r[0], 1.0f / ROWS);
+    model_apply_gradients(r[1], 1.0f / ROWS);
+    cr_assert_eq(memcmp(model_params(r[0]), model_params(r[1]), np * sizeof(float)), 0,
+                 "the replicas' variables differ after the update");
+    for (int ch = 0; ch < C; ch++) {
+        double mean[2] = {0, 0}, var[2] = {0, 0};
+        for (int k = 0; k < 2; k++) {
+            int r0 = k ? 3 : 0, n = k ? 5 : 3;
+            for (int i = r0; i < r0 + n; i++)
+                mean[k] += x[i * C + ch] / (double)n;
+            for (int i = r0; i < r0 + n; i++)
+                var[k] += (x[i * C + ch] - mean[k]) * (x[i * C + ch] - mean[k]) / (double)n;
+        }
+        double bm = (3 * mean[0] + 5 * mean[1]) / ROWS, bv = (3 * var[0] + 5 * var[1]) / ROWS;
+        double want_m = 0.0 - (0.0 - bm) * 0.1, want_v = 1.0 - (1.0 - bv) * 0.1;
+        cr_assert(fabs(model_params(r[0])[off + ch] - want_m) < 1e-5 * (1 + fabs(want_m)),
+                  "channel %d: moving_mean %.7g, want %.7g", ch, (double)model_params(r[0])[off + ch], want_m);
+        cr_assert(fabs(model_params(r[0])[off + C + ch] - want_v) < 1e-5 * (1 + fabs(want_v)),
+                  "channel %d: moving_variance %.7g, want %.7g", ch, (double)model_params(r[0])[off + C + ch], want_v);
+        cr_assert_eq(model_grads(r[0])[off + ch], 0.0f, "the statistics' places are not cleared");
+    }
+    /* inference uses them: the output differs from a training pass on the same rows */
+    float o_inf[ROWS * 2], o_tr[ROWS * 2];
+    model_set_training(r[0], 0);
+    cr_assert_eq(model_forward(r[0], x, ROWS, o_inf, &e), CODE_OK, "%s", e.msg);
+    model_set_training(r[0], 1);
+    cr_assert_eq(model_forward(r[0], x, ROWS, o_tr, &e), CODE_OK, "%s", e.msg);
+    cr_assert_neq(memcmp(o_inf, o_tr, sizeof o_inf), 0, "inference used the batch statistics");
+    model_free(r[0]);
+    model_free(r[1]);
+}
+
+Test(layers, normalization_options_are_checked)
+{
+    struct model_cfg c = cfg0(1, 1, 4);
+    c.in_shape = (struct lshape){1, {4, 0, 0}};
+    add_norm(&c, LK_LAYER_NORM, 0.0f, 0);
+    add(&c, LK_DENSE, 2, ACT_SOFTMAX);
+    expect_refused(&c, "layer 0: LayerNormalization: epsilon 0 is not a finite number above 0");
+    c.kind[0] = (struct lspec){.kind = LK_BATCH_NORM, .epsilon = 1e-3f, .momentum = 1.5f};
+    expect_refused(&c, "layer 0: BatchNormalization: momentum 1.5 is outside [0, 1]");
 }

@@ -243,6 +243,23 @@ TPU_API tpu_status tpu_model_add_multi_head_attention(tpu_model *m, size_t num_h
  * LayerNormalization, Dense (ff, relu), Dense (features), Add (from the
  * first Dense), LayerNormalization. */
 TPU_API tpu_status tpu_model_add_residual(tpu_model *m, size_t from_layer);
+/* LayerNormalization(axis=-1, epsilon): each position's features normalized
+ * to mean 0 and variance 1 over the last axis, then scaled by gamma and
+ * shifted by beta (initialized 1 and 0). epsilon 0: Keras' 1e-3. Weights in
+ * Keras' order: gamma, beta (features each). */
+TPU_API tpu_status tpu_model_add_layer_normalization(tpu_model *m, float epsilon);
+/* BatchNormalization(axis=-1, momentum, epsilon): each channel of the last
+ * axis normalized with the batch's mean and variance during fit, and with
+ * the moving statistics in evaluate and predict (Keras' training=False);
+ * then gamma and beta. 0 gives Keras' defaults: momentum 0.99, epsilon 1e-3.
+ * As under TPUStrategy, each replica normalizes with its own shard's
+ * statistics; the moving statistics are kept identical on every replica:
+ * each step they move toward the replicas' batch statistics averaged in the
+ * gradient all-reduce (moving = moving - (moving - average) (1 - momentum)).
+ * Weights in Keras' order: gamma, beta, moving_mean, moving_variance
+ * (channels each; the last two are not trained and have no optimizer
+ * slots). */
+TPU_API tpu_status tpu_model_add_batch_normalization(tpu_model *m, float momentum, float epsilon);
 /* Gradient checkpointing (rematerialization; tf.recompute_grad, jax.checkpoint):
  * the cores keep only the output of every ceil(sqrt(layers))-th layer for the
  * backward pass and compute the other activations again, one segment of

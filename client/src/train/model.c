@@ -408,6 +408,20 @@ tpu_status tpu_model_add_dropout(tpu_model *m, float rate)
     return add_layer(m, &sp, 0, TPU_ACT_LINEAR);
 }
 
+tpu_status tpu_model_add_layer_normalization(tpu_model *m, float epsilon)
+{
+    struct lspec sp = {.kind = LK_LAYER_NORM, .epsilon = epsilon == 0.0f ? 1e-3f : epsilon};
+    return add_layer(m, &sp, 0, TPU_ACT_LINEAR);
+}
+
+tpu_status tpu_model_add_batch_normalization(tpu_model *m, float momentum, float epsilon)
+{
+    struct lspec sp = {.kind = LK_BATCH_NORM,
+                       .momentum = momentum == 0.0f ? 0.99f : momentum,
+                       .epsilon = epsilon == 0.0f ? 1e-3f : epsilon};
+    return add_layer(m, &sp, 0, TPU_ACT_LINEAR);
+}
+
 tpu_status tpu_model_add_reshape(tpu_model *m, const size_t *dims, size_t rank)
 {
     struct lspec sp = {.kind = LK_RESHAPE};
@@ -496,7 +510,7 @@ size_t model_nparams(const tpu_model *m)
     char why[8];
     for (size_t l = 0; l < m->nlayers; l++)
         if (model_layer_geom(m, l, NULL, &g, why, sizeof why) == 0)
-            n += g.kernel + g.bias;
+            n += g.kernel + g.bias + g.stats;
     return n;
 }
 
@@ -581,7 +595,7 @@ static void describe(const tpu_model *m, char *buf, size_t n)
 
 size_t tpu_model_summary(const tpu_model *m, char *buf, size_t n)
 {
-    size_t off = 0;
+    size_t off = 0, frozen = 0;
     CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
 #define PUT(...) (off += (size_t)snprintf(buf + (off < n ? off : n), off < n ? n - off : 0, __VA_ARGS__))
     if (n)
@@ -600,10 +614,14 @@ size_t tpu_model_summary(const tpu_model *m, char *buf, size_t n)
         else
             snprintf(name, sizeof name, "%s (%s)", lname, lkind_name(m->spec[l].kind));
         lshape_format(&g.out, shape, sizeof shape);
-        PUT("%-28s %-22s %12zu\n", name, shape, g.kernel + g.bias);
+        PUT("%-28s %-22s %12zu\n", name, shape, g.kernel + g.bias + g.stats);
+        frozen += g.stats;
     }
     PUT("%.64s\n", "================================================================");
     PUT("Total params: %zu (%.2f KB)\n", model_nparams(m), model_nparams(m) * 4.0 / 1024);
+    if (frozen) /* Keras splits the total when some are not trained */
+        PUT("Trainable params: %zu (%.2f KB)\nNon-trainable params: %zu (%.2f KB)\n", model_nparams(m) - frozen,
+            (model_nparams(m) - frozen) * 4.0 / 1024, frozen, frozen * 4.0 / 1024);
 #undef PUT
     return off;
 }
@@ -844,6 +862,8 @@ int model_ensure_compiled(tpu_model *m, size_t global_batch, err *e)
         ls[l].key_dim = (uint32_t)m->spec[l].key_dim;
         ls[l].value_dim = (uint32_t)m->spec[l].value_dim;
         ls[l].add_from = (uint32_t)m->spec[l].from;
+        ls[l].epsilon = m->spec[l].epsilon;
+        ls[l].momentum = m->spec[l].momentum;
         ls[l].n_target_shape = (size_t)m->spec[l].target.rank;
         for (int i = 0; i < m->spec[l].target.rank; i++)
             tshape[l][i] = (uint32_t)m->spec[l].target.d[i];
@@ -1089,14 +1109,19 @@ static void state_name(const tpu_model *m, size_t i, char *buf, size_t n)
     for (; l < m->nlayers; l++) {
         if (model_layer_geom(m, l, NULL, &g, why, sizeof why) != 0)
             break;
-        if (k < g.kernel + g.bias)
+        if (k < g.kernel + g.bias + g.stats)
             break;
-        k -= g.kernel + g.bias;
+        k -= g.kernel + g.bias + g.stats;
     }
     if (l >= m->nlayers)
         l = m->nlayers - 1;
     model_layer_name(m, l, lname, sizeof lname);
-    const char *var = k < g.kernel ? "kernel" : "bias";
+    const char *var = k < g.kernel ? "kernel" : k < g.kernel + g.bias ? "bias" : "moving_statistics";
+    if (m->spec[l].kind == LK_LAYER_NORM || m->spec[l].kind == LK_BATCH_NORM)
+        var = k < g.kernel                       ? "gamma"
+              : k < g.kernel + g.bias            ? "beta"
+              : k < g.kernel + g.bias + g.kernel ? "moving_mean"
+                                                 : "moving_variance";
     if (slot == 0)
         snprintf(buf, n, "%s/%s", lname, var);
     else if (m->co.optimizer.kind == TPU_OPT_ADAM)

@@ -43,6 +43,10 @@ struct layer {
     attn *att;                  /* MultiHeadAttention: its buffers (attention.c) */
     float *dskip;               /* Add: the gradient its other operand gets, kept until the backward pass
                                    reaches that operand's layer */
+    size_t s;                   /* offset of the non-trainable statistics (BatchNormalization) */
+    int nc;                     /* LayerNormalization, BatchNormalization: features on the last axis */
+    float *xhat;                /* their normalized inputs, max_rows x osz */
+    float *nst;                 /* LN: 1/sqrt(var + eps) per position; BN: mean, variance and that per channel */
     /* The last forward's bfloat16-rounded input (max_rows x in) and kernel
      * (in x units), kept for the backward matmuls when the model rounds its
      * operands itself (see preround); NULL in float32 models. */
@@ -75,6 +79,8 @@ struct model {
     struct model_rec *rec;      /* the profiler's records of this pass, or NULL */
     size_t rec_cap, rec_n;
 };
+
+static void bn_stats_out(model *m, const struct layer *L, int rows);
 
 static const char *const act_names[] = {"linear", "relu", "softmax", "tanh", "sigmoid", "gelu", "softplus", "swish"};
 static const char *const loss_names[] = {"sparse_categorical_crossentropy", "categorical_crossentropy",
@@ -268,7 +274,8 @@ int model_new(model **out, const struct model_cfg *cfg, mxu *u, err *e)
         L->units = cfg->units[l];
         L->w = off;
         L->b = off + L->g.kernel;
-        off = L->b + L->g.bias;
+        L->s = L->b + L->g.bias;
+        off = L->s + L->g.stats;
         if (L->isz > widest)
             widest = L->isz;
         if (L->osz > widest)
@@ -310,6 +317,13 @@ int model_new(model **out, const struct model_cfg *cfg, mxu *u, err *e)
             break;
         case LK_ADD:
             if (!(L->dskip = floats(rows, L->osz)))
+                goto oom;
+            break;
+        case LK_LAYER_NORM:
+        case LK_BATCH_NORM:
+            L->nc = L->ish.d[L->ish.rank - 1];
+            if (!(L->xhat = floats(rows, L->osz)) ||
+                !(L->nst = L->kind == LK_LAYER_NORM ? floats(rows, L->osz / (size_t)L->nc) : floats(3, (size_t)L->nc)))
                 goto oom;
             break;
         default:
@@ -365,6 +379,8 @@ void model_free(model *m)
         free(m->layer[l].pre);
         attn_free(m->layer[l].att);
         free(m->layer[l].dskip);
+        free(m->layer[l].xhat);
+        free(m->layer[l].nst);
         free(m->layer[l].ar);
         free(m->layer[l].wr);
     }
@@ -395,6 +411,15 @@ void model_init_weights(model *m, uint64_t seed)
     for (int l = 0; l < m->cfg.nlayers; l++) {
         const struct layer *L = &m->layer[l];
         size_t n = L->g.kernel;
+        if (L->kind == LK_LAYER_NORM || L->kind == LK_BATCH_NORM) {
+            /* gamma 1, beta 0; moving mean 0, moving variance 1 */
+            for (size_t i = 0; i < n; i++)
+                m->params[L->w + i] = 1.0f;
+            memset(m->params + L->b, 0, L->g.bias * sizeof(float));
+            for (size_t i = 0; i < L->g.stats; i++)
+                m->params[L->s + i] = i < L->g.stats / 2 ? 0.0f : 1.0f;
+            continue;
+        }
         /* glorot's fans: Dense in, units; Conv2D receptive field x in and x out channels */
         double fan_in = L->in, fan_out = L->kind == LK_CONV2D ? (double)L->spec.kh * L->spec.kw * L->units : L->units;
         double lim = sqrt(6.0 / (fan_in + fan_out));
@@ -1059,6 +1084,14 @@ static int forward_layer(model *m, int l, const float *in, int rows, int recompu
             L->a[i] = in[i] + o[i];
         break;
     }
+    case LK_LAYER_NORM:
+        ln_forward(in, (size_t)rows * (L->osz / (size_t)L->nc), L->nc, L->spec.epsilon, w, m->params + L->b, L->a,
+                   L->xhat, L->nst);
+        break;
+    case LK_BATCH_NORM:
+        bn_forward(in, (size_t)rows * (L->osz / (size_t)L->nc), L->nc, L->spec.epsilon, m->training, w,
+                   m->params + L->b, m->params + L->s, m->params + L->s + L->nc, L->a, L->xhat, L->nst);
+        break;
     }
     if (recompute)
         m->remat_calls++;
@@ -1213,6 +1246,15 @@ int model_backward(model *m, const void *y, int rows, struct model_metrics *out,
             if (l > 0)
                 gap(L, xin, rows, NULL, d, dn);
             break;
+        case LK_LAYER_NORM:
+            ln_backward(d, L->xhat, L->nst, (size_t)rows * (L->osz / (size_t)L->nc), L->nc, m->params + L->w,
+                        m->grads + L->w, m->grads + L->b, l > 0 ? dn : NULL);
+            break;
+        case LK_BATCH_NORM:
+            bn_backward(d, L->xhat, L->nst, (size_t)rows * (L->osz / (size_t)L->nc), L->nc, m->training,
+                        m->params + L->w, m->grads + L->w, m->grads + L->b, l > 0 ? dn : NULL);
+            bn_stats_out(m, L, rows);
+            break;
         case LK_EMBEDDING:
             embed_backward(&L->spec, &L->ish, xin, rows, d, m->grads + L->w);
             break;
@@ -1248,6 +1290,43 @@ int model_backward(model *m, const void *y, int rows, struct model_metrics *out,
             rec_add(m, MODEL_REC_BACKWARD, l, 0, M, L->units, L->in, t0, model_now_ns());
     }
     return CODE_OK;
+}
+
+/* BatchNormalization's moving statistics ride in the gradient all-reduce:
+ * backward writes each channel's batch mean and variance times the shard's
+ * rows into their places in model_grads (the moving values themselves after
+ * an inference forward), so after the SUM over the replicas and the scale
+ * 1/global_rows they hold the replicas' statistics averaged by rows, the
+ * same on every replica; the update then moves the moving statistics toward
+ * them as Keras does (var -= (var - value) (1 - momentum)) and zeroes those
+ * places, so the optimizer leaves the statistics alone (a zero gradient
+ * changes no weight under SGD, momentum or Adam). */
+static void bn_stats_out(model *m, const struct layer *L, int rows)
+{
+    float *g = m->grads + L->s;
+    for (size_t c = 0; c < 2 * (size_t)L->nc; c++)
+        g[c] = (m->training ? L->nst[c] : m->params[L->s + c]) * (float)rows;
+}
+
+static void bn_stats_update(model *m, float scale)
+{
+    for (int l = 0; l < m->cfg.nlayers; l++) {
+        const struct layer *L = &m->layer[l];
+        float decay = 1.0f - L->spec.momentum;
+        if (L->kind != LK_BATCH_NORM)
+            continue;
+        for (size_t i = L->s; i < L->s + L->g.stats; i++) {
+            m->params[i] -= (m->params[i] - m->grads[i] * scale) * decay;
+            m->grads[i] = 0.0f;
+        }
+    }
+}
+
+size_t model_stats_count(const model *m, int l, size_t *offset)
+{
+    if (offset)
+        *offset = m->layer[l].s;
+    return m->layer[l].g.stats;
 }
 
 /* b^t by squaring in double: the same bits on every machine (pow() need not be). */
@@ -1323,6 +1402,7 @@ void model_apply_gradients(model *m, float scale)
     size_t n = m->nparams;
     float lr = model_learning_rate(m);
 
+    bn_stats_update(m, scale);
     if (o->kind == OPT_SGD && m->nslots == 0) {
         sgd(m->params, m->grads, n, lr, scale);
     } else if (o->kind == OPT_SGD) {

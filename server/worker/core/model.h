@@ -151,6 +151,14 @@ float *model_grads(model *m);
 size_t model_kernel_offset(const model *m, int l);
 size_t model_bias_offset(const model *m, int l);
 
+/* Layer l's non-trainable values in the parameter array (BatchNormalization:
+ * moving_mean then moving_variance, channels each) and where they start.
+ * They are not trained: backward puts the step's batch statistics in their
+ * places in model_grads (times the rows), the all-reduce averages them over
+ * the replicas, and model_apply_gradients moves the statistics toward that
+ * average with the layer's momentum. */
+size_t model_stats_count(const model *m, int l, size_t *offset);
+
 /* Optimizer state: nslots arrays of model_num_params floats (SGD with
  * momentum: 1, plain SGD: 0, Adam: 2 = m then v) and the iteration count. */
 int model_opt_num_slots(const model *m);

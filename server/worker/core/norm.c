@@ -106,3 +106,108 @@ float logits_row_loss(enum model_loss loss, const float *z, int n, const float *
             g[j] = ex(z[j] - mx) / s * ysum - y[j];
     return l;
 }
+
+void ln_forward(const float *x, size_t npos, int C, float eps, const float *gamma, const float *beta, float *y,
+                float *xhat, float *rstd)
+{
+    for (size_t p = 0; p < npos; p++) {
+        const float *restrict xp = x + p * (size_t)C;
+        float *restrict yp = y + p * (size_t)C, *restrict hp = xhat + p * (size_t)C;
+        float mean = 0.0f, var = 0.0f, r;
+        for (int c = 0; c < C; c++)
+            mean += xp[c];
+        mean /= (float)C;
+        for (int c = 0; c < C; c++)
+            var += (xp[c] - mean) * (xp[c] - mean);
+        var /= (float)C;
+        r = 1.0f / sqrtf(var + eps);
+        rstd[p] = r;
+        for (int c = 0; c < C; c++) {
+            hp[c] = (xp[c] - mean) * r;
+            yp[c] = gamma[c] * hp[c] + beta[c];
+        }
+    }
+}
+
+void ln_backward(const float *dy, const float *xhat, const float *rstd, size_t npos, int C, const float *gamma,
+                 float *dgamma, float *dbeta, float *dx)
+{
+    memset(dgamma, 0, (size_t)C * sizeof *dgamma);
+    memset(dbeta, 0, (size_t)C * sizeof *dbeta);
+    for (size_t p = 0; p < npos; p++) {
+        const float *restrict g = dy + p * (size_t)C, *restrict h = xhat + p * (size_t)C;
+        float sg = 0.0f, sgh = 0.0f;
+        for (int c = 0; c < C; c++) {
+            dgamma[c] += g[c] * h[c];
+            dbeta[c] += g[c];
+        }
+        if (!dx)
+            continue;
+        for (int c = 0; c < C; c++) {
+            float gc = gamma[c] * g[c];
+            sg += gc;
+            sgh += gc * h[c];
+        }
+        sg /= (float)C;
+        sgh /= (float)C;
+        float *restrict d = dx + p * (size_t)C;
+        for (int c = 0; c < C; c++)
+            d[c] = rstd[p] * (gamma[c] * g[c] - sg - h[c] * sgh);
+    }
+}
+
+void bn_forward(const float *x, size_t npos, int C, float eps, int training, const float *gamma, const float *beta,
+                const float *mm, const float *mv, float *y, float *xhat, float *st)
+{
+    float *mean = st, *var = st + C, *rstd = st + 2 * (size_t)C;
+    if (training) {
+        memset(mean, 0, 2 * (size_t)C * sizeof *mean);
+        for (size_t p = 0; p < npos; p++)
+            for (int c = 0; c < C; c++)
+                mean[c] += x[p * (size_t)C + (size_t)c];
+        for (int c = 0; c < C; c++)
+            mean[c] /= (float)npos;
+        for (size_t p = 0; p < npos; p++)
+            for (int c = 0; c < C; c++) {
+                float d = x[p * (size_t)C + (size_t)c] - mean[c];
+                var[c] += d * d;
+            }
+        for (int c = 0; c < C; c++)
+            var[c] /= (float)npos;
+    } else {
+        memcpy(mean, mm, (size_t)C * sizeof *mean);
+        memcpy(var, mv, (size_t)C * sizeof *var);
+    }
+    for (int c = 0; c < C; c++)
+        rstd[c] = 1.0f / sqrtf(var[c] + eps);
+    for (size_t p = 0; p < npos; p++) {
+        const float *restrict xp = x + p * (size_t)C;
+        float *restrict yp = y + p * (size_t)C, *restrict hp = xhat + p * (size_t)C;
+        for (int c = 0; c < C; c++) {
+            hp[c] = (xp[c] - mean[c]) * rstd[c];
+            yp[c] = gamma[c] * hp[c] + beta[c];
+        }
+    }
+}
+
+void bn_backward(const float *dy, const float *xhat, const float *st, size_t npos, int C, int training,
+                 const float *gamma, float *dgamma, float *dbeta, float *dx)
+{
+    const float *rstd = st + 2 * (size_t)C;
+    memset(dgamma, 0, (size_t)C * sizeof *dgamma);
+    memset(dbeta, 0, (size_t)C * sizeof *dbeta);
+    for (size_t p = 0; p < npos; p++)
+        for (int c = 0; c < C; c++) {
+            size_t i = p * (size_t)C + (size_t)c;
+            dgamma[c] += dy[i] * xhat[i];
+            dbeta[c] += dy[i];
+        }
+    if (!dx)
+        return;
+    for (size_t p = 0; p < npos; p++)
+        for (int c = 0; c < C; c++) {
+            size_t i = p * (size_t)C + (size_t)c;
+            float k = gamma[c] * rstd[c];
+            dx[i] = training ? k * (dy[i] - dbeta[c] / (float)npos - xhat[i] * (dgamma[c] / (float)npos)) : k * dy[i];
+        }
+}

@@ -29,4 +29,30 @@ void actx_backward(float *d, const float *pre, size_t len, enum model_act act, i
  * g (not NULL) gets dL/dz. */
 float logits_row_loss(enum model_loss loss, const float *z, int n, const float *y, int cls, float *g, int det);
 
+/* LayerNormalization(axis=-1) over npos positions of C features each:
+ *   mean, var = the position's mean and (biased) variance
+ *   xhat = (x - mean) / sqrt(var + eps);  y = gamma xhat + beta
+ * keeping xhat (npos x C) and 1 / sqrt(var + eps) (npos) for the backward
+ * pass, which adds to dgamma and dbeta (sum over positions of dy xhat and
+ * dy) and, with dx, gives the input's gradient
+ *   dx = rstd (g - mean(g) - xhat mean(g xhat)),  g = gamma dy. */
+void ln_forward(const float *x, size_t npos, int C, float eps, const float *gamma, const float *beta, float *y,
+                float *xhat, float *rstd);
+void ln_backward(const float *dy, const float *xhat, const float *rstd, size_t npos, int C, const float *gamma,
+                 float *dgamma, float *dbeta, float *dx);
+
+/* BatchNormalization(axis=-1) over npos positions (rows x positions per
+ * example) of C channels. Training: each channel's batch mean and biased
+ * variance over the positions, kept in st (st[0..C) mean, st[C..2C) variance,
+ * st[2C..3C) 1/sqrt(var + eps)); inference: the moving statistics mm, mv in
+ * their place. y = gamma (x - mean) / sqrt(var + eps) + beta; xhat kept.
+ * Backward: dgamma, dbeta set (not added: they are the layer's own), and
+ * with dx the input's gradient; training:
+ *   dx = gamma rstd (dy - mean(dy) - xhat mean(dy xhat))   (means over the positions)
+ * inference: dx = gamma rstd dy. */
+void bn_forward(const float *x, size_t npos, int C, float eps, int training, const float *gamma, const float *beta,
+                const float *mm, const float *mv, float *y, float *xhat, float *st);
+void bn_backward(const float *dy, const float *xhat, const float *st, size_t npos, int C, int training,
+                 const float *gamma, float *dgamma, float *dbeta, float *dx);
+
 #endif

@@ -96,7 +96,23 @@ static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cf
             kd[0] = ls.kh, kd[1] = ls.kw, kd[2] = prev, kd[3] = u, kr = 4;
         else
             kd[0] = prev, kd[1] = u, kd[2] = kd[3] = 0, kr = 2;
-        if (ls.kind == LK_EMBEDDING || ls.kind == LK_MULTI_HEAD_ATTENTION) {
+        if (ls.kind == LK_LAYER_NORM || ls.kind == LK_BATCH_NORM) {
+            /* gamma and beta trained (slots, gradients); BatchNormalization's
+             * moving statistics are variables without either */
+            static const char *const v[4] = {"gamma", "beta", "moving_mean", "moving_variance"};
+            for (int i = 0; i < (ls.kind == LK_BATCH_NORM ? 4 : 2); i++) {
+                NAME("%s/%s", lname, v[i]);
+                REQ(HBM_WEIGHTS, "f32", 1, prev);
+            }
+            for (int i = 0; i < 2; i++) {
+                for (int s = 0; s < nslots; s++) {
+                    NAME("%s/%s/%s/%s", optname, lname, v[i], slotname[nslots == 2][s]);
+                    REQ(HBM_OPTIMIZER, "f32", 1, prev);
+                }
+                NAME("gradients/%s/%s", lname, v[i]);
+                REQ(HBM_GRADIENTS, "f32", 1, prev);
+            }
+        } else if (ls.kind == LK_EMBEDDING || ls.kind == LK_MULTI_HEAD_ATTENTION) {
             /* their variables by Keras' names and shapes, and what they keep for the backward pass */
             struct {
                 const char *name;
@@ -159,7 +175,7 @@ static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cf
                 seg += b * g.out.d[0] * g.out.d[1] * (int64_t)ls.kh * ls.kw * prev * esz;
             if (!kept && ls.kind != LK_FLATTEN && ls.kind != LK_RESHAPE)
                 seg += b * (int64_t)lshape_size(&g.out) * esz;
-            if (!kept && cfg->act[l] >= ACT_GELU)
+            if (!kept && (cfg->act[l] >= ACT_GELU || ls.kind == LK_LAYER_NORM || ls.kind == LK_BATCH_NORM))
                 seg += b * (int64_t)lshape_size(&g.out) * 4;
             if (ls.kind == LK_DROPOUT)
                 seg += b * (int64_t)lshape_size(&g.out);
@@ -180,6 +196,10 @@ static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cf
                 REQ(HBM_ACTIVATIONS, adt, 3, b, g.out.d[0], g.out.d[1]);
             else
                 REQ(HBM_ACTIVATIONS, adt, 4, b, g.out.d[0], g.out.d[1], g.out.d[2]);
+        }
+        if ((ls.kind == LK_LAYER_NORM || ls.kind == LK_BATCH_NORM) && kept) { /* xhat, for the backward pass */
+            NAME("%s/normalized", lname);
+            REQ(HBM_ACTIVATIONS, "f32", 2, b, (int64_t)lshape_size(&g.out));
         }
         if (cfg->act[l] >= ACT_GELU && kept) { /* gelu, softplus, swish: their inputs, for the backward pass */
             NAME("%s/preactivations", lname);
@@ -309,6 +329,8 @@ static int cfg_from_spec(const Tpuemu__ModelSpec *sp, struct model_cfg *cfg, err
         k->key_dim = (int)ls->key_dim;
         k->value_dim = (int)ls->value_dim;
         k->from = (int)ls->add_from;
+        k->epsilon = ls->epsilon;
+        k->momentum = ls->momentum;
         k->target.rank = (int)ls->n_target_shape;
         for (size_t i = 0; i < ls->n_target_shape; i++) {
             if (ls->target_shape[i] < 1 || ls->target_shape[i] > LSHAPE_MAX_SIZE)
