@@ -437,3 +437,40 @@ Test(layers, normalization_trains_and_moving_statistics_agree_across_replicas, .
     tpu_strategy_free(s);
     ct_free(t);
 }
+
+/* HBM for BatchNormalization: the same CNN with and without it compiled at
+ * one batch; the difference is its activations and the normalized input the
+ * backward pass keeps (2 x 64 rows x 8x8x64 f32 = 2 MiB) plus its variables
+ * (gamma, beta with gradients and Adam's slots, the moving statistics: about
+ * 3.5 KiB). */
+Test(layers, batch_normalization_is_charged_to_hbm, .timeout = 60)
+{
+    colltest *t = ct_start(1, (int[]){1}, NULL, HB_MS);
+    tpu_strategy *s;
+    uint64_t used[2];
+    CALL_OK(tpu_strategy_new(t->c, &s));
+    for (int bn = 0; bn < 2; bn++) {
+        tpu_model *m;
+        CALL_OK(tpu_model_new(s, SIDE * SIDE, &m));
+        CALL_OK(tpu_model_set_input_shape(m, (size_t[]){SIDE, SIDE, 1}, 3));
+        CALL_OK(tpu_model_add_conv2d(m, 64, 3, 3, 0, 0, TPU_PADDING_SAME, TPU_ACT_RELU));
+        if (bn)
+            CALL_OK(tpu_model_add_batch_normalization(m, 0, 0));
+        CALL_OK(tpu_model_add_global_average_pooling2d(m));
+        CALL_OK(tpu_model_add_dense(m, CLASSES, TPU_ACT_SOFTMAX));
+        tpu_compile_options co;
+        tpu_compile_options_init(&co);
+        co.batch_size = 64;
+        CALL_OK(tpu_model_compile(m, &co));
+        used[bn] = tpu_model_hbm_used(m);
+        tpu_model_free(m);
+    }
+    uint64_t extra = used[1] - used[0], acts = 2u * 64u * 8u * 8u * 64u * 4u;
+    fprintf(stderr, "HBM without BatchNormalization %llu B, with it %llu B: +%llu B\n", (unsigned long long)used[0],
+            (unsigned long long)used[1], (unsigned long long)extra);
+    cr_assert(used[1] > used[0] && extra >= acts + 4 * 64 * 4 && extra <= acts + 16384,
+              "BatchNormalization added %llu B of HBM, not its activations (%llu B) and variables",
+              (unsigned long long)extra, (unsigned long long)acts);
+    tpu_strategy_free(s);
+    ct_free(t);
+}
