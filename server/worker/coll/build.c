@@ -25,9 +25,9 @@
  * whole buffer (log2 p steps instead of 2 log2 p): 4 workers over TCP, 4-16
  * KiB: 206-228 us against 362-479 us with halving-doubling, measured side by
  * side (TPUEMU_COLL_RD_MAX=0 vs default); at 32 KiB they are even.
- * TPUEMU_COLL_HD_MAX (both hd bounds), TPUEMU_COLL_RD_MAX, TPUEMU_COLL_HIER_MIN,
- * TPUEMU_COLL_CHUNK and TPUEMU_COLL_DEPTH (environment of tpu-worker)
- * override them for measuring.
+ * tpu-worker's --coll-hd-max (both hd bounds), --coll-rd-max, --coll-hier-min,
+ * --coll-chunk and --coll-depth (or their TPUEMU_COLL_* variables; defaults
+ * in core/tuning.c) override them for measuring.
  * Chunks: COLL_CHUNK bytes (at least 1/COLL_MAX_CHUNKS of the buffer), with
  * COLL_DEPTH receive slots in flight per collective. */
 #include <stdio.h>
@@ -37,19 +37,12 @@
 #include "bf16.h"
 #include "coll_int.h"
 #include "reduce.h"
+#include "tuning.h"
 
 #define COLL_HD_MAX (512u * 1024u)
 #define COLL_HD_POW2_MAX (2u * 1024u * 1024u)
-#define COLL_RD_MAX (32u * 1024u)
-#define COLL_HIER_MIN (1u * 1024u * 1024u)
 #define COLL_MAX_CHUNKS 16384u
 #define ALGO_DIRECT (-1) /* not a wire value: the direct intra-host path (direct.c) */
-
-static unsigned env_uint(const char *name, unsigned def)
-{
-    const char *v = getenv(name);
-    return v && *v ? (unsigned)strtoul(v, NULL, 0) : def;
-}
 
 static void run_local(struct sched *s, const struct sop *o)
 {
@@ -173,8 +166,7 @@ int coll_needs_hosts(const struct cop *op)
         return 0;
     if (op->algo == TPUEMU__ALGO__ALGO_HIER)
         return 1;
-    return op->algo == TPUEMU__ALGO__ALGO_AUTO && op->g >= 4 &&
-           bytes >= env_uint("TPUEMU_COLL_HIER_MIN", COLL_HIER_MIN);
+    return op->algo == TPUEMU__ALGO__ALGO_AUTO && op->g >= 4 && bytes >= (uint64_t)tuning_get()->coll_hier_min;
 }
 
 int coll_build(struct cop *op, struct xport x, const int *host, err *e)
@@ -187,11 +179,12 @@ int coll_build(struct cop *op, struct xport x, const int *host, err *e)
     int repro = op->repro && reduce &&
                 (op->op == TPUEMU__REDUCE_OP__REDUCE_SUM || op->op == TPUEMU__REDUCE_OP__REDUCE_MEAN);
     unsigned wesz = repro ? 8 : (reduce ? 4 : esz);
-    uint64_t chunk = op->chunk_bytes ? op->chunk_bytes : env_uint("TPUEMU_COLL_CHUNK", COLL_CHUNK);
-    unsigned hd_max = env_uint("TPUEMU_COLL_HD_MAX", COLL_HD_MAX);
-    unsigned hd_pow2_max = env_uint("TPUEMU_COLL_HD_MAX", COLL_HD_POW2_MAX);
-    unsigned hier_min = env_uint("TPUEMU_COLL_HIER_MIN", COLL_HIER_MIN);
-    int depth = (int)env_uint("TPUEMU_COLL_DEPTH", COLL_DEPTH);
+    const struct tuning *tu = tuning_get();
+    uint64_t chunk = op->chunk_bytes ? op->chunk_bytes : (uint64_t)tu->coll_chunk;
+    uint64_t hd_max = tu->coll_hd_max >= 0 ? (uint64_t)tu->coll_hd_max : COLL_HD_MAX;
+    uint64_t hd_pow2_max = tu->coll_hd_max >= 0 ? (uint64_t)tu->coll_hd_max : COLL_HD_POW2_MAX;
+    uint64_t hier_min = (uint64_t)tu->coll_hier_min;
+    int depth = (int)tu->coll_depth;
     int *mem;
     struct sched *s;
 
@@ -239,7 +232,7 @@ int coll_build(struct cop *op, struct xport x, const int *host, err *e)
 
     struct gen G = {s, mem, g, me, -1, 0, {0}, 0};
     G.x.chunk = celems;
-    G.rd_max = env_uint("TPUEMU_COLL_RD_MAX", COLL_RD_MAX) / wesz;
+    G.rd_max = (uint64_t)tu->coll_rd_max / wesz;
     uint64_t *bo = own_alloc(s, sizeof(uint64_t) * (size_t)(g + 1));
     if (!bo)
         goto oom;

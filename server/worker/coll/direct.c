@@ -39,12 +39,12 @@
 #include "bf16.h"
 #include "coll_int.h"
 #include "reduce.h"
+#include "tuning.h"
 
 #define HS_STEP 0xfff0u      /* the hand-shake's steps: above any algorithm's */
 /* Below this many float32 bytes one barrier (gen_direct_one), at and above
- * two (gen_direct); TPUEMU_COLL_SHM_ONE_MAX in a worker's environment, the
+ * two (gen_direct): --coll-shm-one-max of tpu-worker (64 KiB by default), the
  * smallest of the host's cores' values is used (build.c has the numbers). */
-#define DIRECT_ONE_MAX (64u * 1024u)
 #define DRED_BLOCK 2048u     /* floats reduced per pass (8 KiB: stays in L1) */
 
 static uint8_t *seg_of(struct sched *s, int rank, size_t *len)
@@ -112,13 +112,12 @@ struct sched *direct_handshake(struct cop *op, struct xport x, err *e)
  * mapped, else 1 + its bound of the one-barrier variant. */
 static uint64_t verdict(struct sched *s, const struct direct *d)
 {
-    const char *v = getenv("TPUEMU_COLL_SHM_ONE_MAX");
     for (int k = 0; k < d->L; k++) {
         size_t len;
         if (!seg_of(s, d->loc[k], &len) || len < 128)
             return 0;
     }
-    return 1 + (v && *v ? strtoull(v, NULL, 0) : DIRECT_ONE_MAX);
+    return 1 + (uint64_t)tuning_get()->coll_shm_one_max;
 }
 
 size_t direct_agreed(struct sched *hs, const struct cop *op, size_t *one_max)

@@ -12,6 +12,7 @@
 
 #include "bf16.h"
 #include "mxu_fixed.h"
+#include "tuning.h"
 
 #define MXU_CACHE_MAX 64     /* shapes kept; the least recently used goes first */
 #define MXU_DIM_MAX (1ll << 31)
@@ -63,10 +64,10 @@ static void entry_free(struct entry *en)
  * TPUEMU_MXU_BF16=onednn or =f32 picks one for a measurement. */
 static int bf16_native(void)
 {
-    const char *force = getenv("TPUEMU_MXU_BF16");
-    if (force && strcmp(force, "onednn") == 0)
+    const char *force = tuning_get()->mxu_bf16;
+    if (strcmp(force, "onednn") == 0)
         return 1;
-    if (force && strcmp(force, "f32") == 0)
+    if (strcmp(force, "f32") == 0)
         return 0;
     unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
     return (isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) == (unsigned)dnnl_cpu_isa_avx512_core_bf16;

@@ -17,6 +17,7 @@
 #include "fdlimit.h"
 #include "httpd.h"
 #include "log.h"
+#include "tuning.h"
 #include "wire.h"
 #include "worker.h"
 
@@ -319,6 +320,7 @@ static int configure(struct worker *w, int argc, char **argv)
     int insecure = 0, probe = 0, probe_ready = 0, first, rc, lvl;
     char hostname[256];
     err e;
+    struct tuning tu;
     const struct opt opts[] = {
         {"resolver", "TPUEMU_RESOLVER", OPT_STRING, NULL, 0, 0, "HOST:PORT",
          "the tpu-resolver to register with (required; default port 8470)", &resolver},
@@ -377,12 +379,17 @@ static int configure(struct worker *w, int argc, char **argv)
         {"log-level", "TPUEMU_LOG_LEVEL", OPT_STRING, "info", 0, 0, "LEVEL",
          "debug, info, warn or error", &log_level},
     };
-    const size_t nopts = sizeof opts / sizeof opts[0];
+    /* its own rows, then the layers' tuning knobs (core/tuning.h) */
+    const size_t nown = sizeof opts / sizeof opts[0], nall = nown + TUNING_ROWS;
+    struct opt all[sizeof opts / sizeof opts[0] + TUNING_ROWS];
+
+    memcpy(all, opts, sizeof opts);
+    tuning_rows(&tu, all + nown);
 
     opt_man_page("tpu-worker", 8, "one emulated TPU core of a tpuemu cluster");
-    rc = opt_parse(opts, nopts, argc, argv, &first, &e);
+    rc = opt_parse(all, nall, argc, argv, &first, &e);
     if (rc == CODE_CANCELLED) {
-        opt_usage(opts, nopts, "tpu-worker --resolver HOST:PORT [options]",
+        opt_usage(all, nall, "tpu-worker --resolver HOST:PORT [options]",
                   "One emulated TPU core: registers with tpu-resolver, heartbeats, and serves its "
                   "control and data-plane ports.");
         opt_man_section("LOGGING", "One logfmt line per event on stderr: ts=... level=info daemon=worker pid=... "
@@ -412,6 +419,11 @@ static int configure(struct worker *w, int argc, char **argv)
         fprintf(stderr, "tpu-worker: unexpected argument '%s' (see --help)\n", argv[first]);
         return EXIT_USAGE;
     }
+    if (tuning_check(&tu, &e) != CODE_OK) {
+        fprintf(stderr, "tpu-worker: %s\n", e.msg);
+        return EXIT_USAGE;
+    }
+    tuning_set(&tu);
     if ((lvl = log_level_parse(log_level)) < 0) {
         fprintf(stderr, "tpu-worker: --log-level: '%s' is not one of debug, info, warn, error\n", log_level);
         return EXIT_USAGE;
@@ -586,24 +598,6 @@ static int start(struct worker *w, err *e)
     return hb_start(&w->hb, e);
 }
 
-#define HEAP_PREFAULT_KB 256
-
-/* TPUEMU_HEAP_PREFAULT_KB from the environment, else HEAP_PREFAULT_KB. */
-static size_t prefault_kb(void)
-{
-    const char *v = getenv("TPUEMU_HEAP_PREFAULT_KB");
-    long long kb;
-
-    if (!v || !*v)
-        return HEAP_PREFAULT_KB;
-    if (opt_parse_int(v, 0, 2048, &kb) < 0) {
-        log_warn("TPUEMU_HEAP_PREFAULT_KB is not a number of KiB from 0 to 2048; using the default",
-                 "value=%s default=%d", log_q(v), HEAP_PREFAULT_KB);
-        return HEAP_PREFAULT_KB;
-    }
-    return (size_t)kb;
-}
-
 /* Touches the heap's next bytes now, once the worker has started, and keeps
  * them: the first initialize is the first time a worker needs that much more
  * (the decoded reset, the peer table's columns, a link per replica), and a
@@ -660,7 +654,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "tpu-worker: %s: %s\n", code_name(e.code), e.msg);
         worker_stop(&w, 1);
     }
-    heap_prefault(prefault_kb() * 1024);
+    heap_prefault((size_t)tuning_get()->heap_prefault_kb * 1024);
     uv_run(&loop, UV_RUN_DEFAULT);
     rc = uv_loop_close(&loop);
     if (rc != 0) {

@@ -14,6 +14,7 @@
 #include "addr.h"
 #include "dpauth.h"
 #include "frame.h"
+#include "tuning.h"
 
 #define FLUSH_CLOSE_MS 1000
 
@@ -640,22 +641,18 @@ static dp_conn *conn_new(uv_loop_t *loop, const struct dp_conn_cfg *cfg, err *e)
     return c;
 }
 
-/* Socket buffers of data-plane connections. TPUEMU_DP_SOCKBUF (bytes) sets
+/* Socket buffers of data-plane connections. --dp-sockbuf (TPUEMU_DP_SOCKBUF) sets
  * SO_SNDBUF/SO_RCVBUF on every data-plane connection, for measuring; the
  * default 0 keeps the kernel's autotuning: fixed 4 MiB buffers measured
  * 0.51-0.64 vs 0.45-0.50 GB/s busbw at 1 MiB but 0.54-0.57 vs 0.74 at 16 MiB
  * (4 ranks over TCP on the shared 2-core VM; setting them disables
  * autotuning, whose receive side grows to 32 MiB). */
-#define DP_SOCKBUF_DEFAULT 0u
 
 static void set_sockbuf(dp_conn *c)
 {
     static int v = -1;
     if (v < 0) {
-        const char *e = getenv("TPUEMU_DP_SOCKBUF");
-        v = e && *e ? (int)strtol(e, NULL, 0) : (int)DP_SOCKBUF_DEFAULT;
-        if (v < 0)
-            v = 0;
+        v = (int)tuning_get()->dp_sockbuf;
     }
     if (v > 0) {
         int n = v;

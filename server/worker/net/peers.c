@@ -16,25 +16,25 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "tuning.h"
 
 #define DEFAULT_HEARTBEAT_MS 1000u
 #define DEFAULT_DEAD_AFTER 3u
 #define TIMEOUT_MAX_MS 600000u
 /* While a collective waits for a chunk the loop polls instead of sleeping,
  * yielding the CPU between polls, for this long after the last progress
- * (TPUEMU_SPIN_US in the worker's environment; 0: sleep at once). A sleeping
+ * (--spin-us, TPUEMU_SPIN_US; 0: sleep at once). A sleeping
  * receiver costs a wake-up per step (on this VM tens of microseconds, more when
  * its CPU is busy); sched_yield hands the CPU to whatever else is runnable, the
  * peer being waited for included, so the poll does not starve it. Measured on
  * the 2-core VM (bench/allreduce.sh style, 0 against 100 and 300 alternating,
  * medians of 5): shm n = 2 4 KiB 17.5 -> 10-11 us, 64 KiB 48 -> 25-31 us, 1 MiB
  * 220 -> 132-147 us; shm n = 4 1 MiB 824 -> 651-698 us (4-64 KiB even); TCP
- * n = 4 64 KiB 269 -> 200-205 us, 1 MiB 1920 -> 1325-1384 us; TCP n = 2 even. */
-#define PEERS_SPIN_US 200u
+ * n = 4 64 KiB 269 -> 200-205 us, 1 MiB 1920 -> 1325-1384 us; TCP n = 2 even.
+ * The default, 200 us, is in core/tuning.c. */
 #define PEERS_FUSE_MIN (128u * 1024u)
-/* The host segment's default work bytes (TPUEMU_COLL_SHM_MAX): the largest
- * all-reduce (in float32 bytes) the direct intra-host path takes. */
-#define PEERS_SEG_DEFAULT (1u * 1024u * 1024u)
+/* The host segment's work bytes (TPUEMU_COLL_SHM_MAX, 1 MiB by default): the
+ * largest all-reduce (in float32 bytes) the direct intra-host path takes. */
 #define PEERS_SEG_LIMIT (256u * 1024u * 1024u)
 
 static void peers_fail_seq(struct peers *p, uint64_t seq, const err *e, int broadcast, int culprit);
@@ -59,12 +59,12 @@ static void seg_drop(struct peers *p)
  * host then agree not to use the direct path). */
 static void seg_make(struct peers *p)
 {
-    const char *on = getenv("TPUEMU_COLL_SHM_DIRECT"), *mx = getenv("TPUEMU_COLL_SHM_MAX");
-    unsigned long max = mx && *mx ? strtoul(mx, NULL, 0) : PEERS_SEG_DEFAULT;
+    const struct tuning *tu = tuning_get();
+    unsigned long max = (unsigned long)tu->coll_shm_max;
     int any = 0;
     void *m;
 
-    if ((on && *on && strtoul(on, NULL, 0) == 0) || p->tcp_only || !p->shm || p->self < 0 || max < 64)
+    if (!tu->coll_shm_direct || p->tcp_only || !p->shm || p->self < 0 || max < 64)
         return;
     for (uint32_t r = 0; r < p->n && !any; r++)
         any = (int)r != p->self && peers_same_host_shm(p, (int)r);
@@ -124,10 +124,7 @@ int peers_new(const struct peers_env *env, struct peers **out, err *e)
     p->defer.data = p;
     uv_idle_init(env->loop, &p->spin);
     p->spin.data = p;
-    {
-        const char *v = getenv("TPUEMU_SPIN_US");
-        p->spin_ns = (uint64_t)(v && *v ? strtoul(v, NULL, 0) : PEERS_SPIN_US) * 1000u;
-    }
+    p->spin_ns = (uint64_t)tuning_get()->spin_us * 1000u;
     hold_init(p);
     p->open_handles = 3;
     p->tcp = &chan_tcp_transport;

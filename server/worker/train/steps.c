@@ -27,6 +27,7 @@
 
 #include "log.h"
 #include "train_int.h"
+#include "tuning.h"
 
 static size_t label_bytes(const struct tmodel *tm, uint32_t rows)
 {
@@ -46,9 +47,7 @@ static uint64_t test_step_ns(void)
 {
     static uint64_t v = UINT64_MAX;
     if (v == UINT64_MAX) {
-        const char *e = getenv("TPUEMU_TEST_STEP_MS");
-        unsigned long long ms = e && *e ? strtoull(e, NULL, 10) : 0;
-        v = (ms > 1000 ? 1000 : ms) * 1000000u;
+        v = (uint64_t)tuning_get()->test_step_ms * 1000000u;
     }
     return v;
 }
@@ -130,14 +129,11 @@ static void pool_step(uv_work_t *req)
 static void on_allreduce(void *arg, const err *e, const uint8_t *out, size_t out_len);
 static void after_step(uv_work_t *req, int status);
 
-#define INLINE_MAX_NS 1000000u
-
 static uint64_t inline_max_ns(void)
 {
     static uint64_t v = UINT64_MAX;
     if (v == UINT64_MAX) {
-        const char *e = getenv("TPUEMU_TRAIN_INLINE_MAX_US");
-        v = e && *e ? strtoull(e, NULL, 10) * 1000u : INLINE_MAX_NS;
+        v = (uint64_t)tuning_get()->train_inline_max_us * 1000u;
     }
     return v;
 }
