@@ -4,7 +4,7 @@
 # bench/README.md must be one the program's --help lists. On a command line of
 # one of the project's programs (tpuctl, with its global flags and the
 # command's own; tpu-resolver, tpu-worker, tpu-slice, fashion_mnist,
-# fashion_mnist_ctl, bench_train, bench_scale, bench_mxu, bench_conv) it is checked against
+# fashion_mnist_ctl, transformer, bench_train, bench_scale, bench_mxu, bench_conv) it is checked against
 # that program's --help; after another program (docker, cmake, kubectl, ...)
 # it is that program's business and skipped; on its own (`--core`) it must be a
 # flag of one of the project's programs. Fails naming the file, line and flag.
@@ -25,7 +25,7 @@ flags_of() { # key, command...: the "  --flag" lines of its --help (and of a usa
         sort -u | sed "s|^|$key |"
 }
 {
-    for p in tpu-resolver tpu-worker tpu-slice fashion_mnist fashion_mnist_ctl bench_train bench_scale; do
+    for p in tpu-resolver tpu-worker tpu-slice fashion_mnist fashion_mnist_ctl transformer bench_train bench_scale; do
         [ -x "$bin/$p" ] || { echo "FAIL: $bin/$p is not built" >&2; exit 1; }
         flags_of "$p" "$bin/$p"
     done

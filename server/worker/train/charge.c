@@ -205,6 +205,10 @@ static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cf
             NAME("%s/preactivations", lname);
             REQ(HBM_ACTIVATIONS, "f32", 2, b, (int64_t)lshape_size(&g.out));
         }
+        if (ls.kind == LK_ADD) { /* the other operand's gradient, held until the backward pass reaches it */
+            NAME("%s/skip_gradient", lname);
+            REQ(HBM_ACTIVATIONS, "f32", 2, b, (int64_t)lshape_size(&g.out));
+        }
         if (ls.kind == LK_DROPOUT && !cfg->remat) {
             NAME("%s/mask", lname);
             REQ(HBM_ACTIVATIONS, "u8", 2, b, (int64_t)lshape_size(&g.out));
