@@ -1,9 +1,10 @@
 # Shared by scripts/demo.sh and scripts/test.sh: package installation and builds.
 
-# Exactly the Debian 12 packages tpuemu builds and runs with (and its ctest suite needs).
+# Exactly the Debian 12 packages tpuemu builds and runs with (and its ctest suite needs);
+# libjs-chart.js draws tpuctl board's charts.
 TPUEMU_PACKAGES="build-essential cmake pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler
 libnanomsg-dev libcriterion-dev libsodium-dev clang valgrind libdnnl-dev zlib1g-dev
-dataset-fashion-mnist python3-dev python3-cffi python3-numpy"
+dataset-fashion-mnist python3-dev python3-cffi python3-numpy libjs-chart.js"
 # What only the tests need beyond that: the viewer test's browser, web server
 # and checksum (npm fetches its viewer); the console test's DevTools client
 # (python3-websocket); network namespaces (viewer,

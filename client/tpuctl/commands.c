@@ -1534,6 +1534,8 @@ const struct tpuctl_cmd tpuctl_cmds[] = {
      cmd_chaos},
     {"health", "cluster and per-core health; exit 1 if any core is unhealthy", cmd_health},
     {"version", "print versions", cmd_version},
+    {"board", "serve a log directory in a browser: board --logdir DIR [--port N] (scalars, profiles)",
+     tpuctl_cmd_board},
     {"console", "print the URL of the cluster console (the resolver's metrics port): console --port N", cmd_console},
     {"profile", "record every core for N ms: trace file and step-time breakdown", cmd_profile},
     {"capture_tpu_profile",

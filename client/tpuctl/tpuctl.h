@@ -27,6 +27,8 @@ extern const struct tpuctl_cmd tpuctl_cmds[];
 
 /* bench.c: tpuctl bench allreduce ... */
 int tpuctl_cmd_bench(const struct tpuctl *g, int argc, char **argv);
+/* board.c: tpuctl board --logdir DIR [--port N] */
+int tpuctl_cmd_board(const struct tpuctl *g, int argc, char **argv);
 extern const int tpuctl_ncmds;
 
 #endif

@@ -15,8 +15,10 @@ goes on by itself. Every wait is bounded. Prints one line per check; exits 1 on
 the first that fails.
 """
 import base64
+import glob
 import json
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -83,7 +85,9 @@ class Page:
             if v:
                 return v, time.monotonic() - t0
             if time.monotonic() - t0 > seconds:
-                fail("%s: not within %.0f s; the page shows: %s" % (what, seconds, self.js(SNAPSHOT)))
+                page = self.call("Runtime.evaluate", expression="document.getElementById('status') ? %s : "
+                                 "document.body.innerText.slice(0, 1500)" % SNAPSHOT, returnByValue=True)
+                fail("%s: not within %.0f s; the page shows: %s" % (what, seconds, page.get("result", {}).get("value")))
             time.sleep(0.1)
 
     def shot(self, name):
@@ -181,6 +185,58 @@ try:
            "the page live again with the 2 cores still running, after the resolver restarted")
     p.wait("!!document.querySelector('#events li[data-kind=\"registered\"]')", 5, "the new resolver's events")
     ok("after the resolver restarted, the page went on by itself with its cores and its new event log")
+
+    # 5. the board of the training's log directory
+    board = "http://127.0.0.1:%s/" % os.environ["CONSOLE_BOARD_PORT"]
+    p.call("Page.navigate", url=board)
+    p.wait("!!document.body && document.body.dataset.loaded === 'true'", 20, "the board loaded")
+    hist = {}
+    with open(os.path.join(WORK, "history.txt")) as f:
+        for line in f:
+            e, loss, acc = line.split()
+            hist[int(e)] = {"epoch_loss": float.fromhex(loss), "epoch_accuracy": float.fromhex(acc)}
+    as_f32 = lambda x: struct.unpack("f", struct.pack("f", x))[0]
+    for tag in ("epoch_loss", "epoch_accuracy"):
+        rows = p.js("JSON.stringify([...document.querySelectorAll('.card[data-tag=\"%s\"] tr[data-step]')].map("
+                    "r => [r.dataset.step, r.querySelector('td[data-run=\"train\"]').dataset.value]))" % tag)
+        rows = json.loads(rows or "[]")
+        got = {int(s): float(v) for s, v in rows if v}
+        want = {e: as_f32(h[tag]) for e, h in hist.items()}
+        if set(got) != set(want) or any(as_f32(got[e]) != want[e] for e in want):
+            fail("the board's %s for run train is %s, fit's history says %s" % (tag, got, want))
+    if not p.js("document.querySelectorAll('.card[data-tag] canvas').length >= 2 && !!window.Chart"):
+        fail("the board drew no charts (is Chart.js served at /chart.js?)")
+    ok("the board lists run train's epoch_loss and epoch_accuracy with fit's history's values (%d epochs), "
+       "charted" % len(hist))
+    ov = json.load(open(glob.glob(os.path.join(WORK, "logs/train/plugins/profile/*/*.overview.json"))[0]))
+    shown_b = p.js("(document.querySelector('.profile dd.bottleneck') || {}).textContent")
+    if shown_b != ov["bottleneck"]:
+        fail("the board's bottleneck is %r, the profiler's overview says %r" % (shown_b, ov["bottleneck"]))
+    red = p.js("getComputedStyle(document.querySelector('.profile dd.bottleneck')).color")
+    if red != "rgb(179, 38, 30)":
+        fail("the bottleneck is shown in %s, not red" % red)
+    p.wait("[...document.querySelectorAll('.profile img.steps')].every(i => i.complete && i.naturalWidth > 0) && "
+           "document.querySelectorAll('.profile canvas').length === 1", 5, "the profile's picture and chart")
+    ok("the profile names the overview's bottleneck in red (%s), with its stacked bars and steps picture"
+       % ov["bottleneck"][:60])
+    p.shot("board.png")
+    # a corrupt event file beside the good one: named, with what it could read
+    good = sorted(glob.glob(os.path.join(WORK, "logs/train/events.out.tfevents.*.v2")))[0]
+    data = bytearray(open(good, "rb").read())
+    data[len(data) - 10] ^= 0xff
+    with open(os.path.join(WORK, "logs/bad/events.out.tfevents.1.bad.v2") if os.makedirs(
+            os.path.join(WORK, "logs/bad"), exist_ok=True) is None else "", "wb") as f:
+        f.write(data)
+    p.js("document.getElementById('reload').click()")
+    p.wait("document.body.dataset.loaded === 'true' && "
+           "!!document.querySelector('#bad li[data-file=\"bad/events.out.tfevents.1.bad.v2\"]')", 20,
+           "the corrupt file named")
+    what = p.js("document.querySelector('#bad li').textContent")
+    if "CRC" not in what:
+        fail("the corrupt file's line does not say what is wrong: %s" % what)
+    if not p.js("!!document.querySelector('.card[data-tag=\"epoch_loss\"] td[data-run=\"bad\"][data-value]')"):
+        fail("the records of the corrupt file before the bad byte are not shown")
+    ok("a corrupt event file is named (%s), and what it held before the bad byte shown" % what)
 finally:
     chrome.terminate()
     try:

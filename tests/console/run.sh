@@ -7,11 +7,16 @@
 # python3-websocket), opens http://127.0.0.1:PORT/ and checks what a user sees:
 # the grid, a `tpuctl chaos kill` turning a tile DEAD within 3 s with an event
 # naming the core, a `tpuctl chaos preempt` showing PREEMPTED, and the page
-# going on by itself after the resolver restarts.
+# going on by itself after the resolver restarts. Then `tpuctl board` on the
+# training's log directory: the scalars' tables hold fit's history (as float32),
+# the profile names the bottleneck of the overview the profiler wrote, in red,
+# with its charts and picture; an event file with a flipped byte is named, with
+# what is wrong, and its records before that byte still shown.
 #
 #   tests/console/run.sh BUILD_DIR [SCREENSHOT_DIR]
-# With SCREENSHOT_DIR, the page is saved there as console.png (trained, every
-# core READY) and console-faults.png (after the kill and the preemption);
+# With SCREENSHOT_DIR, the pages are saved there as console.png (trained, every
+# core READY), console-faults.png (after the kill and the preemption) and
+# board.png;
 # scripts/screenshots.sh uses that for the docs.
 set -uo pipefail
 fail() { echo "FAIL: $*"; exit 1; }
@@ -42,6 +47,7 @@ cleanup() {
 trap cleanup EXIT
 lc_claim_port mport
 lc_claim_port dport
+lc_claim_port bport
 lc_start_resolver "$bin" "$work/resolver.log" --heartbeat-ms 200 --metrics-port "$mport"
 echo "${_lc_pids[-1]}" >"$work/resolver.pid"
 for h in 0 1; do
@@ -53,11 +59,13 @@ for h in 0 1; do
     done
 done
 "$bin/tpuctl" --tpu "$tpu" init --expect 4 --timeout-ms 20000 >/dev/null || { tail -n 5 "$work"/*.log; exit 1; }
-(cd "$work" && timeout 300 "$bin/fashion_mnist" --tpu "$tpu" --epochs 1 >train.out 2>train.err) ||
+(cd "$work" && timeout 300 "$bin/fashion_mnist" --tpu "$tpu" --epochs 2 --history history.txt >train.out 2>train.err) ||
     { cat "$work/train.out" "$work/train.err"; echo "FAIL: fashion_mnist failed"; exit 1; }
+"$bin/tpuctl" board --logdir "$work/logs" --port "$bport" >"$work/board.out" 2>&1 &
+_lc_pids+=($!)
 "$bin/tpuctl" --tpu "$tpu" console --port "$mport" >"$work/url" || { echo "FAIL: tpuctl console failed"; exit 1; }
 [ "$(cat "$work/url")" = "http://127.0.0.1:$mport/" ] || { echo "FAIL: tpuctl console printed $(cat "$work/url")"; exit 1; }
-CONSOLE_DEVTOOLS_PORT=$dport \
+CONSOLE_DEVTOOLS_PORT=$dport CONSOLE_BOARD_PORT=$bport \
 CONSOLE_RESTART="'$bin/tpu-resolver' --listen '$tpu' --heartbeat-ms 200 --metrics-port $mport 2>>'$work/resolver2.log' & echo \$! >'$work/resolver2.pid'" \
     timeout 240 /usr/bin/python3 "$here/check.py" "$bin" "$tpu" "$mport" "$work" $shots
 INNER
