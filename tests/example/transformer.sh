@@ -6,8 +6,7 @@
 # chance (0.25). The class is an exclusive or of what two positions hold,
 # which the same model without its attention layer cannot express: run with
 # --no-attention it stays near chance. With attention the seeds tried reach
-# 0.99-1.0 and without it 0.25-0.27, so the bounds 0.9 and 0.4 sit far from
-# both.
+# 1.0 and without it 0.24-0.27, so the bounds 0.9 and 0.4 sit far from both.
 #
 #   tests/example/transformer.sh BUILD_DIR
 set -uo pipefail
