@@ -237,6 +237,14 @@ try:
     if not p.js("!!document.querySelector('.card[data-tag=\"epoch_loss\"] td[data-run=\"bad\"][data-value]')"):
         fail("the records of the corrupt file before the bad byte are not shown")
     ok("a corrupt event file is named (%s), and what it held before the bad byte shown" % what)
+
+    # 6. the heat map a big pod collapses into (#heat forces it): a small square per core, by host
+    p.call("Page.navigate", url=URL + "#heat")
+    p.wait("!!document.getElementById('grid') && document.getElementById('grid').className === 'heat' && "
+           "document.querySelectorAll('.tile').length === 2", 10, "the heat map of the 2 cores still running")
+    if p.js("Math.max(...[...document.querySelectorAll('.tile')].map(t => t.getBoundingClientRect().width))") > 12:
+        fail("the heat map's squares are wider than 12 px")
+    ok("the heat map shows a square per core under its host")
 finally:
     chrome.terminate()
     try:

@@ -893,6 +893,39 @@ Test(hardening, idle_strangers_do_not_stop_the_metrics_port, .timeout = 120)
     cluster_free(c);
 }
 
+/* The same at the resolver's metrics port, which serves the cluster console:
+ * with more idle strangers than its slots, the console's page and its data
+ * are still served, and the data still lists the core. */
+Test(hardening, idle_strangers_do_not_stop_the_console, .timeout = 120)
+{
+    cluster_opts o = {0};
+    int mp = cl_free_port();
+    char mps[16], hp[32];
+    snprintf(mps, sizeof mps, "%d", mp);
+    const char *rargs[] = {"--metrics-port", mps, NULL};
+    o.resolver_args = rargs;
+    o.hosts = 1;
+    o.cores_per_host = 1;
+    cluster *c = cluster_start(&o);
+    static int fds[HOLD_MAX];
+    char *body;
+
+    fdlimit_raise("it_hardening", 4096, 1024); /* the strangers' connections */
+    cr_assert_eq(wait_http(mp, "/healthz", 200, 10000), 200);
+    snprintf(hp, sizeof hp, "127.0.0.1:%d", mp);
+    cr_assert_geq(hold_conns(hp, fds, 100), 65, "could not open the strangers' connections");
+    cr_assert_eq(http_get_all(mp, "/api/cluster", &body), 200, "/api/cluster with 100 idle connections held: %s",
+                 body ? body : "");
+    cr_assert(body && strstr(body, "\"host\":\"h0\",\"core\":0,"), "the console's data lists no h0/0: %s",
+              body ? body : "");
+    free(body);
+    cr_assert_eq(http_get_all(mp, "/", &body), 200, "the console's page with 100 idle connections held");
+    free(body);
+    release_conns(fds, HOLD_MAX);
+    cr_assert(cluster_alive(&c->resolver), "see %s", c->resolver.log);
+    cluster_free(c);
+}
+
 /* The resolver under an open-file limit of its own (the fixture sets it
  * before exec): strangers hold more idle connections than it has
  * descriptors, each having sent the SP header of a nanomsg REQ socket (so

@@ -1,4 +1,4 @@
-// The cluster console: polls /api/cluster once a second and redraws the
+// The cluster console: polls /api/cluster twice a second and redraws the
 // tiles; the events are fetched from the last number seen (?since=N). A
 // resolver that does not answer is retried at the same pace, and a restarted
 // one (a new "run") starts the event log over. With a cluster token, the
@@ -7,17 +7,19 @@
 // as "Authorization: Bearer KEY".
 "use strict";
 (function () {
-  const POLL_MS = 1000, MAX_EVENTS = 300, HEAT_FROM = 128;
+  const POLL_MS = 500, MAX_EVENTS = 300, HEAT_FROM = 128;
   const STATES = ["READY", "IDLE", "DEAD", "PREEMPTED", "MAINTENANCE"];
   let key = sessionStorage.getItem("tpuemu-console-key") || "";
   let run = null, since = 0, downSince = null, timer = null;
   const $ = (id) => document.getElementById(id);
 
+  // #heat: the heat map whatever the pod's size
+  const forceHeat = /(?:^#|&)heat(?:&|$)/.test(location.hash);
   const m = /(?:^#|&)key=([0-9a-fA-F]{64})(?:&|$)/.exec(location.hash);
   if (m) {
     key = m[1].toLowerCase();
     sessionStorage.setItem("tpuemu-console-key", key);
-    history.replaceState(null, "", location.pathname);
+    history.replaceState(null, "", location.pathname + (forceHeat ? "#heat" : ""));
   }
 
   function el(tag, attrs, text) {
@@ -88,7 +90,7 @@
 
   function grid(d) {
     const g = $("grid");
-    const heat = d.cores.length > HEAT_FROM;
+    const heat = forceHeat || d.cores.length > HEAT_FROM;
     g.className = heat ? "heat" : "";
     g.textContent = "";
     let box = null, tiles = null, host = null;
@@ -157,7 +159,7 @@
       status("live", "live, updated " + new Date().toLocaleTimeString());
     } catch (err) {
       if (downSince === null) downSince = new Date();
-      status("down", "the resolver does not answer (since " + downSince.toLocaleTimeString() + "); retrying every second");
+      status("down", "the resolver does not answer (since " + downSince.toLocaleTimeString() + "); retrying");
     }
     timer = setTimeout(poll, POLL_MS);
   }
