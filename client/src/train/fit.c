@@ -15,7 +15,6 @@
 
 /* How long the steps in flight may take to finish after tpu_cancel. */
 #define FIT_CANCEL_DRAIN_MS 2000u
-#define KIND(k) TPUEMU__FRAME_KIND__FRAME_##k
 #define HISTORY_MAX 100000
 
 struct tpu_history {
@@ -91,7 +90,7 @@ struct exec {
 struct run {
     tpu_model *m;
     tpu_dataset_iter *it;
-    int mode;                 /* TPUEMU__STEP_MODE__* */
+    int mode; /* tpu_step_fn */
     size_t n, spe, depth;
     struct exec *ex;          /* depth */
     size_t head, inflight;
@@ -141,11 +140,10 @@ static int post_next(struct run *u, err *e)
 {
     tpu_model *m = u->m;
     tpu_cluster *c = m->s->c;
-    struct cli_coll *k = c->coll;
     struct exec *x = &u->ex[(u->head + u->inflight) % u->depth];
     size_t lbytes = m->co.loss == TPU_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY ? sizeof(int32_t)
                                                                            : sizeof(float) * m->units[m->nlayers - 1];
-    size_t spe = u->mode == TPUEMU__STEP_MODE__STEP_PREDICT ? 1 : u->spe;
+    size_t spe = u->mode == TPU_STEP_PREDICT ? 1 : u->spe;
     tpu_status st;
 
     uint64_t input_start = now_ns();
@@ -173,27 +171,20 @@ static int post_next(struct run *u, err *e)
     if (x->nb == 0)
         return CODE_OK;
 
-    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
-    Tpuemu__StepsSpec ss = TPUEMU__STEPS_SPEC__INIT;
+    struct tio_steps ss;
     uint32_t rows[TIO_MAX_STEPS], grows[TIO_MAX_STEPS];
-    h.kind = KIND(STEPS);
-    h.seq = k->next_seq++;
+    memset(&ss, 0, sizeof ss);
     ss.model_id = m->id;
-    ss.mode = (Tpuemu__StepMode)u->mode;
+    ss.mode = (tpu_step_fn)u->mode;
     ss.steps = (uint32_t)x->nb;
-    ss.n_rows = ss.n_global_rows = x->nb;
     ss.rows = rows;
     ss.global_rows = grows;
-    ss.has_labels = u->mode != TPUEMU__STEP_MODE__STEP_PREDICT;
+    int has_labels = u->mode != TPU_STEP_PREDICT;
     /* after the steps of the executions still in flight */
     ss.first_step = m->step + 1;
-    for (size_t i = 0; u->mode == TPUEMU__STEP_MODE__STEP_TRAIN && i < u->inflight; i++)
+    for (size_t i = 0; u->mode == TPU_STEP_TRAIN && i < u->inflight; i++)
         ss.first_step += u->ex[(u->head + i) % u->depth].nb;
-    if (u->mode == TPUEMU__STEP_MODE__STEP_TRAIN) {
-        ss.coll_seq = k->next_seq;
-        k->next_seq += x->nb;
-    }
-    h.steps = &ss;
+    tio_steps_begin(c, &ss);
     for (size_t r = 0; r < u->n; r++) {
         struct dpio_seg *sg = &x->segs[r * 2 * TIO_MAX_STEPS];
         size_t ns = 0;
@@ -204,14 +195,14 @@ static int post_next(struct run *u, err *e)
             grows[i] = (uint32_t)x->b[i].rows;
             sg[ns].p = x->b[i].x + first * m->in_dim;
             sg[ns++].n = cnt * m->in_dim * sizeof(float);
-            if (ss.has_labels) {
+            if (has_labels) {
                 sg[ns].p = (const uint8_t *)x->b[i].y + first * lbytes;
                 sg[ns++].n = cnt * lbytes;
             }
         }
         x->ans[r].dst = NULL;
         x->ans[r].dst_cap = 0;
-        if (u->mode == TPUEMU__STEP_MODE__STEP_PREDICT) {
+        if (u->mode == TPU_STEP_PREDICT) {
             size_t first, cnt;
             shard(x->b[0].rows, u->n, r, &first, &cnt);
             if (u->out_put + x->b[0].rows > u->out_rows) {
@@ -227,13 +218,13 @@ static int post_next(struct run *u, err *e)
         ss.client_input_wait_ns = r == 0 ? x->input_wait_ns : 0;
         ss.client_post_ns = r == 0 ? now_ns() : 0;
         ss.client_pid = r == 0 ? (uint32_t)getpid() : 0;
-        if (tio_post(c, r, &h, sg, ns, &x->ans[r], e) != CODE_OK) {
+        if (tio_post_steps(c, r, &ss, sg, ns, &x->ans[r], e) != CODE_OK) {
             exec_release(u, x);
             tio_abort(c);
             return e->code;
         }
     }
-    if (u->mode == TPUEMU__STEP_MODE__STEP_PREDICT)
+    if (u->mode == TPU_STEP_PREDICT)
         u->out_put += x->b[0].rows;
     u->inflight++;
     return CODE_OK;
@@ -332,7 +323,7 @@ static int finish_oldest(struct run *u, uint64_t *t_last, err *e)
             u->rows += a->rows;
             model_stats_max(&s, a);
         }
-        if (u->mode == TPUEMU__STEP_MODE__STEP_TRAIN) {
+        if (u->mode == TPU_STEP_TRAIN) {
             m->step++;
             m->cur_batch++;
             m->iterations++;
@@ -506,8 +497,7 @@ static int run_epoch(tpu_model *m, tpu_dataset *ds, int mode, int epoch, size_t 
             break;
         /* a notice: no more steps are posted; those in flight finish on every
          * replica alike, so all of them stop at the same step boundary */
-        if (mode == TPUEMU__STEP_MODE__STEP_TRAIN && !el && o->preemption_checkpoint &&
-            m->notice.kind != TPU_NOTICE_NONE && !*stop) {
+        if (mode == TPU_STEP_TRAIN && !el && o->preemption_checkpoint && m->notice.kind != TPU_NOTICE_NONE && !*stop) {
             *stop = 2;
             u.eof = 1;
         }
@@ -885,8 +875,7 @@ static int train_epochs(tpu_model *m, tpu_dataset *ds, const tpu_fit_options *o,
         m->cur_epoch = ep;
         if ((rc = callbacks_call(o, m, 1, ep, NULL, stop, e)) != CODE_OK || *stop)
             break;
-        rc = run_epoch(m, ds, TPUEMU__STEP_MODE__STEP_TRAIN, ep, ep == start ? skip : 0, o, el, logs, NULL, 0, NULL,
-                       stop, e);
+        rc = run_epoch(m, ds, TPU_STEP_TRAIN, ep, ep == start ? skip : 0, o, el, logs, NULL, 0, NULL, stop, e);
         if (rc != CODE_OK)
             break;
         if (*stop == 2)
@@ -897,8 +886,8 @@ static int train_epochs(tpu_model *m, tpu_dataset *ds, const tpu_fit_options *o,
             vo.callbacks = NULL;
             vo.num_callbacks = 0;
             memset(&vl, 0, sizeof vl);
-            if ((rc = run_epoch(m, o->validation_data, TPUEMU__STEP_MODE__STEP_EVALUATE, 0, 0, &vo, NULL, &vl, NULL, 0,
-                                NULL, stop, e)) != CODE_OK)
+            if ((rc = run_epoch(m, o->validation_data, TPU_STEP_EVALUATE, 0, 0, &vo, NULL, &vl, NULL, 0, NULL, stop,
+                                e)) != CODE_OK)
                 break;
             logs->has_val = 1;
             logs->val_loss = vl.loss;
@@ -1063,7 +1052,7 @@ void tpu_eval_options_init(tpu_eval_options *o)
 static tpu_status eval_pass(tpu_model *m, tpu_dataset *ds, int mode, const tpu_eval_options *eo, tpu_logs *logs,
                             float *out, size_t out_rows, size_t *got)
 {
-    const char *what = mode == TPUEMU__STEP_MODE__STEP_EVALUATE ? "evaluate" : "predict";
+    const char *what = mode == TPU_STEP_EVALUATE ? "evaluate" : "predict";
     tpu_fit_options o;
     err e;
     int stop = 0, ignored = 0;
@@ -1076,12 +1065,12 @@ static tpu_status eval_pass(tpu_model *m, tpu_dataset *ds, int mode, const tpu_e
         o.callbacks = eo->callbacks;
         o.num_callbacks = eo->num_callbacks;
     }
-    if (prepare(m, ds, NULL, mode == TPUEMU__STEP_MODE__STEP_EVALUATE, what, &e) != CODE_OK ||
+    if (prepare(m, ds, NULL, mode == TPU_STEP_EVALUATE, what, &e) != CODE_OK ||
         callbacks_call(&o, m, 0, 0, logs, &stop, &e) != CODE_OK)
         return cli_fail(&e);
     if (!stop && run_epoch(m, ds, mode, 0, 0, &o, NULL, logs, out, out_rows, got, &stop, &e) != CODE_OK)
         return cli_fail(&e);
-    if (mode == TPUEMU__STEP_MODE__STEP_PREDICT)
+    if (mode == TPU_STEP_PREDICT)
         logs->loss = logs->accuracy = NAN;
     if (callbacks_call(&o, m, 3, 0, logs, &ignored, &e) != CODE_OK)
         return cli_fail(&e);
@@ -1094,7 +1083,7 @@ tpu_status tpu_model_evaluate_with(tpu_model *m, tpu_dataset *ds, const tpu_eval
     tpu_logs logs;
     CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
     CLI_CALL(m->s->c);
-    tpu_status st = eval_pass(m, ds, TPUEMU__STEP_MODE__STEP_EVALUATE, o, &logs, NULL, 0, NULL);
+    tpu_status st = eval_pass(m, ds, TPU_STEP_EVALUATE, o, &logs, NULL, 0, NULL);
     if (st != TPU_OK)
         return st;
     if (loss)
@@ -1120,7 +1109,7 @@ tpu_status tpu_model_predict_with(tpu_model *m, tpu_dataset *ds, const tpu_eval_
         *rows = 0;
     if (!out && out_rows)
         return cli_failf(TPU_INVALID_ARGUMENT, "predict: no output buffer");
-    tpu_status st = eval_pass(m, ds, TPUEMU__STEP_MODE__STEP_PREDICT, o, &logs, out, out_rows, &got);
+    tpu_status st = eval_pass(m, ds, TPU_STEP_PREDICT, o, &logs, out, out_rows, &got);
     if (st != TPU_OK)
         return st;
     if (rows)

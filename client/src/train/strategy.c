@@ -12,7 +12,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define KIND(k) TPUEMU__FRAME_KIND__FRAME_##k
 #define MAGIC_DIST 0x74707044u    /* "tppD" */
 #define MAGIC_DIST_IT 0x74707049u /* "tppI" */
 #define MAGIC_PR 0x74707052u      /* "tppR" */
@@ -470,7 +469,6 @@ void tpu_step_outputs_clear(tpu_step_outputs *o)
 static int run_step(tpu_model *m, int mode, const tpu_per_replica *x, struct tio_ans *ans, float *pred, err *e)
 {
     tpu_cluster *c = m->s->c;
-    struct cli_coll *k = c->coll;
     size_t n = x->n, units = m->units[m->nlayers - 1];
     struct tio_ans **pa = calloc(n, sizeof *pa);
     struct dpio_seg *segs = calloc(2 * n, sizeof *segs);
@@ -481,22 +479,17 @@ static int run_step(tpu_model *m, int mode, const tpu_per_replica *x, struct tio
         free(segs);
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
     }
-    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
-    Tpuemu__StepsSpec ss = TPUEMU__STEPS_SPEC__INIT;
+    struct tio_steps ss;
     uint32_t rows[1], grows[1] = {(uint32_t)x->total};
-    h.kind = KIND(STEPS);
-    h.seq = k->next_seq++;
+    int has_labels = mode != TPU_STEP_PREDICT;
+    memset(&ss, 0, sizeof ss);
     ss.model_id = m->id;
-    ss.mode = (Tpuemu__StepMode)mode;
+    ss.mode = (tpu_step_fn)mode;
     ss.steps = 1;
-    ss.n_rows = ss.n_global_rows = 1;
     ss.rows = rows;
     ss.global_rows = grows;
-    ss.has_labels = mode != TPUEMU__STEP_MODE__STEP_PREDICT;
     ss.first_step = m->step + 1;
-    if (mode == TPUEMU__STEP_MODE__STEP_TRAIN)
-        ss.coll_seq = k->next_seq++;
-    h.steps = &ss;
+    tio_steps_begin(c, &ss);
     uint64_t t0 = now_ns();
     for (size_t r = 0; r < n && rc == CODE_OK; r++) {
         size_t ns = 0;
@@ -505,7 +498,7 @@ static int run_step(tpu_model *m, int mode, const tpu_per_replica *x, struct tio
         segs[2 * r].p = x->x + x->off[r] * x->x_dim;
         segs[2 * r].n = x->rows[r] * x->x_dim * sizeof(float);
         ns = 1;
-        if (ss.has_labels) {
+        if (has_labels) {
             segs[2 * r + 1].p = x->y + x->off[r] * x->ybytes;
             segs[2 * r + 1].n = x->rows[r] * x->ybytes;
             ns = 2;
@@ -515,7 +508,7 @@ static int run_step(tpu_model *m, int mode, const tpu_per_replica *x, struct tio
         ss.client_input_start_ns = r == 0 ? t0 : 0;
         ss.client_post_ns = r == 0 ? now_ns() : 0;
         ss.client_pid = r == 0 ? (uint32_t)getpid() : 0;
-        if ((rc = tio_post(c, r, &h, &segs[2 * r], ns, &ans[r], e)) != CODE_OK)
+        if ((rc = tio_post_steps(c, r, &ss, &segs[2 * r], ns, &ans[r], e)) != CODE_OK)
             tio_abort(c);
     }
     if (rc == CODE_OK) {
@@ -548,7 +541,7 @@ static int run_step(tpu_model *m, int mode, const tpu_per_replica *x, struct tio
                 m->notice_replica = (int)r;
             }
         }
-        if (mode == TPUEMU__STEP_MODE__STEP_TRAIN) {
+        if (mode == TPU_STEP_TRAIN) {
             m->step++;
             m->iterations++;
         }
@@ -575,9 +568,11 @@ tpu_status tpu_strategy_run(tpu_strategy *s, tpu_step_fn fn, tpu_model *m, const
         return cli_failf(TPU_INVALID_ARGUMENT, "strategy.run: out is NULL");
     memset(out, 0, sizeof *out);
     switch (fn) {
-    case TPU_STEP_TRAIN: mode = TPUEMU__STEP_MODE__STEP_TRAIN; break;
-    case TPU_STEP_EVALUATE: mode = TPUEMU__STEP_MODE__STEP_EVALUATE; break;
-    case TPU_STEP_PREDICT: mode = TPUEMU__STEP_MODE__STEP_PREDICT; break;
+    case TPU_STEP_TRAIN:
+    case TPU_STEP_EVALUATE:
+    case TPU_STEP_PREDICT:
+        mode = (int)fn;
+        break;
     default:
         return cli_failf(TPU_INVALID_ARGUMENT, "strategy.run: step function %d is not a tpu_step_fn "
                          "(TPU_STEP_TRAIN, TPU_STEP_EVALUATE, TPU_STEP_PREDICT)", (int)fn);

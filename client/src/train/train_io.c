@@ -89,6 +89,44 @@ int tio_post(tpu_cluster *c, size_t r, Tpuemu__FrameHeader *h, const struct dpio
     return CODE_OK;
 }
 
+void tio_steps_begin(tpu_cluster *c, struct tio_steps *s)
+{
+    struct cli_coll *k = c->coll;
+    s->seq = k->next_seq++;
+    s->coll_seq = 0;
+    if (s->mode == TPU_STEP_TRAIN) {
+        s->coll_seq = k->next_seq;
+        k->next_seq += s->steps;
+    }
+}
+
+int tio_post_steps(tpu_cluster *c, size_t r, const struct tio_steps *s, const struct dpio_seg *segs, size_t nseg,
+                   struct tio_ans *ans, err *e)
+{
+    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
+    Tpuemu__StepsSpec ss = TPUEMU__STEPS_SPEC__INIT;
+
+    h.kind = TPUEMU__FRAME_KIND__FRAME_STEPS;
+    h.seq = s->seq;
+    ss.model_id = s->model_id;
+    ss.mode = s->mode == TPU_STEP_TRAIN      ? TPUEMU__STEP_MODE__STEP_TRAIN
+              : s->mode == TPU_STEP_EVALUATE ? TPUEMU__STEP_MODE__STEP_EVALUATE
+                                             : TPUEMU__STEP_MODE__STEP_PREDICT;
+    ss.steps = s->steps;
+    ss.n_rows = ss.n_global_rows = s->steps;
+    ss.rows = (uint32_t *)(uintptr_t)s->rows;
+    ss.global_rows = (uint32_t *)(uintptr_t)s->global_rows;
+    ss.has_labels = s->mode != TPU_STEP_PREDICT;
+    ss.first_step = s->first_step;
+    ss.coll_seq = s->coll_seq;
+    ss.client_input_start_ns = s->client_input_start_ns;
+    ss.client_input_wait_ns = s->client_input_wait_ns;
+    ss.client_post_ns = s->client_post_ns;
+    ss.client_pid = s->client_pid;
+    h.steps = &ss;
+    return tio_post(c, r, &h, segs, nseg, ans, e);
+}
+
 /* A whole answer header is in: match it to the oldest expected answer. */
 static int on_header(void *arg, size_t r, Tpuemu__FrameHeader *h, void **dst)
 {

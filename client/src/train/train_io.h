@@ -12,6 +12,7 @@
 
 #include "coll.h"
 #include "dpio.h"
+#include "tpuemu/model.h"
 
 #define TIO_MAX_STEPS 128
 #define TIO_MAX_SEGS (2 * TIO_MAX_STEPS)
@@ -44,6 +45,32 @@ struct tio_ans {
  * CODE_INVALID_ARGUMENT if the header does not fit a frame. */
 int tio_post(tpu_cluster *c, size_t r, Tpuemu__FrameHeader *h, const struct dpio_seg *segs, size_t nseg,
              struct tio_ans *ans, err *e);
+
+/* A STEPS request: run steps training steps (or evaluation or prediction
+ * steps) of model_id, each core on its rows of each step's batch. */
+struct tio_steps {
+    uint64_t model_id;
+    tpu_step_fn mode; /* train, evaluate or predict */
+    uint32_t steps;
+    const uint32_t *rows;        /* [steps]: this core's rows of each step (set per core) */
+    const uint32_t *global_rows; /* [steps]: the whole batch's rows */
+    uint64_t first_step;         /* the model's step count the first of them makes */
+    /* set by tio_steps_begin: the request's sequence number, and the first of
+     * the all-reduces a training request runs (one a step) */
+    uint64_t seq, coll_seq;
+    /* the client's part, for the profiler (the first core's request only; 0 else) */
+    uint64_t client_input_start_ns, client_input_wait_ns, client_post_ns;
+    uint32_t client_pid;
+};
+
+/* Takes s's sequence numbers from the cluster's collectives, after every
+ * request and all-reduce already given out. */
+void tio_steps_begin(tpu_cluster *c, struct tio_steps *s);
+
+/* tio_post of the STEPS request s on replica r, with its infeed segs[0..nseg)
+ * (each step's features, then its labels unless predicting). */
+int tio_post_steps(tpu_cluster *c, size_t r, const struct tio_steps *s, const struct dpio_seg *segs, size_t nseg,
+                   struct tio_ans *ans, err *e);
 
 /* Drives every connection until ans[r] is done for every replica r (ans is an
  * array of num_replicas slots, e.g. those of one request), or deadline_ms
