@@ -987,21 +987,6 @@ void model_set_dropout_pass(model *m, uint64_t pass)
     m->drop_calls = pass;
 }
 
-struct lshape model_layer_out_shape(const model *m, int l)
-{
-    return m->layer[l].osh;
-}
-
-struct lshape model_layer_in_shape(const model *m, int l)
-{
-    return m->layer[l].ish;
-}
-
-int model_out_dim(const model *m)
-{
-    return (int)m->layer[m->cfg.nlayers - 1].osz;
-}
-
 /* Whether the model rounds its matmuls' operands to bfloat16 itself, once a
  * step, instead of the matrix unit rounding them at every matmul: the layer's
  * input and kernel are each used by two matmuls (forward, then the weight- and

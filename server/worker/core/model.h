@@ -181,12 +181,6 @@ void model_set_training(model *m, int training);
 uint64_t model_dropout_pass(const model *m);
 void model_set_dropout_pass(model *m, uint64_t pass);
 
-/* Layer l's output shape per example, and its input's. */
-struct lshape model_layer_out_shape(const model *m, int l);
-struct lshape model_layer_in_shape(const model *m, int l);
-/* Floats per example of the last layer's output (the outputs predict gives). */
-int model_out_dim(const model *m);
-
 /* Whether layer l's output is kept for the backward pass (cfg.remat: a
  * segment's last layer), and the layer forwards recomputed so far. */
 int model_layer_checkpointed(const model *m, int l);

@@ -186,11 +186,6 @@ const char *chan_peer_name(const struct chan *l)
     return l->name;
 }
 
-int chan_peer_replica(const struct chan *l)
-{
-    return l->replica;
-}
-
 int chan_is_shm(const struct chan *l)
 {
     return l->shm_tx != NULL || l->shm_rx != NULL;

@@ -252,7 +252,6 @@ int chan_recv_reduce(struct chan *l, const struct xport_chunk *c, void *buf, siz
 /* The bytes a shared-memory ring holds (chan_fuse's bound). */
 size_t shm_ring_bytes(void);
 const char *chan_peer_name(const struct chan *l);
-int chan_peer_replica(const struct chan *l);
 int chan_is_shm(const struct chan *l);
 struct chan *chan_new(struct peers *p, int r);
 /* Closes both halves; pending operations are dropped without callbacks. */
