@@ -1414,3 +1414,98 @@ Test(profile, a_silent_core_is_named_and_the_others_kept, .timeout = 60)
     tpu_resolver_free(r);
     cluster_free(c);
 }
+
+/* An attention model's profile, through the profiler callback: its layers
+ * have their Keras names in the overview and the trace, and the attention
+ * layer's MXU row names its least filled matmul: per example and head,
+ * Q K^T multiplies (16 x 8) by (8 x 16), so K and N are padded from 8 and 16
+ * to 128 (0.8% of the MXU), which the projections (K 32, N 16) beat. */
+Test(profile, attention_layers_are_named_with_their_padding, .timeout = 120)
+{
+    enum {
+        SEQ = 16,
+        VOCAB = 20,
+        N = 512
+    };
+    static float x[N * SEQ];
+    static int32_t y[N];
+    colltest *t = ct_start(1, (int[]){2}, NULL, HB_MS);
+    tpu_strategy *s;
+    tpu_dataset *ds;
+    tpu_model *m;
+    tpu_compile_options co;
+    tpu_callback cb;
+    tpu_fit_options fo;
+    char logdir[512], trace[1400] = "", why[512], *ov = NULL;
+    size_t ovn = 0;
+    struct dirent *d;
+    DIR *dir;
+    FILE *f = open_memstream(&ov, &ovn);
+    cr_assert_not_null(f);
+
+    for (size_t i = 0; i < N * SEQ; i++)
+        x[i] = (float)((i * 7 + i / SEQ) % VOCAB);
+    for (size_t i = 0; i < N; i++)
+        y[i] = (int32_t)(i % 2);
+    CALL_OK(tpu_strategy_new(t->c, &s));
+    CALL_OK(tpu_model_new(s, SEQ, &m));
+    CALL_OK(tpu_model_set_seed(m, 3));
+    CALL_OK(tpu_model_add_embedding(m, VOCAB, 32));
+    CALL_OK(tpu_model_add_multi_head_attention(m, 2, 8, 0));
+    CALL_OK(tpu_model_add_global_average_pooling1d(m));
+    CALL_OK(tpu_model_add_dense(m, 2, TPU_ACT_SOFTMAX));
+    tpu_compile_options_init(&co);
+    co.batch_size = 64;
+    CALL_OK(tpu_model_compile(m, &co));
+    CALL_OK(tpu_dataset_from_tensor_slices(x, N, SEQ, y, TPU_LABELS_SPARSE, 1, 0, &ds));
+    CALL_OK(tpu_dataset_batch(ds, 64, 1));
+    snprintf(logdir, sizeof logdir, "%s/attn-logs", cl_tmpdir());
+    CALL_OK(tpu_callback_profiler(logdir, 2, 5, &cb));
+    CALL_OK(tpu_callback_profiler_report(&cb, f));
+    memset(&fo, 0, sizeof fo);
+    fo.epochs = 1;
+    fo.callbacks = &cb;
+    fo.num_callbacks = 1;
+    CALL_OK(tpu_model_fit(m, ds, &fo, NULL));
+    fclose(f);
+    cr_assert(strstr(ov, "MXU of multi_head_attention") != NULL, "no MXU row for the attention layer:\n%s", ov);
+    cr_assert(strstr(ov, "least filled matmul (M x K x N) 1024x8x16: 0.8% of the MXU, K and N padded to 128 and 128") !=
+                  NULL,
+              "the attention layer's row does not name Q K^T (2 heads x 32 rows x 16 positions, key_dim 8):\n%s", ov);
+
+    const char *run_dir = tpu_callback_profiler_dir(&cb);
+    cr_assert_not_null(dir = opendir(run_dir), "%s", run_dir);
+    while ((d = readdir(dir))) {
+        size_t n = strlen(d->d_name);
+        if (n > 14 && strcmp(d->d_name + n - 14, ".trace.json.gz") == 0)
+            snprintf(trace, sizeof trace, "%s/%s", run_dir, d->d_name);
+    }
+    closedir(dir);
+    cr_assert(*trace, "no trace in %s", run_dir);
+    cr_assert_eq(trace_check_file(trace, why, sizeof why, NULL), 0, "%s: %s", trace, why);
+    char ebuf[256];
+    json *tr = json_parse_file(trace, ebuf, sizeof ebuf);
+    cr_assert_not_null(tr, "%s", ebuf);
+    const json *ev = json_get(tr, "traceEvents");
+    int emb = 0, attn_fwd = 0, attn_bwd = 0, attn_mm = 0;
+    for (size_t i = 0; i < json_len(ev); i++) {
+        const char *name = json_str(json_get(json_at(ev, i), "name"));
+        if (!name)
+            continue;
+        emb += strcmp(name, "embedding forward") == 0;
+        attn_fwd += strcmp(name, "multi_head_attention forward") == 0;
+        attn_bwd += strcmp(name, "multi_head_attention backward") == 0;
+        attn_mm += strncmp(name, "multi_head_attention matmul ", 28) == 0;
+    }
+    json_free(tr);
+    /* 4 steps on 2 cores; each attention pass runs 6 matmuls forward and 9 backward (it is layer 1) */
+    cr_assert(emb >= 8 && attn_fwd >= 8 && attn_bwd >= 8, "per-layer events: embedding %d, attention %d/%d", emb,
+              attn_fwd, attn_bwd);
+    cr_assert_geq(attn_mm, 8 * 15, "the attention layer's matmuls in the trace: %d", attn_mm);
+    free(ov);
+    tpu_callback_free(&cb);
+    tpu_dataset_free(ds);
+    tpu_model_free(m);
+    tpu_strategy_free(s);
+    ct_free(t);
+}

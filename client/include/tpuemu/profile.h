@@ -51,6 +51,13 @@ TPU_API tpu_status tpu_profile_capture(tpu_cluster *c, uint32_t duration_ms, tpu
 TPU_API tpu_status tpu_profile_capture_hosts(tpu_resolver *r, const char *service_addr, uint32_t duration_ms,
                                              tpu_profile **out);
 TPU_API void tpu_profile_free(tpu_profile *p);
+/* Names layer `layer` (0-based, as the cores number a model's layers) in the
+ * overview, the summary's advice and the trace ("conv2d forward",
+ * "multi_head_attention matmul ..."). Without it layer l is called as a Dense
+ * stack's: "dense", "dense_1", ... The profiler callback names them after the
+ * model's layers (Keras' names) itself. TPU_INVALID_ARGUMENT for a layer
+ * beyond TPU_PROFILE_MAX_LAYERS or an empty name. */
+TPU_API tpu_status tpu_profile_set_layer_name(tpu_profile *p, size_t layer, const char *name);
 
 TPU_API size_t tpu_profile_num_cores(const tpu_profile *p);
 TPU_API size_t tpu_profile_num_events(const tpu_profile *p);

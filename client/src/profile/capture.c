@@ -245,6 +245,26 @@ static int drain(struct pcore *pc, int64_t end, err *e)
     return CODE_OK;
 }
 
+tpu_status tpu_profile_set_layer_name(tpu_profile *p, size_t layer, const char *name)
+{
+    if (!p || !name || !*name || layer >= TPU_PROFILE_MAX_LAYERS)
+        return cli_failf(TPU_INVALID_ARGUMENT, "tpu_profile_set_layer_name: layer %zu (0..%d) and a name, please",
+                         layer, TPU_PROFILE_MAX_LAYERS - 1);
+    snprintf(p->lname[layer], sizeof p->lname[layer], "%s", name);
+    return TPU_OK;
+}
+
+const char *profile_layer_name(const tpu_profile *p, size_t l, char *buf, size_t n)
+{
+    if (l < TPU_PROFILE_MAX_LAYERS && p->lname[l][0])
+        snprintf(buf, n, "%s", p->lname[l]);
+    else if (l == 0)
+        snprintf(buf, n, "dense");
+    else
+        snprintf(buf, n, "dense_%zu", l);
+    return buf;
+}
+
 void tpu_profile_free(tpu_profile *p)
 {
     if (!p)

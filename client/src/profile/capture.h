@@ -54,7 +54,11 @@ struct tpu_profile {
     size_t n;
     int64_t start, end;               /* client clock, ns */
     time_t wall;
+    char lname[TPU_PROFILE_MAX_LAYERS][48]; /* the model's layer names (tpu_profile_name_layers); "": none */
 };
+/* Layer l's name: the model's (tpu_profile_name_layers), else Keras' name of
+ * a Dense stack's layer ("dense", "dense_1", ...). */
+const char *profile_layer_name(const tpu_profile *p, size_t l, char *buf, size_t n);
 static inline double pad(uint64_t v, uint64_t to)
 {
     return (double)((v + to - 1) / to * to);

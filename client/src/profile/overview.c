@@ -9,14 +9,10 @@
 
 #define GIB_D (1024.0 * 1024.0 * 1024.0)
 
-/* Keras's names: dense, dense_1, dense_2, ... */
-static const char *layer_name(size_t l)
+static const char *layer_name(const tpu_profile *p, size_t l)
 {
-    static _Thread_local char nm[32];
-    if (l == 0)
-        return "dense";
-    snprintf(nm, sizeof nm, "dense_%zu", l);
-    return nm;
+    static _Thread_local char nm[48];
+    return profile_layer_name(p, l, nm, sizeof nm);
 }
 
 void tpu_profile_print_overview(const tpu_profile *p, FILE *f)
@@ -65,7 +61,7 @@ void tpu_profile_print_overview(const tpu_profile *p, FILE *f)
                 sum.shared_cores, sum.shared_cpus, sum.shared_cpus == 1 ? "" : "s", sum.shared_cpus);
     for (size_t l = 0; l < sum.num_layers; l++)
         if (sum.layers[l].mxu_utilization < PROF_MXU_GOOD && sum.layers[l].padding[0])
-            fprintf(f, "MXU of %-9s %5.1f%%: %s\n", layer_name(l), 100.0 * sum.layers[l].mxu_utilization,
+            fprintf(f, "MXU of %-9s %5.1f%%: %s\n", layer_name(p, l), 100.0 * sum.layers[l].mxu_utilization,
                     sum.layers[l].padding);
     if (sum.mxu_advice[0])
         fprintf(f, "MXU advice: %s\n", sum.mxu_advice);
@@ -130,7 +126,7 @@ tpu_status tpu_profile_write_overview_json(const tpu_profile *p, FILE *f)
     fprintf(f, ",\"mxu_utilization\":%.6f,\"layers\":[", sum.mxu_utilization);
     for (size_t l = 0; l < sum.num_layers; l++) {
         fprintf(f, "%s{\"name\":", l ? "," : "");
-        fjstr(f, layer_name(l));
+        fjstr(f, layer_name(p, l));
         fprintf(f, ",\"mxu_utilization\":%.6f,\"padding\":", sum.layers[l].mxu_utilization);
         fjstr(f, sum.layers[l].padding);
         fputc('}', f);

@@ -232,6 +232,11 @@ static void layers_of(const tpu_profile *p, tpu_profile_summary *out)
     struct lsum {
         double flops, padded;
         uint64_t batch, in, units;
+        /* the forward matmul wasting the most of the MXU, when the layer has
+         * forward matmuls of more than one shape (attention) */
+        int shapes;
+        uint64_t wm, wk, wn;
+        double waste, wutil;
     } L[TPU_PROFILE_MAX_LAYERS] = {{0}};
     size_t n = 0, used;
     uint64_t small_batch = 0;
@@ -246,9 +251,19 @@ static void layers_of(const tpu_profile *p, tpu_profile_summary *out)
             L[e->layer].flops += fl;
             L[e->layer].padded += padded;
             if (e->op == 0) {
-                L[e->layer].batch = e->m;
-                L[e->layer].in = e->k;
-                L[e->layer].units = e->n;
+                struct lsum *y = &L[e->layer];
+                if (y->units && (y->batch != e->m || y->in != e->k || y->units != e->n))
+                    y->shapes = 2;
+                else if (!y->units)
+                    y->shapes = 1;
+                if (padded - fl > y->waste) {
+                    y->waste = padded - fl;
+                    y->wutil = padded > 0 ? fl / padded : 0;
+                    y->wm = e->m, y->wk = e->k, y->wn = e->n;
+                }
+                y->batch = e->m;
+                y->in = e->k;
+                y->units = e->n;
             }
             if (e->layer + 1 > n)
                 n = e->layer + 1;
@@ -268,6 +283,11 @@ static void layers_of(const tpu_profile *p, tpu_profile_summary *out)
 #define LOSS(cond, ...)                                                                                      \
     if ((cond) && used < cap)                                                                                \
         used += (size_t)snprintf(b + used, cap - used, __VA_ARGS__);
+        /* a layer of several matmuls (attention: the projections, Q K^T and P V) names its least filled one */
+        LOSS(L[l].shapes > 1 && L[l].waste > 0,
+             "least filled matmul (M x K x N) %" PRIu64 "x%" PRIu64 "x%" PRIu64 ": %.1f%% of the MXU, K and N padded "
+             "to %.0f and %.0f",
+             L[l].wm, L[l].wk, L[l].wn, 100.0 * L[l].wutil, pad(L[l].wk, 128), pad(L[l].wn, 128))
         LOSS(L[l].units % 128, "%s%" PRIu64 " units padded to %.0f (%.0f%%)", used ? "; " : "", L[l].units,
              pad(L[l].units, 128), 100.0 * (double)L[l].units / pad(L[l].units, 128))
         LOSS(L[l].in % 128, "%s%" PRIu64 " inputs padded to %.0f (%.0f%%)", used ? "; " : "", L[l].in,

@@ -102,17 +102,21 @@ static const struct pev *find_recv(const tpu_profile *p, int to, int from, const
 static void write_event(gzFile f, const tpu_profile *p, const struct pev *e, int pid, int tid, int64_t t0,
                         uint64_t dur, int *first)
 {
-    char name[64];
+    char name[96], ln[48];
     const char *cat = "step";
     switch (e->kind) {
     case TK(STEP): snprintf(name, sizeof name, "step %" PRIu64, e->step); break;
     case TK(INFEED_WAIT): snprintf(name, sizeof name, "infeed wait"); cat = "input"; break;
     case TK(OPTIMIZER): snprintf(name, sizeof name, "optimizer"); cat = "optimizer"; break;
-    case TK(FORWARD): snprintf(name, sizeof name, e->layer ? "dense_%u forward" : "dense forward", e->layer);
+    case TK(FORWARD):
+        snprintf(name, sizeof name, "%s forward", profile_layer_name(p, e->layer, ln, sizeof ln));
         cat = "compute"; break;
-    case TK(BACKWARD): snprintf(name, sizeof name, e->layer ? "dense_%u backward" : "dense backward", e->layer);
+    case TK(BACKWARD):
+        snprintf(name, sizeof name, "%s backward", profile_layer_name(p, e->layer, ln, sizeof ln));
         cat = "compute"; break;
-    case TK(MATMUL): snprintf(name, sizeof name, "matmul %" PRIu64 "x%" PRIu64 "x%" PRIu64, e->m, e->k, e->n);
+    case TK(MATMUL):
+        snprintf(name, sizeof name, "%s matmul %" PRIu64 "x%" PRIu64 "x%" PRIu64,
+                 profile_layer_name(p, e->layer, ln, sizeof ln), e->m, e->k, e->n);
         cat = "mxu"; break;
     case TK(ALLREDUCE): snprintf(name, sizeof name, "all-reduce"); cat = "allreduce"; break;
     case TK(SEND): snprintf(name, sizeof name, "send to replica %d", e->peer); cat = "chunk"; break;

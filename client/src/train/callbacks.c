@@ -214,6 +214,11 @@ static tpu_status prof_write(struct prof *p, tpu_model *m)
     /* every core's events of those steps: the trace, and the overview */
     if (tpu_profile_capture(m->s->c, 0, &pr) != TPU_OK)
         return tpu_last_status();
+    for (size_t l = 0; l < m->nlayers && l < TPU_PROFILE_MAX_LAYERS; l++) {
+        char lname[48];
+        model_layer_name(m, l, lname, sizeof lname);
+        tpu_profile_set_layer_name(pr, l, lname);
+    }
     profile_keep_steps(pr, p->step_first, p->step_last, p->t_begin);
     if (tpu_profile_write(pr, p->train_dir, file, sizeof file) != TPU_OK) {
         tpu_profile_free(pr);
