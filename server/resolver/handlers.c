@@ -32,6 +32,7 @@ static void refresh(resolver *r, rentry *en, const winfo *w, uint64_t now)
     uint64_t epoch = en->w.epoch;
     int32_t replica = en->w.replica_id;
     int notice_was = en->w.notice_kind;
+    uint32_t faults_were = en->w.faults;
 
     if (strcmp(en->w.control_addr, w->control_addr) != 0)
         rsv_drop_link(en);
@@ -41,6 +42,9 @@ static void refresh(resolver *r, rentry *en, const winfo *w, uint64_t now)
         en->w.replica_id = replica;
     }
     en->last_hb_ms = now;
+    if (w->faults > faults_were && w->last_fault[0])
+        rsv_event(r, "fault", w->host_id, w->core, "fault injected: %s%s", w->last_fault,
+                  w->faults - faults_were > 1 ? " (and others since the last heartbeat)" : "");
     if (w->notice_kind && !w->notice_under_way && w->notice_kind != notice_was)
         rsv_event(r, "notice", w->host_id, w->core, "%s notice: the event is in %.1f s",
                   w->notice_kind == TPUEMU__NOTICE_KIND__NOTICE_PREEMPTION ? "preemption" : "maintenance",

@@ -61,6 +61,9 @@ int reg_validate(const Tpuemu__WorkerInfo *w, err *e)
     if (w->shm_name && strlen(w->shm_name) >= REG_SHM_MAX)
         return err_set(e, CODE_INVALID_ARGUMENT, "shm_name must be shorter than %d characters",
                        REG_SHM_MAX);
+    if (w->last_fault && strlen(w->last_fault) >= sizeof ((winfo *)0)->last_fault)
+        return err_set(e, CODE_INVALID_ARGUMENT, "last_fault must be shorter than %zu characters",
+                       sizeof ((winfo *)0)->last_fault);
     if (w->metrics_port > 65535)
         return err_set(e, CODE_INVALID_ARGUMENT, "metrics_port %u is outside 0..65535", w->metrics_port);
     if (w->boot_id && strlen(w->boot_id) >= sizeof ((winfo *)0)->boot_id)
@@ -119,6 +122,8 @@ void reg_winfo_copy(winfo *d, const Tpuemu__WorkerInfo *s, uint64_t now_ms)
     d->step_us = s->step_us;
     d->allreduce_us = s->allreduce_us;
     d->metrics_port = s->metrics_port;
+    d->faults = s->faults;
+    snprintf(d->last_fault, sizeof d->last_fault, "%s", s->last_fault ? s->last_fault : "");
     snprintf(d->boot_id, sizeof d->boot_id, "%s", s->boot_id ? s->boot_id : "");
     d->notice_kind = s->notice ? (int)s->notice->kind : 0;
     d->notice_at_ms = s->notice ? now_ms + s->notice->event_in_ms : 0;
@@ -150,6 +155,8 @@ void reg_winfo_view(const winfo *w, Tpuemu__WorkerInfo *o, Tpuemu__Notice *nbuf,
     o->step_us = w->step_us;
     o->allreduce_us = w->allreduce_us;
     o->metrics_port = w->metrics_port;
+    o->faults = w->faults;
+    o->last_fault = (char *)w->last_fault;
     o->boot_id = (char *)w->boot_id;
     if (w->notice_kind) {
         tpuemu__notice__init(nbuf);

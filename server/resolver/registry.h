@@ -44,6 +44,8 @@ typedef struct winfo {
     uint64_t train_step;       /* its last training step finished (0: none) */
     uint32_t step_us, allreduce_us; /* that step's time, and its all-reduce's */
     uint32_t metrics_port;          /* its /metrics port (0: none) */
+    uint32_t faults;                /* faults injected into it that took effect */
+    char last_fault[96];            /* the last one, "" if none */
     /* its notice (preemption, maintenance): kind 0 none; the event at
      * notice_at_ms on this resolver's monotonic clock */
     int notice_kind;

@@ -160,7 +160,15 @@ try:
     ok("the grid shows the 4 cores under their 2 hosts, READY at step %s, with the system's epoch and topology" % want)
     p.shot("console.png")
 
-    # 2. a core killed: DEAD within 3 s, and an event naming it
+    # 2. a fault injected into a core: an event naming the core and the fault
+    tpuctl("chaos", "slow", "host0/0", "50", "1000")
+    p.wait(has_event("fault", "host0/0"), 5, "an event naming the fault injected into host0/0")
+    what = p.js("document.querySelector('#events li[data-kind=\"fault\"]').textContent")
+    if "slow 50% for 1000 ms" not in what:
+        fail("the fault's event does not say which fault: %s" % what)
+    ok("tpuctl chaos slow host0/0: the event log names the core and the fault (%s)" % what)
+
+    # a core killed: DEAD within 3 s, and an event naming it
     tpuctl("chaos", "kill", "host1/1")
     _, took = p.wait(tile_state("host1/1") + " === 'DEAD'", 3, "host1/1's tile DEAD after tpuctl chaos kill")
     p.wait(has_event("dead", "host1/1"), 2, "an event naming host1/1 dead")

@@ -51,6 +51,13 @@ static int is_link(int kind)
 static void record(struct fault *f, int kind, const char *what, uint32_t duration_ms, uint32_t percent)
 {
     struct trace_ev ev;
+    char pct[16] = "", dur[32] = "";
+    if (percent)
+        snprintf(pct, sizeof pct, " %u%%", percent);
+    if (duration_ms)
+        snprintf(dur, sizeof dur, " for %u ms", duration_ms);
+    snprintf(f->last, sizeof f->last, "%.60s%s%s", what, pct, dur);
+    f->recorded++;
     if (!f->env.trace)
         return;
     memset(&ev, 0, sizeof ev);

@@ -113,6 +113,10 @@ struct fault {
     Tpuemu__ScheduledFault *listed_p[FAULT_MAX_SCHEDULED];
     char listed_host[FAULT_MAX_SCHEDULED][IDENT_HOST_ID_MAX + 1];
     prom_counter injected[FAULT_KINDS]; /* by FaultKind */
+    /* the faults that took effect, and the last one ("slow 50% for 3000 ms"),
+     * told in heartbeats for the cluster console's event log */
+    uint32_t recorded;
+    char last[96];
 };
 
 void fault_init(struct fault *f, const struct fault_env *env);

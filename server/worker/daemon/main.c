@@ -92,6 +92,8 @@ static void worker_info(void *arg, Tpuemu__WorkerInfo *out)
                                        ? UINT32_MAX
                                        : w->train_stats.last_allreduce_ns / 1000);
     out->metrics_port = (uint32_t)w->metrics_port;
+    out->faults = w->fault.recorded;
+    out->last_fault = w->fault.last;
     tpuemu__notice__init(&w->notice_pb);
     if (notice_fill(&w->notice, uv_now(w->loop), &w->notice_pb))
         out->notice = &w->notice_pb;
