@@ -61,9 +61,9 @@ int reg_validate(const Tpuemu__WorkerInfo *w, err *e)
     if (w->shm_name && strlen(w->shm_name) >= REG_SHM_MAX)
         return err_set(e, CODE_INVALID_ARGUMENT, "shm_name must be shorter than %d characters",
                        REG_SHM_MAX);
-    if (w->last_fault && strlen(w->last_fault) >= sizeof ((winfo *)0)->last_fault)
+    if (w->last_fault && strlen(w->last_fault) >= sizeof((winfo *)0)->last_fault)
         return err_set(e, CODE_INVALID_ARGUMENT, "last_fault must be shorter than %zu characters",
-                       sizeof ((winfo *)0)->last_fault);
+                       sizeof((winfo *)0)->last_fault);
     if (w->metrics_port > 65535)
         return err_set(e, CODE_INVALID_ARGUMENT, "metrics_port %u is outside 0..65535", w->metrics_port);
     if (w->boot_id && strlen(w->boot_id) >= sizeof ((winfo *)0)->boot_id)
