@@ -57,6 +57,7 @@ struct lspec {
     int from;                      /* Add: the layer whose input is added to this layer's input */
     float epsilon;                 /* LayerNormalization, BatchNormalization: > 0 (Keras: 1e-3) */
     float momentum;                /* BatchNormalization: [0, 1] (Keras: 0.99) */
+    int synchronized;              /* BatchNormalization: batch statistics over every replica */
 };
 
 /* Number of floats in a shape. */

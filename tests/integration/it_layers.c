@@ -474,3 +474,82 @@ Test(layers, batch_normalization_is_charged_to_hbm, .timeout = 60)
     tpu_strategy_free(s);
     ct_free(t);
 }
+
+/* SyncBatchNormalization: on 2 replicas, each with half of every batch, the
+ * batch statistics are the whole batch's, so training gives the weights a
+ * single core gets from the same batches with BatchNormalization (to float
+ * rounding: the sums run in another order); BatchNormalization on the same
+ * 2 replicas, which normalizes each half by itself, ends far from them. */
+static float *train_bn(int replicas, int sync, size_t *np)
+{
+    colltest *t = ct_start(1, (int[]){replicas}, NULL, HB_MS);
+    tpu_strategy *s;
+    tpu_model *m;
+    float *x, *w;
+    int32_t *y;
+    CALL_OK(tpu_strategy_new(t->c, &s));
+    strokes(256, 31, &x, &y);
+    tpu_dataset *ds = make_ds(x, y, 256, 64);
+    CALL_OK(tpu_model_new(s, SIDE * SIDE, &m));
+    CALL_OK(tpu_model_set_input_shape(m, (size_t[]){SIDE, SIDE, 1}, 3));
+    CALL_OK(tpu_model_add_conv2d(m, 4, 3, 3, 0, 0, TPU_PADDING_SAME, TPU_ACT_RELU));
+    CALL_OK(sync ? tpu_model_add_sync_batch_normalization(m, 0.9f, 0) : tpu_model_add_batch_normalization(m, 0.9f, 0));
+    CALL_OK(tpu_model_add_flatten(m));
+    CALL_OK(tpu_model_add_dense(m, CLASSES, TPU_ACT_SOFTMAX));
+    CALL_OK(tpu_model_set_seed(m, 3));
+    tpu_compile_options co;
+    tpu_compile_options_init(&co);
+    co.optimizer = tpu_optimizer_sgd(0.05f, 0);
+    co.deterministic = 1;
+    co.steps_per_execution = 2;
+    CALL_OK(tpu_model_compile(m, &co));
+    tpu_fit_options fo;
+    memset(&fo, 0, sizeof fo);
+    fo.epochs = 2;
+    tpu_history *h;
+    CALL_OK(tpu_model_fit(m, ds, &fo, &h));
+    *np = tpu_model_num_params(m);
+    w = malloc(*np * sizeof *w);
+    cr_assert(w);
+    CALL_OK(tpu_model_get_weights(m, 0, w, *np));
+    if (replicas > 1) { /* and the replicas agree bit for bit */
+        float *w1 = malloc(*np * sizeof *w1);
+        cr_assert(w1);
+        CALL_OK(tpu_model_get_weights(m, 1, w1, *np));
+        cr_assert_eq(memcmp(w, w1, *np * sizeof *w), 0, "the replicas' variables differ");
+        free(w1);
+    }
+    tpu_history_free(h);
+    tpu_dataset_free(ds);
+    free(x);
+    free(y);
+    tpu_model_free(m);
+    tpu_strategy_free(s);
+    ct_free(t);
+    return w;
+}
+
+static double max_diff(const float *a, const float *b, size_t n)
+{
+    double d = 0;
+    for (size_t i = 0; i < n; i++)
+        d = fmax(d, fabs((double)a[i] - (double)b[i]));
+    return d;
+}
+
+Test(layers, sync_batch_normalization_on_2_replicas_is_one_core_on_the_global_batch, .timeout = 240)
+{
+    size_t n1, n2, n3;
+    float *one = train_bn(1, 0, &n1), *sync = train_bn(2, 1, &n2), *local = train_bn(2, 0, &n3);
+    cr_assert(n1 == n2 && n2 == n3);
+    double ds = max_diff(one, sync, n1), dl = max_diff(one, local, n1);
+    fprintf(stderr,
+            "largest difference from one core with the global batch: SyncBatchNormalization %.3g, "
+            "BatchNormalization %.3g\n",
+            ds, dl);
+    cr_assert_lt(ds, 1e-4, "SyncBatchNormalization on 2 replicas differs from one core by %g", ds);
+    cr_assert_gt(dl, 100 * ds, "per-replica statistics (%g) are not told apart from synchronized ones (%g)", dl, ds);
+    free(one);
+    free(sync);
+    free(local);
+}

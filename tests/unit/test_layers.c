@@ -659,3 +659,23 @@ Test(layers, normalization_options_are_checked)
     c.kind[0] = (struct lspec){.kind = LK_BATCH_NORM, .epsilon = 1e-3f, .momentum = 1.5f};
     expect_refused(&c, "layer 0: BatchNormalization: momentum 1.5 is outside [0, 1]");
 }
+
+/* Synchronized BatchNormalization on one replica (no sums to make): its own
+ * forward and backward code, checked as the others; with gradient
+ * checkpointing it is refused. it_layers compares it on 2 replicas with one
+ * core on the global batch. */
+Test(layers, sync_batch_normalization_gradients_and_refusals)
+{
+    struct model_cfg c = cfg0(4, 3, 2);
+    add_win(&c, LK_CONV2D, 4, ACT_LINEAR, 3, 3, 1, 1, 1);
+    c.kind[c.nlayers].synchronized = 1;
+    add_norm(&c, LK_BATCH_NORM, 1e-3f, 0.99f);
+    add(&c, LK_FLATTEN, 0, ACT_LINEAR);
+    add(&c, LK_DENSE, 3, ACT_SOFTMAX);
+    gradcheck(&c, 6, 1, 1);
+    c.remat = 1;
+    expect_refused(&c, "layer 1: synchronized BatchNormalization does not run with gradient checkpointing");
+    c.remat = 0;
+    c.kind[0].synchronized = 1;
+    expect_refused(&c, "layer 0: only BatchNormalization is synchronized");
+}

@@ -260,6 +260,15 @@ TPU_API tpu_status tpu_model_add_layer_normalization(tpu_model *m, float epsilon
  * (channels each; the last two are not trained and have no optimizer
  * slots). */
 TPU_API tpu_status tpu_model_add_batch_normalization(tpu_model *m, float momentum, float epsilon);
+/* SyncBatchNormalization (BatchNormalization(synchronized=True)): during
+ * fit each channel's batch mean and variance are those of the global batch,
+ * summed over every replica's shard through all-reduces in the forward pass
+ * (the shards' sums and counts, then the squared deviations) and the
+ * backward pass (the sums of the gradient the input's gradient needs): the
+ * same statistics a single core would compute on the whole batch, for 3
+ * extra collectives per layer and step. Otherwise as
+ * tpu_model_add_batch_normalization. Not with gradient checkpointing. */
+TPU_API tpu_status tpu_model_add_sync_batch_normalization(tpu_model *m, float momentum, float epsilon);
 /* Gradient checkpointing (rematerialization; tf.recompute_grad, jax.checkpoint):
  * the cores keep only the output of every ceil(sqrt(layers))-th layer for the
  * backward pass and compute the other activations again, one segment of

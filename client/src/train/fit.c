@@ -184,6 +184,7 @@ static int post_next(struct run *u, err *e)
     ss.first_step = m->step + 1;
     for (size_t i = 0; u->mode == TPU_STEP_TRAIN && i < u->inflight; i++)
         ss.first_step += u->ex[(u->head + i) % u->depth].nb;
+    ss.colls_per_step = model_sync_calls_per_step(m);
     tio_steps_begin(c, &ss);
     for (size_t r = 0; r < u->n; r++) {
         struct dpio_seg *sg = &x->segs[r * 2 * TIO_MAX_STEPS];

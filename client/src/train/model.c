@@ -422,6 +422,15 @@ tpu_status tpu_model_add_batch_normalization(tpu_model *m, float momentum, float
     return add_layer(m, &sp, 0, TPU_ACT_LINEAR);
 }
 
+tpu_status tpu_model_add_sync_batch_normalization(tpu_model *m, float momentum, float epsilon)
+{
+    struct lspec sp = {.kind = LK_BATCH_NORM,
+                       .momentum = momentum == 0.0f ? 0.99f : momentum,
+                       .epsilon = epsilon == 0.0f ? 1e-3f : epsilon,
+                       .synchronized = 1};
+    return add_layer(m, &sp, 0, TPU_ACT_LINEAR);
+}
+
 tpu_status tpu_model_add_reshape(tpu_model *m, const size_t *dims, size_t rank)
 {
     struct lspec sp = {.kind = LK_RESHAPE};
@@ -501,6 +510,14 @@ tpu_status tpu_model_set_seed(tpu_model *m, uint64_t seed)
         return cli_failf(TPU_FAILED_PRECONDITION, "the model is compiled: set the seed before tpu_model_compile");
     m->seed = seed;
     return TPU_OK;
+}
+
+uint64_t model_sync_calls_per_step(const tpu_model *m)
+{
+    uint64_t n = 0;
+    for (size_t l = 0; l < m->nlayers; l++)
+        n += m->spec[l].kind == LK_BATCH_NORM && m->spec[l].synchronized ? 3 : 0;
+    return n;
 }
 
 size_t model_nparams(const tpu_model *m)
@@ -864,6 +881,7 @@ int model_ensure_compiled(tpu_model *m, size_t global_batch, err *e)
         ls[l].add_from = (uint32_t)m->spec[l].from;
         ls[l].epsilon = m->spec[l].epsilon;
         ls[l].momentum = m->spec[l].momentum;
+        ls[l].synchronized = m->spec[l].synchronized != 0;
         ls[l].n_target_shape = (size_t)m->spec[l].target.rank;
         for (int i = 0; i < m->spec[l].target.rank; i++)
             tshape[l][i] = (uint32_t)m->spec[l].target.d[i];

@@ -87,6 +87,9 @@ int model_layer_geom(const tpu_model *m, size_t l, struct lshape *in, struct lge
 void model_layer_name(const tpu_model *m, size_t l, char *buf, size_t n);
 /* Number of trainable floats and optimizer slots. */
 size_t model_nparams(const tpu_model *m);
+/* Collectives each training step runs before its gradients' all-reduce:
+ * 3 per synchronized BatchNormalization (the cores' model_sync_calls). */
+uint64_t model_sync_calls_per_step(const tpu_model *m);
 int model_nslots(const tpu_model *m);
 
 /* The step's times as its slowest core saw them: each field the largest of

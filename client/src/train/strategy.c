@@ -489,6 +489,7 @@ static int run_step(tpu_model *m, int mode, const tpu_per_replica *x, struct tio
     ss.rows = rows;
     ss.global_rows = grows;
     ss.first_step = m->step + 1;
+    ss.colls_per_step = model_sync_calls_per_step(m);
     tio_steps_begin(c, &ss);
     uint64_t t0 = now_ns();
     for (size_t r = 0; r < n && rc == CODE_OK; r++) {

@@ -96,7 +96,7 @@ void tio_steps_begin(tpu_cluster *c, struct tio_steps *s)
     s->coll_seq = 0;
     if (s->mode == TPU_STEP_TRAIN) {
         s->coll_seq = k->next_seq;
-        k->next_seq += s->steps;
+        k->next_seq += (uint64_t)s->steps * (1 + s->colls_per_step);
     }
 }
 

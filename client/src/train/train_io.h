@@ -55,8 +55,11 @@ struct tio_steps {
     const uint32_t *rows;        /* [steps]: this core's rows of each step (set per core) */
     const uint32_t *global_rows; /* [steps]: the whole batch's rows */
     uint64_t first_step;         /* the model's step count the first of them makes */
+    /* collectives each training step runs before its gradients' all-reduce
+     * (synchronized BatchNormalization's sums); their numbers come first */
+    uint64_t colls_per_step;
     /* set by tio_steps_begin: the request's sequence number, and the first of
-     * the all-reduces a training request runs (one a step) */
+     * the collectives a training request runs (1 + colls_per_step a step) */
     uint64_t seq, coll_seq;
     /* the client's part, for the profiler (the first core's request only; 0 else) */
     uint64_t client_input_start_ns, client_input_wait_ns, client_post_ns;

@@ -46,7 +46,9 @@ struct layer {
     size_t s;                   /* offset of the non-trainable statistics (BatchNormalization) */
     int nc;                     /* LayerNormalization, BatchNormalization: features on the last axis */
     float *xhat;                /* their normalized inputs, max_rows x osz */
-    float *nst;                 /* LN: 1/sqrt(var + eps) per position; BN: mean, variance and that per channel */
+    float *nst;                 /* LN: 1/sqrt(var + eps) per position; BN: mean, variance and that per channel,
+                                   then (synchronized) the count over the replicas */
+    float *sbuf;                /* synchronized BN: what it sums over the replicas (2 x channels + 2) */
     /* The last forward's bfloat16-rounded input (max_rows x in) and kernel
      * (in x units), kept for the backward matmuls when the model rounds its
      * operands itself (see preround); NULL in float32 models. */
@@ -77,6 +79,8 @@ struct model {
     double mm_seconds;
     uint64_t mm_calls;
     struct model_rec *rec;      /* the profiler's records of this pass, or NULL */
+    model_allreduce_fn sync_fn; /* synchronized BatchNormalization's sums over the replicas */
+    void *sync_ctx;
     size_t rec_cap, rec_n;
 };
 
@@ -160,6 +164,13 @@ static int check_cfg(const struct model_cfg *c, err *e)
                            "sigmoid (4), gelu (5), softplus (6) or swish (7)",
                            l, (int)c->act[l]);
     }
+    for (int l = 0; l < c->nlayers; l++)
+        if (c->kind[l].synchronized && (c->kind[l].kind != LK_BATCH_NORM || c->remat))
+            return err_set(e, CODE_INVALID_ARGUMENT, "layer %d: %s", l,
+                           c->kind[l].kind != LK_BATCH_NORM
+                               ? "only BatchNormalization is synchronized"
+                               : "synchronized BatchNormalization does not run with gradient checkpointing (its "
+                                 "recomputed statistics would need the replicas' sums again)");
     if ((unsigned)c->loss > LOSS_MSE)
         return err_set(e, CODE_INVALID_ARGUMENT,
                        "loss %d is not sparse_categorical_crossentropy (0), categorical_crossentropy (1) or "
@@ -323,7 +334,9 @@ int model_new(model **out, const struct model_cfg *cfg, mxu *u, err *e)
         case LK_BATCH_NORM:
             L->nc = L->ish.d[L->ish.rank - 1];
             if (!(L->xhat = floats(rows, L->osz)) ||
-                !(L->nst = L->kind == LK_LAYER_NORM ? floats(rows, L->osz / (size_t)L->nc) : floats(3, (size_t)L->nc)))
+                !(L->nst = L->kind == LK_LAYER_NORM ? floats(rows, L->osz / (size_t)L->nc)
+                                                    : floats(3 * (size_t)L->nc + 1, 1)) ||
+                (L->spec.synchronized && !(L->sbuf = floats(2 * (size_t)L->nc + 2, 1))))
                 goto oom;
             break;
         default:
@@ -381,6 +394,7 @@ void model_free(model *m)
         free(m->layer[l].dskip);
         free(m->layer[l].xhat);
         free(m->layer[l].nst);
+        free(m->layer[l].sbuf);
         free(m->layer[l].ar);
         free(m->layer[l].wr);
     }
@@ -972,6 +986,44 @@ static void dropout(model *m, int l, const float *x, int rows, uint64_t pass)
     }
 }
 
+void model_set_allreduce(model *m, model_allreduce_fn fn, void *ctx)
+{
+    m->sync_fn = fn;
+    m->sync_ctx = ctx;
+}
+
+int model_sync_calls(const model *m)
+{
+    int n = 0;
+    for (int l = 0; l < m->cfg.nlayers; l++)
+        n += m->layer[l].kind == LK_BATCH_NORM && m->layer[l].spec.synchronized ? 3 : 0;
+    return n;
+}
+
+/* A replica without rows in a training step still joins the synchronized
+ * layers' sums, with zeros, in the order the others make them: forward
+ * (the sums and count, then the squared deviations) layer by layer, or
+ * backward (the gradient's sums) from the last layer down. */
+static int sync_idle(model *m, int forward, err *e)
+{
+    for (int k = 0; k < m->cfg.nlayers; k++) {
+        int l = forward ? k : m->cfg.nlayers - 1 - k;
+        struct layer *L = &m->layer[l];
+        size_t C = (size_t)L->nc;
+        if (L->kind != LK_BATCH_NORM || !L->spec.synchronized || !m->sync_fn)
+            continue;
+        for (int call = 0; call < (forward ? 2 : 1); call++) {
+            size_t n = !forward ? 2 * C : call == 0 ? C + 2 : C;
+            memset(L->sbuf, 0, (2 * C + 2) * sizeof *L->sbuf);
+            if (m->sync_fn(m->sync_ctx, L->sbuf, n, e)) {
+                err_prefix(e, "layer %d %s (no rows here)", l, forward ? "forward" : "backward");
+                return e->code;
+            }
+        }
+    }
+    return CODE_OK;
+}
+
 void model_set_training(model *m, int training)
 {
     m->training = training != 0;
@@ -1074,6 +1126,14 @@ static int forward_layer(model *m, int l, const float *in, int rows, int recompu
                    L->xhat, L->nst);
         break;
     case LK_BATCH_NORM:
+        if (L->spec.synchronized && m->training) {
+            if (bn_forward_sync(in, (size_t)rows * (L->osz / (size_t)L->nc), L->nc, L->spec.epsilon, w,
+                                m->params + L->b, L->a, L->xhat, L->nst, L->sbuf, m->sync_fn, m->sync_ctx, e)) {
+                err_prefix(e, "layer %d forward (the batch statistics over the replicas)", l);
+                return e->code;
+            }
+            break;
+        }
         bn_forward(in, (size_t)rows * (L->osz / (size_t)L->nc), L->nc, L->spec.epsilon, m->training, w,
                    m->params + L->b, m->params + L->s, m->params + L->s + L->nc, L->a, L->xhat, L->nst);
         break;
@@ -1101,6 +1161,8 @@ int model_forward(model *m, const float *x, int rows, float *out, err *e)
     m->x = x;
     m->rounded = preround(m);
     m->pass = m->drop_calls;
+    if (rows == 0 && m->training && (rc = sync_idle(m, 1, e)) != CODE_OK)
+        return rc;
     for (int l = 0; l < m->cfg.nlayers && rows > 0; l++) {
         L = &m->layer[l];
         if ((rc = forward_layer(m, l, in, rows, 0, e)) != CODE_OK)
@@ -1164,7 +1226,7 @@ int model_backward(model *m, const void *y, int rows, struct model_metrics *out,
         return rc;
     if (rows == 0) {
         memset(m->grads, 0, m->nparams * sizeof(float));
-        return CODE_OK;
+        return m->training ? sync_idle(m, 0, e) : CODE_OK;
     }
     /* d: the gradient of layer l's output before its activation */
     for (int l = m->cfg.nlayers - 1; l >= 0; l--) {
@@ -1236,6 +1298,16 @@ int model_backward(model *m, const void *y, int rows, struct model_metrics *out,
                         m->grads + L->w, m->grads + L->b, l > 0 ? dn : NULL);
             break;
         case LK_BATCH_NORM:
+            if (L->spec.synchronized && m->training) {
+                if (bn_backward_sync(d, L->xhat, L->nst, (size_t)rows * (L->osz / (size_t)L->nc), L->nc,
+                                     m->params + L->w, m->grads + L->w, m->grads + L->b, l > 0 ? dn : NULL, L->sbuf,
+                                     m->sync_fn, m->sync_ctx, e)) {
+                    err_prefix(e, "layer %d backward (the gradient's sums over the replicas)", l);
+                    return e->code;
+                }
+                bn_stats_out(m, L, rows);
+                break;
+            }
             bn_backward(d, L->xhat, L->nst, (size_t)rows * (L->osz / (size_t)L->nc), L->nc, m->training,
                         m->params + L->w, m->grads + L->w, m->grads + L->b, l > 0 ? dn : NULL);
             bn_stats_out(m, L, rows);

@@ -119,6 +119,12 @@ struct model_cfg {
     int from_logits;
 };
 
+/* A sum over every replica the training service lends the core (the core
+ * sits below the collectives): n floats of buf summed elementwise over the
+ * replicas, in place, the same bits on each; every replica calls it the same
+ * number of times in the same order. Nonzero (with e) on failure. */
+typedef int (*model_allreduce_fn)(void *ctx, float *buf, size_t n, err *e);
+
 /* Per step metrics over the rows of one shard (summed, so shards add up). */
 struct model_metrics {
     double loss_sum;   /* sum over rows of the per-row loss */
@@ -172,6 +178,17 @@ void model_set_opt_iterations(model *m, uint64_t it);
  * out, if not NULL, gets the last layer's activations (rows x units). rows in
  * 0..max_rows (0 is allowed and does nothing). CODE_INVALID_ARGUMENT beyond. */
 int model_forward(model *m, const float *x, int rows, float *out, err *e);
+
+/* Synchronized BatchNormalization (lspec.synchronized: Keras'
+ * SyncBatchNormalization) takes its batch statistics over every replica's
+ * shard during training: each such layer sums over the replicas, through fn,
+ * its shard's sums and count, then the squared deviations, in the forward
+ * pass, and the sums of the gradient it needs in the backward pass:
+ * model_sync_calls per training step (3 per layer; a replica without rows
+ * joins them with zeros). Without fn (one replica) the layer is
+ * BatchNormalization. Gradient checkpointing is refused with it. */
+void model_set_allreduce(model *m, model_allreduce_fn fn, void *ctx);
+int model_sync_calls(const model *m);
 
 /* Training (1) or inference (0, the default) for the forward passes that
  * follow: Dropout drops only while training, as Keras' training=True. */

@@ -211,3 +211,70 @@ void bn_backward(const float *dy, const float *xhat, const float *st, size_t npo
             dx[i] = training ? k * (dy[i] - dbeta[c] / (float)npos - xhat[i] * (dgamma[c] / (float)npos)) : k * dy[i];
         }
 }
+
+static int sum_over(model_allreduce_fn fn, void *ctx, float *buf, size_t n, err *e)
+{
+    return fn ? fn(ctx, buf, n, e) : 0;
+}
+
+int bn_forward_sync(const float *x, size_t npos, int C, float eps, const float *gamma, const float *beta, float *y,
+                    float *xhat, float *st, float *scratch, model_allreduce_fn fn, void *ctx, err *e)
+{
+    float *mean = st, *var = st + C, *rstd = st + 2 * (size_t)C;
+    double n;
+    memset(scratch, 0, ((size_t)C + 2) * sizeof *scratch);
+    for (size_t p = 0; p < npos; p++)
+        for (int c = 0; c < C; c++)
+            scratch[c] += x[p * (size_t)C + (size_t)c];
+    /* the count in two exact parts: float sums of integers below 2^24 are exact */
+    scratch[C] = (float)(npos >> 12);
+    scratch[C + 1] = (float)(npos & 4095u);
+    if (sum_over(fn, ctx, scratch, (size_t)C + 2, e))
+        return -1;
+    n = (double)scratch[C] * 4096.0 + (double)scratch[C + 1];
+    st[3 * (size_t)C] = (float)n;
+    for (int c = 0; c < C; c++)
+        mean[c] = n > 0 ? (float)((double)scratch[c] / n) : 0.0f;
+    memset(scratch, 0, (size_t)C * sizeof *scratch);
+    for (size_t p = 0; p < npos; p++)
+        for (int c = 0; c < C; c++) {
+            float d = x[p * (size_t)C + (size_t)c] - mean[c];
+            scratch[c] += d * d;
+        }
+    if (sum_over(fn, ctx, scratch, (size_t)C, e))
+        return -1;
+    for (int c = 0; c < C; c++) {
+        var[c] = n > 0 ? (float)((double)scratch[c] / n) : 0.0f;
+        rstd[c] = 1.0f / sqrtf(var[c] + eps);
+    }
+    for (size_t p = 0; p < npos; p++) {
+        const float *restrict xp = x + p * (size_t)C;
+        float *restrict yp = y + p * (size_t)C, *restrict hp = xhat + p * (size_t)C;
+        for (int c = 0; c < C; c++) {
+            hp[c] = (xp[c] - mean[c]) * rstd[c];
+            yp[c] = gamma[c] * hp[c] + beta[c];
+        }
+    }
+    return 0;
+}
+
+int bn_backward_sync(const float *dy, const float *xhat, const float *st, size_t npos, int C, const float *gamma,
+                     float *dgamma, float *dbeta, float *dx, float *scratch, model_allreduce_fn fn, void *ctx, err *e)
+{
+    const float *rstd = st + 2 * (size_t)C;
+    float n = st[3 * (size_t)C];
+    /* this shard's sums are its gradients of gamma and beta (the gradient
+     * all-reduce adds the replicas'); dx needs the sums over all of them */
+    bn_backward(dy, xhat, st, npos, C, 1, gamma, dgamma, dbeta, NULL);
+    memcpy(scratch, dbeta, (size_t)C * sizeof *scratch);
+    memcpy(scratch + C, dgamma, (size_t)C * sizeof *scratch);
+    if (sum_over(fn, ctx, scratch, 2 * (size_t)C, e))
+        return -1;
+    for (size_t p = 0; dx && p < npos; p++)
+        for (int c = 0; c < C; c++) {
+            size_t i = p * (size_t)C + (size_t)c;
+            float k = gamma[c] * rstd[c];
+            dx[i] = k * (dy[i] - scratch[c] / n - xhat[i] * (scratch[C + c] / n));
+        }
+    return 0;
+}

@@ -52,6 +52,13 @@ void ln_backward(const float *dy, const float *xhat, const float *rstd, size_t n
  * inference: dx = gamma rstd dy. */
 void bn_forward(const float *x, size_t npos, int C, float eps, int training, const float *gamma, const float *beta,
                 const float *mm, const float *mv, float *y, float *xhat, float *st);
+/* Synchronized: the same over every replica's positions: the sums go
+ * through fn (st then also holds the global count at st[3C]); scratch holds
+ * 2C + 2 floats. Nonzero (with e) when fn fails. */
+int bn_forward_sync(const float *x, size_t npos, int C, float eps, const float *gamma, const float *beta, float *y,
+                    float *xhat, float *st, float *scratch, model_allreduce_fn fn, void *ctx, err *e);
+int bn_backward_sync(const float *dy, const float *xhat, const float *st, size_t npos, int C, const float *gamma,
+                     float *dgamma, float *dbeta, float *dx, float *scratch, model_allreduce_fn fn, void *ctx, err *e);
 void bn_backward(const float *dy, const float *xhat, const float *st, size_t npos, int C, int training,
                  const float *gamma, float *dgamma, float *dbeta, float *dx);
 

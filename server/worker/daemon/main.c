@@ -240,6 +240,7 @@ static void worker_stop(struct worker *w, int exit_code)
     dp_stop(&w->dp);
     dp_stop(&w->prof);
     peers_stop(w->peers);
+    train_stop(w->train);
     close_signal(&w->sigint);
     close_signal(&w->sigterm);
 }

@@ -87,7 +87,10 @@ void treq_abort_rest(struct train *t, struct treq *r, uint32_t from, const err *
     if (r->kind != KIND(STEPS) || r->mode != TPUEMU__STEP_MODE__STEP_TRAIN || !t->env.coll ||
         t->env.id->num_replicas < 2 || r->epoch != t->env.id->epoch)
         return;
+    /* each step: the synchronized layers' sums, then its gradients (sync.c) */
+    uint64_t per = 1 + (uint64_t)(t->tm ? model_sync_calls(t->tm->m) : 0);
     for (uint32_t i = from; i < r->steps; i++)
-        coll_abort(t->env.coll, r->coll_seq + i, e);
+        for (uint64_t k = 0; k < per; k++)
+            coll_abort(t->env.coll, r->coll_seq + i * per + k, e);
 }
 

@@ -334,6 +334,7 @@ static int cfg_from_spec(const Tpuemu__ModelSpec *sp, struct model_cfg *cfg, err
         k->value_dim = (int)ls->value_dim;
         k->from = (int)ls->add_from;
         k->epsilon = ls->epsilon;
+        k->synchronized = ls->synchronized;
         k->momentum = ls->momentum;
         k->target.rank = (int)ls->n_target_shape;
         for (size_t i = 0; i < ls->n_target_shape; i++) {
@@ -447,6 +448,8 @@ int tm_compile(struct train *t, struct treq *r, err *e)
         tm_free(tm);
         return rc;
     }
+    if (t->env.id->num_replicas >= 2) /* synchronized BatchNormalization's sums */
+        model_set_allreduce(tm->m, sync_allreduce, t);
     if (old)
         release_blocks(t, old);
     if ((rc = charge(t, tm, &cfg, sp, e)) != CODE_OK) {

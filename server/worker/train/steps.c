@@ -90,6 +90,8 @@ static void pool_step(uv_work_t *req)
         float *out = r->mode == TPUEMU__STEP_MODE__STEP_PREDICT ? (float *)(r->out + r->out_len) : NULL;
 
         model_set_training(tm->m, r->mode == TPUEMU__STEP_MODE__STEP_TRAIN);
+        if (r->mode == TPUEMU__STEP_MODE__STEP_TRAIN)
+            sync_begin_step(t, r->coll_seq + i * (1 + (uint64_t)model_sync_calls(tm->m)), r->epoch);
         if (model_forward(tm->m, x, (int)rows, out, e) != CODE_OK)
             break;
         if (out)
@@ -146,8 +148,8 @@ static void run_step(struct train *t, struct treq *r)
     t->busy = 1;
     t->pool_tm = t->tm;
     if (last && last < inline_max_ns() && atomic_load_explicit(&t->throttle_pct, memory_order_relaxed) >= 100 &&
-        !least && t->env.id->num_replicas >= 2 &&
-        r->mode == TPUEMU__STEP_MODE__STEP_TRAIN) {
+        !least && t->env.id->num_replicas >= 2 && r->mode == TPUEMU__STEP_MODE__STEP_TRAIN &&
+        !(t->tm && model_sync_calls(t->tm->m))) { /* a synchronized step waits for the loop */
 #if defined(__SSE__)
         unsigned csr = _mm_getcsr(); /* pool_step flushes denormals: only for the step */
 #endif
@@ -245,7 +247,7 @@ static void after_step(uv_work_t *req, int status)
     cs.count = model_num_params(t->tm->m);
     h.kind = KIND(COLL);
     h.epoch = r->epoch;
-    h.seq = r->coll_seq + r->i;
+    h.seq = r->coll_seq + r->i * (1 + (uint64_t)model_sync_calls(t->tm->m)) + (uint64_t)model_sync_calls(t->tm->m);
     h.coll = &cs;
     /* reduced in place: nothing writes the gradients until the answer (or, after
      * a failure, until the reset: tm->failed keeps training off them) */

@@ -364,6 +364,12 @@ int train_new(const struct train_env *env, struct train **out)
         return e.code;
     }
     t->env = *env;
+    if (sync_init(t) != CODE_OK) {
+        log_error("no async handle for the replicas' sums", "reason=%s", "uv_async_init failed");
+        mxu_free(t->u);
+        free(t);
+        return CODE_INTERNAL;
+    }
     atomic_init(&t->throttle_pct, env->throttle_pct > 0 && env->throttle_pct <= 100 ? env->throttle_pct : 100);
     t->next = next;
     t->work.data = t;
@@ -389,7 +395,14 @@ void train_free(struct train *t)
     tm_free(t->tm);
     tm_free(t->orphan);
     mxu_free(t->u);
+    sync_destroy(t);
     free(t);
+}
+
+void train_stop(struct train *t)
+{
+    if (t)
+        sync_close(t);
 }
 
 void train_stats_init(struct train_stats *s)

@@ -77,6 +77,8 @@ void train_stats_init(struct train_stats *s);
  * (logged); *out is NULL then. */
 int train_new(const struct train_env *env, struct train **out);
 void train_free(struct train *t);
+/* On the loop thread when the daemon stops: closes the service's handle. */
+void train_stop(struct train *t);
 
 /* Is h a training frame (COMPILE, STEPS, STATE_GET, STATE_SET)? */
 int train_is_frame(const Tpuemu__FrameHeader *h);

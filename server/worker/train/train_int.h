@@ -93,6 +93,14 @@ struct train {
      * requests (their latency is at least 0), and whose it is */
     int64_t client_off;
     uint32_t client_pid;
+    /* synchronized BatchNormalization's sums (sync.c): posted by the pool's
+     * thread, submitted on the loop */
+    uv_async_t *sync_async;
+    uv_mutex_t sync_mu;
+    uv_cond_t sync_cv;
+    struct sync_call *sync_req;
+    uint64_t sync_seq, sync_epoch; /* the next sum's collective, the step's epoch */
+    int sync_closed;
 };
 
 /* ---- charge.c ---- */
@@ -114,6 +122,17 @@ void treq_answerf(struct train *t, struct treq *r, int code, const char *fmt, ..
     __attribute__((format(printf, 4, 5)));
 /* The collectives r's steps from `from` on would have run: fail them on every peer. */
 void treq_abort_rest(struct train *t, struct treq *r, uint32_t from, const err *e);
+
+/* ---- sync.c ---- */
+int sync_init(struct train *t);
+/* On the loop, before it stops: no more sums; a waiting one fails. */
+void sync_close(struct train *t);
+void sync_destroy(struct train *t);
+/* The step about to run: its first sum's collective number and epoch. */
+void sync_begin_step(struct train *t, uint64_t first_seq, uint64_t epoch);
+/* model_allreduce_fn, ctx the train: blocks the pool's thread until the
+ * replicas' sum is in buf. */
+int sync_allreduce(void *ctx, float *buf, size_t n, err *e);
 
 /* ---- steps.c ---- */
 /* Infeed bytes of one step of rows rows. */
