@@ -110,8 +110,12 @@ int main(int argc, char **argv)
     memset(&c, 0, sizeof c);
     c.in_dim = 784;
     c.in_shape = (struct lshape){3, {28, 28, 1}};
+    c.kind[c.nlayers].epsilon = 1e-3f, c.kind[c.nlayers].momentum = 0.99f;
+    add(&c, LK_BATCH_NORM, 0, ACT_LINEAR, 0, 0);
     add(&c, LK_CONV2D, f1, ACT_RELU, 3, 1);
     add(&c, LK_MAX_POOL2D, 0, ACT_LINEAR, 2, 0);
+    c.kind[c.nlayers].epsilon = 1e-3f, c.kind[c.nlayers].momentum = 0.99f;
+    add(&c, LK_BATCH_NORM, 0, ACT_LINEAR, 0, 0);
     add(&c, LK_CONV2D, f2, ACT_RELU, 3, 1);
     add(&c, LK_MAX_POOL2D, 0, ACT_LINEAR, 2, 0);
     c.kind[c.nlayers].rate = 0.25f;

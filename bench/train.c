@@ -452,12 +452,14 @@ int main(int argc, char **argv)
     tpu_compile_options co;
     if (tpu_model_new(strategy, IN_DIM, &mdl))
         return fail("building the model");
-    if (cnn && (tpu_model_set_input_shape(mdl, (size_t[]){28, 28, 1}, 3) ||
-                tpu_model_add_conv2d(mdl, 32, 3, 3, 1, 1, TPU_PADDING_SAME, TPU_ACT_RELU) ||
-                tpu_model_add_max_pooling2d(mdl, 2, 2, 0, 0, TPU_PADDING_VALID) ||
-                tpu_model_add_conv2d(mdl, 64, 3, 3, 1, 1, TPU_PADDING_SAME, TPU_ACT_RELU) ||
-                tpu_model_add_max_pooling2d(mdl, 2, 2, 0, 0, TPU_PADDING_VALID) ||
-                tpu_model_add_dropout(mdl, 0.25f) || tpu_model_add_flatten(mdl)))
+    if (cnn &&
+        (tpu_model_set_input_shape(mdl, (size_t[]){28, 28, 1}, 3) || tpu_model_add_batch_normalization(mdl, 0, 0) ||
+         tpu_model_add_conv2d(mdl, 32, 3, 3, 1, 1, TPU_PADDING_SAME, TPU_ACT_RELU) ||
+         tpu_model_add_max_pooling2d(mdl, 2, 2, 0, 0, TPU_PADDING_VALID) ||
+         tpu_model_add_batch_normalization(mdl, 0, 0) ||
+         tpu_model_add_conv2d(mdl, 64, 3, 3, 1, 1, TPU_PADDING_SAME, TPU_ACT_RELU) ||
+         tpu_model_add_max_pooling2d(mdl, 2, 2, 0, 0, TPU_PADDING_VALID) || tpu_model_add_dropout(mdl, 0.25f) ||
+         tpu_model_add_flatten(mdl)))
         return fail("building the model");
     if (tpu_model_add_dense(mdl, HIDDEN, TPU_ACT_RELU) || (cnn && tpu_model_add_dropout(mdl, 0.5f)) ||
         tpu_model_add_dense(mdl, CLASSES, TPU_ACT_SOFTMAX) || tpu_model_set_seed(mdl, 1))

@@ -15,10 +15,11 @@
  *                 [--history FILE] [--model mlp|cnn]
  *
  * --model cnn trains a convolutional network instead of the MLP, as the
- * Keras-on-TPU Fashion-MNIST notebooks do: Conv2D(32, 3x3, same, relu) ->
- * MaxPooling2D(2) -> Conv2D(64, 3x3, same, relu) -> MaxPooling2D(2) ->
- * Dropout(0.25) -> Flatten -> Dense(128, relu) -> Dropout(0.5) ->
- * Dense(10, softmax), on the images as (28, 28, 1).
+ * Keras-on-TPU Fashion-MNIST notebooks do, with a BatchNormalization before
+ * each convolution as theirs: BatchNormalization -> Conv2D(32, 3x3, same,
+ * relu) -> MaxPooling2D(2) -> BatchNormalization -> Conv2D(64, 3x3, same,
+ * relu) -> MaxPooling2D(2) -> Dropout(0.25) -> Flatten -> Dense(128, relu) ->
+ * Dropout(0.5) -> Dense(10, softmax), on the images as (28, 28, 1).
  *
  * --history FILE writes each epoch's loss and accuracy, exactly (C99 hex
  * floats), one line per epoch: what a port of this program to another
@@ -85,9 +86,10 @@ static int usage(const char *why)
                     "                     [--elastic N [--elastic-wait S] [--elastic-batch global|per-replica]]\n"
                     "                     [--history FILE] [--model mlp|cnn]\n"
                     "  --model M     mlp (default): Dense(128, relu) -> Dense(10, softmax);\n"
-                    "                cnn: Conv2D(32, 3, relu) -> MaxPooling2D -> Conv2D(64, 3, relu) ->\n"
-                    "                MaxPooling2D -> Dropout(0.25) -> Flatten -> Dense(128, relu) ->\n"
-                    "                Dropout(0.5) -> Dense(10, softmax) on the 28x28x1 images\n"
+                    "                cnn: BatchNormalization -> Conv2D(32, 3, relu) -> MaxPooling2D ->\n"
+                    "                BatchNormalization -> Conv2D(64, 3, relu) -> MaxPooling2D ->\n"
+                    "                Dropout(0.25) -> Flatten -> Dense(128, relu) -> Dropout(0.5) ->\n"
+                    "                Dense(10, softmax) on the 28x28x1 images\n"
                     "  --tpu TPU     the TPU: HOST:PORT, grpc://HOST:PORT or a TPU name\n"
                     "                (default $TPU_NAME, else 127.0.0.1:8470)\n"
                     "  --epochs N    epochs to train (default 10)\n"
@@ -451,12 +453,14 @@ int main(int argc, char **argv)
     char summary[2048];
     if (tpu_model_new(strategy, 784, &model))
         return fail("building the model");
-    if (cnn && (tpu_model_set_input_shape(model, (size_t[]){28, 28, 1}, 3) ||
-                tpu_model_add_conv2d(model, 32, 3, 3, 1, 1, TPU_PADDING_SAME, TPU_ACT_RELU) ||
-                tpu_model_add_max_pooling2d(model, 2, 2, 0, 0, TPU_PADDING_VALID) ||
-                tpu_model_add_conv2d(model, 64, 3, 3, 1, 1, TPU_PADDING_SAME, TPU_ACT_RELU) ||
-                tpu_model_add_max_pooling2d(model, 2, 2, 0, 0, TPU_PADDING_VALID) ||
-                tpu_model_add_dropout(model, 0.25f) || tpu_model_add_flatten(model)))
+    if (cnn &&
+        (tpu_model_set_input_shape(model, (size_t[]){28, 28, 1}, 3) || tpu_model_add_batch_normalization(model, 0, 0) ||
+         tpu_model_add_conv2d(model, 32, 3, 3, 1, 1, TPU_PADDING_SAME, TPU_ACT_RELU) ||
+         tpu_model_add_max_pooling2d(model, 2, 2, 0, 0, TPU_PADDING_VALID) ||
+         tpu_model_add_batch_normalization(model, 0, 0) ||
+         tpu_model_add_conv2d(model, 64, 3, 3, 1, 1, TPU_PADDING_SAME, TPU_ACT_RELU) ||
+         tpu_model_add_max_pooling2d(model, 2, 2, 0, 0, TPU_PADDING_VALID) || tpu_model_add_dropout(model, 0.25f) ||
+         tpu_model_add_flatten(model)))
         return fail("building the model");
     if (tpu_model_add_dense(model, 128, TPU_ACT_RELU) || (cnn && tpu_model_add_dropout(model, 0.5f)) ||
         tpu_model_add_dense(model, 10, TPU_ACT_SOFTMAX) || tpu_model_set_seed(model, (uint64_t)seed))
