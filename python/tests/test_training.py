@@ -277,3 +277,22 @@ def test_library_warnings_reach_pythons_logging(strategy, caplog):
         m.fit(ds, epochs=1, verbose=0)
     msgs = [r.getMessage() for r in caplog.records if r.name == "tpuemu"]
     assert any("not a multiple of 8 per core and 128 overall" in t for t in msgs), msgs
+
+
+def test_logits_loss_and_the_newer_activations(strategy):
+    """SparseCategoricalCrossentropy(from_logits=True) on a linear last layer, gelu and swish before it."""
+    x, y = _data()
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(4096, seed=1).batch(512)
+    with strategy.scope():
+        m = tf.keras.Sequential([tf.keras.layers.Dense(32, activation="gelu", input_shape=(32,)),
+                                 tf.keras.layers.Dense(16, activation="swish"),
+                                 tf.keras.layers.Dense(4)])
+        m.compile(optimizer=tf.keras.optimizers.Adam(0.01),
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    h = m.fit(ds, epochs=3, verbose=0)
+    assert h.history["loss"][2] < 0.5 * h.history["loss"][0]
+    assert h.history["accuracy"][2] > 0.9
+    logits = m.predict(tf.data.Dataset.from_tensor_slices((x[:512], y[:512])).batch(512), verbose=0)
+    assert (logits.max() > 1.0 or logits.min() < 0.0), "the last layer gave probabilities, not logits"
+    with pytest.raises(NotImplementedError):
+        tf.keras.losses.SparseCategoricalCrossentropy(reduction="none")

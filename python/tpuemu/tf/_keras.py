@@ -360,7 +360,8 @@ class Sequential(Offered):
             optimizer = opt()
         if not isinstance(optimizer, (Adam, SGD)):
             raise errors.InvalidArgumentValueError(None, None, "Could not interpret optimizer: %r" % (optimizer,))
-        lname = getattr(loss, "__name__", loss)
+        from_logits = isinstance(loss, _Loss) and loss.from_logits
+        lname = loss.name if isinstance(loss, _Loss) else getattr(loss, "__name__", loss)
         if lname not in _LOSSES:
             raise errors.InvalidArgumentValueError(
                 None, None, "Could not interpret loss identifier: %r (the cores compute %s)" % (
@@ -371,7 +372,7 @@ class Sequential(Offered):
                 raise not_offered("metrics=[%r]" % (mt,), "the cores compute the loss and accuracy")()
         self.optimizer = optimizer
         self.loss = lname
-        self._compiled = dict(optimizer=optimizer, loss=lname, acc=bool(metrics),
+        self._compiled = dict(optimizer=optimizer, loss=lname, from_logits=from_logits, acc=bool(metrics),
                               spe=int(steps_per_execution or 1))
         if self._input_dim:
             self._build(self._input_dim)
@@ -393,8 +394,8 @@ class Sequential(Offered):
         m = _CModel(self._strategy._s, input_dim, [(l.units, l.activation) for l in self.layers], seed=seed)
         c = self._compiled
         policy = self.layers[0].dtype_policy.name
-        m.compile(optimizer=c["optimizer"]._c(), loss=c["loss"], metrics_accuracy=c["acc"],
-                  steps_per_execution=c["spe"], policy=policy)
+        m.compile(optimizer=c["optimizer"]._c(), loss=c["loss"], from_logits=c["from_logits"],
+                  metrics_accuracy=c["acc"], steps_per_execution=c["spe"], policy=policy)
         self._m = m
         self._m.stop_training = False
         self._input_dim = input_dim
@@ -587,6 +588,36 @@ def _set_random_seed(seed):
 
 utils = Namespace("tf.keras.utils", set_random_seed=_set_random_seed)
 
+
+class _Loss:
+    """A Keras loss object: its name and from_logits, which the cores compute."""
+    name = None
+
+    def __init__(self, from_logits=False, reduction="auto", name=None):
+        if reduction not in ("auto", "sum_over_batch_size"):
+            raise not_offered("%s(reduction=%r)" % (type(self).__name__, reduction),
+                              "the cores average the loss over the global batch")()
+        self.from_logits = bool(from_logits)
+
+
+class SparseCategoricalCrossentropy(_Loss):
+    """tf.keras.losses.SparseCategoricalCrossentropy(from_logits=False)."""
+    name = "sparse_categorical_crossentropy"
+
+
+class CategoricalCrossentropy(_Loss):
+    """tf.keras.losses.CategoricalCrossentropy(from_logits=False)."""
+    name = "categorical_crossentropy"
+
+
+class MeanSquaredError(_Loss):
+    """tf.keras.losses.MeanSquaredError()."""
+    name = "mean_squared_error"
+
+
+losses = Namespace("tf.keras.losses", SparseCategoricalCrossentropy=SparseCategoricalCrossentropy,
+                   CategoricalCrossentropy=CategoricalCrossentropy, MeanSquaredError=MeanSquaredError)
+
 keras = Namespace("tf.keras", Sequential=Sequential, Model=Model, Input=Input, layers=layers,
                   optimizers=optimizers, callbacks=callbacks, mixed_precision=mixed_precision, datasets=datasets,
-                  utils=utils, losses=Namespace("tf.keras.losses"))
+                  utils=utils, losses=losses)
