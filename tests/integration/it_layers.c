@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <criterion/criterion.h>
 
@@ -342,17 +343,9 @@ Test(layers, gradient_checkpointing_fits_what_did_not, .timeout = 300)
  * moving statistics (the same answer twice), and the moving statistics moved
  * from their initial 0 and 1 and are the same bits on both replicas although
  * each normalized its own shard with its own batch statistics. */
-Test(layers, normalization_trains_and_moving_statistics_agree_across_replicas, .timeout = 240)
+static tpu_model *make_norm_model(tpu_strategy *s)
 {
-    colltest *t = ct_start(1, (int[]){2}, NULL, HB_MS);
-    tpu_strategy *s;
     tpu_model *m;
-    float *x;
-    int32_t *y;
-    char sum[2048];
-    CALL_OK(tpu_strategy_new(t->c, &s));
-    strokes(1024, 21, &x, &y);
-    tpu_dataset *ds = make_ds(x, y, 1024, 64);
     CALL_OK(tpu_model_new(s, SIDE * SIDE, &m));
     CALL_OK(tpu_model_set_input_shape(m, (size_t[]){SIDE, SIDE, 1}, 3));
     CALL_OK(tpu_model_add_conv2d(m, 8, 3, 3, 0, 0, TPU_PADDING_SAME, TPU_ACT_RELU));
@@ -366,6 +359,21 @@ Test(layers, normalization_trains_and_moving_statistics_agree_across_replicas, .
     CALL_OK(tpu_model_add_layer_normalization(m, 0));
     CALL_OK(tpu_model_add_dense(m, CLASSES, TPU_ACT_LINEAR));
     CALL_OK(tpu_model_set_seed(m, 5));
+    return m;
+}
+
+Test(layers, normalization_trains_and_moving_statistics_agree_across_replicas, .timeout = 240)
+{
+    colltest *t = ct_start(1, (int[]){2}, NULL, HB_MS);
+    tpu_strategy *s;
+    tpu_model *m;
+    float *x;
+    int32_t *y;
+    char sum[2048];
+    CALL_OK(tpu_strategy_new(t->c, &s));
+    strokes(1024, 21, &x, &y);
+    tpu_dataset *ds = make_ds(x, y, 1024, 64);
+    m = make_norm_model(s);
     cr_assert_eq(tpu_model_add_batch_normalization(m, 1.5f, 0), TPU_INVALID_ARGUMENT);
     cr_assert(strstr(tpu_last_error(), "BatchNormalization: momentum 1.5 is outside [0, 1]"), "%s", tpu_last_error());
 
@@ -424,6 +432,20 @@ Test(layers, normalization_trains_and_moving_statistics_agree_across_replicas, .
                   (double)mm[c]);
         cr_assert(mv[c] != 1.0f && mv[c] > 0.0f, "channel %d: moving_variance %g", c, (double)mv[c]);
     }
+
+    /* a checkpoint carries the moving statistics: a fresh model loading it
+     * (it takes the cores' place) evaluates to the same loss */
+    char path[80];
+    snprintf(path, sizeof path, "/tmp/it_layers_norm.%d.ckpt", (int)getpid());
+    CALL_OK(tpu_model_save_checkpoint(m, path));
+    tpu_model *m2 = make_norm_model(s);
+    CALL_OK(tpu_model_compile(m2, &co));
+    CALL_OK(tpu_model_load_checkpoint(m2, path));
+    unlink(path);
+    double l3, a3;
+    CALL_OK(tpu_model_evaluate(m2, dt, &l3, &a3));
+    cr_assert_eq(l3, l1, "the restored model evaluates to %.9g, not %.9g", l3, l1);
+    tpu_model_free(m2);
     free(w0);
     free(w1);
     tpu_history_free(h);

@@ -602,8 +602,9 @@ static void describe(const tpu_model *m, char *buf, size_t n)
         if (model_layer_geom(m, l, NULL, &g, why, sizeof why) != 0)
             continue;
         lshape_format(&g.out, os, sizeof os);
-        off += (size_t)snprintf(buf + off, n - off, " -> %s%s%s %s", lkind_name(m->spec[l].kind),
-                                g.kernel ? " " : "", g.kernel ? act_name(m->act[l]) : "", os);
+        int act = g.kernel && m->spec[l].kind != LK_LAYER_NORM && m->spec[l].kind != LK_BATCH_NORM;
+        off += (size_t)snprintf(buf + off, n - off, " -> %s%s%s %s", lkind_name(m->spec[l].kind), act ? " " : "",
+                                act ? act_name(m->act[l]) : "", os);
     }
     if (off < n)
         snprintf(buf + off, n - off, ", %s with %d slot(s)", m->co.optimizer.kind == TPU_OPT_ADAM ? "adam" : "sgd",
