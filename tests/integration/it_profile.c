@@ -1509,3 +1509,63 @@ Test(profile, attention_layers_are_named_with_their_padding, .timeout = 120)
     tpu_strategy_free(s);
     ct_free(t);
 }
+
+/* A convolution's profile row is its patches' matmul: Conv2D(8, 3x3) on
+ * 8x8x1 images multiplies (pixels x 9) by (9 x 8), so its 8 filters and its
+ * 9 inputs (3x3x1) are each padded to 128, and the overview names the layer
+ * conv2d, as the model does. */
+Test(profile, conv_layer_row_names_its_patches_padding, .timeout = 120)
+{
+    enum {
+        SIDE = 8,
+        N = 512
+    };
+    static float x[N * SIDE * SIDE];
+    static int32_t y[N];
+    colltest *t = ct_start(1, (int[]){2}, NULL, HB_MS);
+    tpu_strategy *s;
+    tpu_dataset *ds;
+    tpu_model *m;
+    tpu_compile_options co;
+    tpu_callback cb;
+    tpu_fit_options fo;
+    char logdir[512], *ov = NULL;
+    size_t ovn = 0;
+    FILE *f = open_memstream(&ov, &ovn);
+    cr_assert_not_null(f);
+
+    for (size_t i = 0; i < N * SIDE * SIDE; i++)
+        x[i] = (float)((i * 37) % 101) / 101.0f;
+    for (size_t i = 0; i < N; i++)
+        y[i] = (int32_t)(i % 2);
+    CALL_OK(tpu_strategy_new(t->c, &s));
+    CALL_OK(tpu_model_new(s, SIDE * SIDE, &m));
+    CALL_OK(tpu_model_set_input_shape(m, (size_t[]){SIDE, SIDE, 1}, 3));
+    CALL_OK(tpu_model_add_conv2d(m, 8, 3, 3, 0, 0, TPU_PADDING_SAME, TPU_ACT_RELU));
+    CALL_OK(tpu_model_add_global_average_pooling2d(m));
+    CALL_OK(tpu_model_add_dense(m, 2, TPU_ACT_SOFTMAX));
+    tpu_compile_options_init(&co);
+    co.batch_size = 64;
+    CALL_OK(tpu_model_compile(m, &co));
+    CALL_OK(tpu_dataset_from_tensor_slices(x, N, SIDE * SIDE, y, TPU_LABELS_SPARSE, 1, 0, &ds));
+    CALL_OK(tpu_dataset_batch(ds, 64, 1));
+    snprintf(logdir, sizeof logdir, "%s/conv-logs", cl_tmpdir());
+    CALL_OK(tpu_callback_profiler(logdir, 2, 5, &cb));
+    CALL_OK(tpu_callback_profiler_report(&cb, f));
+    memset(&fo, 0, sizeof fo);
+    fo.epochs = 1;
+    fo.callbacks = &cb;
+    fo.num_callbacks = 1;
+    CALL_OK(tpu_model_fit(m, ds, &fo, NULL));
+    fclose(f);
+    cr_assert(strstr(ov, "MXU of conv2d") != NULL, "no MXU row named conv2d:\n%s", ov);
+    cr_assert(strstr(ov, "8 units padded to 128 (6%); 9 inputs padded to 128 (7%)") != NULL,
+              "the convolution's row does not name its patches' padding:\n%s", ov);
+    cr_assert(strstr(ov, "least filled") == NULL, "a convolution has one matmul shape:\n%s", ov);
+    free(ov);
+    tpu_callback_free(&cb);
+    tpu_dataset_free(ds);
+    tpu_model_free(m);
+    tpu_strategy_free(s);
+    ct_free(t);
+}

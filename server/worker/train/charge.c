@@ -152,6 +152,11 @@ static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cf
                 REQ(HBM_ACTIVATIONS, "f32", 4, b, H, S, S);
                 NAME("%s/attention_heads", lname);
                 REQ(HBM_ACTIVATIONS, adt, 4, b, S, H, V);
+                /* the backward pass's own: the scores' gradient and the projections' */
+                NAME("%s/scores_gradient", lname);
+                REQ(HBM_ACTIVATIONS, "f32", 4, b, H, S, S);
+                NAME("%s/qkv_gradient", lname);
+                REQ(HBM_ACTIVATIONS, "f32", 4, b, S, H, 2 * K + V);
             }
         } else if (g.kernel) {
             NAME("%s/kernel", lname);
