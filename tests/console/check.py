@@ -16,6 +16,7 @@ the first that fails.
 """
 import base64
 import glob
+import http.client
 import json
 import os
 import struct
@@ -228,6 +229,22 @@ try:
     ok("the profile names the overview's bottleneck in red (%s), with its stacked bars and steps picture"
        % ov["bottleneck"][:60])
     p.shot("board.png")
+    # hostile requests to the board: 4xx, and it goes on serving
+    bport = int(os.environ["CONSOLE_BOARD_PORT"])
+    for path, want in (("/api/file?i=-1", 400), ("/api/file?i=1234567", 400), ("/api/file?i=999999", 404),
+                       ("/api/file?path=/etc/passwd", 400), ("/../../etc/passwd", 404), ("/api/logdir/x", 404)):
+        c = http.client.HTTPConnection("127.0.0.1", bport, timeout=5)
+        c.request("GET", path)
+        got = c.getresponse().status
+        c.close()
+        if got != want:
+            fail("the board answered GET %s with %d, not %d" % (path, got, want))
+    c = http.client.HTTPConnection("127.0.0.1", bport, timeout=5)
+    c.request("POST", "/api/logdir", body=b"x")
+    if c.getresponse().status not in (405, 413):
+        fail("the board took a POST")
+    c.close()
+    ok("the board refuses hostile requests (bad numbers, paths, a POST) with 4xx")
     # a corrupt event file beside the good one: named, with what it could read
     good = sorted(glob.glob(os.path.join(WORK, "logs/train/events.out.tfevents.*.v2")))[0]
     data = bytearray(open(good, "rb").read())
