@@ -86,8 +86,9 @@ typedef struct resolver {
     uint64_t fault_until_ms; /* uv_now when the pause and its grace are over */
 } resolver;
 
-/* Counts the live cores on each machine (boot id) and sets heartbeat_ms from
- * the busiest machine's cores per CPU; logs a change. */
+/* Liveness (liveness.c). Counts the live cores on each machine (boot id)
+ * and sets heartbeat_ms from the busiest machine's cores per CPU; logs a
+ * change. */
 void rsv_machine_update(resolver *r);
 /* How long a core may stay silent before it is dead (ms). */
 uint64_t rsv_dead_ms(const resolver *r);
