@@ -170,7 +170,11 @@ typedef struct tpu_profile_summary {
      * waiting for the others' turns. Both 0 when no machine has more cores
      * than CPUs. */
     unsigned shared_cores, shared_cpus;
-    uint64_t reserved[8]; /* zero: room to grow (docs/api/conventions.md) */
+    /* The roofline of the layers without matmuls (pooling, normalization,
+     * embedding lookups, Add, Dropout): the bytes each pass reads and writes
+     * over HBM bandwidth, ms per step; part of est_step_ms. */
+    double est_other_ms;
+    uint64_t reserved[7]; /* zero: room to grow (docs/api/conventions.md) */
 } tpu_profile_summary;
 TPU_API tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out);
 

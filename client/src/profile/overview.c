@@ -69,12 +69,18 @@ void tpu_profile_print_overview(const tpu_profile *p, FILE *f)
         fprintf(f, "HBM: peak %.2f of %.2f GiB (%.1f%%) on core %s/%d\n",
                 (double)p->c[sum.hbm_core].hbm_peak / GIB_D, (double)p->c[sum.hbm_core].hbm_cap / GIB_D,
                 100.0 * sum.hbm_peak_fraction, p->c[sum.hbm_core].peer.host, p->c[sum.hbm_core].peer.core);
-    if (sum.est_step_ms > 0)
-        fprintf(f, "Estimate on a real %s (roofline, not a measurement): %.4f ms per step = matmuls %.4f ms "
-                   "(%zu ops, %zu bound by HBM bandwidth) + optimizer %.4f ms + all-reduce %.4f ms over ICI; "
-                   "measured here %.3f ms\n",
-                sum.tpu_type, sum.est_step_ms, sum.est_matmul_ms, sum.est_ops, sum.est_hbm_bound_ops,
+    if (sum.est_step_ms > 0) {
+        char other[96] = "";
+        if (sum.est_other_ms > 0)
+            snprintf(other, sizeof other, " + layers without matmuls %.4f ms (bound by HBM bandwidth)",
+                     sum.est_other_ms);
+        fprintf(f,
+                "Estimate on a real %s (roofline, not a measurement): %.4f ms per step = matmuls %.4f ms "
+                "(%zu ops, %zu bound by HBM bandwidth)%s + optimizer %.4f ms + all-reduce %.4f ms over ICI; "
+                "measured here %.3f ms\n",
+                sum.tpu_type, sum.est_step_ms, sum.est_matmul_ms, sum.est_ops, sum.est_hbm_bound_ops, other,
                 sum.est_optimizer_ms, sum.est_allreduce_ms, sum.step_ms);
+    }
     fprintf(f, "Input (the overview page's classes): %s. %s\n", sum.input_bound, sum.input_statement);
     if (strcmp(sum.bottleneck, "memory") == 0)
         fprintf(f, "Bottleneck: memory (HBM peak %.0f%% of capacity): %s\n", 100.0 * sum.hbm_peak_fraction,
@@ -174,10 +180,11 @@ tpu_status tpu_profile_write_overview_json(const tpu_profile *p, FILE *f)
     fprintf(f, ",\"estimate\":{\"what\":\"roofline estimate on the real generation, not a measurement\","
                "\"tpu_type\":");
     fjstr(f, sum.tpu_type);
-    fprintf(f, ",\"step_ms\":%.6f,\"matmul_ms\":%.6f,\"optimizer_ms\":%.6f,\"all_reduce_ms\":%.6f,"
-               "\"matmuls\":%zu,\"hbm_bound_matmuls\":%zu},\"per_core\":[",
-            sum.est_step_ms, sum.est_matmul_ms, sum.est_optimizer_ms, sum.est_allreduce_ms, sum.est_ops,
-            sum.est_hbm_bound_ops);
+    fprintf(f,
+            ",\"step_ms\":%.6f,\"matmul_ms\":%.6f,\"optimizer_ms\":%.6f,\"all_reduce_ms\":%.6f,"
+            "\"other_layers_ms\":%.6f,\"matmuls\":%zu,\"hbm_bound_matmuls\":%zu},\"per_core\":[",
+            sum.est_step_ms, sum.est_matmul_ms, sum.est_optimizer_ms, sum.est_allreduce_ms, sum.est_other_ms,
+            sum.est_ops, sum.est_hbm_bound_ops);
     for (size_t i = 0; i < p->n; i++) {
         const struct pcore *pc = &p->c[i];
         struct csum cs;

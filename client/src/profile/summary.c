@@ -116,6 +116,8 @@ struct srow *profile_core_rows(const struct pcore *c, size_t ncores, struct csum
             if (c->ici_bw > 0 && ncores > 1)
                 cs->est_ar += (double)e->bytes * 2.0 * (double)(ncores - 1) / (double)ncores / c->ici_bw * 1e9;
         }
+        if ((e->kind == TK(FORWARD) || e->kind == TK(BACKWARD)) && e->bytes && c->hbm_bw > 0)
+            cs->est_other += (double)e->bytes / c->hbm_bw * 1e9;
         if (e->kind == TK(INFEED_WAIT))
             r->cat[CAT_INPUT] += (double)e->dur;
         else if (e->kind == TK(FORWARD) || e->kind == TK(BACKWARD))
@@ -343,6 +345,7 @@ tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out)
         all.rows += cs.rows;
         all.est_mm += cs.est_mm;
         all.est_opt += cs.est_opt;
+        all.est_other += cs.est_other;
         all.est_ar += cs.est_ar;
         all.est_ops += cs.est_ops;
         all.est_hbm_ops += cs.est_hbm_ops;
@@ -359,7 +362,8 @@ tpu_status tpu_profile_summarize(const tpu_profile *p, tpu_profile_summary *out)
         out->est_matmul_ms = all.est_mm / r / 1e6;
         out->est_optimizer_ms = all.est_opt / r / 1e6;
         out->est_allreduce_ms = all.est_ar / r / 1e6;
-        out->est_step_ms = out->est_matmul_ms + out->est_optimizer_ms + out->est_allreduce_ms;
+        out->est_other_ms = all.est_other / r / 1e6;
+        out->est_step_ms = out->est_matmul_ms + out->est_optimizer_ms + out->est_allreduce_ms + out->est_other_ms;
         out->est_ops = (all.est_ops + all.rows / 2) / all.rows;
         out->est_hbm_bound_ops = (all.est_hbm_ops + all.rows / 2) / all.rows;
     }

@@ -18,7 +18,7 @@ struct csum {
     uint64_t first, last;
     /* the roofline estimate on the real generation, summed over the rows */
     size_t rows;
-    double est_mm, est_opt, est_ar; /* ns */
+    double est_mm, est_opt, est_ar, est_other; /* ns */
     size_t est_ops, est_hbm_ops;
 };
 

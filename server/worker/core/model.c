@@ -542,6 +542,7 @@ static void rec_add(model *m, enum model_rec_kind kind, int layer, int op, int64
     r->k = K;
     r->t0 = t0;
     r->t1 = t1;
+    r->bytes = 0;
 }
 
 /* exact_a, exact_b: that operand is already rounded to bfloat16 (mxu.h) */
@@ -1050,6 +1051,18 @@ static int preround(const model *m)
     return m->prec == MXU_DEFAULT && (m->cfg.deterministic || !mxu_bf16_native(m->u));
 }
 
+/* What a layer without matmuls moves through memory in a pass, for the
+ * profiler's roofline: its input read and output written (forward), and
+ * the output's gradient read and the input's written (backward); views and
+ * layers with matmuls 0. */
+static uint64_t elementwise_bytes(const struct layer *L, int rows, int forward)
+{
+    (void)forward;
+    if (L->kind == LK_DENSE || L->kind == LK_CONV2D || L->kind == LK_MULTI_HEAD_ATTENTION || L->alias)
+        return 0;
+    return (uint64_t)rows * (uint64_t)(L->isz + L->osz) * sizeof(float);
+}
+
 /* Layer l's forward pass over rows rows of its input in (recompute: again,
  * in a backward pass, with the forward's Dropout masks). */
 static int forward_layer(model *m, int l, const float *in, int rows, int recompute, err *e)
@@ -1140,8 +1153,12 @@ static int forward_layer(model *m, int l, const float *in, int rows, int recompu
     }
     if (recompute)
         m->remat_calls++;
-    if (m->rec)
+    if (m->rec) {
+        size_t n0 = m->rec_n;
         rec_add(m, MODEL_REC_FORWARD, l, recompute, M, L->units, L->in, t0, model_now_ns());
+        if (m->rec_n > n0)
+            m->rec[n0].bytes = elementwise_bytes(L, rows, 1);
+    }
     return CODE_OK;
 }
 
@@ -1343,8 +1360,12 @@ int model_backward(model *m, const void *y, int rows, struct model_metrics *out,
                 act_backward(dn, P->a, rows * P->outer, (int)(P->osz / (size_t)(P->outer ? P->outer : 1)), P->act);
             d = dn;
         }
-        if (m->rec)
+        if (m->rec) {
+            size_t n0 = m->rec_n;
             rec_add(m, MODEL_REC_BACKWARD, l, 0, M, L->units, L->in, t0, model_now_ns());
+            if (m->rec_n > n0)
+                m->rec[n0].bytes = elementwise_bytes(L, rows, 0);
+        }
     }
     return CODE_OK;
 }

@@ -253,6 +253,9 @@ struct model_rec {
     int layer, op;
     int64_t m, n, k;
     uint64_t t0, t1;
+    /* a layer pass without matmuls (pooling, normalization, an embedding's
+     * lookup, Add, Dropout): the bytes it reads and writes (0 otherwise) */
+    uint64_t bytes;
 };
 void model_set_recorder(model *m, struct model_rec *buf, size_t cap);
 size_t model_recorded(const model *m);

@@ -194,6 +194,7 @@ static void trace_pool(struct train *t, struct treq *r)
         ev.m = (uint64_t)m->m;
         ev.n = (uint64_t)m->n;
         ev.k = (uint64_t)m->k;
+        ev.bytes = m->bytes;
         trace_add(tr, &ev);
     }
 }
