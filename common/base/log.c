@@ -2,15 +2,87 @@
  * a terminal or file do not interleave. */
 #include "log.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 static const char *g_daemon = "tpuemu";
 static enum log_level g_min = LOG_INFO;
+
+/* the kept lines: a byte ring; written counts every byte ever put in */
+static struct {
+    pthread_mutex_t mu;
+    char *ring;
+    size_t cap;
+    uint64_t written;
+} g_keep = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
+
+void log_keep(unsigned bytes)
+{
+    char *ring = NULL;
+    if (bytes > LOG_KEEP_MAX)
+        bytes = LOG_KEEP_MAX;
+    if (bytes && !(ring = malloc(bytes)))
+        return; /* nothing kept: the lines still go to stderr */
+    pthread_mutex_lock(&g_keep.mu);
+    free(g_keep.ring);
+    g_keep.ring = ring;
+    g_keep.cap = bytes;
+    g_keep.written = 0;
+    pthread_mutex_unlock(&g_keep.mu);
+}
+
+static void keep_line(const char *line, size_t n)
+{
+    pthread_mutex_lock(&g_keep.mu);
+    if (g_keep.ring) {
+        if (n > g_keep.cap) { /* only its end fits */
+            line += n - g_keep.cap;
+            g_keep.written += n - g_keep.cap;
+            n = g_keep.cap;
+        }
+        size_t at = (size_t)(g_keep.written % g_keep.cap), first = g_keep.cap - at < n ? g_keep.cap - at : n;
+        memcpy(g_keep.ring + at, line, first);
+        memcpy(g_keep.ring, line + first, n - first);
+        g_keep.written += n;
+    }
+    pthread_mutex_unlock(&g_keep.mu);
+}
+
+size_t log_kept(char *out, size_t n)
+{
+    size_t len = 0;
+    int partial = 0;
+    if (!out || !n)
+        return 0;
+    pthread_mutex_lock(&g_keep.mu);
+    if (g_keep.ring && g_keep.written) {
+        uint64_t oldest = g_keep.written > g_keep.cap ? g_keep.written - g_keep.cap : 0, from = oldest;
+        if (g_keep.written - from > n - 1)
+            from = g_keep.written - (n - 1);
+        /* a line starts at from only if the byte before it ended one (and
+         * that byte is still in the ring to tell) */
+        partial = from > 0 && (from == oldest || g_keep.ring[(from - 1) % g_keep.cap] != '\n');
+        len = (size_t)(g_keep.written - from);
+        size_t at = (size_t)(from % g_keep.cap), first = g_keep.cap - at < len ? g_keep.cap - at : len;
+        memcpy(out, g_keep.ring + at, first);
+        memcpy(out + first, g_keep.ring, len - first);
+    }
+    pthread_mutex_unlock(&g_keep.mu);
+    out[len] = '\0';
+    if (partial) { /* whole lines only */
+        char *nl = memchr(out, '\n', len);
+        size_t skip = nl ? (size_t)(nl - out) + 1 : len;
+        memmove(out, out + skip, len - skip + 1);
+        len -= skip;
+    }
+    return len;
+}
 
 void log_init(const char *daemon, enum log_level min)
 {
@@ -220,6 +292,7 @@ static void log_v(enum log_level lvl, const char *msg, const char *fmt, va_list 
     if ((size_t)n > sizeof line - 2)
         n = (int)sizeof line - 2;
     line[n++] = '\n';
+    keep_line(line, (size_t)n);
     ssize_t w = write(STDERR_FILENO, line, (size_t)n);
     (void)w;
 }

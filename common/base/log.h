@@ -7,6 +7,8 @@
 #ifndef TPUEMU_COMMON_LOG_H
 #define TPUEMU_COMMON_LOG_H
 
+#include <stddef.h>
+
 enum log_level { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARN = 2, LOG_ERROR = 3 };
 
 /* Name shown as daemon=NAME on every line; level below which lines are dropped. */
@@ -44,6 +46,16 @@ void log_limited(enum log_level lvl, const char *msg, const char *fmt, ...)
 void log_flush_suppressed(int all);
 /* Changes the burst and window (tests); 0 burst turns limiting off. */
 void log_limit_set(unsigned burst, unsigned window_ms);
+
+/* The last lines written, kept in memory too (a daemon's /log page): after
+ * log_keep(bytes) every line written is also copied into a ring of that
+ * many bytes (at most LOG_KEEP_MAX; 0 stops keeping). log_kept copies the
+ * whole lines in it, oldest first, into out (size n, NUL-terminated; the
+ * oldest are left out when out is smaller) and returns the bytes copied.
+ * Both are thread-safe. */
+#define LOG_KEEP_MAX (1u << 20)
+void log_keep(unsigned bytes);
+size_t log_kept(char *out, size_t n);
 
 /* Quotes s for a logfmt value into one of a few rotating static buffers
  * (so several can be used in one log call); escapes quotes, backslashes and

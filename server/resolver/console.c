@@ -93,9 +93,9 @@ static const char *health_name(const resolver *r, const rentry *en, Tpuemu__Core
     return "HEALTHY";
 }
 
-/* "http://HOST:PORT/metrics" of the core's worker from its control address
- * (tcp://HOST:PORT) and its metrics port; "" when it has none. */
-static void metrics_url(const winfo *w, char *out, size_t n)
+/* "http://HOST:PORT/PAGE" (PAGE: metrics, log) of the core's worker from its
+ * control address (tcp://HOST:PORT) and its metrics port; "" when it has none. */
+static void metrics_url(const winfo *w, const char *page, char *out, size_t n)
 {
     const char *h = w->control_addr, *colon;
     out[0] = '\0';
@@ -104,7 +104,7 @@ static void metrics_url(const winfo *w, char *out, size_t n)
     h += 6;
     if (!(colon = strrchr(h, ':')) || colon == h)
         return;
-    snprintf(out, n, "http://%.*s:%u/metrics", (int)(colon - h), h, w->metrics_port);
+    snprintf(out, n, "http://%.*s:%u/%s", (int)(colon - h), h, w->metrics_port, page);
 }
 
 /* since=N (digits only, at most 19 of them), or nothing. 0 or 400. */
@@ -218,8 +218,11 @@ int console_api(void *user, struct httpd_req *q, hbuf *b)
                     w->hbm_capacity, w->hbm_peak, w->hbm_ooms, w->train_step, w->step_us, w->allreduce_us,
                     now > en->last_hb_ms ? now - en->last_hb_ms : 0);
         jstr(b, notice);
-        metrics_url(w, url, sizeof url);
+        metrics_url(w, "metrics", url, sizeof url);
         hbuf_printf(b, ",\"metrics\":");
+        jstr(b, url);
+        metrics_url(w, "log", url, sizeof url);
+        hbuf_printf(b, ",\"log\":");
         jstr(b, url);
         hbuf_printf(b, "}");
     }

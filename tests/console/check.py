@@ -156,9 +156,19 @@ try:
     for word in ("epoch", "v3", "mesh 2x1x1 chips x 2 cores", "hosts x devices: 2 x 2"):
         if word not in s["summary"]:
             fail("the summary does not say %r: %s" % (word, s["summary"]))
-    if not p.js("document.querySelector('.tile[data-core=\"host0/0\"]').href.endsWith('/metrics')"):
-        fail("host0/0's tile does not link to its worker's /metrics")
-    ok("the grid shows the 4 cores under their 2 hosts, READY at step %s, with the system's epoch and topology" % want)
+    links = p.js("(() => { const t = document.querySelector('.tile[data-core=\"host0/0\"]');"
+                 " const m = t.querySelector('a.metrics'), l = t.querySelector('a.log');"
+                 " return [m ? m.href : '', l ? l.href : '']; })()")
+    if not links[0].endswith("/metrics"):
+        fail("host0/0's tile does not link to its worker's /metrics: %s" % links)
+    if not links[1].endswith("/log"):
+        fail("host0/0's tile does not link to its worker's log: %s" % links)
+    with urllib.request.urlopen(links[1], timeout=5) as r:
+        log = r.read().decode()
+    if 'msg="registered" host="host0" core=0' not in log:
+        fail("host0/0's log link does not show its worker's log lines: %s" % log[-400:])
+    ok("the grid shows the 4 cores under their 2 hosts, READY at step %s, with the system's epoch and topology;"
+       " host0/0's tile links to its worker's /metrics and its last %d log lines" % (want, log.count("\n")))
     p.shot("console.png")
 
     # 2. a fault injected into a core: an event naming the core and the fault

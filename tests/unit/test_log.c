@@ -151,3 +151,38 @@ Test(log, a_line_after_the_window_before_the_flush)
     cr_assert_eq(count(out, "suppressed="), 2, "%s", out);
     cr_assert_eq(count(out, "\n"), 5, "%s", out);
 }
+
+/* The kept lines: the newest whole lines, oldest first, as stderr has them. */
+Test(log, kept_lines_are_the_newest_whole_lines)
+{
+    static char out[8192];
+    cr_assert_eq(log_kept(out, sizeof out), 0u, "nothing is kept before log_keep");
+    log_keep(4096);
+    cr_assert_eq(log_kept(out, sizeof out), 0u);
+    for (int i = 0; i < 200; i++)
+        log_info("kept line", "i=%d pad=%s", i, "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx");
+    size_t n = log_kept(out, sizeof out);
+    cr_assert(n > 3000 && n <= 4096, "%zu bytes kept of a 4096-byte ring", n);
+    cr_assert_eq(strlen(out), n);
+    cr_assert(!strncmp(out, "ts=", 3), "the first kept line is cut: %.60s", out);
+    cr_assert_eq(out[n - 1], '\n');
+    cr_assert(strstr(out, "i=199 "), "the newest line is not kept");
+    cr_assert_null(strstr(out, "i=0 "), "the oldest lines are still kept in 4096 bytes");
+    /* every kept line is a line of stderr, whole */
+    char *all = slurp();
+    for (char *line = out, *nl; (nl = strchr(line, '\n')); line = nl + 1) {
+        *nl = '\0';
+        cr_assert(strstr(all, line), "a kept line is not on stderr: %s", line);
+    }
+    /* a smaller buffer gets the newest whole lines that fit */
+    char small[300];
+    n = log_kept(small, sizeof small);
+    cr_assert(n > 0 && n < sizeof small && !strncmp(small, "ts=", 3) && small[n - 1] == '\n', "%s", small);
+    cr_assert(strstr(small, "i=199 "), "%s", small);
+    /* a line longer than the ring keeps nothing cut */
+    log_keep(64);
+    log_info("a line longer than the ring", "pad=%s", "yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy");
+    cr_assert_eq(log_kept(out, sizeof out), 0u, "a cut line was given: %s", out);
+    log_keep(0);
+    cr_assert_eq(log_kept(out, sizeof out), 0u);
+}

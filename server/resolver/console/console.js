@@ -58,18 +58,20 @@
 
   function tile(c, heat) {
     const id = c.host + "/" + c.core;
-    const a = el(c.metrics ? "a" : "div", {
+    // a square of the heat map links to its worker's /metrics; a tile has a
+    // link to its /metrics and one to its last log lines
+    const a = el(heat && c.metrics ? "a" : "div", {
       class: "tile s-" + c.state + " h-" + c.health + (c.notice ? " notice" : ""),
       "data-core": id, "data-state": c.state, "data-health": c.health, "data-step": String(c.step),
     });
-    if (c.metrics) a.href = c.metrics;
+    if (heat && c.metrics) a.href = c.metrics;
     const share = c.step_us ? Math.round((100 * c.allreduce_us) / c.step_us) : 0;
     const hbm = c.hbm_capacity ? (100 * c.hbm_used) / c.hbm_capacity : 0;
     a.title = id + ": " + c.state + ", " + c.health + (c.notice ? ", " + c.notice : "") +
       "\nreplica " + c.replica + ", pid " + c.pid + ", last heartbeat " + (c.heartbeat_age_ms / 1000).toFixed(1) + " s ago" +
       "\nHBM " + mib(c.hbm_used) + " of " + mib(c.hbm_capacity) + " (peak " + mib(c.hbm_peak) + ")" +
       "\nstep " + c.step + (c.step_us ? ", " + ms(c.step_us) + ", all-reduce " + share + "%" : "") +
-      (c.metrics ? "\nclick: its worker's /metrics" : "");
+      (heat && c.metrics ? "\nclick: its worker's /metrics" : "");
     if (heat) return a;
     a.append(el("b", {}, id + " " + c.state));
     a.append(el("span", { class: "health" }, c.health));
@@ -84,6 +86,15 @@
     if (c.notice) {
       a.append(el("br"));
       a.append(el("span", { class: "notice-text" }, c.notice));
+    }
+    if (c.metrics) {
+      const links = el("span", { class: "links" });
+      const m = el("a", { class: "metrics" }, "metrics");
+      m.href = c.metrics;
+      const lg = el("a", { class: "log" }, "log");
+      lg.href = c.log;
+      links.append(m, document.createTextNode(" · "), lg);
+      a.append(el("br"), links);
     }
     return a;
   }
@@ -127,7 +138,7 @@
   function legend() {
     const l = $("legend");
     for (const s of STATES) l.append(el("span", { class: "s-" + s }, s));
-    l.append(document.createTextNode("Hover a core for its details; click it for its worker's /metrics."));
+    l.append(document.createTextNode("Hover a core for its details; its links open its worker's /metrics and last log lines (a square of the heat map: its /metrics)."));
   }
 
   async function poll() {

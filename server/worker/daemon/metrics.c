@@ -1,10 +1,17 @@
 /* What a worker tells a Prometheus scrape (metrics.h): its training steps and
  * their time, the collectives it ran and the bytes it all-reduced, its HBM,
  * its heartbeats and the system epoch it is in; whether it is alive
- * (/healthz) and whether it is ready to serve (/readyz). */
+ * (/healthz) and whether it is ready to serve (/readyz); its last log lines
+ * (/log, what the cluster console's tiles link to). */
 #include "metrics.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+
+#include "log.h"
+
+/* the log lines a worker with a metrics port keeps for /log: the last 100 or so */
+#define WM_LOG_KEEP (32u << 10)
 
 static int registered(const struct heartbeat *hb)
 {
@@ -125,10 +132,25 @@ static int ready(void *user, struct httpd_req *q, hbuf *b)
     return 200;
 }
 
+/* The worker's last log lines, oldest first, as its stderr has them. */
+static int last_log(void *user, struct httpd_req *q, hbuf *b)
+{
+    (void)user, (void)q;
+    char *buf = malloc(WM_LOG_KEEP + 1);
+    if (!buf) {
+        hbuf_printf(b, "out of memory for the log lines\n");
+        return 500;
+    }
+    hbuf_put(b, buf, log_kept(buf, WM_LOG_KEEP + 1));
+    free(buf);
+    return 200;
+}
+
 static const struct httpd_route routes[] = {
     {"/metrics", PROM_CONTENT_TYPE, render},
     {"/healthz", "text/plain; charset=utf-8", health},
     {"/readyz", "text/plain; charset=utf-8", ready},
+    {"/log", "text/plain; charset=utf-8", last_log},
 };
 
 int wm_start(struct wmetrics *m, const struct wm_env *env, int port, err *e)
@@ -138,6 +160,7 @@ int wm_start(struct wmetrics *m, const struct wm_env *env, int port, err *e)
     m->httpd = NULL;
     if (!port)
         return CODE_OK;
+    log_keep(WM_LOG_KEEP);
     return httpd_start(env->loop, "metrics", env->listen, port, routes, sizeof routes / sizeof routes[0], &m->env,
                        &m->httpd, e);
 }
