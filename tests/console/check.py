@@ -16,6 +16,7 @@ the first that fails.
 """
 import base64
 import glob
+import gzip
 import http.client
 import json
 import os
@@ -239,6 +240,39 @@ try:
     ok("the profile names the overview's bottleneck in red (%s), with its stacked bars and steps picture"
        % ov["bottleneck"][:60])
     p.shot("board.png")
+    # the trace, opened in the board's own timeline: every timed event, a lane
+    # per thread named as the trace names it, drawn
+    tr = json.load(gzip.open(glob.glob(os.path.join(WORK, "logs/train/plugins/profile/*/*.trace.json.gz"))[0]))
+    evs = tr["traceEvents"]
+    want_x = sum(1 for e in evs if e.get("ph") == "X")
+    threads = {"%s:%s" % (e["pid"], e.get("tid")): e["args"]["name"]
+               for e in evs if e.get("ph") == "M" and e["name"] == "thread_name"}
+    with_x = {"%s:%s" % (e["pid"], e.get("tid")) for e in evs if e.get("ph") == "X"}
+    p.js("document.querySelector('.profile button.open-trace').click()")
+    p.wait("(t => t.dataset.events || t.dataset.error)(document.querySelector('.profile .trace'))", 15,
+           "the trace's timeline")
+    err = p.js("document.querySelector('.profile .trace').dataset.error || ''")
+    if err:
+        fail("the board could not read the trace: %s" % err)
+    got = p.js("document.querySelector('.profile .trace').dataset.events")
+    if got != str(want_x):
+        fail("the timeline shows %s events, the trace has %d timed ones" % (got, want_x))
+    lanes = json.loads(p.js("document.querySelector('.profile .trace').dataset.lanes"))
+    if len(lanes) != len(with_x):
+        fail("the timeline has %d lanes, the trace's events are on %d threads" % (len(lanes), len(with_x)))
+    for k in with_x:
+        if k in threads and not any(lane.endswith(" · " + threads[k]) for lane in lanes):
+            fail("no lane is named %r: %s" % (threads[k], lanes))
+    inked = p.js("(() => { const c = document.querySelector('.profile canvas.trace-canvas');"
+                 " const d = c.getContext('2d').getImageData(Math.floor(c.width / 4), 0, Math.floor(c.width / 2),"
+                 " c.height).data; let k = 0; for (let i = 0; i < d.length; i += 4)"
+                 " if (d[i] + d[i + 1] + d[i + 2] < 600) k++; return k; })()")
+    if inked < 500:
+        fail("the trace's timeline is blank (%d coloured pixels)" % inked)
+    ok("the board opens the profile's trace: %d events on %d threads, each lane named as the trace names it"
+       % (want_x, len(lanes)))
+    p.js("document.querySelector('.profile .trace').scrollIntoView()")
+    p.shot("board-trace.png")
     # hostile requests to the board: 4xx, and it goes on serving
     bport = int(os.environ["CONSOLE_BOARD_PORT"])
     for path, want in (("/api/file?i=-1", 400), ("/api/file?i=1234567", 400), ("/api/file?i=999999", 404),

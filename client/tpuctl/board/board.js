@@ -241,11 +241,140 @@
     }
     if (trace !== null) {
       const a = el("a", { href: "/api/file?i=" + trace, download: name + ".trace.json.gz" }, "the trace (Chrome trace-event JSON, gzip)");
+      const open = el("button", { class: "open-trace" }, "open the trace here");
       const para = el("p");
-      para.append(a);
+      para.append(open, document.createTextNode(" or download "), a);
       card.append(para);
+      const view = el("div", { class: "trace" });
+      card.append(view);
+      open.addEventListener("click", () => { open.disabled = true; showTrace(view, trace); });
     }
     $("profiles").append(card);
+  }
+
+  // ---- the trace: a timeline of its complete ("X") events, a lane per
+  // thread (a core's steps, its collectives, the client), named by the
+  // trace's metadata; the wheel zooms around the pointer, a drag pans,
+  // hovering an event names it with its duration and arguments ----
+  async function showTrace(view, i) {
+    view.textContent = "reading the trace ...";
+    let doc;
+    try {
+      const r = await fetch("/api/file?i=" + i, { cache: "no-store" });
+      if (!r.ok) throw new Error("HTTP " + r.status);
+      const text = await new Response(r.body.pipeThrough(new DecompressionStream("gzip"))).text();
+      doc = JSON.parse(text);
+    } catch (err) {
+      view.textContent = "the trace could not be read: " + err.message;
+      view.dataset.error = err.message;
+      return;
+    }
+    const evs = Array.isArray(doc) ? doc : doc.traceEvents || [];
+    const pname = {}, tname = {}, tsort = {}, lanes = new Map();
+    for (const e of evs) {
+      if (e.ph !== "M") continue;
+      const key = e.pid + ":" + e.tid;
+      if (e.name === "process_name") pname[e.pid] = e.args.name;
+      else if (e.name === "thread_name") tname[key] = e.args.name;
+      else if (e.name === "thread_sort_index") tsort[key] = e.args.sort_index;
+    }
+    let t0 = Infinity, t1 = -Infinity, n = 0;
+    for (const e of evs) {
+      if (e.ph !== "X" || typeof e.ts !== "number") continue;
+      const key = e.pid + ":" + e.tid;
+      if (!lanes.has(key)) lanes.set(key, []);
+      lanes.get(key).push(e);
+      t0 = Math.min(t0, e.ts);
+      t1 = Math.max(t1, e.ts + (e.dur || 0));
+      n++;
+    }
+    if (!n) {
+      view.textContent = "the trace has no timed events";
+      view.dataset.events = "0";
+      return;
+    }
+    const keys = [...lanes.keys()].sort((a, b) => {
+      const [pa, ta] = a.split(":").map(Number), [pb, tb] = b.split(":").map(Number);
+      return pa - pb || (tsort[a] ?? ta) - (tsort[b] ?? tb);
+    });
+    const label = (k) => (pname[k.split(":")[0]] || "pid " + k.split(":")[0]) + " · " + (tname[k] || "tid " + k.split(":")[1]);
+    view.textContent = "";
+    const info = el("div", { class: "trace-info" }, n + " events on " + keys.length + " threads over " +
+      ((t1 - t0) / 1000).toFixed(1) + " ms; the wheel zooms, a drag pans, hover names an event");
+    const tip = el("div", { class: "trace-tip" });
+    const canvas = el("canvas", { class: "trace-canvas" });
+    view.append(info, canvas, tip);
+    view.dataset.events = String(n);
+    view.dataset.lanes = JSON.stringify(keys.map(label));
+    const LANE = 18, LEFT = 220, dpr = window.devicePixelRatio || 1;
+    let from = t0, span = Math.max(1, t1 - t0), drag = null;
+    const colour = (name) => {
+      let h = 0;
+      for (let k = 0; k < name.length; k++) h = (h * 31 + name.charCodeAt(k)) >>> 0;
+      return "hsl(" + (h % 360) + ",55%,55%)";
+    };
+    function draw() {
+      const w = view.clientWidth || 900, h = keys.length * LANE + 20;
+      canvas.width = w * dpr;
+      canvas.height = h * dpr;
+      canvas.style.height = h + "px"; // (CSSOM, which the page's CSP allows)
+      const g = canvas.getContext("2d");
+      g.setTransform(dpr, 0, 0, dpr, 0, 0);
+      g.clearRect(0, 0, w, h);
+      g.font = "11px sans-serif";
+      const x = (t) => LEFT + ((t - from) / span) * (w - LEFT);
+      keys.forEach((k, li) => {
+        const y = li * LANE;
+        g.fillStyle = li % 2 ? "#f6f6f6" : "#fff";
+        g.fillRect(0, y, w, LANE);
+        g.fillStyle = "#333";
+        g.fillText(label(k).slice(0, 34), 4, y + 13);
+        for (const e of lanes.get(k)) {
+          const a = x(e.ts), b = x(e.ts + (e.dur || 0));
+          if (b < LEFT || a > w) continue;
+          const l = Math.max(a, LEFT), r = Math.max(l + 1, Math.min(b, w));
+          g.fillStyle = colour(e.name || "");
+          g.fillRect(l, y + 2, r - l, LANE - 4);
+          if (r - l > 40) {
+            g.fillStyle = "#000";
+            g.fillText((e.name || "").slice(0, Math.floor((r - l) / 6)), l + 2, y + 13);
+          }
+        }
+      });
+      g.fillStyle = "#333";
+      g.fillText(((from - t0) / 1000).toFixed(2) + " ms", LEFT, keys.length * LANE + 14);
+      const end = ((from + span - t0) / 1000).toFixed(2) + " ms";
+      g.fillText(end, w - g.measureText(end).width - 4, keys.length * LANE + 14);
+    }
+    function at(ev) {
+      const rect = canvas.getBoundingClientRect(), w = rect.width;
+      return { px: ev.clientX - rect.left, lane: Math.floor((ev.clientY - rect.top) / LANE), w };
+    }
+    canvas.addEventListener("wheel", (ev) => {
+      ev.preventDefault();
+      const p = at(ev);
+      if (p.px < LEFT) return;
+      const t = from + ((p.px - LEFT) / (p.w - LEFT)) * span, f = ev.deltaY > 0 ? 1.25 : 0.8;
+      span = Math.min(Math.max(span * f, 1), (t1 - t0) * 2);
+      from = t - ((p.px - LEFT) / (p.w - LEFT)) * span;
+      draw();
+    }, { passive: false });
+    canvas.addEventListener("mousedown", (ev) => { drag = { x: ev.clientX, from }; });
+    window.addEventListener("mouseup", () => { drag = null; });
+    canvas.addEventListener("mousemove", (ev) => {
+      const p = at(ev);
+      if (drag) {
+        from = drag.from - ((ev.clientX - drag.x) / (p.w - LEFT)) * span;
+        draw();
+        return;
+      }
+      const k = keys[p.lane], t = from + ((p.px - LEFT) / (p.w - LEFT)) * span;
+      const e = k && p.px >= LEFT ? lanes.get(k).find((q) => q.ts <= t && t <= q.ts + (q.dur || 0)) : null;
+      tip.textContent = e ? label(k) + ": " + e.name + ", " + ((e.dur || 0) / 1000).toFixed(3) + " ms" +
+        (e.args ? " " + JSON.stringify(e.args) : "") : "";
+    });
+    window.addEventListener("resize", draw);
+    draw();
   }
 
   const dirOf = (p) => (p.includes("/") ? p.slice(0, p.lastIndexOf("/")) : ".");
