@@ -23,6 +23,7 @@
 
 #include "cluster.h"
 #include "machine.h"
+#include "raw.h"
 
 #define HOSTS 32
 #define PER_HOST 8
@@ -92,7 +93,10 @@ static void quiet(const char *msg, void *user)
 Test(scale, pod_of_256_cores, .timeout = 900)
 {
     static const char *const wargs[] = {"--trace-events", "1024", NULL};
-    static const char *const rargs[] = {"--max-cores", "256", NULL};
+    int mport = cl_free_port();
+    char mp[16];
+    snprintf(mp, sizeof mp, "%d", mport);
+    const char *const rargs[] = {"--max-cores", "256", "--metrics-port", mp, NULL};
     cluster_opts o = {.hosts = HOSTS, .cores_per_host = PER_HOST, .heartbeat_ms = 1000, .dead_after = 3,
                       .worker_args = wargs, .resolver_args = rargs};
     cluster *c = cluster_start(&o);
@@ -116,6 +120,27 @@ Test(scale, pod_of_256_cores, .timeout = 900)
     cr_assert(strstr(r.out, "256 cores (256 ready, 0 idle, 0 dead) on 32 hosts"), SHOW(r));
     cr_assert(strstr(r.out, want_hb), "want %s: " SHOW(r), want_hb);
     run_result_free(&r);
+
+    /* the cluster console's data lists every core of the pod, READY under
+     * its host, and its page (which draws a pod this size as a heat map) is
+     * served */
+    {
+        char *body = NULL;
+        int st = http_get_all(mport, "/api/cluster", &body);
+        cr_assert_eq(st, 200, "GET /api/cluster: %d", st);
+        int cores = 0, ready = 0;
+        for (const char *q = body; (q = strstr(q, "\"replica\":")); q++)
+            cores++;
+        for (const char *q = body; (q = strstr(q, "\"state\":\"READY\"")); q++)
+            ready++;
+        cr_assert(strstr(body, "\"host\":\"h31\""), "host h31 is not in the console's data");
+        free(body);
+        cr_assert_eq(cores, N, "the console lists %d cores of %d", cores, N);
+        cr_assert_eq(ready, N, "the console lists %d cores READY of %d", ready, N);
+        cr_assert_eq(http_get_all(mport, "/", &body), 200);
+        cr_assert(body && strstr(body, "console.js"), "GET / is not the console's page");
+        free(body);
+    }
 
     /* idle is idle: over three heartbeats (at least 10 s) of the initialized,
      * idle pod, the 256 workers together use under 5 % of one core (about
