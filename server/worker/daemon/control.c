@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drc.h"
 #include "log.h"
 #include "wire.h"
 
@@ -49,18 +50,29 @@ static const struct {
     {TPUEMU__MESSAGE__BODY_SCHEDULED_FAULTS, on_faults, "scheduled_faults"},
 };
 
+/* Sends the sealed answer buf to rq (consumed). keep: the request passed
+ * authentication and was entered in the reply cache, which keeps the answer
+ * for a resend (and hands back a resend that came meanwhile). */
+static void send_reply(struct control *ctl, void *rq, int keep, uint64_t request_id, const uint8_t *buf, size_t len)
+{
+    void *dup = keep ? drc_answer(ctl->drc, request_id, buf, len) : NULL;
+    err e;
+    if (sprep_reply(ctl->sock, rq, buf, len, &e) != CODE_OK)
+        log_warn("control reply not sent", "reason=%s", log_q(e.msg));
+    if (dup && sprep_reply(ctl->sock, dup, buf, len, &e) != CODE_OK)
+        log_warn("control reply not sent", "reason=%s", log_q(e.msg));
+}
+
 /* Answers the request of rq (consumed) with an error. */
-static void send_error(struct control *ctl, void *rq, uint64_t request_id, int code, const char *msg)
+static void send_error(struct control *ctl, void *rq, int keep, uint64_t request_id, int code, const char *msg)
 {
     uint8_t *buf;
     size_t len;
-    err e;
     if (wire_seal_error(ctl->env.auth, ctl->env.id->sender, request_id, code, msg, &buf, &len) != CODE_OK) {
         sprep_ctl_free(rq);
         return;
     }
-    if (sprep_reply(ctl->sock, rq, buf, len, &e) != CODE_OK)
-        log_warn("control reply not sent", "reason=%s", log_q(e.msg));
+    send_reply(ctl, rq, keep, request_id, buf, len);
     free(buf);
 }
 
@@ -96,14 +108,33 @@ static void on_msg(sprep *s, const uint8_t *buf, size_t len, void *rq)
     Tpuemu__WorkerInfo info = TPUEMU__WORKER_INFO__INIT;
     uint8_t *out;
     size_t outlen;
+    const uint8_t *prev;
+    size_t plen;
+    uint64_t now = wire_now_ms();
     err e;
     size_t i;
 
+    /* a resend of the same bytes (its connection broke before the answer
+     * came): the first answer again, nothing done twice */
+    switch (drc_lookup(ctl->drc, buf, len, rq, now, &prev, &plen)) {
+    case DRC_DONE:
+        ctl->resends++;
+        log_info_limited("duplicate request answered again", "bytes=%zu", len);
+        if (sprep_reply(s, rq, prev, plen, &e) != CODE_OK)
+            log_warn("control reply not sent", "reason=%s", log_q(e.msg));
+        return;
+    case DRC_PENDING: /* answered with the first copy's answer */
+        ctl->resends++;
+        return;
+    default:
+        break;
+    }
     if (wire_open(ctl->env.auth, ctl->env.replay, buf, len, WIRE_MAX_CONTROL, &req, &e) != CODE_OK) {
         log_warn_limited("control request refused", "code=%s reason=%s", code_name(e.code), log_q(e.msg));
-        send_error(ctl, rq, wire_peek_nonce(buf, len, WIRE_MAX_CONTROL), e.code, e.msg);
+        send_error(ctl, rq, 0, wire_peek_nonce(buf, len, WIRE_MAX_CONTROL), e.code, e.msg);
         return;
     }
+    drc_begin(ctl->drc, buf, len, req->nonce, now);
     for (i = 0; i < sizeof handlers / sizeof handlers[0]; i++)
         if (handlers[i].body == req->body_case)
             break;
@@ -112,19 +143,19 @@ static void on_msg(sprep *s, const uint8_t *buf, size_t len, void *rq)
                 wire_body_name(req));
         log_warn_limited("control request refused", "sender=%s code=%s reason=%s", log_q(req->sender),
                  code_name(e.code), log_q(e.msg));
-        send_error(ctl, rq, req->nonce, e.code, e.msg);
+        send_error(ctl, rq, 1, req->nonce, e.code, e.msg);
         goto out;
     }
     if (check_recipient(ctl, req, &e) != CODE_OK) {
         log_warn_limited("control request refused", "sender=%s request=%s code=%s reason=%s", log_q(req->sender),
                  handlers[i].name, code_name(e.code), log_q(e.msg));
-        send_error(ctl, rq, req->nonce, e.code, e.msg);
+        send_error(ctl, rq, 1, req->nonce, e.code, e.msg);
         goto out;
     }
     if (handlers[i].fn(ctl, req, &report, &e) != CODE_OK) {
         log_warn("control request failed", "sender=%s request=%s code=%s reason=%s",
                  log_q(req->sender), handlers[i].name, code_name(e.code), log_q(e.msg));
-        send_error(ctl, rq, req->nonce, e.code, e.msg);
+        send_error(ctl, rq, 1, req->nonce, e.code, e.msg);
         goto out;
     }
     ctl->env.info(ctl->env.arg, &info);
@@ -133,11 +164,10 @@ static void on_msg(sprep *s, const uint8_t *buf, size_t len, void *rq)
     rep.body_case = TPUEMU__MESSAGE__BODY_CORE_REPORT;
     rep.core_report = &report;
     if (wire_seal(ctl->env.auth, ctl->env.id->sender, &rep, &out, &outlen, NULL, &e) != CODE_OK) {
-        send_error(ctl, rq, req->nonce, e.code, e.msg);
+        send_error(ctl, rq, 1, req->nonce, e.code, e.msg);
         goto out;
     }
-    if (sprep_reply(s, rq, out, outlen, &e) != CODE_OK)
-        log_warn("control reply not sent", "reason=%s", log_q(e.msg));
+    send_reply(ctl, rq, 1, req->nonce, out, outlen);
     free(out);
 out:
     wire_msg_free(req);
@@ -167,9 +197,15 @@ int ctl_start(struct control *ctl, const struct ctl_env *env, err *e)
     };
 
     ctl->env = *env;
+    ctl->resends = 0;
+    if (!(ctl->drc = drc_new(CTL_DRC_ENTRIES, CTL_DRC_BYTES, AUTH_WINDOW_MS, sprep_ctl_free)))
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the control port's reply cache");
     if ((rc = sprep_start(env->loop, strcmp(env->listen, "*") ? env->listen : "0.0.0.0", 0, &cfg, &ctl->sock,
-                          &ctl->port, e)) != CODE_OK)
+                          &ctl->port, e)) != CODE_OK) {
+        drc_free(ctl->drc);
+        ctl->drc = NULL;
         return rc;
+    }
     ctl->started = 1;
     return CODE_OK;
 }
@@ -181,4 +217,6 @@ void ctl_stop(struct control *ctl)
     ctl->started = 0;
     sprep_close(ctl->sock);
     ctl->sock = NULL;
+    drc_free(ctl->drc);
+    ctl->drc = NULL;
 }

@@ -7,7 +7,13 @@
  * error reply and one warn line, never a crash, and changes nothing.
  * The port is served by sprep (common/sp/sprep.h) with a connection budget per
  * kind of peer, so strangers holding connections cannot keep the resolver's
- * resets and the peers' probes out. */
+ * resets and the peers' probes out.
+ *
+ * As the resolver's port does, it keeps the answer to every authenticated
+ * request for the replay window (common/replycache/drc.h, bounded by
+ * CTL_DRC_ENTRIES and CTL_DRC_BYTES): a byte-identical resend (what a client
+ * whose connection broke before the reply came sends) gets the first answer
+ * again, and nothing is done twice, instead of being refused as a replay. */
 #ifndef TPUEMU_WORKER_CONTROL_H
 #define TPUEMU_WORKER_CONTROL_H
 
@@ -47,10 +53,14 @@ struct ctl_env {
 #define CTL_MAX_UNTRUSTED 64u
 #define CTL_UNTRUSTED_MS 10000u /* to send an authenticated request, from connect */
 #define CTL_IDLE_MS 120000u     /* an authenticated connection silent this long is closed */
+#define CTL_DRC_ENTRIES 1024u   /* answers kept for resends */
+#define CTL_DRC_BYTES (1u << 20)
 
 struct control {
     struct ctl_env env;
     sprep *sock;
+    struct drc *drc;  /* the answers kept for resends */
+    uint64_t resends; /* resends answered again */
     int started;
     int port;
 };

@@ -1,0 +1,168 @@
+/* Integration: what a worker that runs for weeks meets now and then.
+ *
+ * A resend on its control port: a request whose reply was lost on the way
+ * (the connection reset after the worker answered, by the fault-injecting
+ * proxy of tests/support/proxy.c) is sent again, byte for byte, by the
+ * client's transport; the worker answers it from its reply cache, as the
+ * resolver does, instead of refusing it as a replay, and does nothing twice. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <criterion/criterion.h>
+
+#include "addr.h"
+#include "cluster.h"
+#include "proxy.h"
+#include "raw.h"
+#include "spcall.h"
+
+/* The incarnation of host/core (the recipient of its control messages), from
+ * a raw cluster spec request: the library's core info does not carry it. */
+static uint64_t incarnation_of(cluster *c, const auth *a, const char *host, int core)
+{
+    int sock = raw_req_open(c->addr, 5000 * cl_time_scale());
+    wire_msg m = TPUEMU__MESSAGE__INIT, *rep;
+    Tpuemu__ClusterSpecRequest q = TPUEMU__CLUSTER_SPEC_REQUEST__INIT;
+    uint64_t inc = 0;
+    cr_assert_geq(sock, 0);
+    m.body_case = TPUEMU__MESSAGE__BODY_CLUSTER_SPEC_REQUEST;
+    m.cluster_spec_request = &q;
+    cr_assert_eq(raw_call_msg(sock, a, &m, &rep, NULL), CODE_OK);
+    cr_assert_eq(rep->body_case, TPUEMU__MESSAGE__BODY_CLUSTER_SPEC, "%s", wire_body_name(rep));
+    for (size_t i = 0; i < rep->cluster_spec->n_cores; i++) {
+        const Tpuemu__WorkerInfo *w = rep->cluster_spec->cores[i]->worker;
+        if (strcmp(w->host_id, host) == 0 && w->core == core)
+            inc = w->incarnation;
+    }
+    wire_msg_free(rep);
+    raw_req_close(sock);
+    cr_assert_neq(inc, 0, "%s/%d is not registered", host, core);
+    return inc;
+}
+
+/* host/core's control address ("tcp://127.0.0.1:PORT") into out. */
+static void control_addr_of(cluster *c, const char *host, int core, char *out, size_t n)
+{
+    tpu_cluster_spec *s = cluster_spec(c);
+    tpu_core_info ci;
+    cr_assert_not_null(s);
+    cr_assert(cluster_find_core(s, host, core, &ci), "%s/%d is not registered", host, core);
+    snprintf(out, n, "%s", ci.control_addr);
+    tpu_cluster_spec_free(s);
+}
+
+/* Opens a reply from the worker; CODE_OK or wire_open's code. */
+static wire_msg *open_reply(const auth *a, const uint8_t *buf, size_t len)
+{
+    wire_msg *m = NULL;
+    err e;
+    cr_assert_eq(wire_open(a, NULL, buf, len, WIRE_MAX_REPLY, &m, &e), CODE_OK, "the reply does not open: %s", e.msg);
+    return m;
+}
+
+/* The faults waiting on h0/0, through the client library. */
+static size_t waiting_faults(cluster *c)
+{
+    tpu_resolver *r;
+    tpu_cluster *tc;
+    tpu_scheduled_fault l[16];
+    size_t n = 99;
+    cr_assert_eq(cluster_connect(c, &r, &tc), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_list_faults(tc, "h0", 0, l, 16, sizeof *l, &n), TPU_OK, "%s", tpu_last_error());
+    tpu_cluster_free(tc);
+    tpu_resolver_free(r);
+    return n;
+}
+
+Test(longlived, control_port_answers_a_resend_again, .timeout = 120)
+{
+    cluster_opts o = {.hosts = 1, .cores_per_host = 1, .token = 1};
+    cluster *c = cluster_start(&o);
+    char ctl[300];
+    auth a;
+    err e;
+
+    auth_global_init();
+    cr_assert_eq(auth_from_token(&a, CL_TOKEN, strlen(CL_TOKEN), &e), CODE_OK);
+    control_addr_of(c, "h0", 0, ctl, sizeof ctl);
+    Tpuemu__CoreRef to = TPUEMU__CORE_REF__INIT;
+    to.host_id = "h0";
+    to.core = 0;
+    to.incarnation = incarnation_of(c, &a, "h0", 0);
+
+    /* a fault due in an hour: done once, it is listed once */
+    wire_msg m = TPUEMU__MESSAGE__INIT;
+    Tpuemu__InjectFault f = TPUEMU__INJECT_FAULT__INIT;
+    f.kind = TPUEMU__FAULT_KIND__FAULT_SLOW;
+    f.percent = 50;
+    f.duration_ms = 1000;
+    f.delay_ms = 3600000;
+    m.recipient = &to;
+    m.body_case = TPUEMU__MESSAGE__BODY_INJECT_FAULT;
+    m.inject_fault = &f;
+    uint8_t *req, *rep = NULL;
+    size_t qlen, rlen = 0;
+    uint64_t nonce;
+    cr_assert_eq(wire_seal(&a, "client test", &m, &req, &qlen, &nonce, &e), CODE_OK, "%s", e.msg);
+
+    /* through the proxy, whose first reply is dropped with a reset: the
+     * client's transport connects again and sends the same bytes */
+    proxy *p = proxy_start(ctl);
+    cr_assert_not_null(p);
+    addr pa;
+    cr_assert_eq(addr_parse(proxy_addr(p), 0, &pa, &e), CODE_OK, "%s", e.msg);
+    spcall sc;
+    spcall_init(&sc, WIRE_MAX_REPLY);
+    cr_assert_eq(spcall_connect(&sc, pa.host, pa.port, 5000 * cl_time_scale(), NULL, &e), CODE_OK, "%s", e.msg);
+    proxy_drop_replies(p, 1);
+    int rc = spcall_request(&sc, req, qlen, wire_now_ms() + 20000u * (uint64_t)cl_time_scale(), &rep, &rlen, &e);
+    cr_assert_eq(rc, CODE_OK, "no answer through the proxy: %s", e.msg);
+    spcall_close(&sc);
+    struct proxy_stats ps;
+    proxy_get_stats(p, &ps);
+    cr_assert_eq(ps.dropped, 1, "the proxy dropped %d replies", ps.dropped);
+    cr_assert_geq(ps.resent, 1, "the client did not resend the request whose reply was lost");
+    wire_msg *ans = open_reply(&a, rep, rlen);
+    cr_assert_eq(ans->body_case, TPUEMU__MESSAGE__BODY_CORE_REPORT, "the resend was answered '%s': %s",
+                 wire_body_name(ans), ans->body_case == TPUEMU__MESSAGE__BODY_ERROR ? ans->error->message : "");
+    cr_assert_eq(ans->request_id, nonce, "the answer names another request");
+    wire_msg_free(ans);
+    cr_assert(cl_wait_log(&c->workers[0], "duplicate request answered again", 5000), "see %s", c->workers[0].log);
+    cr_assert_not(cl_log_contains(&c->workers[0], "replay"), "the worker refused the resend; see %s",
+                  c->workers[0].log);
+    cr_assert_eq(waiting_faults(c), 1, "the fault was injected once per copy of the request");
+
+    /* the same bytes straight to the worker: byte for byte the first answer */
+    int s = raw_req_open(ctl, 5000 * cl_time_scale());
+    cr_assert_geq(s, 0);
+    uint8_t *again;
+    size_t alen;
+    cr_assert_eq(raw_req_call(s, req, qlen, &again, &alen), 0, "no answer to a resend");
+    cr_assert(alen == rlen && memcmp(again, rep, rlen) == 0, "a resend got another answer than the first");
+    free(again);
+
+    /* the same signed message in another envelope (an unknown field added) is
+     * no resend: a replay, refused, and nothing done */
+    uint8_t *other = malloc(qlen + 2);
+    cr_assert_not_null(other);
+    memcpy(other, req, qlen);
+    other[qlen] = 0x78; /* field 15, varint 1 */
+    other[qlen + 1] = 0x01;
+    cr_assert_eq(raw_req_call(s, other, qlen + 2, &again, &alen), 0, "no answer to a replay");
+    ans = open_reply(&a, again, alen);
+    cr_assert_eq(ans->body_case, TPUEMU__MESSAGE__BODY_ERROR, "a replay was answered '%s'", wire_body_name(ans));
+    cr_assert_eq((int)ans->error->code, CODE_UNAUTHENTICATED, "%s", ans->error->message);
+    cr_assert(strstr(ans->error->message, "replay"), "%s", ans->error->message);
+    wire_msg_free(ans);
+    free(again);
+    free(other);
+    raw_req_close(s);
+    cr_assert_eq(waiting_faults(c), 1, "a resend or a replay injected the fault again");
+
+    free(rep);
+    free(req);
+    proxy_free(p);
+    cluster_free(c);
+}
