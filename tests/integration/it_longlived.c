@@ -4,7 +4,12 @@
  * (the connection reset after the worker answered, by the fault-injecting
  * proxy of tests/support/proxy.c) is sent again, byte for byte, by the
  * client's transport; the worker answers it from its reply cache, as the
- * resolver does, instead of refusing it as a replay, and does nothing twice. */
+ * resolver does, instead of refusing it as a replay, and does nothing twice.
+ *
+ * A lost chunk: one data-plane chunk, picked by --test-lose-chunk, is thrown
+ * away on its way to one core; the all-reduce fails UNAVAILABLE on every core
+ * with the same cause, naming the link and the chunk, and the next initialize
+ * gives a system whose all-reduces are right again. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +19,7 @@
 
 #include "addr.h"
 #include "cluster.h"
+#include "colltest.h"
 #include "proxy.h"
 #include "raw.h"
 #include "spcall.h"
@@ -165,4 +171,77 @@ Test(longlived, control_port_answers_a_resend_again, .timeout = 120)
     free(req);
     proxy_free(p);
     cluster_free(c);
+}
+
+/* ---- a lost chunk ---- */
+
+Test(longlived, lost_chunk_fails_every_core_alike_and_the_next_system_works, .timeout = 180)
+{
+    static const char *const tcp[] = {"--transport", "tcp", NULL};
+    static const char *const lose[] = {"--test-lose-chunk", "h2/0:1", NULL};
+    cluster_opts o = {.worker_args = tcp, .no_wait = 1};
+    colltest *t = calloc(1, sizeof *t);
+    cr_assert_not_null(t);
+    t->cl = cluster_start(&o);
+    /* one core per host: no hand-shake of same-host cores before the ring */
+    for (int k = 0; k < 3; k++) {
+        char host[8];
+        snprintf(host, sizeof host, "h%d", k);
+        cluster_add_worker(t->cl, host, 0, NULL);
+    }
+    int victim = cluster_add_worker(t->cl, "h3", 0, lose); /* the first chunk from h2/0 never reaches it */
+    cr_assert(cluster_wait_count(t->cl, CL_ALIVE, 4, 20000), "only %d of 4 workers registered",
+              cluster_count(t->cl, CL_ALIVE));
+    cr_assert_eq(cluster_connect(t->cl, &t->r, &t->c), TPU_OK, "connect: %s", tpu_last_error());
+    ct_reinit(t);
+    cr_assert_eq(t->n, 4);
+
+    /* a ring all-reduce of 4 MiB: every link carries 12 chunks of 512 KiB in order */
+    size_t count = 1u << 20;
+    void **b = ct_bufs(t->n, count, TPU_F32, 7, 0, t->n);
+    tpu_collective_options co = {.algo = TPU_ALGO_RING};
+    tpu_status s = tpu_all_reduce(t->c, b, count, TPU_F32, TPU_SUM, &co);
+    char overall[1100];
+    snprintf(overall, sizeof overall, "%s", tpu_last_error());
+    cr_assert_eq(s, TPU_UNAVAILABLE, "the all-reduce with a lost chunk: %s: %s", tpu_status_name(s), overall);
+    cr_assert(cl_log_contains(&t->cl->workers[victim], "lost on purpose"), "h3/0 lost no chunk; see %s",
+              t->cl->workers[victim].log);
+    tpu_collective_stats st;
+    cr_assert_eq(tpu_last_collective(t->c, &st), TPU_OK);
+    char seq[32];
+    snprintf(seq, sizeof seq, "#%llu", (unsigned long long)st.seq);
+    static const char cause[] = "from core h2/0 to core h3/0 was lost on the way";
+    cr_assert(strstr(overall, cause) && strstr(overall, seq), "the error should name the link and %s: %s", seq,
+              overall);
+    /* the chunk: "chunk N (step S) of all-reduce #SEQ", the same on every core */
+    const char *ch = strstr(overall, "chunk ");
+    cr_assert_not_null(ch, "the error names no chunk: %s", overall);
+    char chunk[160];
+    snprintf(chunk, sizeof chunk, "%.*s", (int)(strstr(ch, cause) ? strstr(ch, cause) - ch : 0), ch);
+    cr_assert(strstr(chunk, "(step ") && strstr(chunk, seq), "the chunk is not named: '%s' in %s", chunk, overall);
+    for (int r = 0; r < t->n; r++) {
+        tpu_replica_result rr;
+        cr_assert_eq(tpu_last_collective_replica(t->c, r, &rr), TPU_OK);
+        fprintf(stderr, "lost chunk: replica %d (%s) %s: %s\n", r, t->name[r], tpu_status_name(rr.status), rr.message);
+        cr_assert_eq(rr.status, TPU_UNAVAILABLE, "core %s: %s: %s", t->name[r], tpu_status_name(rr.status), rr.message);
+        cr_assert(strstr(rr.message, chunk) && strstr(rr.message, cause),
+                  "core %s should give the same cause ('%s%s'): %s", t->name[r], chunk, cause, rr.message);
+    }
+    ct_free_bufs(b, t->n);
+
+    /* the next initialize: a new system whose all-reduces are right */
+    ct_reinit(t);
+    cr_assert_eq(t->n, 4);
+    int members[4] = {0, 1, 2, 3};
+    char why[256];
+    for (int k = 0; k < 2; k++) {
+        b = ct_bufs(t->n, count, TPU_F32, 8 + k, 0, t->n);
+        s = tpu_all_reduce(t->c, b, count, TPU_F32, TPU_SUM, &co);
+        cr_assert_eq(s, TPU_OK, "after the next initialize: %s: %s", tpu_status_name(s), tpu_last_error());
+        for (int r = 0; r < t->n; r++)
+            cr_assert(ct_check_reduce(b[r], count, 0, TPU_F32, TPU_SUM, 8 + k, 0, members, 4, why, sizeof why),
+                      "replica %d: %s", r, why);
+        ct_free_bufs(b, t->n);
+    }
+    ct_free(t);
 }

@@ -1,6 +1,7 @@
 /* The worker's tuning knobs (tuning.h): their rows, defaults and bounds. */
 #include "tuning.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 void tuning_rows(struct tuning *t, struct opt rows[TUNING_ROWS])
@@ -37,6 +38,10 @@ void tuning_rows(struct tuning *t, struct opt rows[TUNING_ROWS])
          &t->train_inline_max_us},
         {"test-step-ms", "TPUEMU_TEST_STEP_MS", OPT_INT, "0", 0, 1000, "MS",
          "tests only: each training step's compute takes at least this long (0: off)", &t->test_step_ms},
+        {"test-lose-chunk", "TPUEMU_TEST_LOSE_CHUNK", OPT_STRING, "", 0, 0, "HOST/CORE:N",
+         "tests only: the Nth data-plane chunk to come from core HOST/CORE over TCP is lost on the way (read "
+         "and thrown away, once; empty: off)",
+         &t->test_lose_chunk},
         {"mxu-bf16", "TPUEMU_MXU_BF16", OPT_STRING, "auto", 0, 0, "auto|onednn|f32",
          "the matrix unit's bfloat16 products: oneDNN's bf16 matmul where the CPU has it (auto), "
          "always (onednn), or inputs widened to float32 (f32)",
@@ -46,8 +51,33 @@ void tuning_rows(struct tuning *t, struct opt rows[TUNING_ROWS])
     memcpy(rows, r, sizeof r);
 }
 
+int tuning_lose_chunk(const char *spec, char *peer, size_t peer_len, unsigned long *nth)
+{
+    const char *colon = spec ? strrchr(spec, ':') : NULL, *slash = spec ? strchr(spec, '/') : NULL;
+    char *end;
+    unsigned long n;
+
+    if (!spec || !*spec)
+        return 0;
+    if (!colon || !slash || slash > colon || slash == spec || (size_t)(colon - spec) >= peer_len)
+        return -1;
+    n = strtoul(colon + 1, &end, 10);
+    if (*end || end == colon + 1 || n == 0)
+        return -1;
+    memcpy(peer, spec, (size_t)(colon - spec));
+    peer[colon - spec] = '\0';
+    *nth = n;
+    return 1;
+}
+
 int tuning_check(const struct tuning *t, err *e)
 {
+    char peer[300];
+    unsigned long n;
+
+    if (tuning_lose_chunk(t->test_lose_chunk, peer, sizeof peer, &n) < 0)
+        return err_set(e, CODE_INVALID_ARGUMENT, "--test-lose-chunk: '%s' is not HOST/CORE:N (N from 1)",
+                       t->test_lose_chunk);
     if (strcmp(t->mxu_bf16, "auto") != 0 && strcmp(t->mxu_bf16, "onednn") != 0 && strcmp(t->mxu_bf16, "f32") != 0)
         return err_set(e, CODE_INVALID_ARGUMENT, "--mxu-bf16: '%s' is not one of auto, onednn, f32", t->mxu_bf16);
     return CODE_OK;
@@ -80,7 +110,13 @@ const struct tuning *tuning_get(void)
             def.env = NULL;
             (void)opt_parse(&def, 1, 1, argv, &first, &e);
         }
-    if (tuning_check(&env, &e) != CODE_OK)
-        env.mxu_bf16 = "auto";
+    if (tuning_check(&env, &e) != CODE_OK) {
+        char peer[300];
+        unsigned long n;
+        if (tuning_lose_chunk(env.test_lose_chunk, peer, sizeof peer, &n) < 0)
+            env.test_lose_chunk = "";
+        if (tuning_check(&env, &e) != CODE_OK)
+            env.mxu_bf16 = "auto";
+    }
     return &env;
 }

@@ -28,16 +28,21 @@ struct tuning {
     long long heap_prefault_kb;    /* heap touched at start */
     long long train_inline_max_us; /* steps shorter than this run on the loop thread */
     long long test_step_ms;        /* tests only: each step's compute takes at least this */
+    const char *test_lose_chunk;   /* tests only: "HOST/CORE:N", the Nth chunk from that core is lost; "": off */
     const char *mxu_bf16;          /* auto, onednn or f32 */
 };
 
 /* The rows; a row's dst points into t. */
-#define TUNING_ROWS 14
+#define TUNING_ROWS 15
 void tuning_rows(struct tuning *t, struct opt rows[TUNING_ROWS]);
 
 /* What the parsed values cannot say by their bounds alone: CODE_OK, or
  * CODE_INVALID_ARGUMENT naming the flag. */
 int tuning_check(const struct tuning *t, err *e);
+
+/* Reads --test-lose-chunk's "HOST/CORE:N": 1 with peer and *nth set, 0 when
+ * spec is empty (off), -1 when it does not parse. */
+int tuning_lose_chunk(const char *spec, char *peer, size_t peer_len, unsigned long *nth);
 
 /* The process's tuning from now on (the daemon, after parsing, before any
  * thread starts). */

@@ -14,6 +14,7 @@
 
 #include "addr.h"
 #include "log.h"
+#include "tuning.h"
 
 #define ABORT_MSG_MAX 600
 /* Dialing a peer gets the failure bound (heartbeat x dead-after), at least
@@ -240,6 +241,33 @@ int tcp_dial(struct chan *l, err *e)
 
 /* ---- incoming half ---- */
 
+/* --test-lose-chunk (tuning.h): is this chunk from l's peer the one to lose?
+ * Loop thread only; it fires once per process. */
+static int lose_this_chunk(const struct chan *l)
+{
+    static unsigned long seen, nth;
+    static int state; /* 0: not read yet, 1: armed, 2: off or done */
+    static char peer[300];
+
+    if (state == 0)
+        state = tuning_lose_chunk(tuning_get()->test_lose_chunk, peer, sizeof peer, &nth) == 1 ? 1 : 2;
+    if (state != 1 || strcmp(l->name, peer) != 0 || ++seen < nth)
+        return 0;
+    state = 2;
+    return 1;
+}
+
+/* Does h match a receive posted after the head one? Then the chunks before
+ * it were lost on the way: both ends put the chunks of a link in one order. */
+static const struct lop *posted_later(const struct chan *l, const Tpuemu__FrameHeader *h)
+{
+    for (const struct lop *op = l->rq.head ? l->rq.head->next : NULL; op; op = op->next)
+        if (h->seq == op->seq && h->step == op->step && h->chunk == op->chunk && h->offset == op->offset &&
+            h->payload_bytes == op->len)
+            return op;
+    return NULL;
+}
+
 static enum dp_buf in_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, void **buf)
 {
     struct chan *l = dp_conn_data(c);
@@ -256,6 +284,11 @@ static enum dp_buf in_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, void
                      "of epoch %llu)", (unsigned long long)l->p->epoch, (int)h->kind,
                      (unsigned long long)h->epoch);
         return DP_BUF_FAILED;
+    }
+    if (lose_this_chunk(l)) {
+        log_warn("a data-plane chunk is lost on purpose (--test-lose-chunk)", "peer=%s seq=%llu step=%llu chunk=%u",
+                 log_q(l->name), (unsigned long long)h->seq, (unsigned long long)h->step, h->chunk);
+        return DP_BUF_DISCARD;
     }
     if (chan_seq_failed(l->p, h->seq, &e) != CODE_OK)
         return DP_BUF_DISCARD; /* the rest of a failed collective */
@@ -279,6 +312,21 @@ static enum dp_buf in_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, void
         }
         *buf = op->red ? l->rtmp : op->buf;
         return DP_BUF_INTO;
+    }
+    if (!l->in_cut && h->seq == op->seq && (posted_later(l, h) || h->step > op->step)) {
+        /* a chunk the link carries after the one expected: that one never
+         * came. The peer and the connections are sound: the peer hears the
+         * cause with every other core, and the link goes on with the next
+         * collective (the rest of this one is thrown away as it comes). */
+        err_set(&e, CODE_UNAVAILABLE,
+                "chunk %u (step %u) of %s #%llu from core %s to core %s/%d was lost on the way: chunk %u (step "
+                "%llu), which the link carries after it, came in its place",
+                op->chunk, op->step, op->what, (unsigned long long)op->seq, l->name, l->p->id->host_id, l->p->id->core,
+                h->chunk, (unsigned long long)h->step);
+        log_warn("collective's chunk lost", "reason=%s", log_q(e.msg));
+        l->p->fail_seq(l->p, op->seq, &e, 1, -1);
+        chan_arm(l);
+        return DP_BUF_DISCARD;
     }
     if (l->in_cut) /* written into the connection that was cut, never read: lost, not a disagreement */
         err_set(&e, CODE_UNAVAILABLE,
