@@ -263,7 +263,7 @@ typedef struct tpu_elastic_options {
     uint64_t snapshot_steps;
     ...;
 } tpu_elastic_options;
-typedef enum tpu_elastic_event_kind { TPU_ELASTIC_NOTICE, TPU_ELASTIC_RESTORED, TPU_ELASTIC_SHRUNK, ... }
+typedef enum tpu_elastic_event_kind { TPU_ELASTIC_NOTICE, TPU_ELASTIC_RESTORED, TPU_ELASTIC_SHRUNK, TPU_ELASTIC_GREW, ... }
     tpu_elastic_event_kind;
 typedef struct tpu_elastic_event {
     tpu_elastic_event_kind kind;

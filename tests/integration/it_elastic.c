@@ -247,6 +247,101 @@ Test(elastic, a_core_back_in_time_is_taken_back, .timeout = 240)
     cluster_free(c);
 }
 
+/* A supervisor that is late: once fit has shrunk (3 replicas), a callback
+ * starts the lost worker again and holds fit (bounded) until the resolver
+ * lists the core live again; fit takes it back at its next snapshot step. */
+struct late_supervisor {
+    cluster *c;
+    struct job *j;
+    int worker; /* index of the lost worker */
+    const char *host;
+    int core;
+    int restarted;
+};
+
+static tpu_status restart_once_shrunk(tpu_model *m, int epoch, size_t batch, const tpu_logs *logs, void *user)
+{
+    struct late_supervisor *ls = user;
+    (void)m, (void)epoch, (void)batch, (void)logs;
+    if (tpu_strategy_num_replicas_in_sync(ls->j->s) != 3)
+        return TPU_OK;
+    if (!ls->restarted) {
+        cr_assert(cluster_wait_exit(&ls->c->workers[ls->worker], 10000 * cl_time_scale()), "the lost worker runs");
+        cluster_restart_worker(ls->c, ls->worker);
+        ls->restarted = 1;
+        cr_assert(cluster_wait_core_state(ls->c, ls->host, ls->core, TPU_CORE_IDLE, 30000 * cl_time_scale()),
+                  "%s/%d did not come back IDLE", ls->host, ls->core);
+    }
+    return TPU_OK;
+}
+
+/* Kills h1/1 at step 20 of a 4-epoch fit on 4 cores, lets fit shrink, starts
+ * the worker again: the history says SHRUNK then GREW (3 -> 4, naming the
+ * core), with batch the global batch the events name. */
+static void shrink_then_grow(tpu_elastic_batch batch, size_t shrunk_batch)
+{
+    cluster *c = start4();
+    struct job j;
+    tpu_fit_options fo;
+    tpu_history *h = NULL;
+    tpu_elastic_event ev[2];
+    struct late_supervisor ls = {.c = c, .j = &j, .worker = 3, .host = "h1", .core = 1};
+    tpu_callback cb = {.on_batch_end = restart_once_shrunk, .user = &ls};
+
+    warnings_reset();
+    job_start(c, &j);
+    kill_at_step(&j, "h1", 1, 20);
+    fit_options(&fo, 4, 1000);
+    fo.elastic.batch = batch;
+    fo.callbacks = &cb;
+    fo.num_callbacks = 1;
+    cr_assert_eq(tpu_model_fit(j.m, j.ds, &fo, &h), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(ls.restarted, 1, "fit never went on with 3 replicas");
+    cr_assert_eq(tpu_history_num_events(h), 2, "the history has %zu events", tpu_history_num_events(h));
+    for (size_t i = 0; i < 2; i++)
+        cr_assert_eq(tpu_history_event(h, i, &ev[i]), TPU_OK);
+    for (size_t i = 0; i < 2; i++)
+        cr_log_info("event %zu: %s at step %llu: %d -> %d replicas, global batch %zu -> %zu, from step %llu: %s", i + 1,
+                    tpu_elastic_event_kind_name(ev[i].kind), (unsigned long long)ev[i].step, ev[i].replicas_before,
+                    ev[i].replicas_after, ev[i].global_batch_before, ev[i].global_batch_after,
+                    (unsigned long long)ev[i].restored_step, ev[i].cause);
+    cr_assert_eq(ev[0].kind, TPU_ELASTIC_SHRUNK, "event 1 %s", tpu_elastic_event_kind_name(ev[0].kind));
+    cr_assert_eq(ev[1].kind, TPU_ELASTIC_GREW, "event 2 %s: %s", tpu_elastic_event_kind_name(ev[1].kind), ev[1].cause);
+    cr_assert_str_eq(tpu_elastic_event_kind_name(ev[1].kind), "GREW");
+    cr_assert_eq(ev[1].replicas_before, 3);
+    cr_assert_eq(ev[1].replicas_after, 4);
+    cr_assert_eq(ev[1].global_batch_before, shrunk_batch);
+    cr_assert_eq(ev[1].global_batch_after, BATCH);
+    cr_assert(strstr(ev[1].cause, "h1/1"), "GREW does not name h1/1: %s", ev[1].cause);
+    /* after steps on 3 replicas, at a step boundary: no step trained again */
+    cr_assert(ev[1].step > ev[0].restored_step && ev[1].restored_step == ev[1].step,
+              "shrank to step %llu, grew at step %llu going on from %llu", (unsigned long long)ev[0].restored_step,
+              (unsigned long long)ev[1].step, (unsigned long long)ev[1].restored_step);
+    cr_assert(warned("grew back to 4 replicas (was 3)"), "no warning said so");
+    cr_assert_eq(tpu_strategy_num_replicas_in_sync(j.s), 4);
+    cr_assert_eq(tpu_dataset_batch_size(j.ds), BATCH);
+    cr_assert_eq(tpu_history_num_epochs(h), 4, "the history has %zu epochs", tpu_history_num_epochs(h));
+    double acc = accuracy_of(&j);
+    cr_assert_gt(acc, 0.8, "accuracy %.3f", acc);
+    if (batch == TPU_ELASTIC_KEEP_GLOBAL_BATCH)
+        cr_assert_eq(tpu_model_step(j.m), 4 * (ROWS / BATCH), "%llu steps", (unsigned long long)tpu_model_step(j.m));
+    else /* epochs of 96 rows a step while on 3 replicas: more steps */
+        cr_assert_gt(tpu_model_step(j.m), 4 * (ROWS / BATCH), "%llu steps", (unsigned long long)tpu_model_step(j.m));
+    tpu_history_free(h);
+    job_free(&j);
+    cluster_free(c);
+}
+
+Test(elastic, lost_cores_that_come_back_are_taken_back, .timeout = 240)
+{
+    shrink_then_grow(TPU_ELASTIC_KEEP_GLOBAL_BATCH, BATCH);
+}
+
+Test(elastic, growing_back_restores_the_per_replica_batch, .timeout = 240)
+{
+    shrink_then_grow(TPU_ELASTIC_KEEP_PER_REPLICA_BATCH, BATCH / 4 * 3);
+}
+
 Test(elastic, keeping_the_per_replica_batch_shrinks_the_global_batch, .timeout = 240)
 {
     cluster *c = start4();

@@ -447,12 +447,13 @@ typedef enum tpu_elastic_event_kind {
     TPU_ELASTIC_NOTICE = 1,    /* a preemption or maintenance notice: a snapshot at a step boundary, and on */
     TPU_ELASTIC_RESTORED,      /* the lost cores came back in time: the same replicas, state restored */
     TPU_ELASTIC_SHRUNK,        /* went on with fewer replicas, re-sharded, state restored */
+    TPU_ELASTIC_GREW,          /* lost cores came back: taken back at a snapshot step, re-sharded */
 } tpu_elastic_event_kind;
 
 typedef struct tpu_elastic_event {
     tpu_elastic_event_kind kind;
     uint64_t step;             /* global steps done when it happened */
-    uint64_t restored_step;    /* the step training went on from (RESTORED, SHRUNK; step for NOTICE) */
+    uint64_t restored_step;    /* the step training went on from (RESTORED, SHRUNK; step for NOTICE, GREW) */
     int replicas_before, replicas_after;
     size_t global_batch_before, global_batch_after;
     double seconds;            /* waiting for cores, re-initializing, restoring */
@@ -497,7 +498,7 @@ TPU_API tpu_status tpu_history_epoch(const tpu_history *h, size_t i, tpu_logs *o
 /* Elastic training's events, in order (notices and losses). */
 TPU_API size_t tpu_history_num_events(const tpu_history *h);
 TPU_API tpu_status tpu_history_event(const tpu_history *h, size_t i, tpu_elastic_event *out);
-TPU_API const char *tpu_elastic_event_kind_name(tpu_elastic_event_kind k); /* "NOTICE", "RESTORED", "SHRUNK" */
+TPU_API const char *tpu_elastic_event_kind_name(tpu_elastic_event_kind k); /* "NOTICE", "RESTORED", "SHRUNK", "GREW" */
 TPU_API void tpu_history_free(tpu_history *h);
 
 /* model.fit(dataset): the dataset must be batched with a global batch that

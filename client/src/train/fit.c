@@ -56,6 +56,8 @@ const char *tpu_elastic_event_kind_name(tpu_elastic_event_kind k)
     case TPU_ELASTIC_NOTICE: return "NOTICE";
     case TPU_ELASTIC_RESTORED: return "RESTORED";
     case TPU_ELASTIC_SHRUNK: return "SHRUNK";
+    case TPU_ELASTIC_GREW:
+        return "GREW";
     }
     return NULL;
 }
@@ -450,6 +452,7 @@ static double nan_or(int have, double v)
 
 struct elastic;
 static int elastic_after_step(tpu_model *m, const tpu_fit_options *o, struct elastic *el, err *e);
+static int elastic_growing(const struct elastic *el);
 
 /* One pass over one epoch of ds in mode; callbacks only for training (el:
  * elastic training's, or NULL). */
@@ -502,9 +505,12 @@ static int run_epoch(tpu_model *m, tpu_dataset *ds, int mode, int epoch, size_t 
             *stop = 2;
             u.eof = 1;
         }
-        /* elastic: a notice or the step of a snapshot */
+        /* elastic: a notice or the step of a snapshot (where lost cores
+         * that are back are taken back: nothing more is posted) */
         if (el && (rc = elastic_after_step(m, o, el, e)) != CODE_OK)
             break;
+        if (el && elastic_growing(el))
+            u.eof = 1;
         logs->loss = u.rows ? u.loss_sum / (double)u.rows : NAN;
         logs->accuracy = nan_or(acc && u.rows, u.rows ? (double)u.correct / (double)u.rows : 0);
         logs->batch = u.batches_done;
@@ -591,7 +597,13 @@ struct elastic {
     size_t n0;                  /* replicas when fit began */
     size_t gb0;                 /* the dataset's batch when fit began */
     size_t gb;                  /* and now */
+    int grow_to;                /* replicas to grow back to at this step boundary; 0: none */
 };
+
+static int elastic_growing(const struct elastic *el)
+{
+    return el->grow_to > 0;
+}
 
 static uint64_t now_ms(void)
 {
@@ -645,6 +657,8 @@ static int elastic_snapshot(tpu_model *m, struct elastic *el, err *e)
 /* After each answered execution: a new notice is a snapshot (and the
  * preemption checkpoint) at this step boundary; else every snapshot_steps
  * steps a snapshot. A failure here is a failure of the step. */
+static int count_live(tpu_cluster *c, int *silent, uint64_t *silence_ms);
+
 static int elastic_after_step(tpu_model *m, const tpu_fit_options *o, struct elastic *el, err *e)
 {
     uint64_t every = el->o->snapshot_steps ? el->o->snapshot_steps : ELASTIC_SNAPSHOT_STEPS;
@@ -677,8 +691,20 @@ static int elastic_after_step(tpu_model *m, const tpu_fit_options *o, struct ela
                  ev.cause, (unsigned long long)ev.step, ev.from);
         return history_add_event(el->h, &ev, e);
     }
-    if (m->step >= el->snap.step + every)
-        return elastic_snapshot(m, el, e);
+    if (m->step < el->snap.step + every)
+        return CODE_OK;
+    if ((rc = elastic_snapshot(m, el, e)) != CODE_OK)
+        return rc;
+    /* a fit that shrank: lost cores back (live, and not in the system) are
+     * taken back here, up to the replicas fit began with */
+    size_t n = m->s->c->coll->n;
+    if (n < el->n0) {
+        int silent;
+        uint64_t silence;
+        int live = count_live(m->s->c, &silent, &silence);
+        if (live > (int)n)
+            el->grow_to = live < (int)el->n0 ? live : (int)el->n0;
+    }
     return CODE_OK;
 }
 
@@ -738,6 +764,7 @@ static int elastic_recover(tpu_model *m, tpu_dataset *ds, struct elastic *el, co
     char why[ERR_MSG_MAX] = "", from[sizeof ((tpu_elastic_event *)0)->from] = "memory";
     tpu_elastic_event ev;
 
+    el->grow_to = 0; /* a loss first: the cores are counted again */
     cli_warn("elastic training: %s; waiting up to %.1f s for %d live cores", cause, (double)wait / 1000.0, want);
     /* every replica back in time: the same system again */
     for (int tries = 0; !got && tries < 100000; tries++) {
@@ -835,6 +862,80 @@ static int elastic_recover(tpu_model *m, tpu_dataset *ds, struct elastic *el, co
     return history_add_event(el->h, &ev, e);
 }
 
+/* At a step boundary of a fit that shrank, with nothing in flight: the TPU
+ * system again with el->grow_to cores (the lost ones back), the model
+ * compiled onto it from the state at this step, re-sharded as when it shrank;
+ * a GREW event. When the cores cannot be had after all, the system as it was. */
+static int elastic_grow(tpu_model *m, tpu_dataset *ds, struct elastic *el, err *e)
+{
+    tpu_cluster *c = m->s->c;
+    int before = (int)c->coll->n, want = el->grow_to;
+    size_t gb_before = tpu_dataset_batch_size(ds), gb = gb_before;
+    uint64_t t0 = now_ms();
+    char why[ERR_MSG_MAX] = "", (*had)[DPIO_HOST_MAX + 16];
+    tpu_elastic_event ev;
+    int rc;
+
+    el->grow_to = 0;
+    if ((rc = elastic_snapshot(m, el, e)) != CODE_OK)
+        return rc;
+    if (!(had = calloc((size_t)before, sizeof *had)))
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+    for (int r = 0; r < before; r++)
+        core_name(m, r, had[r], sizeof had[r]);
+    if (elastic_init(c, want, why, sizeof why) != TPU_OK) {
+        free(had);
+        cli_warn("elastic training: growing back to %d replicas failed (%s); going on with %d", want, why, before);
+        if (elastic_init(c, before, why, sizeof why) != TPU_OK)
+            return err_set(e, CODE_UNAVAILABLE,
+                           "elastic training: after growing back to %d replicas failed, "
+                           "the %d replicas could not be initialized again: %s",
+                           want, before, why);
+        if ((rc = model_snap_apply(m, &el->snap, e)) == CODE_OK)
+            rc = model_ensure_compiled(m, gb, e);
+        return rc != CODE_OK ? err_prefix(e, "elastic training: restoring the state on %d replicas", before),
+               rc            : CODE_OK;
+    }
+    int n = (int)c->coll->n;
+    memset(&ev, 0, sizeof ev);
+    for (int r = 0; r < n; r++) { /* the cores that came back, by name */
+        char who[DPIO_HOST_MAX + 16];
+        int old = 0;
+        core_name(m, r, who, sizeof who);
+        for (int k = 0; k < before && !old; k++)
+            old = strcmp(who, had[k]) == 0;
+        size_t len = strlen(ev.cause);
+        if (!old && len + strlen(who) + 32 < sizeof ev.cause)
+            snprintf(ev.cause + len, sizeof ev.cause - len, "%s%s", len ? ", " : "core ", who);
+    }
+    free(had);
+    snprintf(ev.cause + strlen(ev.cause), sizeof ev.cause - strlen(ev.cause), " %s back",
+             n - before == 1 ? "is" : "are");
+    if (el->o->batch == TPU_ELASTIC_KEEP_PER_REPLICA_BATCH) {
+        gb = n == (int)el->n0 ? el->gb0 : gb_before / (size_t)before * (size_t)n;
+        if (gb != gb_before && (rc = dataset_rebatch(ds, gb, e)) != CODE_OK)
+            return err_prefix(e, "elastic training: re-sharding the dataset to a global batch of %zu", gb), rc;
+    }
+    if (gb != gb_before) /* the position counted in batches of the old size */
+        el->snap.batch = el->snap.batch * gb_before / gb;
+    el->gb = gb;
+    if ((rc = model_snap_apply(m, &el->snap, e)) == CODE_OK)
+        rc = model_ensure_compiled(m, gb, e);
+    if (rc != CODE_OK)
+        return err_prefix(e, "elastic training: restoring the state on %d replicas", n), rc;
+    ev.kind = TPU_ELASTIC_GREW;
+    ev.step = ev.restored_step = el->snap.step;
+    snprintf(ev.from, sizeof ev.from, "memory");
+    ev.replicas_before = before;
+    ev.replicas_after = n;
+    ev.global_batch_before = gb_before;
+    ev.global_batch_after = gb;
+    ev.seconds = (double)(now_ms() - t0) / 1000.0;
+    cli_warn("elastic training: grew back to %d replicas (was %d), global batch %zu, at step %llu after %.1f s: %s", n,
+             before, gb, (unsigned long long)ev.step, ev.seconds, ev.cause);
+    return history_add_event(el->h, &ev, e);
+}
+
 static int elastic_check(const tpu_fit_options *o, tpu_model *m, tpu_dataset *ds, err *e)
 {
     const tpu_elastic_options *eo = &o->elastic;
@@ -879,6 +980,8 @@ static int train_epochs(tpu_model *m, tpu_dataset *ds, const tpu_fit_options *o,
         rc = run_epoch(m, ds, TPU_STEP_TRAIN, ep, ep == start ? skip : 0, o, el, logs, NULL, 0, NULL, stop, e);
         if (rc != CODE_OK)
             break;
+        if (el && el->grow_to && logs->batch < logs->batches)
+            return CODE_ABORTED; /* in the middle of the epoch: grown, it goes on from this batch */
         if (*stop == 2)
             break; /* a notice: the checkpoint is saved by the caller */
         if (o->validation_data) {
@@ -913,6 +1016,10 @@ static int train_epochs(tpu_model *m, tpu_dataset *ds, const tpu_fit_options *o,
         h->e[h->n++] = *logs;
         if ((rc = callbacks_call(o, m, 2, ep, logs, stop, e)) != CODE_OK)
             break;
+        if (el && el->grow_to && ep + 1 >= o->epochs)
+            el->grow_to = 0; /* the last epoch is done: nothing to grow for */
+        if (el && el->grow_to)
+            return CODE_ABORTED; /* grown, it goes on with the next epoch */
     }
     return rc;
 }
@@ -982,6 +1089,13 @@ tpu_status tpu_model_fit(tpu_model *m, tpu_dataset *ds, const tpu_fit_options *o
             m->cur_batch = 0;
         }
         rc = train_epochs(m, ds, o, el, h, start, skip, &logs, &stop, &e);
+        if (rc == CODE_ABORTED && el && el->grow_to) { /* lost cores back: taken back */
+            if ((rc = elastic_grow(m, ds, el, &e)) == CODE_OK) {
+                start = m->cur_epoch;
+                skip = m->cur_batch;
+                continue;
+            }
+        }
         if (rc == CODE_OK || !el || !is_loss(rc))
             break;
         if (el->losses >= el->o->max_losses) {
