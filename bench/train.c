@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -278,8 +279,18 @@ struct meas {
     double t_start, t_end;
     uint64_t steps;        /* measured */
     double rows;
+    double cpu_start, cpu_end; /* the client process's CPU seconds (user + system) */
     double wall, input, compute, matmul, allreduce, allreduce_min, optimizer, infeed;
 };
+
+/* CPU seconds this process (every thread of the client) has used */
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+           (double)ru.ru_stime.tv_usec * 1e-6;
+}
 
 static tpu_status on_batch_end(tpu_model *m, int epoch, size_t batch, const tpu_logs *logs, void *user)
 {
@@ -294,6 +305,7 @@ static tpu_status on_batch_end(tpu_model *m, int epoch, size_t batch, const tpu_
         if (s->seen >= s->warmup) {
             s->measuring = 1;
             s->t_start = t;
+            s->cpu_start = cpu_seconds();
         }
         return TPU_OK;
     }
@@ -310,6 +322,7 @@ static tpu_status on_batch_end(tpu_model *m, int epoch, size_t batch, const tpu_
     s->optimizer += (double)st.optimizer_ns;
     s->infeed += (double)st.infeed_wait_ns;
     s->t_end = t;
+    s->cpu_end = cpu_seconds();
     if (t - s->t_start >= s->seconds && s->steps >= 5) {
         s->stopped = 1;
         return TPU_CANCELLED;
@@ -322,11 +335,13 @@ static void header(void)
     fputs("| cores | batch/core | global | examples/s | step ms | matmul ms (in-proc) | fwd+bwd ms (in-proc) "
            "| optimizer ms (in-proc) | matmul ms (on core) | compute ms (on core) | all-reduce ms "
            "| all-reduce ms (shortest core) | optimizer ms | infeed wait ms "
-           "| input wait ms | non-matmul % | non-matmul % (time-shared) | steps |\n", stdout);
+           "| input wait ms | non-matmul % | non-matmul % (time-shared) | steps | limit examples/s "
+           "| share of the limit | client CPU ms/step |\n", stdout);
     fputs("|------:|-----------:|-------:|-----------:|--------:|--------------------:|---------------------:"
            "|-----------------------:|--------------------:|---------------------:|--------------:"
            "|------------------------------:|-------------:|---------------:"
-           "|--------------:|-------------:|---------------------------:|------:|\n", stdout);
+           "|--------------:|-------------:|---------------------------:|------:|-----------------:"
+           "|-------------------:|-------------------:|\n", stdout);
 }
 
 static void quiet_warning(const char *msg, void *user)
@@ -508,13 +523,17 @@ int main(int argc, char **argv)
     double nonmm_ts = 100.0 * (step_ms - bound) / step_ms;
     if (nonmm_ts < 0)
         nonmm_ts = 0;
+    /* the machine's limit: the in-process forward + backward + optimizer of a
+     * per-core shard, N of them on min(N, CPUs) CPUs, with zero overhead */
+    double limit = (double)global / ((ip.fwdbwd_ms + ip.opt_ms) * 1e-3 * share);
+    double client_cpu_ms = (s.cpu_end - s.cpu_start) * 1e3 / (double)s.steps;
     if (hdr)
         header();
     printf("| %5ld | %10ld | %6zu | %10.0f | %7.3f | %19.3f | %20.3f | %22.3f | %19.3f | %20.3f | %13.3f | %29.3f | %12.3f | "
-           "%14.3f | %13.3f | %11.1f %% | %25.1f %% | %5llu |\n",
+           "%14.3f | %13.3f | %11.1f %% | %25.1f %% | %5llu | %16.0f | %16.1f %% | %18.3f |\n",
            cores, batch, global, eps, step_ms, ip.matmul_ms, ip.fwdbwd_ms, ip.opt_ms, s.matmul / k, s.compute / k,
            s.allreduce / k, s.allreduce_min / k, s.optimizer / k, s.infeed / k, s.input / k, nonmm, nonmm_ts,
-           (unsigned long long)s.steps);
+           (unsigned long long)s.steps, limit, 100.0 * eps / limit, client_cpu_ms);
     fflush(stdout);
 
     tpu_model_free(mdl);

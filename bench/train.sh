@@ -31,7 +31,15 @@
 # PYTHON=1 (after every bench_train row, the same measurement through the Python
 # package, bench/train_py.py: tpuemu.tf's Keras fit on the same cluster, data
 # (DATA, default Debian's Fashion-MNIST, for both) and batch, alternating ROUNDS
-# times, default 3; then each one's median examples/s and Python's overhead).
+# times, default 3; then each one's median examples/s and Python's overhead),
+# ANCHOR=0 (skip the PyTorch DDP anchor, bench/train_ddp.py, which otherwise
+# runs after the rows when Debian's python3-torch is installed).
+#
+# After the rows, a table per row against the machine's limit: the in-process
+# forward + backward + optimizer of one per-core shard x N / min(N, CPUs), per
+# global batch (what N emulated cores on this machine could do with zero
+# overhead), the share of it reached, the client's CPU per step (getrusage of
+# bench_train over the measured steps) and the anchor's examples/s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:?usage: bench/train.sh BUILD_DIR [CORES_LIST] [BATCHES_LIST]}
@@ -187,6 +195,28 @@ for n in $cores_list; do
         [ "$det" = 1 ] && run_rows deterministic "$bin" "$n" --deterministic
     done
 done
+# the PyTorch DDP anchor (bench/train_ddp.py): N processes over Gloo, same
+# model, batch and seconds, when Debian's python3-torch is there
+anchor=0
+anchor_why="not installed (apt-get install python3-torch)"
+: >"$rows.ddp"
+if [ "${ANCHOR:-1}" = 0 ]; then
+    anchor_why="not run (ANCHOR=0)"
+elif /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+    anchor=1
+    for n in $cores_list; do
+        for b in $batches_list; do
+            echo "PyTorch DDP anchor: $n processes, batch $b (warm-up $warmup steps, then ${secs} s)" >&2
+            if v=$(timeout $((secs + 180)) /usr/bin/python3 bench/train_ddp.py --procs "$n" --batch "$b" \
+                    --seconds "$secs" --warmup "$((warmup > 0 ? warmup : 1))" 2>"$logdir/ddp.n$n.b$b.err"); then
+                echo "$n $b $(echo "$v" | awk '{ print $1 }')" >>"$rows.ddp"
+            else
+                echo "  FAILED (anchor): $(tail -1 "$logdir/ddp.n$n.b$b.err")" >&2
+                echo "$n $b failed" >>"$rows.ddp"
+            fi
+        done
+    done
+fi
 t_total=$(( $(date +%s) - t_begin ))
 
 printf '\ntraining benchmark: Fashion-MNIST model (784 -> Dense(128, relu) -> Dense(10, softmax)), Adam, sparse CCE,\n'
@@ -198,6 +228,20 @@ printf 'machine: %s cores (nproc), %s; %s\n\n' "$(nproc)" \
 [ "$det" = 1 ] && echo "default mode (oneDNN's kernels, libm):"
 "$bin/bench_train" --header-only
 cat "$rows.current"
+# per row: the machine's limit (the in-process forward + backward + optimizer
+# of one per-core shard x N / min(N, CPUs), per global batch) and the share of
+# it reached, the client's CPU per step, and the PyTorch DDP anchor
+printf '\nagainst the machine'"'"'s limit (this build; anchor: %s):\n\n' \
+    "$([ "$anchor" = 1 ] && echo "PyTorch DDP over Gloo, bench/train_ddp.py, measured after the rows" || echo "$anchor_why")"
+printf '| input | cores | batch/core | examples/s | step | in-process fwd + bwd + optimizer | the machine'"'"'s limit | share of the limit | client CPU/step | PyTorch DDP |\n'
+printf '|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n'
+awk -F'|' -v anchors="$rows.ddp" '
+    BEGIN { while ((getline l < anchors) > 0) { split(l, a, " "); ddp[a[1] " " a[2]] = a[3] } }
+    { for (i = 2; i <= NF; i++) gsub(/[ ,%]/, "", $i)
+      k = $2 " " $3
+      printf "| %s | %s | %s | %s | %.3f ms | %.3f ms | %s | **%.0f %%** | %.3f ms | %s |\n",
+          (label != "" ? label : "client-fed"), $2, $3, $5, $6, $8 + $9, $20, $21, $22, (k in ddp ? ddp[k] : "-") }
+' "$rows.current"
 # the gradient all-reduce's share of the step, per row of this build: the
 # slowest core's (waiting for its peers included) and the shortest core's
 awk -F'|' 'BEGIN { n = 0 }
