@@ -34,6 +34,7 @@ typedef struct tpu_cluster_spec tpu_cluster_spec;
 typedef struct tpu_topology tpu_topology;
 typedef struct tpu_dataset tpu_dataset;
 typedef struct tpu_dataset_iter tpu_dataset_iter;
+typedef struct tpu_file_dataset tpu_file_dataset;
 typedef struct tpu_strategy tpu_strategy;
 typedef struct tpu_model tpu_model;
 typedef struct tpu_history tpu_history;

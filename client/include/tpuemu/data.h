@@ -205,6 +205,60 @@ TPU_API tpu_status tpu_idx_to_float(const tpu_idx *a, float scale, float **out);
  * TPU_INVALID_ARGUMENT if a is not of type 0x08. */
 TPU_API tpu_status tpu_idx_to_labels(const tpu_idx *a, int32_t **out);
 
+/* ---- datasets the hosts read from files ----
+ *
+ *   tpu_file_dataset *fd;  tpu_dataset *ds;
+ *   tpu_file_dataset_from_idx("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", &fd);
+ *   tpu_file_dataset_map(fd, TPU_MAP_SCALE, 1 / 255.0f, 0);
+ *   tpu_file_dataset_cache(fd);
+ *   tpu_file_dataset_shuffle(fd, 60000, 42);
+ *   tpu_file_dataset_batch(fd, 128, 1);                 // the per-replica batch
+ *   tpu_file_dataset_prefetch(fd, 2);
+ *   tpu_strategy_distribute_datasets_from_files(s, fd, TPU_INPUT_ON_HOSTS, &ds);  // tpuemu/model.h
+ *   tpu_model_fit(m, ds, &fo, &history);
+ *
+ * What a dataset_fn of strategy.distribute_datasets_from_function builds in
+ * TensorFlow, as a description that can travel: the files (which every host
+ * must be able to read under the same paths), then transformations in the
+ * order they are added. Each input pipeline reads the files itself and takes
+ * its shard (dataset.shard(num_input_pipelines, input_pipeline_id): row i
+ * belongs to pipeline i mod num_input_pipelines), then applies them. Maps are
+ * built in (a C function cannot be sent to another host): each pixel is cast
+ * from its unsigned byte to float, then each map applies in turn. batch() is
+ * the per-replica batch and drops each shard's remainder (every replica takes
+ * a full batch each step). shuffle() before batch() shuffles rows, after it
+ * batches; it reshuffles every epoch unless a cache() follows it (which
+ * freezes the first epoch's order, as in tf.data). cache() keeps the mapped
+ * rows in memory. prefetch(n) keeps n batches ready on a thread of the
+ * pipeline. Errors name the file or transformation that is wrong. */
+typedef struct tpu_file_dataset tpu_file_dataset;
+
+typedef enum tpu_map_kind {
+    TPU_MAP_SCALE = 1,     /* x * a       (a = 1/255.0f: pixels in [0, 1]) */
+    TPU_MAP_SHIFT = 2,     /* x + a */
+    TPU_MAP_NORMALIZE = 3, /* (x - a) / b (a mean, b a non-zero deviation) */
+} tpu_map_kind;
+
+/* IDX files of unsigned bytes: images (rows x ...: each row is the product
+ * of the other dims) and labels (one class id per row). Reads their headers
+ * (not their data) to check them and learn the shape. Errors as
+ * tpu_idx_read's, naming the file; TPU_INVALID_ARGUMENT for another IDX type,
+ * or labels that are not one per image. */
+TPU_API tpu_status tpu_file_dataset_from_idx(const char *images, const char *labels, tpu_file_dataset **out);
+TPU_API void tpu_file_dataset_free(tpu_file_dataset *fd);
+/* map(kind, a, b): before batch() only; a (and b) finite, b non-zero for NORMALIZE. */
+TPU_API tpu_status tpu_file_dataset_map(tpu_file_dataset *fd, tpu_map_kind kind, float a, float b);
+/* shuffle(buffer_size, seed): buffer_size >= 1; one before and one after batch() at most. */
+TPU_API tpu_status tpu_file_dataset_shuffle(tpu_file_dataset *fd, size_t buffer_size, uint64_t seed);
+/* batch(per_replica_batch, drop_remainder): drop_remainder must be 1. */
+TPU_API tpu_status tpu_file_dataset_batch(tpu_file_dataset *fd, size_t per_replica_batch, int drop_remainder);
+TPU_API tpu_status tpu_file_dataset_cache(tpu_file_dataset *fd);
+/* prefetch(n): 1 <= n <= 64; last. */
+TPU_API tpu_status tpu_file_dataset_prefetch(tpu_file_dataset *fd, int n);
+/* Rows in the files, and values per row. */
+TPU_API size_t tpu_file_dataset_num_rows(const tpu_file_dataset *fd);
+TPU_API size_t tpu_file_dataset_x_dim(const tpu_file_dataset *fd);
+
 #ifdef __cplusplus
 }
 #endif

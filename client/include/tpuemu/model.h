@@ -639,6 +639,35 @@ typedef tpu_status (*tpu_dataset_fn)(const tpu_input_context *ctx, void *user, t
  * empty shards. */
 TPU_API tpu_status tpu_strategy_distribute_datasets_from_function(tpu_strategy *s, tpu_dataset_fn fn, void *user,
                                                                   tpu_dist_dataset **out);
+/* Where the input pipelines of a dataset distributed from files run. */
+typedef enum tpu_input_placement {
+    /* each core's host process (the tpu-worker) runs the core's pipeline:
+     * no training data passes through the client, which only drives the
+     * steps (TensorFlow's per-host input pipelines and infeed) */
+    TPU_INPUT_ON_HOSTS = 0,
+    /* the client runs the same pipelines and sends each core its rows: the
+     * client-fed path, with the same batches bit for bit */
+    TPU_INPUT_ON_CLIENT = 1,
+} tpu_input_placement;
+/* strategy.distribute_datasets_from_function for a dataset read from files
+ * (tpuemu/data.h's tpu_file_dataset, batched by the per-replica batch): one
+ * input pipeline per replica (num_input_pipelines = num_replicas_in_sync,
+ * input_pipeline_id = the replica: each tpu-worker process is the host of
+ * its core; the cores of a tpu-slice process each get theirs), each over its
+ * shard of the rows. Global batch k is every replica's batch k, replica r's
+ * in rows [r x batch, (r + 1) x batch), so fit's even split gives each
+ * replica its pipeline's batch. An epoch is as many steps as the pipeline
+ * with the fewest full batches yields. *out is a dataset fit, evaluate and
+ * predict take (free it with tpu_dataset_free; fd may be freed at once); it
+ * fits this strategy's number of replicas only (elastic training that
+ * shrinks the replicas refuses it). With TPU_INPUT_ON_HOSTS, iterating it on
+ * the client yields each batch's size with x and y NULL; the hosts read the
+ * files when the first step comes, and a file a host cannot read, or that
+ * differs from the client's, fails that step with the host's error naming
+ * the file. Errors: TPU_INVALID_ARGUMENT (not batched, a shard with less
+ * than one batch, an unknown placement). */
+TPU_API tpu_status tpu_strategy_distribute_datasets_from_files(tpu_strategy *s, const tpu_file_dataset *fd,
+                                                               tpu_input_placement where, tpu_dataset **out);
 /* Frees dd, its live iterator (if any) and the dataset of a dataset function
  * (a dataset given to experimental_distribute_dataset stays the caller's). */
 TPU_API void tpu_dist_dataset_free(tpu_dist_dataset *dd);

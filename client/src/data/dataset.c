@@ -10,6 +10,8 @@
  * must not touch the cluster: it is plain host-side data. */
 #include "dataset_int.h"
 
+#include "hostin.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -69,6 +71,13 @@ struct tpu_dataset {
     int drop;
     int prefetch; /* 0: none; TPU_AUTOTUNE or the depth */
     atomic_int iters;
+    /* distributed from files (dataset_from_files): the spec, the pipelines,
+     * where they run, and the client's own pipelines (opened at its first
+     * iterator when they run here) */
+    struct hin_spec *files;
+    uint32_t fnum;
+    int on_hosts;
+    struct hin_pipe **pipes;
 };
 
 /* A row between stages: valid until the next pull from the stage that gave
@@ -337,6 +346,10 @@ void tpu_dataset_free(tpu_dataset *ds)
     for (size_t i = 0; i < ds->nops; i++)
         cache_release(&ds->ops[i].cache);
     free(ds->ops);
+    for (uint32_t r = 0; ds->pipes && r < ds->fnum; r++)
+        hin_close(ds->pipes[r]);
+    free(ds->pipes);
+    free(ds->files);
     free(ds->own_x);
     free(ds->own_y);
     ds->magic = MAGIC_DEAD;
@@ -346,6 +359,11 @@ void tpu_dataset_free(tpu_dataset *ds)
 /* Checks a transformation may be added now, then appends it. */
 static tpu_status add_op(tpu_dataset *ds, const char *what, const struct op *o)
 {
+    if (ds->files)
+        return cli_failf(TPU_INVALID_ARGUMENT,
+                         "%s: this dataset was distributed from files; its transformations "
+                         "are those of its tpu_file_dataset",
+                         what);
     if (atomic_load(&ds->iters))
         return cli_failf(TPU_FAILED_PRECONDITION, "%s: the dataset has a live iterator; free it before "
                          "changing the pipeline", what);
@@ -402,6 +420,11 @@ int dataset_rebatch(tpu_dataset *ds, size_t batch_size, err *e)
 {
     tpu_dataset *d = dataset_of(ds);
     struct op *b = NULL;
+    if (d->files)
+        return err_set(e, CODE_FAILED_PRECONDITION,
+                       "the dataset was distributed from files over %u input "
+                       "pipelines, one per replica: distribute it again for the new replicas",
+                       (unsigned)d->fnum);
     if (atomic_load(&d->iters))
         return err_set(e, CODE_FAILED_PRECONDITION, "the dataset has a live iterator");
     for (size_t i = 0; i < d->nops; i++) {
@@ -480,6 +503,8 @@ int tpu_dataset_drop_remainder(const tpu_dataset *ds)
 size_t tpu_dataset_num_batches(const tpu_dataset *ds)
 {
     const tpu_dataset *d = dataset_of(ds);
+    if (d->files)
+        return (size_t)hin_epoch_steps(d->files, d->fnum);
     if (!d->batch_size)
         return d->n;
     return d->n / d->batch_size + (!d->drop && d->n % d->batch_size != 0);
@@ -1053,7 +1078,7 @@ tpu_status tpu_dataset_iter_new(tpu_dataset *ds, uint64_t epoch, size_t skip, tp
                          "dataset is iterated by one iterator at a time (free the other first)");
     tpu_dataset_iter *it = calloc(1, sizeof *it);
     int nst = (int)ds->nops + (ds->batch_size ? 0 : 1);
-    if (!it || !(it->st = calloc((size_t)nst, sizeof *it->st))) {
+    if (!it || !(it->st = calloc((size_t)(nst ? nst : 1), sizeof *it->st))) {
         free(it);
         atomic_store(&ds->iters, 0);
         return cli_failf(TPU_RESOURCE_EXHAUSTED, "tpu_dataset_iter_new: out of memory");
@@ -1064,6 +1089,11 @@ tpu_status tpu_dataset_iter_new(tpu_dataset *ds, uint64_t epoch, size_t skip, tp
     it->skip = skip;
     it->nst = nst;
     it->bcap = ds->batch_size ? min_sz(ds->batch_size, ds->n) : 1;
+    if (ds->files) {
+        it->nst = 0;
+        it->bcap = ds->on_hosts ? 1 : ds->batch_size;
+        it->next_index = skip;
+    }
     pthread_mutex_init(&it->mu, NULL);
     pthread_cond_init(&it->cv_cons, NULL);
     pthread_cond_init(&it->cv_prod, NULL);
@@ -1072,7 +1102,20 @@ tpu_status tpu_dataset_iter_new(tpu_dataset *ds, uint64_t epoch, size_t skip, tp
 
     size_t nb = tpu_dataset_num_batches(ds);
     int data = 0;
-    for (int i = 0; i < nst && e.code == CODE_OK; i++) {
+    if (ds->files && !ds->on_hosts && !ds->pipes) {
+        if (!(ds->pipes = calloc(ds->fnum, sizeof *ds->pipes)))
+            err_set(&e, CODE_RESOURCE_EXHAUSTED, "tpu_dataset_iter_new: out of memory");
+        for (uint32_t r = 0; r < ds->fnum && e.code == CODE_OK; r++)
+            if (hin_open(ds->files, r, ds->fnum, &ds->pipes[r], &e) != CODE_OK)
+                err_prefix(&e, "input pipeline %u of %u", (unsigned)r, (unsigned)ds->fnum);
+        if (e.code != CODE_OK) {
+            for (uint32_t r = 0; ds->pipes && r < ds->fnum; r++)
+                hin_close(ds->pipes[r]);
+            free(ds->pipes);
+            ds->pipes = NULL;
+        }
+    }
+    for (int i = 0; i < it->nst && e.code == CODE_OK; i++) {
         struct stage *s = &it->st[i];
         if ((size_t)i < ds->nops) {
             s->op = &ds->ops[i];
@@ -1111,6 +1154,34 @@ tpu_status tpu_dataset_iter_new(tpu_dataset *ds, uint64_t epoch, size_t skip, tp
     return TPU_OK;
 }
 
+/* The next global batch of a dataset distributed from files. */
+static int files_next(tpu_dataset_iter *it, bbuf **out, err *e)
+{
+    tpu_dataset *ds = it->ds;
+    size_t per = ds->batch_size / ds->fnum;
+    if (it->next_index >= tpu_dataset_num_batches(ds))
+        return PULL_END;
+    bbuf *b = pool_get(it, e);
+    if (!b)
+        return PULL_ERR;
+    b->index = it->next_index;
+    b->rows = ds->batch_size;
+    if (ds->on_hosts) {
+        b->x = NULL;
+        b->y = NULL;
+    } else {
+        for (uint32_t r = 0; r < ds->fnum; r++)
+            if (hin_fill(ds->pipes[r], it->epoch, b->index, b->x + (size_t)r * per * ds->xd,
+                         (int32_t *)(void *)(b->y + (size_t)r * per * ds->ysz), e) != CODE_OK) {
+                pool_put(it, b);
+                return PULL_ERR;
+            }
+    }
+    it->next_index++;
+    *out = b;
+    return PULL_ELEM;
+}
+
 tpu_status tpu_dataset_iter_next(tpu_dataset_iter *it, tpu_batch *b)
 {
     CHECK_HANDLE(it, MAGIC_ITER, "tpu_dataset_iter");
@@ -1126,7 +1197,7 @@ tpu_status tpu_dataset_iter_next(tpu_dataset_iter *it, tpu_batch *b)
     bbuf *bb = NULL;
     err e;
     err_clear(&e);
-    int r = it->threaded ? take(it, &bb, &e) : produce(it, &bb, &e);
+    int r = it->ds->files ? files_next(it, &bb, &e) : it->threaded ? take(it, &bb, &e) : produce(it, &bb, &e);
     b->wait_ns = now_ns() - t0;
     if (r < 0) {
         it->failed = 1;
@@ -1199,4 +1270,38 @@ int tpu_dataset_iter_prefetch_depth(const tpu_dataset_iter *it)
 {
     CHECK_HANDLE(it, MAGIC_ITER, "tpu_dataset_iter");
     return it->threaded ? atomic_load(&((tpu_dataset_iter *)it)->depth) : 0;
+}
+
+int dataset_from_files(const struct hin_spec *s, uint32_t num, int on_hosts, tpu_dataset **out, err *e)
+{
+    tpu_dataset *ds;
+    *out = NULL;
+    if (!(ds = calloc(1, sizeof *ds)) || !(ds->files = malloc(sizeof *ds->files))) {
+        free(ds);
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    *ds->files = *s;
+    ds->magic = MAGIC_DATASET;
+    ds->fnum = num;
+    ds->on_hosts = on_hosts;
+    ds->n = (size_t)s->rows;
+    ds->xd = s->x_dim;
+    ds->yd = 1;
+    ds->ysz = sizeof(int32_t);
+    ds->kind = TPU_LABELS_SPARSE;
+    ds->batch_size = (size_t)hin_batch_size(s) * num;
+    ds->drop = 1;
+    atomic_init(&ds->iters, 0);
+    *out = ds;
+    return CODE_OK;
+}
+
+const struct hin_spec *dataset_files(const tpu_dataset *ds, uint32_t *num, int *on_hosts)
+{
+    const tpu_dataset *d = dataset_of(ds);
+    if (num)
+        *num = d->fnum;
+    if (on_hosts)
+        *on_hosts = d->on_hosts;
+    return d->files;
 }

@@ -92,6 +92,9 @@ struct exec {
 struct run {
     tpu_model *m;
     tpu_dataset_iter *it;
+    uint64_t epoch;
+    const struct hin_spec *hin; /* host-side input: the hosts make the infeed */
+    uint32_t hin_num;
     int mode; /* tpu_step_fn */
     size_t n, spe, depth;
     struct exec *ex;          /* depth */
@@ -175,7 +178,16 @@ static int post_next(struct run *u, err *e)
 
     struct tio_steps ss;
     uint32_t rows[TIO_MAX_STEPS], grows[TIO_MAX_STEPS];
+    uint64_t hb[TIO_MAX_STEPS];
     memset(&ss, 0, sizeof ss);
+    if (u->hin) {
+        for (size_t i = 0; i < x->nb; i++)
+            hb[i] = x->b[i].index;
+        ss.hin = u->hin;
+        ss.hin_num = u->hin_num;
+        ss.hin_epoch = u->epoch;
+        ss.hin_batches = hb;
+    }
     ss.model_id = m->id;
     ss.mode = (tpu_step_fn)u->mode;
     ss.steps = (uint32_t)x->nb;
@@ -196,6 +208,8 @@ static int post_next(struct run *u, err *e)
             shard(x->b[i].rows, u->n, r, &first, &cnt);
             rows[i] = (uint32_t)cnt;
             grows[i] = (uint32_t)x->b[i].rows;
+            if (u->hin)
+                continue; /* the core's host makes its rows */
             sg[ns].p = x->b[i].x + first * m->in_dim;
             sg[ns++].n = cnt * m->in_dim * sizeof(float);
             if (has_labels) {
@@ -221,6 +235,7 @@ static int post_next(struct run *u, err *e)
         ss.client_input_wait_ns = r == 0 ? x->input_wait_ns : 0;
         ss.client_post_ns = r == 0 ? now_ns() : 0;
         ss.client_pid = r == 0 ? (uint32_t)getpid() : 0;
+        ss.hin_id = (uint32_t)r;
         if (tio_post_steps(c, r, &ss, sg, ns, &x->ans[r], e) != CODE_OK) {
             exec_release(u, x);
             tio_abort(c);
@@ -413,6 +428,12 @@ static int check_dataset(const tpu_model *m, tpu_dataset *ds, int need_labels, c
     if (tpu_dataset_x_dim(ds) != m->in_dim)
         return err_set(e, CODE_INVALID_ARGUMENT, "%s: the dataset's rows have %zu features; the model takes %zu", what,
                        tpu_dataset_x_dim(ds), m->in_dim);
+    uint32_t fnum = 0;
+    if (dataset_files(ds, &fnum, NULL) && fnum != n)
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       "%s: the dataset was distributed from files over %u replicas; the "
+                       "system has %zu: distribute it again",
+                       what, (unsigned)fnum, n);
     if (!(b = tpu_dataset_batch_size(ds)))
         return err_set(e, CODE_INVALID_ARGUMENT,
                        "%s: the dataset is not batched; batch it (tpu_dataset_batch) with a global batch of 128 x %zu "
@@ -469,6 +490,12 @@ static int run_epoch(tpu_model *m, tpu_dataset *ds, int mode, int epoch, size_t 
         return rc;
     u.out = out;
     u.out_rows = out_rows;
+    u.epoch = (uint64_t)epoch;
+    {
+        int on_hosts = 0;
+        const struct hin_spec *hs = dataset_files(ds, &u.hin_num, &on_hosts);
+        u.hin = hs && on_hosts ? hs : NULL;
+    }
     if (tpu_dataset_iter_new(ds, (uint64_t)epoch, skip, &u.it) != TPU_OK) {
         run_free(&u);
         return err_set(e, (int)tpu_last_status(), "%s", tpu_last_error());

@@ -6,6 +6,9 @@
  * strategy.reduce / experimental_local_results on the client. */
 #include "model_int.h"
 
+#include "dataset_int.h"
+#include "hostin.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -213,6 +216,43 @@ tpu_status tpu_strategy_distribute_datasets_from_function(tpu_strategy *s, tpu_d
     if ((st = dist_new(s, ds, 1, out)) != TPU_OK)
         tpu_dataset_free(ds);
     return st;
+}
+
+const struct hin_spec *file_dataset_spec(const tpu_file_dataset *fd); /* data/files.c */
+
+tpu_status tpu_strategy_distribute_datasets_from_files(tpu_strategy *s, const tpu_file_dataset *fd,
+                                                       tpu_input_placement where, tpu_dataset **out)
+{
+    static const char *const fn = "distribute_datasets_from_files";
+    const struct hin_spec *spec;
+    uint32_t n;
+    err e;
+    CHECK_HANDLE(s, MAGIC_STRATEGY, "tpu_strategy");
+    if (!out)
+        return cli_failf(TPU_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!fd)
+        return cli_failf(TPU_INVALID_ARGUMENT, "%s: no file dataset", fn);
+    spec = file_dataset_spec(fd);
+    if (where != TPU_INPUT_ON_HOSTS && where != TPU_INPUT_ON_CLIENT)
+        return cli_failf(TPU_INVALID_ARGUMENT, "%s: unknown placement %d (TPU_INPUT_ON_HOSTS or TPU_INPUT_ON_CLIENT)",
+                         fn, (int)where);
+    if (!s->c->coll || !s->c->coll->n)
+        return cli_failf(TPU_FAILED_PRECONDITION, "%s: no TPU system; initialize it first", fn);
+    n = (uint32_t)s->c->coll->n;
+    err_clear(&e);
+    if (hin_spec_check(spec, &e) != CODE_OK) {
+        err_prefix(&e, "%s", fn);
+        return cli_fail(&e);
+    }
+    if (hin_epoch_steps(spec, n) == 0)
+        return cli_failf(TPU_INVALID_ARGUMENT,
+                         "%s: %llu rows over %u input pipelines give a pipeline less than one "
+                         "batch of %u rows",
+                         fn, (unsigned long long)spec->rows, (unsigned)n, (unsigned)hin_batch_size(spec));
+    if (dataset_from_files(spec, n, where == TPU_INPUT_ON_HOSTS, out, &e) != CODE_OK)
+        return cli_fail(&e);
+    return TPU_OK;
 }
 
 void tpu_dist_dataset_free(tpu_dist_dataset *dd)

@@ -5,6 +5,8 @@
  * going out. This file only says what an answer looks like and whose it is. */
 #include "train_io.h"
 
+#include "hostin.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,6 +125,34 @@ int tio_post_steps(tpu_cluster *c, size_t r, const struct tio_steps *s, const st
     ss.client_input_wait_ns = s->client_input_wait_ns;
     ss.client_post_ns = s->client_post_ns;
     ss.client_pid = s->client_pid;
+    Tpuemu__HostInput hi = TPUEMU__HOST_INPUT__INIT;
+    Tpuemu__InputOp ops[HIN_MAX_OPS], *opp[HIN_MAX_OPS];
+    if (s->hin) {
+        hi.images = (char *)(uintptr_t)s->hin->images;
+        hi.labels = (char *)(uintptr_t)s->hin->labels;
+        hi.rows = s->hin->rows;
+        hi.x_dim = s->hin->x_dim;
+        hi.n_ops = s->hin->nops < HIN_MAX_OPS ? s->hin->nops : HIN_MAX_OPS;
+        for (size_t i = 0; i < hi.n_ops; i++) {
+            const struct hin_op *o = &s->hin->ops[i];
+            tpuemu__input_op__init(&ops[i]);
+            ops[i].kind = (uint32_t)o->kind;
+            ops[i].a = o->a;
+            ops[i].b = o->b;
+            ops[i].buffer = o->buffer;
+            ops[i].seed = o->seed;
+            ops[i].batch = o->batch;
+            ops[i].depth = o->depth;
+            opp[i] = &ops[i];
+        }
+        hi.ops = opp;
+        hi.input_pipeline_id = s->hin_id;
+        hi.num_input_pipelines = s->hin_num;
+        hi.epoch = s->hin_epoch;
+        hi.n_batches = s->steps;
+        hi.batches = (uint64_t *)(uintptr_t)s->hin_batches;
+        ss.host_input = &hi;
+    }
     h.steps = &ss;
     return tio_post(c, r, &h, segs, nseg, ans, e);
 }

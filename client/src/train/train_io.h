@@ -14,6 +14,8 @@
 #include "dpio.h"
 #include "tpuemu/model.h"
 
+struct hin_spec;
+
 #define TIO_MAX_STEPS 128
 #define TIO_MAX_SEGS (2 * TIO_MAX_STEPS)
 
@@ -64,6 +66,13 @@ struct tio_steps {
     /* the client's part, for the profiler (the first core's request only; 0 else) */
     uint64_t client_input_start_ns, client_input_wait_ns, client_post_ns;
     uint32_t client_pid;
+    /* host-side input (NULL: the client sends the infeed): the pipeline
+     * spec, its pipelines, the epoch and each step's batch; the replica's
+     * pipeline is input_pipeline_id */
+    const struct hin_spec *hin;
+    uint32_t hin_num, hin_id;
+    uint64_t hin_epoch;
+    const uint64_t *hin_batches; /* [steps] */
 };
 
 /* Takes s's sequence numbers from the cluster's collectives, after every

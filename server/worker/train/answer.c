@@ -16,6 +16,7 @@ void treq_free(struct treq *r)
         return;
     free(r->payload);
     free(r->out);
+    free(r->hin);
     tpuemu__model_spec__free_unpacked(r->spec, NULL);
     free(r);
 }

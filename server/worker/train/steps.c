@@ -309,6 +309,130 @@ static void on_allreduce(void *arg, const err *e, const uint8_t *out, size_t out
     t->next(t);
 }
 
+/* ---- host-side input ---- */
+
+int steps_host_input(const struct tmodel *tm, const Tpuemu__StepsSpec *s, struct hin_spec **out, err *e)
+{
+    const Tpuemu__HostInput *hi = s->host_input;
+    struct hin_spec *hs;
+    *out = NULL;
+    if (hi->n_batches != s->steps)
+        return err_set(e, CODE_INVALID_ARGUMENT, "host input: %zu batch positions for %u steps", hi->n_batches,
+                       s->steps);
+    if (hi->num_input_pipelines == 0 || hi->input_pipeline_id >= hi->num_input_pipelines)
+        return err_set(e, CODE_INVALID_ARGUMENT, "host input: input pipeline %u of %u does not exist",
+                       hi->input_pipeline_id, hi->num_input_pipelines);
+    if (!hi->images || !hi->labels || strlen(hi->images) >= HIN_PATH_MAX || strlen(hi->labels) >= HIN_PATH_MAX)
+        return err_set(e, CODE_INVALID_ARGUMENT, "host input: a file name is missing or longer than %d bytes",
+                       HIN_PATH_MAX - 1);
+    if (hi->n_ops > HIN_MAX_OPS)
+        return err_set(e, CODE_INVALID_ARGUMENT, "host input: %zu ops; at most %d", hi->n_ops, HIN_MAX_OPS);
+    if (!(hs = calloc(1, sizeof *hs)))
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for a host input spec");
+    snprintf(hs->images, sizeof hs->images, "%s", hi->images);
+    snprintf(hs->labels, sizeof hs->labels, "%s", hi->labels);
+    hs->rows = hi->rows;
+    hs->x_dim = hi->x_dim;
+    hs->nops = hi->n_ops;
+    for (size_t i = 0; i < hi->n_ops; i++) {
+        const Tpuemu__InputOp *o = hi->ops[i];
+        hs->ops[i].kind = (int)o->kind;
+        hs->ops[i].a = o->a;
+        hs->ops[i].b = o->b;
+        hs->ops[i].buffer = o->buffer;
+        hs->ops[i].seed = o->seed;
+        hs->ops[i].batch = o->batch;
+        hs->ops[i].depth = o->depth;
+    }
+    *out = hs;
+    if (hin_spec_check(hs, e) != CODE_OK)
+        return e->code;
+    if (!s->has_labels && s->mode != TPUEMU__STEP_MODE__STEP_PREDICT)
+        return err_set(e, CODE_INVALID_ARGUMENT, "host input: steps that need labels without them");
+    for (uint32_t i = 0; i < s->steps; i++)
+        if (s->rows[i] != hin_batch_size(hs))
+            return err_set(e, CODE_INVALID_ARGUMENT, "host input: step %u has %u rows; the pipeline's batch is %u", i,
+                           s->rows[i], (unsigned)hin_batch_size(hs));
+    if (tm && (!tm->sparse || (uint32_t)tm->in_dim != hs->x_dim))
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       "host input: the model takes %d values per row%s; the files give %u "
+                       "and int32 class ids",
+                       tm->in_dim, tm->sparse ? "" : " and dense labels", (unsigned)hs->x_dim);
+    return CODE_OK;
+}
+
+/* On the pool: the pipeline (opened on first use: it reads the files) fills
+ * each step's infeed. */
+static void pool_fill(uv_work_t *req)
+{
+    struct train *t = req->data;
+    struct treq *r = t->cur;
+    struct tmodel *tm = t->pool_tm;
+    err *e = &r->e;
+    uint32_t bs = hin_batch_size(r->hin);
+    int32_t *ytmp = NULL;
+
+    err_clear(e);
+    if (!hin_is(t->pipe, r->hin, r->hin_id, r->hin_num)) {
+        hin_close(t->pipe);
+        t->pipe = NULL;
+        if (hin_open(r->hin, r->hin_id, r->hin_num, &t->pipe, e) != CODE_OK)
+            goto fail;
+    }
+    if (!r->has_labels && !(ytmp = malloc((size_t)bs * sizeof *ytmp))) {
+        err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+        goto fail;
+    }
+    size_t off = 0;
+    for (uint32_t i = 0; i < r->steps; i++) {
+        float *x = (float *)(r->payload + off);
+        int32_t *y = r->has_labels ? (int32_t *)(r->payload + off + (size_t)bs * tm->in_dim * sizeof(float)) : ytmp;
+        if (hin_fill(t->pipe, r->hin_epoch, r->hin_batch[i], x, y, e) != CODE_OK)
+            goto fail;
+        for (uint32_t k = 0; r->has_labels && k < bs; k++)
+            if (y[k] < 0 || y[k] >= tm->out_dim) {
+                err_set(e, CODE_INVALID_ARGUMENT,
+                        "%s: label %d in row %u of batch %" PRIu64 " (epoch %" PRIu64
+                        ") is outside 0..%d (the last layer has %d units)",
+                        r->hin->labels, (int)y[k], k, r->hin_batch[i], r->hin_epoch, tm->out_dim - 1, tm->out_dim);
+                goto fail;
+            }
+        off += steps_bytes(tm, bs, r->has_labels);
+    }
+    free(ytmp);
+    return;
+fail:
+    free(ytmp);
+    err_prefix(e, "host-side input pipeline %u of %u", (unsigned)r->hin_id, (unsigned)r->hin_num);
+}
+
+static void after_fill(uv_work_t *req, int status)
+{
+    struct train *t = req->data;
+    struct treq *r = t->cur;
+    (void)status;
+
+    t->busy = 0;
+    if (t->orphan) {
+        tm_free(t->orphan);
+        t->orphan = NULL;
+        treq_answerf(t, r, CODE_ABORTED, "the TPU system was re-initialized (epoch %" PRIu64 ") during step %" PRIu64,
+                     t->env.id->epoch, r->first_step);
+        t->next(t);
+        return;
+    }
+    if (r->e.code != CODE_OK) {
+        err e = r->e;
+        err_prefix(&e, "core %s/%d", t->env.id->host_id, t->env.id->core);
+        log_warn("host input failed", "code=%s reason=%s", code_name(e.code), log_q(e.msg));
+        treq_abort_rest(t, r, 0, &e);
+        treq_answer(t, r, &e);
+        t->next(t);
+        return;
+    }
+    run_step(t, r);
+}
+
 void steps_start(struct train *t, struct treq *r)
 {
     struct tmodel *tm = t->tm;
@@ -325,6 +449,24 @@ void steps_start(struct train *t, struct treq *r)
     }
     r->i = 0;
     r->off = 0;
+    if (r->hin) {
+        size_t total = 0;
+        for (uint32_t i = 0; i < r->steps; i++)
+            total += steps_bytes(tm, r->rows[i], r->has_labels);
+        free(r->payload);
+        if (!(r->payload = malloc(total + 1))) {
+            err e;
+            err_set(&e, CODE_RESOURCE_EXHAUSTED, "out of memory for %zu bytes of host-side infeed", total);
+            treq_abort_rest(t, r, 0, &e);
+            treq_answer(t, r, &e);
+            t->next(t);
+            return;
+        }
+        t->busy = 1;
+        t->pool_tm = tm;
+        uv_queue_work(t->env.loop, &t->work, pool_fill, after_fill);
+        return;
+    }
     run_step(t, r);
 }
 

@@ -149,6 +149,15 @@ static int check_steps(struct train *t, const Tpuemu__StepsSpec *s, uint64_t *by
                        s->steps, s->n_rows, s->n_global_rows);
     if (s->mode == TPUEMU__STEP_MODE__STEP_TRAIN && !s->has_labels)
         return err_set(e, CODE_INVALID_ARGUMENT, "a training step needs labels");
+    if (s->host_input) {
+        struct hin_spec *hs = NULL;
+        int rc = steps_host_input(tm, s, &hs, e);
+        free(hs);
+        if (rc != CODE_OK)
+            return rc;
+        *bytes = 0; /* the core's host makes the infeed */
+        return CODE_OK;
+    }
     for (uint32_t i = 0; i < s->steps; i++) {
         if (s->rows[i] > (uint32_t)tm->batch)
             return err_set(e, CODE_INVALID_ARGUMENT,
@@ -282,6 +291,19 @@ void train_on_client_frame(struct train *t, dp_conn *c, const Tpuemu__FrameHeade
         }
         r->coll_seq = s->coll_seq;
         r->first_step = s->first_step;
+        if (s->host_input) {
+            const Tpuemu__HostInput *hi = s->host_input;
+            if (steps_host_input(t->tm, s, &r->hin, &e) != CODE_OK) {
+                treq_abort_rest(t, r, 0, &e);
+                treq_answer(t, r, &e);
+                return;
+            }
+            r->hin_id = hi->input_pipeline_id;
+            r->hin_num = hi->num_input_pipelines;
+            r->hin_epoch = hi->epoch;
+            for (uint32_t i = 0; i < r->steps; i++)
+                r->hin_batch[i] = hi->batches[i];
+        }
         record_client(t, s, len);
         if (t->tm && t->n >= (unsigned)t->tm->depth + TRAIN_QUEUE_SLACK) {
             err_set(&e, CODE_RESOURCE_EXHAUSTED,
@@ -394,6 +416,7 @@ void train_free(struct train *t)
     treq_free(t->cur);
     tm_free(t->tm);
     tm_free(t->orphan);
+    hin_close(t->pipe);
     mxu_free(t->u);
     sync_destroy(t);
     free(t);

@@ -16,6 +16,7 @@
 
 #include <uv.h>
 
+#include "hostin.h"
 #include "model.h"
 #include "train.h"
 
@@ -50,6 +51,11 @@ struct treq {
     uint32_t steps, i;
     uint32_t rows[TRAIN_MAX_STEPS], global_rows[TRAIN_MAX_STEPS];
     uint64_t coll_seq, first_step;
+    /* host-side input: the pipeline and where each step is in it (NULL: the
+     * client sent the infeed) */
+    struct hin_spec *hin;
+    uint32_t hin_id, hin_num;
+    uint64_t hin_epoch, hin_batch[TRAIN_MAX_STEPS];
     uint8_t *payload;    /* the infeed, or STATE_SET's state */
     size_t off;          /* payload offset of step i */
     Tpuemu__StepStat stats[TRAIN_MAX_STEPS];
@@ -101,6 +107,9 @@ struct train {
     struct sync_call *sync_req;
     uint64_t sync_seq, sync_epoch; /* the next sum's collective, the step's epoch */
     int sync_closed;
+    /* host-side input: the pipeline this core's host runs (steps.c; used
+     * on the pool's thread while a request fills its infeed) */
+    struct hin_pipe *pipe;
 };
 
 /* ---- charge.c ---- */
@@ -135,6 +144,9 @@ void sync_begin_step(struct train *t, uint64_t first_seq, uint64_t epoch);
 int sync_allreduce(void *ctx, float *buf, size_t n, err *e);
 
 /* ---- steps.c ---- */
+/* A STEPS request's host input into a pipeline spec: CODE_OK, or what is
+ * wrong with it (for tm, may be NULL). *out is malloc'd. */
+int steps_host_input(const struct tmodel *tm, const Tpuemu__StepsSpec *s, struct hin_spec **out, err *e);
 /* Infeed bytes of one step of rows rows. */
 size_t steps_bytes(const struct tmodel *tm, uint32_t rows, int has_labels);
 /* Runs the STEPS request r (t->cur) to its answer; then t->next. */

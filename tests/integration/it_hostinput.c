@@ -1,0 +1,323 @@
+/* Input pipelines on the hosts (tpu_strategy_distribute_datasets_from_files),
+ * through real workers and the public API:
+ *
+ *  - training with host-side input (each core's tpu-worker reads the IDX
+ *    files, takes its shard, maps, caches, shuffles, batches and prefetches
+ *    itself; the client sends no rows) gives bitwise the same weights on
+ *    every replica and the same losses as the client-fed path with the same
+ *    sharding (TPU_INPUT_ON_CLIENT: the client runs the same pipelines and
+ *    sends the rows), in deterministic mode, on 3 replicas over 2 hosts
+ *    (shards of unequal size), for a pipeline with a cache and one without
+ *    (a shuffle of batches, normalize);
+ *  - bad input gives an error naming what is wrong, and the workers live on:
+ *    a missing file, a file that changed after the client read its header
+ *    (another shape), labels outside the model's classes, an IDX header
+ *    claiming 16 EiB, a bad spec. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+
+#include <tpuemu/data.h>
+#include <tpuemu/model.h>
+
+#include "calls.h"
+#include "colltest.h"
+#include "scratch.h"
+
+#define HB_MS 500
+#define DIM 24
+#define CLASSES 4
+#define ROWS 1001 /* 3 pipelines: shards of 334, 334 and 333 rows */
+#define BATCH 16  /* per replica: 20 steps an epoch */
+
+QUIET_WARNINGS()
+
+static uint64_t sm64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void put_be32(FILE *f, uint32_t v)
+{
+    unsigned char b[4] = {(unsigned char)(v >> 24), (unsigned char)(v >> 16), (unsigned char)(v >> 8),
+                          (unsigned char)v};
+    cr_assert_eq(fwrite(b, 1, 4, f), 4u);
+}
+
+/* An IDX file of unsigned bytes with the given dims. */
+static void write_idx(const char *path, const uint32_t *dims, int rank, const unsigned char *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "%s", path);
+    unsigned char h[4] = {0, 0, 0x08, (unsigned char)rank};
+    cr_assert_eq(fwrite(h, 1, 4, f), 4u);
+    for (int i = 0; i < rank; i++)
+        put_be32(f, dims[i]);
+    cr_assert_eq(fwrite(data, 1, n, f), n);
+    cr_assert_eq(fclose(f), 0);
+}
+
+/* rows images of 4 x 6 pixels and their labels (from the pixels: learnable) */
+static void write_data(const char *dir, size_t rows, int max_label, char *img, char *lab, size_t n)
+{
+    unsigned char *px = malloc(rows * DIM), *l = malloc(rows);
+    uint64_t s = 11;
+    cr_assert(px && l);
+    for (size_t i = 0; i < rows; i++) {
+        for (size_t j = 0; j < DIM; j++)
+            px[i * DIM + j] = (unsigned char)(sm64(&s) >> 56);
+        l[i] = (unsigned char)((px[i * DIM] > 127) * 2 + (px[i * DIM + 1] + px[i * DIM + 2] > 255));
+        if ((int)l[i] > max_label)
+            l[i] = (unsigned char)max_label;
+    }
+    if (max_label >= CLASSES)
+        l[rows / 2] = (unsigned char)max_label;
+    snprintf(img, n, "%s/images-idx3-ubyte", dir);
+    snprintf(lab, n, "%s/labels-idx1-ubyte", dir);
+    write_idx(img, (uint32_t[]){(uint32_t)rows, 4, 6}, 3, px, rows * DIM);
+    write_idx(lab, (uint32_t[]){(uint32_t)rows}, 1, l, rows);
+    free(px);
+    free(l);
+}
+
+static tpu_model *make_model(tpu_strategy *s)
+{
+    tpu_model *m;
+    tpu_compile_options co;
+    CALL_OK(tpu_model_new(s, DIM, &m));
+    CALL_OK(tpu_model_add_dense(m, 32, TPU_ACT_RELU));
+    CALL_OK(tpu_model_add_dense(m, CLASSES, TPU_ACT_SOFTMAX));
+    CALL_OK(tpu_model_set_seed(m, 5));
+    tpu_compile_options_init(&co);
+    co.optimizer = tpu_optimizer_adam(0.01f);
+    co.deterministic = 1;
+    co.steps_per_execution = 3;
+    CALL_OK(tpu_model_compile(m, &co));
+    return m;
+}
+
+/* The two pipelines compared: with a cache before the shuffle (mapped once,
+ * reshuffled every epoch) and prefetch, and without a cache (each batch
+ * mapped again; normalize; a shuffle of rows and one of batches). */
+static tpu_file_dataset *make_files(const char *img, const char *lab, int variant)
+{
+    tpu_file_dataset *fd;
+    CALL_OK(tpu_file_dataset_from_idx(img, lab, &fd));
+    cr_assert_eq(tpu_file_dataset_num_rows(fd), ROWS);
+    cr_assert_eq(tpu_file_dataset_x_dim(fd), DIM);
+    CALL_OK(tpu_file_dataset_map(fd, TPU_MAP_SCALE, 1 / 255.0f, 0));
+    if (variant == 0) {
+        CALL_OK(tpu_file_dataset_cache(fd));
+        CALL_OK(tpu_file_dataset_shuffle(fd, ROWS, 42));
+        CALL_OK(tpu_file_dataset_batch(fd, BATCH, 1));
+        CALL_OK(tpu_file_dataset_prefetch(fd, 2));
+    } else {
+        CALL_OK(tpu_file_dataset_map(fd, TPU_MAP_NORMALIZE, 0.5f, 0.25f));
+        CALL_OK(tpu_file_dataset_shuffle(fd, 100, 7));
+        CALL_OK(tpu_file_dataset_batch(fd, BATCH, 1));
+        CALL_OK(tpu_file_dataset_shuffle(fd, 5, 9));
+    }
+    return fd;
+}
+
+struct result {
+    float *w[CL_MAX_WORKERS];
+    double loss[3], acc[3];
+    uint64_t steps;
+};
+
+static void train(colltest *t, tpu_strategy *s, const char *img, const char *lab, int variant,
+                  tpu_input_placement where, struct result *out)
+{
+    tpu_file_dataset *fd = make_files(img, lab, variant);
+    tpu_dataset *ds;
+    tpu_history *h;
+    tpu_fit_options fo;
+    tpu_model *m = make_model(s);
+
+    CALL_OK(tpu_strategy_distribute_datasets_from_files(s, fd, where, &ds));
+    tpu_file_dataset_free(fd);
+    cr_assert_eq(tpu_dataset_batch_size(ds), (size_t)BATCH * (size_t)t->n);
+    cr_assert_eq(tpu_dataset_num_batches(ds), (ROWS / t->n) / BATCH);
+    memset(&fo, 0, sizeof fo);
+    fo.epochs = 3;
+    CALL_OK(tpu_model_fit(m, ds, &fo, &h));
+    for (size_t e = 0; e < 3; e++) {
+        tpu_logs l;
+        CALL_OK(tpu_history_epoch(h, e, &l));
+        out->loss[e] = l.loss;
+        out->acc[e] = l.accuracy;
+    }
+    out->steps = tpu_model_step(m);
+    size_t np = tpu_model_num_params(m);
+    for (int r = 0; r < t->n; r++) {
+        out->w[r] = malloc(np * sizeof(float));
+        cr_assert_not_null(out->w[r]);
+        CALL_OK(tpu_model_get_weights(m, r, out->w[r], np));
+    }
+    tpu_history_free(h);
+    tpu_dataset_free(ds);
+    tpu_model_free(m);
+}
+
+Test(hostinput, same_weights_and_losses_as_client_fed, .timeout = 300)
+{
+    char dir[256], img[512], lab[512];
+    scratch_make(dir, sizeof dir, "it_hostinput");
+    write_data(dir, ROWS, CLASSES - 1, img, lab, sizeof img);
+    colltest *t = ct_start(2, (int[]){2, 1}, NULL, HB_MS);
+    tpu_strategy *s;
+    CALL_OK(tpu_strategy_new(t->c, &s));
+    cr_assert_eq(t->n, 3);
+
+    for (int variant = 0; variant < 2; variant++) {
+        struct result hosts, client;
+        memset(&hosts, 0, sizeof hosts);
+        memset(&client, 0, sizeof client);
+        train(t, s, img, lab, variant, TPU_INPUT_ON_HOSTS, &hosts);
+        train(t, s, img, lab, variant, TPU_INPUT_ON_CLIENT, &client);
+        size_t steps_per_epoch = (ROWS / 3) / BATCH;
+        cr_assert_eq(hosts.steps, 3 * steps_per_epoch);
+        cr_assert_eq(client.steps, hosts.steps);
+        for (int e = 0; e < 3; e++) {
+            cr_log_info("pipeline %d epoch %d: loss %.9g (hosts) %.9g (client), accuracy %.4f %.4f", variant, e,
+                        hosts.loss[e], client.loss[e], hosts.acc[e], client.acc[e]);
+            cr_assert(memcmp(&hosts.loss[e], &client.loss[e], sizeof(double)) == 0,
+                      "pipeline %d epoch %d: loss %.17g on the hosts, %.17g client-fed", variant, e, hosts.loss[e],
+                      client.loss[e]);
+        }
+        /* it learned: the loss fell */
+        cr_assert_lt(hosts.loss[2], hosts.loss[0] * 0.9, "pipeline %d: loss %.4f -> %.4f", variant, hosts.loss[0],
+                     hosts.loss[2]);
+        size_t np = 32 * DIM + 32 + 32 * CLASSES + CLASSES;
+        for (int r = 0; r < 3; r++) {
+            cr_assert(memcmp(hosts.w[r], client.w[r], np * sizeof(float)) == 0,
+                      "pipeline %d: replica %d's weights differ between host-side and client-fed input", variant, r);
+            cr_assert(memcmp(hosts.w[r], hosts.w[0], np * sizeof(float)) == 0,
+                      "pipeline %d: replica %d's weights differ from replica 0's", variant, r);
+        }
+        for (int r = 0; r < 3; r++) {
+            free(hosts.w[r]);
+            free(client.w[r]);
+        }
+    }
+    tpu_strategy_free(s);
+    ct_free(t);
+    scratch_remove(dir);
+}
+
+/* fit's status and message with host-side input over fd, on a system
+ * initialized anew (a step that failed leaves the others' all-reduce failed) */
+static tpu_status fit_hosts(colltest *t, tpu_file_dataset *fd, char *why, size_t n)
+{
+    tpu_strategy *s;
+    tpu_dataset *ds;
+    ct_reinit(t);
+    CALL_OK(tpu_strategy_new(t->c, &s));
+    tpu_fit_options fo;
+    tpu_model *m = make_model(s);
+    CALL_OK(tpu_strategy_distribute_datasets_from_files(s, fd, TPU_INPUT_ON_HOSTS, &ds));
+    memset(&fo, 0, sizeof fo);
+    fo.epochs = 1;
+    tpu_status st = tpu_model_fit(m, ds, &fo, NULL);
+    snprintf(why, n, "%s", tpu_last_error());
+    tpu_dataset_free(ds);
+    tpu_model_free(m);
+    tpu_strategy_free(s);
+    return st;
+}
+
+static void assert_workers_alive(colltest *t)
+{
+    for (int i = 0; i < t->n; i++)
+        cr_assert(cluster_alive(&t->cl->workers[t->worker_of[i]]), "worker %s died", t->name[i]);
+}
+
+Test(hostinput, bad_input_is_named_and_the_workers_live_on, .timeout = 300)
+{
+    char dir[256], img[512], lab[512], path[600], why[2048];
+    tpu_file_dataset *fd;
+    tpu_status st;
+    scratch_make(dir, sizeof dir, "it_hostinput");
+    colltest *t = ct_start(1, (int[]){2}, NULL, HB_MS);
+    tpu_strategy *s;
+    CALL_OK(tpu_strategy_new(t->c, &s));
+
+    /* a file that is not there: the client says so before anything is sent */
+    snprintf(path, sizeof path, "%s/nothing-here", dir);
+    write_data(dir, ROWS, CLASSES - 1, img, lab, sizeof img);
+    cr_assert_eq(tpu_file_dataset_from_idx(path, lab, &fd), TPU_NOT_FOUND);
+    cr_assert(strstr(tpu_last_error(), path), "%s", tpu_last_error());
+    cr_assert_null(fd);
+
+    /* a header claiming 2^32-1 x 2^32-1 x 2^32-1 bytes */
+    snprintf(path, sizeof path, "%s/huge-idx3-ubyte", dir);
+    write_idx(path, (uint32_t[]){0xffffffffu, 0xffffffffu, 0xffffffffu}, 3, (const unsigned char *)"x", 1);
+    cr_assert_eq(tpu_file_dataset_from_idx(path, lab, &fd), TPU_RESOURCE_EXHAUSTED);
+    cr_assert(strstr(tpu_last_error(), path), "%s", tpu_last_error());
+
+    /* bad transformations */
+    CALL_OK(tpu_file_dataset_from_idx(img, lab, &fd));
+    cr_assert_eq(tpu_file_dataset_map(fd, TPU_MAP_NORMALIZE, 0.5f, 0.0f), TPU_INVALID_ARGUMENT);
+    cr_assert_eq(tpu_file_dataset_map(fd, TPU_MAP_SCALE, NAN, 0), TPU_INVALID_ARGUMENT);
+    cr_assert_eq(tpu_file_dataset_shuffle(fd, 0, 1), TPU_INVALID_ARGUMENT);
+    cr_assert_eq(tpu_file_dataset_batch(fd, BATCH, 0), TPU_INVALID_ARGUMENT);
+    cr_assert_eq(tpu_file_dataset_prefetch(fd, 2), TPU_INVALID_ARGUMENT); /* before batch() */
+    tpu_dataset *ds;
+    cr_assert_eq(tpu_strategy_distribute_datasets_from_files(s, fd, TPU_INPUT_ON_HOSTS, &ds), TPU_INVALID_ARGUMENT);
+    cr_assert(strstr(tpu_last_error(), "batch"), "%s", tpu_last_error());
+    CALL_OK(tpu_file_dataset_batch(fd, 1000, 1)); /* more than a shard holds */
+    cr_assert_eq(tpu_strategy_distribute_datasets_from_files(s, fd, TPU_INPUT_ON_HOSTS, &ds), TPU_INVALID_ARGUMENT);
+    cr_assert(strstr(tpu_last_error(), "less than one batch"), "%s", tpu_last_error());
+    cr_assert_eq(tpu_file_dataset_map(fd, TPU_MAP_SCALE, 2, 0), TPU_INVALID_ARGUMENT); /* after batch() */
+    tpu_file_dataset_free(fd);
+
+    /* the images file disappears after the client read its header: the hosts say which */
+    CALL_OK(tpu_file_dataset_from_idx(img, lab, &fd));
+    CALL_OK(tpu_file_dataset_batch(fd, BATCH, 1));
+    cr_assert_eq(unlink(img), 0);
+    st = fit_hosts(t, fd, why, sizeof why);
+    cr_log_info("missing on the hosts: %s: %s", tpu_status_name(st), why);
+    cr_assert_eq(st, TPU_NOT_FOUND, "%s: %s", tpu_status_name(st), why);
+    cr_assert(strstr(why, img) && strstr(why, "host-side input pipeline"), "%s", why);
+    assert_workers_alive(t);
+
+    /* ... or has another shape there (the hosts read other files than the client did) */
+    write_data(dir, ROWS - 1, CLASSES - 1, img, lab, sizeof img);
+    st = fit_hosts(t, fd, why, sizeof why);
+    cr_log_info("another shape on the hosts: %s: %s", tpu_status_name(st), why);
+    cr_assert_eq(st, TPU_INVALID_ARGUMENT, "%s: %s", tpu_status_name(st), why);
+    cr_assert(strstr(why, img) && strstr(why, "the spec says"), "%s", why);
+    assert_workers_alive(t);
+    tpu_file_dataset_free(fd);
+
+    /* a label the model has no class for */
+    write_data(dir, ROWS, 9, img, lab, sizeof img);
+    CALL_OK(tpu_file_dataset_from_idx(img, lab, &fd));
+    CALL_OK(tpu_file_dataset_batch(fd, BATCH, 1));
+    st = fit_hosts(t, fd, why, sizeof why);
+    cr_log_info("a label out of range: %s: %s", tpu_status_name(st), why);
+    cr_assert_eq(st, TPU_INVALID_ARGUMENT, "%s: %s", tpu_status_name(st), why);
+    cr_assert(strstr(why, lab) && strstr(why, "label 9"), "%s", why);
+    assert_workers_alive(t);
+    tpu_file_dataset_free(fd);
+
+    /* and the same cores train with good files afterwards */
+    write_data(dir, ROWS, CLASSES - 1, img, lab, sizeof img);
+    CALL_OK(tpu_file_dataset_from_idx(img, lab, &fd));
+    CALL_OK(tpu_file_dataset_map(fd, TPU_MAP_SCALE, 1 / 255.0f, 0));
+    CALL_OK(tpu_file_dataset_batch(fd, BATCH, 1));
+    st = fit_hosts(t, fd, why, sizeof why);
+    cr_assert_eq(st, TPU_OK, "%s: %s", tpu_status_name(st), why);
+    tpu_file_dataset_free(fd);
+    tpu_strategy_free(s);
+    ct_free(t);
+    scratch_remove(dir);
+}
