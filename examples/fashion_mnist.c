@@ -12,7 +12,19 @@
  *                 [--warmup-epochs N] [--decay-rate R] [--deterministic] [--seed N]
  *                 [--checkpoint FILE [--checkpoint-every N]] [--recover N [--recover-wait S]]
  *                 [--elastic N [--elastic-wait S] [--elastic-batch global|per-replica]]
- *                 [--history FILE] [--model mlp|cnn]
+ *                 [--history FILE] [--model mlp|cnn] [--input memory|hosts|client]
+ *
+ * --input chooses where the training input pipeline runs. memory (default):
+ * the client reads the files into memory and its one pipeline shuffles and
+ * batches the global batch, whose rows it sends to the cores each step.
+ * hosts: each core's host (its tpu-worker) reads the IDX files itself and
+ * runs its own pipeline (scale to [0, 1], cache, shuffle, batch 128,
+ * prefetch) over its shard of the rows, as TensorFlow's
+ * distribute_datasets_from_function does on a pod: no training rows pass
+ * through the client, which only drives the steps. client: the same
+ * per-replica pipelines, run by the client, which sends the rows (bit for bit
+ * the batches of hosts). The files must be readable under --data on every
+ * host for hosts.
  *
  * --model cnn trains a convolutional network instead of the MLP, as the
  * Keras-on-TPU Fashion-MNIST notebooks do, with a BatchNormalization before
@@ -84,7 +96,7 @@ static int usage(const char *why)
                     "                     [--warmup-epochs N] [--decay-rate R] [--deterministic] [--seed N]\n"
                     "                     [--checkpoint FILE [--checkpoint-every N]] [--recover N [--recover-wait S]]\n"
                     "                     [--elastic N [--elastic-wait S] [--elastic-batch global|per-replica]]\n"
-                    "                     [--history FILE] [--model mlp|cnn]\n"
+                    "                     [--history FILE] [--model mlp|cnn] [--input memory|hosts|client]\n"
                     "  --model M     mlp (default): Dense(128, relu) -> Dense(10, softmax);\n"
                     "                cnn: BatchNormalization -> Conv2D(32, 3, relu) -> MaxPooling2D ->\n"
                     "                BatchNormalization -> Conv2D(64, 3, relu) -> MaxPooling2D ->\n"
@@ -117,7 +129,11 @@ static int usage(const char *why)
                     "  --elastic-wait S  how long to wait for lost cores to come back (default 30 s)\n"
                     "  --elastic-batch global|per-replica  keep the global batch (default) or each\n"
                     "                replica's batch when the replicas change\n"
-                    "  --history FILE  write each epoch's loss and accuracy there, exactly (hex floats)\n");
+                    "  --history FILE  write each epoch's loss and accuracy there, exactly (hex floats)\n"
+                    "  --input P     where the training input pipeline runs: memory (default: the client\n"
+                    "                reads the files and sends each core its rows), hosts (each core's\n"
+                    "                host reads the files under --data and makes its own batches: no rows\n"
+                    "                through the client) or client (the hosts' pipelines, run by the client)\n");
     return 2;
 }
 
@@ -288,7 +304,7 @@ int main(int argc, char **argv)
     tpu_elastic_batch elastic_batch = TPU_ELASTIC_KEEP_GLOBAL_BATCH;
     long ckpt_every = 0;
     float lr = 0, decay_rate = 0.7f;
-    int warmup_epochs = 1, deterministic = 0, cnn = 0;
+    int warmup_epochs = 1, deterministic = 0, cnn = 0, input = 0; /* 0 memory, 1 hosts, 2 client */
     unsigned long long seed = 42;
     tpu_set_warning_handler(tpu_warning_to_file, stderr); /* the library itself never prints */
     enum { SCHED_COSINE, SCHED_EXPONENTIAL, SCHED_CONSTANT } sched = SCHED_COSINE;
@@ -313,14 +329,23 @@ int main(int argc, char **argv)
             logdir = argv[++i];
         else if (!strcmp(a, "--history"))
             history_path = argv[++i];
-        else if (!strcmp(a, "--model")) {
+        else if (!strcmp(a, "--input")) {
+            const char *v = argv[++i];
+            if (!strcmp(v, "memory"))
+                input = 0;
+            else if (!strcmp(v, "hosts"))
+                input = 1;
+            else if (!strcmp(v, "client"))
+                input = 2;
+            else
+                return usage("--input is memory, hosts or client");
+        } else if (!strcmp(a, "--model")) {
             const char *v = argv[++i];
             if (!strcmp(v, "cnn"))
                 cnn = 1;
             else if (strcmp(v, "mlp"))
                 return usage("--model is mlp or cnn");
-        }
-        else if (!strcmp(a, "--learning-rate")) {
+        } else if (!strcmp(a, "--learning-rate")) {
             char *end;
             lr = strtof(argv[++i], &end);
             if (*end || !(lr > 0))
@@ -402,10 +427,10 @@ int main(int argc, char **argv)
         return usage("--recover and --elastic are two ways to survive a lost core: choose one");
 
     /* data */
-    float *x_train, *x_test;
-    int32_t *y_train, *y_test;
-    size_t n_train, n_test;
-    if (load(data, "train", &x_train, &y_train, &n_train) || load(data, "t10k", &x_test, &y_test, &n_test))
+    float *x_train = NULL, *x_test;
+    int32_t *y_train = NULL, *y_test;
+    size_t n_train = 0, n_test;
+    if ((!input && load(data, "train", &x_train, &y_train, &n_train)) || load(data, "t10k", &x_test, &y_test, &n_test))
         return 1;
 
     /* 1. TPU setup */
@@ -439,10 +464,29 @@ int main(int argc, char **argv)
 
     /* 3. the input pipeline */
     tpu_dataset *train, *test;
-    if (tpu_dataset_from_tensor_slices(x_train, n_train, 784, y_train, TPU_LABELS_SPARSE, 1, TPU_BORROW, &train) ||
-        tpu_dataset_shuffle(train, n_train, 1) || tpu_dataset_batch(train, batch_size, 1) ||
-        tpu_dataset_prefetch(train, TPU_AUTOTUNE))
-        return fail("building the training dataset");
+    if (!input) {
+        if (tpu_dataset_from_tensor_slices(x_train, n_train, 784, y_train, TPU_LABELS_SPARSE, 1, TPU_BORROW, &train) ||
+            tpu_dataset_shuffle(train, n_train, 1) || tpu_dataset_batch(train, batch_size, 1) ||
+            tpu_dataset_prefetch(train, TPU_AUTOTUNE))
+            return fail("building the training dataset");
+    } else { /* what each input pipeline does with its shard of the files */
+        char img[4096], lab[4096];
+        tpu_file_dataset *fd;
+        snprintf(img, sizeof img, "%s/train-images-idx3-ubyte.gz", data);
+        snprintf(lab, sizeof lab, "%s/train-labels-idx1-ubyte.gz", data);
+        if (tpu_file_dataset_from_idx(img, lab, &fd))
+            return fail("reading the training files' headers");
+        n_train = tpu_file_dataset_num_rows(fd);
+        if (tpu_file_dataset_map(fd, TPU_MAP_SCALE, 1.0f / 255.0f, 0) || tpu_file_dataset_cache(fd) ||
+            tpu_file_dataset_shuffle(fd, n_train, 1) || tpu_file_dataset_batch(fd, 128, 1) ||
+            tpu_file_dataset_prefetch(fd, 2) ||
+            tpu_strategy_distribute_datasets_from_files(strategy, fd,
+                                                        input == 1 ? TPU_INPUT_ON_HOSTS : TPU_INPUT_ON_CLIENT, &train))
+            return fail("building the training dataset");
+        tpu_file_dataset_free(fd);
+        printf("input pipelines: %d, one per replica, run by %s\n", replicas,
+               input == 1 ? "each core's host (no training rows through the client)" : "the client");
+    }
     if (tpu_dataset_from_tensor_slices(x_test, n_test, 784, y_test, TPU_LABELS_SPARSE, 1, TPU_BORROW, &test) ||
         tpu_dataset_batch(test, batch_size, 0) || tpu_dataset_prefetch(test, TPU_AUTOTUNE))
         return fail("building the test dataset");
@@ -472,7 +516,7 @@ int main(int argc, char **argv)
      * and decay it along a cosine to 0 by the last step (Keras' CosineDecay
      * with warmup_target). The constant schedule keeps the gentler
      * square-root rule, which is stable without a warm-up. */
-    uint64_t steps_per_epoch = n_train / batch_size, total = steps_per_epoch * (uint64_t)epochs;
+    uint64_t steps_per_epoch = tpu_dataset_num_batches(train), total = steps_per_epoch * (uint64_t)epochs;
     uint64_t warmup = steps_per_epoch * (uint64_t)(warmup_epochs < epochs ? warmup_epochs : epochs - 1);
     if (!(lr > 0))
         lr = sched == SCHED_CONSTANT ? 0.001f * sqrtf((float)batch_size / 128.0f)
