@@ -26,7 +26,12 @@
  * cannot go faster than that).
  *
  * --data DIR uses the real Fashion-MNIST IDX files instead (train-images-idx3-
- * ubyte.gz, train-labels-idx1-ubyte.gz); by default nothing is read. */
+ * ubyte.gz, train-labels-idx1-ubyte.gz); by default nothing is read.
+ * --input hosts (with --data) trains on those files through the hosts' input
+ * pipelines instead (tpu_strategy_distribute_datasets_from_files: each core's
+ * tpu-worker reads them and makes its own batches: scale, cache, shuffle,
+ * batch, prefetch 2), so no rows pass through this client; the in-process
+ * figures still use the files' first rows, read here. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -64,20 +69,21 @@ static int usage(const char *why)
 {
     if (why)
         fprintf(stderr, "bench_train: %s\n", why);
-    fprintf(stderr,
-            "usage: bench_train --tpu HOST:PORT --cores N --batch PER_CORE [--seconds S] [--warmup STEPS]\n"
-            "                   [--data DIR] [--rows R] [--tile T] [--deterministic] [--model mlp|cnn]\n"
-            "  --model M       mlp (default) or cnn: examples/fashion_mnist --model cnn's network\n"
-            "                   [--header | --no-header | --header-only]\n"
-            "  --cores N       cores to initialize (and train on)\n"
-            "  --batch B       per-core batch; the global batch is B x N\n"
-            "  --seconds S     measured time on the pod after the warm-up (default 2)\n"
-            "  --warmup STEPS  steps before measuring (default 20)\n"
-            "  --data DIR      the real Fashion-MNIST IDX files instead of synthetic rows\n"
-            "  --rows R        synthetic training rows (default 60000, as Fashion-MNIST)\n"
-            "  --tile T        MXU tile of the in-process matrix unit (default 128: v2..v5p)\n"
-            "  --deterministic compile the model deterministic (the portable matrix unit, fixed exp/log;\n"
-            "                  the in-process figures too)\n");
+    fprintf(stderr, "usage: bench_train --tpu HOST:PORT --cores N --batch PER_CORE [--seconds S] [--warmup STEPS]\n"
+                    "                   [--data DIR] [--rows R] [--tile T] [--deterministic] [--model mlp|cnn]\n"
+                    "  --model M       mlp (default) or cnn: examples/fashion_mnist --model cnn's network\n"
+                    "                   [--header | --no-header | --header-only]\n"
+                    "  --cores N       cores to initialize (and train on)\n"
+                    "  --batch B       per-core batch; the global batch is B x N\n"
+                    "  --seconds S     measured time on the pod after the warm-up (default 2)\n"
+                    "  --warmup STEPS  steps before measuring (default 20)\n"
+                    "  --data DIR      the real Fashion-MNIST IDX files instead of synthetic rows\n"
+                    "  --rows R        synthetic training rows (default 60000, as Fashion-MNIST)\n"
+                    "  --tile T        MXU tile of the in-process matrix unit (default 128: v2..v5p)\n"
+                    "  --deterministic compile the model deterministic (the portable matrix unit, fixed exp/log;\n"
+                    "                  the in-process figures too)\n"
+                    "  --input P       client (default: the client's pipeline sends every core its rows) or hosts\n"
+                    "                  (with --data: each core's host reads the files and makes its own batches)\n");
     return 2;
 }
 
@@ -352,6 +358,7 @@ static void quiet_warning(const char *msg, void *user)
 int main(int argc, char **argv)
 {
     const char *tpu = NULL, *data = NULL;
+    int on_hosts = 0;
     long cores = 0, batch = 0, warmup = 20, rows = 60000, tile = 128;
     double seconds = 2.0;
     int hdr = 1;
@@ -392,7 +399,11 @@ int main(int argc, char **argv)
             tpu = v;
         else if (!strcmp(a, "--data"))
             data = v;
-        else if (!strcmp(a, "--seconds")) {
+        else if (!strcmp(a, "--input")) {
+            if (strcmp(v, "hosts") && strcmp(v, "client"))
+                return usage("--input is client or hosts");
+            on_hosts = !strcmp(v, "hosts");
+        } else if (!strcmp(a, "--seconds")) {
             seconds = strtod(v, &end);
             if (*end || !(seconds > 0) || seconds > 3600)
                 return usage("--seconds: a positive number up to 3600");
@@ -412,6 +423,8 @@ int main(int argc, char **argv)
     }
     if (cores < 1 || cores > 4096 || batch < 1 || batch > 65536)
         return usage("--cores (1..4096) and --batch (1..65536) are required");
+    if (on_hosts && !data)
+        return usage("--input hosts needs --data DIR (the files every host reads)");
 
     /* data */
     float *x;
@@ -459,9 +472,20 @@ int main(int argc, char **argv)
 
     /* 2. fit on the pod */
     tpu_dataset *train;
-    if (tpu_dataset_from_tensor_slices(x, n, IN_DIM, y, TPU_LABELS_SPARSE, 1, TPU_BORROW, &train) ||
-        tpu_dataset_shuffle(train, n, 1) || tpu_dataset_batch(train, global, 1) ||
-        tpu_dataset_prefetch(train, TPU_AUTOTUNE))
+    if (on_hosts) {
+        char img[4096], lab[4096];
+        tpu_file_dataset *fd;
+        snprintf(img, sizeof img, "%s/train-images-idx3-ubyte.gz", data);
+        snprintf(lab, sizeof lab, "%s/train-labels-idx1-ubyte.gz", data);
+        if (tpu_file_dataset_from_idx(img, lab, &fd) || tpu_file_dataset_map(fd, TPU_MAP_SCALE, 1.0f / 255.0f, 0) ||
+            tpu_file_dataset_cache(fd) || tpu_file_dataset_shuffle(fd, n, 1) ||
+            tpu_file_dataset_batch(fd, (size_t)batch, 1) || tpu_file_dataset_prefetch(fd, 2) ||
+            tpu_strategy_distribute_datasets_from_files(strategy, fd, TPU_INPUT_ON_HOSTS, &train))
+            return fail("building the host-side dataset");
+        tpu_file_dataset_free(fd);
+    } else if (tpu_dataset_from_tensor_slices(x, n, IN_DIM, y, TPU_LABELS_SPARSE, 1, TPU_BORROW, &train) ||
+               tpu_dataset_shuffle(train, n, 1) || tpu_dataset_batch(train, global, 1) ||
+               tpu_dataset_prefetch(train, TPU_AUTOTUNE))
         return fail("building the dataset");
     tpu_model *mdl;
     tpu_compile_options co;

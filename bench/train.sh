@@ -33,7 +33,11 @@
 # (DATA, default Debian's Fashion-MNIST, for both) and batch, alternating ROUNDS
 # times, default 3; then each one's median examples/s and Python's overhead),
 # ANCHOR=0 (skip the PyTorch DDP anchor, bench/train_ddp.py, which otherwise
-# runs after the rows when Debian's python3-torch is installed).
+# runs after the rows when Debian's python3-torch is installed),
+# HOST_INPUT=0 (skip the host-side input rows: after each cluster's rows, the
+# same rows again with bench_train --input hosts, each core's tpu-worker
+# reading the Fashion-MNIST files of DATA, default Debian's, and making its
+# own batches; run when those files are there).
 #
 # After the rows, a table per row against the machine's limit: the in-process
 # forward + backward + optimizer of one per-core shard x N / min(N, CPUs), per
@@ -188,8 +192,17 @@ run_rows() {
 [ -n "$base_bin" ] && : >"$rows.base"
 [ "$det" = 1 ] && : >"$rows.deterministic"
 [ "$py" = 1 ] && : >"$rows.python"
+# host-side input rows (bench_train --input hosts) on the files of hdata
+hdata=${DATA:-/usr/share/datasets/fashion-mnist}
+hosts_rows=0
+if [ "${HOST_INPUT:-1}" != 0 ] && [ -z "$base_bin" ] && [ "$det" != 1 ] && [ -f "$hdata/train-images-idx3-ubyte.gz" ]; then
+    hosts_rows=1
+    hdata=$(cd "$hdata" && pwd)
+fi
+: >"$rows.hosts"
 for n in $cores_list; do
     for ((r = 0; r < rounds; r++)); do
+        [ "$hosts_rows" = 1 ] && run_rows hosts "$bin" "$n" --data "$hdata" --input hosts
         run_rows current "$bin" "$n"
         [ -n "$base_bin" ] && run_rows base "$base_bin" "$n"
         [ "$det" = 1 ] && run_rows deterministic "$bin" "$n" --deterministic
@@ -228,6 +241,7 @@ printf 'machine: %s cores (nproc), %s; %s\n\n' "$(nproc)" \
 [ "$det" = 1 ] && echo "default mode (oneDNN's kernels, libm):"
 "$bin/bench_train" --header-only
 cat "$rows.current"
+[ -s "$rows.hosts" ] && { echo "host-side input (bench_train --input hosts, the files of $hdata):"; cat "$rows.hosts"; }
 # per row: the machine's limit (the in-process forward + backward + optimizer
 # of one per-core shard x N / min(N, CPUs), per global batch) and the share of
 # it reached, the client's CPU per step, and the PyTorch DDP anchor
@@ -242,6 +256,14 @@ awk -F'|' -v anchors="$rows.ddp" '
       printf "| %s | %s | %s | %s | %.3f ms | %.3f ms | %s | **%.0f %%** | %.3f ms | %s |\n",
           (label != "" ? label : "client-fed"), $2, $3, $5, $6, $8 + $9, $20, $21, $22, (k in ddp ? ddp[k] : "-") }
 ' "$rows.current"
+# the host-side input rows: the same table's columns
+[ -s "$rows.hosts" ] && awk -F'|' -v label="host-side" -v anchors="$rows.ddp" '
+    BEGIN { while ((getline l < anchors) > 0) { split(l, a, " "); ddp[a[1] " " a[2]] = a[3] } }
+    { for (i = 2; i <= NF; i++) gsub(/[ ,%]/, "", $i)
+      k = $2 " " $3
+      printf "| %s | %s | %s | %s | %.3f ms | %.3f ms | %s | **%.0f %%** | %.3f ms | %s |\n",
+          label, $2, $3, $5, $6, $8 + $9, $20, $21, $22, (k in ddp ? ddp[k] : "-") }
+' "$rows.hosts"
 # the gradient all-reduce's share of the step, per row of this build: the
 # slowest core's (waiting for its peers included) and the shortest core's
 awk -F'|' 'BEGIN { n = 0 }
