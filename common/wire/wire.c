@@ -192,11 +192,79 @@ void wire_set_clock_skew_ms(int64_t skew_ms)
     clock_skew_ms = skew_ms;
 }
 
-uint64_t wire_now_unix_ms(void)
+/* The wall clock as the wire sees it (wire_clock_hold_steps): the steps held
+ * off so far, the offset to the peer whose clock is followed, and where the
+ * wall clock stood against the boot clock at the last reading. */
+static pthread_mutex_t clock_mu = PTHREAD_MUTEX_INITIALIZER;
+static int clock_hold, clock_have_base;
+static int64_t clock_base_ms, clock_held_ms, clock_offset_ms, clock_stepped_ms;
+
+void wire_clock_hold_steps(int on)
+{
+    pthread_mutex_lock(&clock_mu);
+    clock_hold = on != 0;
+    clock_have_base = 0;
+    pthread_mutex_unlock(&clock_mu);
+}
+
+static int64_t ms_of(clockid_t id)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)((int64_t)((uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u) + clock_skew_ms);
+    clock_gettime(id, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The wall clock, its steps held off and the offset added: without the skew. */
+static int64_t clock_now_locked(void)
+{
+    int64_t wall = ms_of(CLOCK_REALTIME);
+    if (clock_hold) {
+        /* against the boot clock, which counts a suspend too: only a step of
+         * the wall clock moves this */
+        int64_t base = wall - ms_of(CLOCK_BOOTTIME);
+        if (clock_have_base &&
+            (base - clock_base_ms > WIRE_CLOCK_STEP_MS || clock_base_ms - base > WIRE_CLOCK_STEP_MS)) {
+            clock_held_ms -= base - clock_base_ms;
+            clock_stepped_ms += base - clock_base_ms;
+        }
+        clock_base_ms = base;
+        clock_have_base = 1;
+    }
+    return wall + clock_held_ms + clock_offset_ms;
+}
+
+uint64_t wire_now_unix_ms(void)
+{
+    pthread_mutex_lock(&clock_mu);
+    int64_t t = clock_now_locked();
+    pthread_mutex_unlock(&clock_mu);
+    return (uint64_t)(t + clock_skew_ms);
+}
+
+int64_t wire_clock_stepped_ms(void)
+{
+    pthread_mutex_lock(&clock_mu);
+    int64_t ms = clock_stepped_ms;
+    clock_stepped_ms = 0;
+    pthread_mutex_unlock(&clock_mu);
+    return ms;
+}
+
+int64_t wire_clock_follow(uint64_t their_unix_ms, uint64_t asked_ms, uint64_t answered_ms)
+{
+    int64_t d = 0;
+    if (answered_ms < asked_ms || answered_ms - asked_ms > WIRE_CLOCK_FOLLOW_RTT_MS)
+        return 0; /* too slow a round trip to say much */
+    pthread_mutex_lock(&clock_mu);
+    /* their clock when they answered: halfway through the round trip */
+    int64_t mine = clock_now_locked() - (int64_t)(wire_now_ms() - asked_ms) + (int64_t)(answered_ms - asked_ms) / 2;
+    int64_t off = (int64_t)their_unix_ms - mine;
+    if (off > WIRE_CLOCK_FOLLOW_MS || -off > WIRE_CLOCK_FOLLOW_MS) {
+        clock_offset_ms += off;
+        d = off;
+    }
+    pthread_mutex_unlock(&clock_mu);
+    return d;
 }
 
 uint64_t wire_now_ms(void)

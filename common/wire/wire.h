@@ -29,6 +29,28 @@ uint64_t wire_now_unix_ms(void); /* CLOCK_REALTIME (plus the skew below), for th
 void wire_set_clock_skew_ms(int64_t skew_ms);
 uint64_t wire_now_ms(void);      /* CLOCK_MONOTONIC, for ages and deadlines */
 
+/* A daemon that runs for weeks sees its wall clock stepped now and then (by
+ * NTP, by hand, by a restored VM) by minutes: its messages would then be
+ * dated outside the others' replay window, and theirs outside its own. With
+ * wire_clock_hold_steps(1), wire_now_unix_ms() holds off every step of the
+ * wall clock of more than WIRE_CLOCK_STEP_MS (it goes on as the boot clock
+ * does), and wire_clock_follow() sets it to a trusted peer's clock when the
+ * two are more than WIRE_CLOCK_FOLLOW_MS apart: the worker follows the
+ * resolver's clock, from the signed answers to its heartbeats, so a step that
+ * set a wrong clock right is taken after all. Off by default (the resolver
+ * and the clients read the wall clock as it is). */
+#define WIRE_CLOCK_STEP_MS 1000
+#define WIRE_CLOCK_FOLLOW_MS 2000
+#define WIRE_CLOCK_FOLLOW_RTT_MS 1000u /* a slower round trip says too little about the peer's clock */
+void wire_clock_hold_steps(int on);
+/* Steps held off since the last call, in ms (+: the wall clock jumped ahead). */
+int64_t wire_clock_stepped_ms(void);
+/* A trusted peer's clock: their_unix_ms, the date of its answer to a request
+ * sent at asked_ms and answered at answered_ms (wire_now_ms). Returns the
+ * correction made (0: the clocks agree within WIRE_CLOCK_FOLLOW_MS, or the
+ * round trip was too slow to tell). */
+int64_t wire_clock_follow(uint64_t their_unix_ms, uint64_t asked_ms, uint64_t answered_ms);
+
 /* Fills m's nonce (fresh random), sent_unix_ms and sender, then packs it into a
  * sealed envelope in a malloc'd buffer the caller frees. Returns the nonce in
  * *nonce_out if not NULL (a reply's request_id must match it). */

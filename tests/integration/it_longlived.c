@@ -9,11 +9,20 @@
  * A lost chunk: one data-plane chunk, picked by --test-lose-chunk, is thrown
  * away on its way to one core; the all-reduce fails UNAVAILABLE on every core
  * with the same cause, naming the link and the chunk, and the next initialize
- * gives a system whose all-reduces are right again. */
+ * gives a system whose all-reduces are right again.
+ *
+ * Clock steps: a worker whose wall clock jumps minutes ahead and back (a
+ * preload library, tests/support/clockshift.c, steps it while it runs) keeps
+ * its place in the system, its heartbeats, its collectives and its control
+ * port, with a cluster token (messages are dated, and refused more than 60 s
+ * off); one whose clock is minutes off from the start takes the resolver's
+ * time from the answer to its first heartbeat and joins. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <criterion/criterion.h>
 
@@ -243,5 +252,162 @@ Test(longlived, lost_chunk_fails_every_core_alike_and_the_next_system_works, .ti
                       "replica %d: %s", r, why);
         ct_free_bufs(b, t->n);
     }
+    ct_free(t);
+}
+
+/* ---- clock steps ---- */
+
+/* A file holding a clock offset for the preload library (ms). */
+static void set_shift(const char *path, int64_t ms)
+{
+    int fd = open(path, O_WRONLY | O_CREAT, 0600);
+    cr_assert_geq(fd, 0, "cannot write %s", path);
+    cr_assert_eq(pwrite(fd, &ms, sizeof ms, 0), (ssize_t)sizeof ms);
+    close(fd);
+}
+
+/* Starts worker host/core with its wall clock shifted by the offset in path. */
+static int add_shifted_worker(cluster *c, const char *host, int core, const char *path)
+{
+    char *asan = getenv("ASAN_OPTIONS") ? strdup(getenv("ASAN_OPTIONS")) : NULL;
+    char opts[1024];
+    /* the sanitizers' runtime must come first among the libraries; the
+     * preload library has no use for them */
+    snprintf(opts, sizeof opts, "%s%sverify_asan_link_order=0", asan ? asan : "", asan && *asan ? ":" : "");
+    setenv("ASAN_OPTIONS", opts, 1);
+    setenv("LD_PRELOAD", TPUEMU_CLOCKSHIFT_LIB, 1);
+    setenv("TPUEMU_TEST_CLOCK_FILE", path, 1);
+    int w = cluster_add_worker(c, host, core, NULL);
+    unsetenv("LD_PRELOAD");
+    unsetenv("TPUEMU_TEST_CLOCK_FILE");
+    if (asan)
+        setenv("ASAN_OPTIONS", asan, 1);
+    else
+        unsetenv("ASAN_OPTIONS");
+    free(asan);
+    return w;
+}
+
+/* How many times s is in the process's log. */
+static int log_count(const cl_proc *p, const char *s)
+{
+    char *log = cl_read_file(p->log);
+    int n = 0;
+    for (const char *q = log; (q = strstr(q, s)) != NULL; q += strlen(s))
+        n++;
+    free(log);
+    return n;
+}
+
+static int wait_log_count(const cl_proc *p, const char *s, int n, int timeout_ms)
+{
+    int64_t end = cl_now_ms() + (int64_t)timeout_ms * cl_time_scale();
+    while (log_count(p, s) < n) {
+        if (cl_now_ms() >= end)
+            return 0;
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return 1;
+}
+
+/* The step_ms of the last "the wall clock stepped" line (0: none); the two
+ * clocks it compares are read a few microseconds apart, so a step of 300000
+ * ms may show as 299999. */
+static long long last_step_ms(const cl_proc *p)
+{
+    char *log = cl_read_file(p->log);
+    const char *q = log, *last = NULL;
+    while ((q = strstr(q, "the wall clock stepped")) != NULL)
+        last = q++;
+    long long v = 0;
+    if (last && (last = strstr(last, "step_ms=")) != NULL)
+        v = strtoll(last + 8, NULL, 10);
+    free(log);
+    return v;
+}
+
+/* A checked all-reduce over the system of t. */
+static void all_reduce_ok(colltest *t, int seed, const char *when)
+{
+    int members[CL_MAX_WORKERS];
+    char why[256];
+    size_t count = 100003;
+    void **b = ct_bufs(t->n, count, TPU_F32, seed, 0, t->n);
+    for (int r = 0; r < t->n; r++)
+        members[r] = r;
+    tpu_status s = tpu_all_reduce(t->c, b, count, TPU_F32, TPU_SUM, NULL);
+    cr_assert_eq(s, TPU_OK, "%s: %s: %s", when, tpu_status_name(s), tpu_last_error());
+    for (int r = 0; r < t->n; r++)
+        cr_assert(ct_check_reduce(b[r], count, 0, TPU_F32, TPU_SUM, seed, 0, members, t->n, why, sizeof why),
+                  "%s: replica %d: %s", when, r, why);
+    ct_free_bufs(b, t->n);
+}
+
+Test(longlived, wall_clock_steps_keep_membership_and_collectives, .timeout = 180)
+{
+    cluster_opts o = {.token = 1, .heartbeat_ms = 1000, .no_wait = 1};
+    colltest *t = calloc(1, sizeof *t);
+    cr_assert_not_null(t);
+    t->cl = cluster_start(&o);
+    char path[600], late[600];
+    snprintf(path, sizeof path, "%s/clock-h0-1", t->cl->dir);
+    snprintf(late, sizeof late, "%s/clock-h1-0", t->cl->dir);
+    set_shift(path, 0);
+    cluster_add_worker(t->cl, "h0", 0, NULL);
+    int w = add_shifted_worker(t->cl, "h0", 1, path);
+    cl_proc *wp = &t->cl->workers[w];
+    cr_assert(cluster_wait_count(t->cl, CL_ALIVE, 2, 20000), "only %d of 2 workers registered",
+              cluster_count(t->cl, CL_ALIVE));
+    cr_assert_eq(cluster_connect(t->cl, &t->r, &t->c), TPU_OK, "connect: %s", tpu_last_error());
+    ct_reinit(t);
+    cr_assert_eq(t->n, 2);
+    all_reduce_ok(t, 11, "before any step");
+
+    /* 5 minutes ahead, then 3 behind (8 back), then right again */
+    static const int64_t shifts[] = {300000, -180000, 0};
+    int64_t was = 0;
+    for (int k = 0; k < 3; k++) {
+        char step[64], when[96];
+        set_shift(path, shifts[k]);
+        snprintf(step, sizeof step, "step_ms=%lld", (long long)(shifts[k] - was));
+        snprintf(when, sizeof when, "after the wall clock of h0/1 stepped by %lld ms", (long long)(shifts[k] - was));
+        /* seen at its next heartbeat */
+        cr_assert(wait_log_count(wp, "the wall clock stepped", k + 1, 10000), "%s: not seen; see %s", when, wp->log);
+        long long logged = last_step_ms(wp);
+        cr_assert(llabs(logged - (long long)(shifts[k] - was)) <= 50, "%s: the step logged is %lld ms, not %s; see %s",
+                  when, logged, step, wp->log);
+        was = shifts[k];
+        all_reduce_ok(t, 12 + k, when);
+        /* the control port takes a client's message, dated by the client's clock */
+        tpu_scheduled_fault l[4];
+        size_t n = 9;
+        cr_assert_eq(tpu_list_faults(t->c, "h0", 1, l, 4, sizeof *l, &n), TPU_OK, "%s: %s", when, tpu_last_error());
+        cr_assert_eq(n, 0);
+        /* and the heartbeats of the next 2 s (two beats) are taken */
+        int acked = log_count(&t->cl->resolver, "msg=\"core dead\"");
+        struct timespec ts = {2, 0};
+        nanosleep(&ts, NULL);
+        cr_assert_eq(log_count(&t->cl->resolver, "msg=\"core dead\""), acked);
+        cr_assert_eq(cluster_core_state(t->cl, "h0", 1, NULL), TPU_CORE_READY, "%s: h0/1 left the system", when);
+    }
+    cr_assert_not(cl_log_contains(&t->cl->resolver, "msg=\"core dead\""), "a core went dead; see %s",
+                  t->cl->resolver.log);
+    cr_assert_not(cl_log_contains(wp, "refused"), "h0/1 had a message refused; see %s", wp->log);
+    cr_assert_not(cl_log_contains(&t->cl->workers[0], "refused"), "h0/0 had a message refused; see %s",
+                  t->cl->workers[0].log);
+    all_reduce_ok(t, 20, "after the steps");
+
+    /* a worker whose clock is 4 minutes ahead from its start: its first
+     * heartbeat is refused, the refusal tells it the resolver's time */
+    set_shift(late, 240000);
+    int w2 = add_shifted_worker(t->cl, "h1", 0, late);
+    cr_assert(cluster_wait_count(t->cl, CL_ALIVE, 3, 20000), "h1/0, 4 minutes ahead, did not join; see %s",
+              t->cl->workers[w2].log);
+    cr_assert(cl_log_contains(&t->cl->workers[w2], "messages are dated by the resolver's"), "see %s",
+              t->cl->workers[w2].log);
+    ct_reinit(t);
+    cr_assert_eq(t->n, 3);
+    all_reduce_ok(t, 21, "with a worker on the resolver's time");
     ct_free(t);
 }

@@ -97,10 +97,14 @@ static void tick(uv_timer_t *t)
     body.worker = &info;
     m.body_case = TPUEMU__MESSAGE__BODY_HEARTBEAT;
     m.heartbeat = &body;
+    int64_t step = wire_clock_stepped_ms();
+    if (step)
+        log_warn("the wall clock stepped; messages keep the time they had", "step_ms=%lld", (long long)step);
     if (wire_seal(hb->env.auth, hb->env.id->sender, &m, &buf, &len, &hb->last_nonce, &e) != CODE_OK) {
         log_error("cannot build a heartbeat", "reason=%s", log_q(e.msg));
         return;
     }
+    hb->asked_ms = wire_now_ms();
     if (spreq_send(hb->rq, buf, len, &e) != CODE_OK)
         log_debug("heartbeat not sent", "reason=%s", log_q(e.msg));
     else
@@ -251,6 +255,14 @@ static void on_msg(spreq *q, const uint8_t *buf, size_t len)
     }
     hb->last_nonce = 0;
     hb->unanswered = 0;
+    /* the resolver's signed answer to this very heartbeat says what time it
+     * is there: with a token, messages are dated by it */
+    if (hb->env.auth->enabled) {
+        int64_t off = wire_clock_follow(m->sent_unix_ms, hb->asked_ms, wire_now_ms());
+        if (off)
+            log_warn("this worker's clock and the resolver's disagree; messages are dated by the resolver's",
+                     "off_ms=%lld resolver=%s", (long long)off, log_q(hb->env.resolver_url));
+    }
     switch (m->body_case) {
     case TPUEMU__MESSAGE__BODY_HEARTBEAT_REPLY:
         hb->strikes = 0;

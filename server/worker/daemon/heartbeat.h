@@ -55,6 +55,7 @@ struct heartbeat {
     int started;
     unsigned interval_ms; /* 1000 until the resolver says otherwise */
     uint64_t last_nonce;  /* of the request in flight; 0: none */
+    uint64_t asked_ms;    /* when it was sent (wire_now_ms) */
     unsigned unanswered;  /* ticks in a row without a reply */
     int registered;       /* got a HeartbeatReply since start */
     int unreachable;      /* "resolver unreachable" was logged */

@@ -641,6 +641,9 @@ int main(int argc, char **argv)
     w.id.replica_id = -1;
     log_init("worker", LOG_INFO);
     auth_global_init();
+    /* weeks of running meet steps of the wall clock: the messages' dates
+     * keep going as the boot clock does, and follow the resolver's clock */
+    wire_clock_hold_steps(1);
     if ((rc = configure(&w, argc, argv)) != RUN)
         return rc;
     signal(SIGPIPE, SIG_IGN);
