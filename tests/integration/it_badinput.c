@@ -2,6 +2,7 @@
  * worker control port, worker data port). Each case checks for a clear
  * error reply or a refusal, and that the daemon still serves a normal request
  * afterwards. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include <criterion/criterion.h>
 
 #include "cluster.h"
+#include "hostin.h"
 #include "raw.h"
 
 static cluster *c;
@@ -547,6 +549,89 @@ Test(badinput, data_port_peer_dies_mid_frame)
     fd = tcp_connect_addr(data, 2000);
     tcp_send_all(fd, "\x05\x00", 2);
     close(fd);
+    still_serving();
+}
+
+/* Host-side input specs no client of the library sends (it checks them
+ * first): each refused with an error naming what is wrong, before any file is
+ * opened or anything allocated from them, and the worker keeps serving. */
+Test(badinput, data_port_hostile_host_input_specs)
+{
+    static char long_path[5000];
+    uint8_t chal[AUTH_CHALLENGE_BYTES];
+    memset(long_path, 'a', sizeof long_path - 1);
+    struct {
+        const char *what, *expect;
+        uint32_t kind, batch, id, num, depth;
+        uint64_t rows, buffer, nbatches;
+        float a, b;
+        const char *images;
+    } cases[] = {
+        {"no batch()", "no batch()", HIN_CACHE, 0, 0, 1, 0, 60000, 0, 1, 0, 0, "/x"},
+        {"2^62 rows", "is not a dataset", HIN_BATCH, 8, 0, 1, 0, 1ull << 62, 0, 1, 0, 0, "/x"},
+        {"a batch of 2^31 rows", "1..", HIN_BATCH, 1u << 31, 0, 1, 0, 60000, 0, 1, 0, 0, "/x"},
+        {"pipeline 7 of 2", "does not exist", HIN_BATCH, 8, 7, 2, 0, 60000, 0, 1, 0, 0, "/x"},
+        {"0 pipelines", "does not exist", HIN_BATCH, 8, 0, 0, 0, 60000, 0, 1, 0, 0, "/x"},
+        {"a 4999-byte file name", "longer than", HIN_BATCH, 8, 0, 1, 0, 60000, 0, 1, 0, 0, long_path},
+        {"no file name", "no images file", HIN_BATCH, 8, 0, 1, 0, 60000, 0, 1, 0, 0, NULL},
+        {"positions for 3 steps in a 1-step request", "batch positions", HIN_BATCH, 8, 0, 1, 0, 60000, 0, 3, 0, 0,
+         "/x"},
+        {"op kind 99", "unknown kind 99", 99, 8, 0, 1, 0, 60000, 0, 1, 0, 0, "/x"},
+        {"a NaN scale", "not a finite number", HIN_MAP_SCALE, 8, 0, 1, 0, 60000, 0, 1, NAN, 0, "/x"},
+        {"normalize by 0", "zero deviation", HIN_MAP_NORMALIZE, 8, 0, 1, 0, 60000, 0, 1, 1, 0, "/x"},
+        {"a shuffle buffer of 0", "buffer 0", HIN_SHUFFLE, 8, 0, 1, 0, 60000, 0, 1, 0, 0, "/x"},
+        {"prefetch 1000", "prefetch depth", HIN_PREFETCH, 8, 0, 1, 1000, 60000, 0, 1, 0, 0, "/x"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        Tpuemu__FrameHeader *ans, h = TPUEMU__FRAME_HEADER__INIT;
+        Tpuemu__StepsSpec ss = TPUEMU__STEPS_SPEC__INIT;
+        Tpuemu__HostInput hi = TPUEMU__HOST_INPUT__INIT;
+        Tpuemu__InputOp op = TPUEMU__INPUT_OP__INIT, bop = TPUEMU__INPUT_OP__INIT, *ops[2] = {&op, &bop};
+        uint32_t rows[1] = {8}, grows[1] = {8};
+        uint64_t pos[3] = {0, 1, 2};
+        int fd;
+        cr_assert_eq(dp_handshake(data, NULL, 0, &fd, &ans, chal), 0);
+        frame_header_free(ans);
+        op.kind = cases[k].kind;
+        op.batch = cases[k].batch;
+        op.buffer = cases[k].buffer;
+        op.depth = cases[k].depth;
+        op.a = cases[k].a;
+        op.b = cases[k].b;
+        bop.kind = HIN_BATCH; /* a batch after the op (maps and shuffles come before it) */
+        bop.batch = 8;
+        hi.images = (char *)(uintptr_t)cases[k].images;
+        hi.labels = (char *)"/y";
+        hi.rows = cases[k].rows;
+        hi.x_dim = 784;
+        hi.n_ops = cases[k].kind == HIN_BATCH || cases[k].kind == HIN_CACHE || cases[k].kind == HIN_PREFETCH ? 1 : 2;
+        hi.ops = ops;
+        if (cases[k].kind == HIN_PREFETCH) { /* prefetch last, after the batch */
+            ops[0] = &bop;
+            ops[1] = &op;
+            hi.n_ops = 2;
+        }
+        hi.input_pipeline_id = cases[k].id;
+        hi.num_input_pipelines = cases[k].num;
+        hi.n_batches = cases[k].nbatches;
+        hi.batches = pos;
+        ss.model_id = 77;
+        ss.steps = 1;
+        ss.n_rows = ss.n_global_rows = 1;
+        ss.rows = rows;
+        ss.global_rows = grows;
+        ss.has_labels = 1;
+        ss.host_input = &hi;
+        h.kind = TPUEMU__FRAME_KIND__FRAME_STEPS;
+        h.steps = &ss;
+        dp_send(fd, &h, NULL, 0);
+        cr_assert_eq(dp_recv(fd, 3000, &ans, NULL), 0, "%s: no answer", cases[k].what);
+        cr_assert_eq(ans->kind, TPUEMU__FRAME_KIND__FRAME_ERROR, "%s: got kind %d", cases[k].what, ans->kind);
+        cr_assert_eq((int)ans->status->code, CODE_INVALID_ARGUMENT, "%s: %s", cases[k].what, ans->status->message);
+        cr_assert(strstr(ans->status->message, cases[k].expect), "%s: %s", cases[k].what, ans->status->message);
+        frame_header_free(ans);
+        close(fd);
+    }
     still_serving();
 }
 

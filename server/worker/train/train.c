@@ -137,6 +137,15 @@ static int check_steps(struct train *t, const Tpuemu__StepsSpec *s, uint64_t *by
     uint64_t total = 0;
     if (!s)
         return err_set(e, CODE_INVALID_ARGUMENT, "STEPS without a steps spec");
+    if (s->host_input && (!tm || tm->id != s->model_id)) { /* checked before anything else is */
+        struct hin_spec *hs = NULL;
+        int rc = s->n_rows == s->steps
+                     ? steps_host_input(NULL, s, &hs, e)
+                     : err_set(e, CODE_INVALID_ARGUMENT, "steps.rows needs %u entries, not %zu", s->steps, s->n_rows);
+        free(hs);
+        if (rc != CODE_OK)
+            return rc;
+    }
     if (!tm || tm->id != s->model_id)
         return CODE_OK; /* answered in order, with the reason, by kick */
     if ((unsigned)s->mode > TPUEMU__STEP_MODE__STEP_PREDICT)
