@@ -3,9 +3,11 @@
  * channel, failures with the messages users see ("core host1/3 never sent
  * chunk 5 of all-reduce #812"), and the choice of transport (shared memory
  * with a same-host peer, else TCP, also when the shared-memory set-up
- * fails). The bytes move in chan_tcp.c or shm.c, reached through their
- * chan_transport ops tables; what all channels of one worker share (deferred
- * completions, the collectives that failed) is kept here too. */
+ * fails: chan_pick_tx, the one place that installs a transport on the
+ * outgoing half). The bytes move in chan_tcp.c or shm.c, reached through the
+ * ops each half holds (chan_impl.h: struct chan_ops); what all channels of
+ * one worker share (deferred completions, the collectives that failed) is
+ * kept here too. */
 #include "chan_impl.h"
 
 #include <sched.h>
@@ -111,9 +113,12 @@ struct chan *chan_get(struct peers *p, int r)
 
 /* ---- one channel ---- */
 
+static void on_timer_closed(uv_handle_t *h);
+
 struct chan *chan_new(struct peers *p, int r)
 {
     struct chan *l = calloc(1, sizeof *l);
+    err e;
     if (!l)
         return NULL;
     l->p = p;
@@ -123,7 +128,12 @@ struct chan *chan_new(struct peers *p, int r)
     uv_timer_init(p->loop, &l->timer);
     l->timer.data = l;
     l->refs = 1;
-    hold_attach(l);
+    l->ctl.ops = p->ctl;
+    if (l->ctl.ops->start(l, &e) != CODE_OK) {
+        uv_close((uv_handle_t *)&l->timer, on_timer_closed);
+        return NULL;
+    }
+    p->faults->attach(l);
     return l;
 }
 
@@ -131,9 +141,10 @@ void chan_unref(struct chan *l)
 {
     if (--l->refs > 0)
         return;
+    if (l->ctl.ops && l->ctl.ops->release)
+        l->ctl.ops->release(l);
     free(l->aborts);
     free(l->linger_err);
-    free(l->rtmp);
     free(l);
 }
 
@@ -157,6 +168,16 @@ static void drop_queue(struct lopq *q, int keep_issued)
     q->head = q->tail = NULL;
 }
 
+/* Closes every transport's part of l: the halves, then the ctl. */
+static void close_halves(struct chan *l)
+{
+    if (l->tx.ops)
+        l->tx.ops->close(l);
+    if (l->rx.ops)
+        l->rx.ops->close(l);
+    l->ctl.ops->close(l);
+}
+
 void chan_destroy(struct chan *l)
 {
     if (l->closing)
@@ -166,8 +187,7 @@ void chan_destroy(struct chan *l)
     drop_queue(&l->hq, 0);
     drop_queue(&l->sq, 1);
     /* writes stop now; their callbacks (from the loop) free issued ops */
-    l->p->tcp->close(l);
-    l->p->shmt->close(l);
+    close_halves(l);
     if (l->pseg) {
         munmap((void *)(uintptr_t)l->pseg, l->pseg_len);
         l->pseg = NULL;
@@ -186,14 +206,20 @@ const char *chan_peer_name(const struct chan *l)
     return l->name;
 }
 
+/* A half moves its bytes through shared memory once its set-up is done. */
+static int half_shm(const struct chan_half *h)
+{
+    return h->ops && h->ops->shm && h->st;
+}
+
 int chan_is_shm(const struct chan *l)
 {
-    return l->shm_tx != NULL || l->shm_rx != NULL;
+    return half_shm(&l->tx) || half_shm(&l->rx);
 }
 
 static uint64_t bytes_in(const struct chan *l)
 {
-    return l->p->tcp->bytes_in(l) + l->p->shmt->bytes_in(l);
+    return l->rx.ops ? l->rx.ops->bytes_in(l) : 0;
 }
 
 void chan_progress(struct chan *l)
@@ -219,12 +245,12 @@ static void on_spin(uv_idle_t *h)
                 continue;
             if (l->rq.head) {
                 waiting = 1;
-                if (l->shm_rx)
-                    p->shmt->kick_recv(l);
+                if (l->rx.ops && l->rx.ops->poll)
+                    l->rx.ops->poll(l);
             }
-            if (l->sq.head && l->shm_tx) {
+            if (l->sq.head && half_shm(&l->tx) && l->tx.ops->poll) {
                 waiting = 1;
-                p->shmt->kick_send(l);
+                l->tx.ops->poll(l);
             }
         }
     if (!waiting) {
@@ -233,10 +259,10 @@ static void on_spin(uv_idle_t *h)
         /* going to sleep: the shared-memory rings ask for their wake-ups now */
         for (uint32_t i = 0; !p->stopping && i < p->n; i++) {
             struct chan *l = p->links ? p->links[i] : NULL;
-            if (l && !l->closing && l->rq.head && l->shm_rx)
-                p->shmt->kick_recv(l);
-            if (l && !l->closing && l->sq.head && l->shm_tx)
-                p->shmt->kick_send(l);
+            if (l && !l->closing && l->rq.head && l->rx.ops && l->rx.ops->poll)
+                l->rx.ops->poll(l);
+            if (l && !l->closing && l->sq.head && half_shm(&l->tx) && l->tx.ops->poll)
+                l->tx.ops->poll(l);
         }
         return;
     }
@@ -321,8 +347,8 @@ void chan_fail_seq(struct chan *l, uint64_t seq, const err *e)
 {
     if (l->closing)
         return;
-    if (l->rq.head && l->in && l->rq.head->seq == seq)
-        dp_conn_discard_current(l->in); /* it may be reading into the head's buffer */
+    if (l->rq.head && l->rq.head->seq == seq && l->rx.ops && l->rx.ops->discard)
+        l->rx.ops->discard(l); /* it may be reading into the head's buffer */
     fail_queue(l, &l->rq, 0, seq, e);
     fail_queue(l, &l->hq, 0, seq, e);
     fail_queue(l, &l->sq, 0, seq, e);
@@ -354,23 +380,12 @@ void chan_fail(struct chan *l, uint64_t seq, const err *e)
 {
     if (l->closing)
         return;
-    if (l->in)
-        dp_conn_discard_current(l->in);
-    if (l->out) {
-        dp_conn *c = l->out;
-        l->out = NULL;
-        l->out_ready = 0;
-        dp_conn_close(c, NULL); /* issued writes complete (cancelled) from the loop */
-    }
+    if (l->rx.ops && l->rx.ops->discard)
+        l->rx.ops->discard(l);
     fail_queue(l, &l->rq, 1, 0, e);
     fail_queue(l, &l->hq, 1, 0, e);
     fail_queue(l, &l->sq, 1, 0, e);
-    if (l->in) {
-        dp_conn *c = l->in;
-        l->in = NULL;
-        dp_conn_close(c, NULL);
-    }
-    l->p->shmt->close(l);
+    close_halves(l); /* issued writes complete (cancelled) from the loop */
     l->linger_until = 0;
     chan_arm(l);
     l->p->fail_seq(l->p, seq, e, 1, l->replica);
@@ -467,24 +482,12 @@ static void on_link_timer(uv_timer_t *t)
     }
     if (l->grace_until && now >= l->grace_until) {
         l->grace_until = 0;
-        if (has_issued(l) && l->out) {
-            dp_conn *c = l->out;
-            l->out = NULL;
-            l->out_ready = 0;
-            log_info("cutting a stuck data-plane connection after a failure", "peer=%s", log_q(l->name));
-            dp_conn_close(c, NULL);
-            if (l->naborts) {
-                err de;
-                for (unsigned i = 0; i < l->naborts; i++)
-                    l->aborts[i].issued = 0;
-                if (l->p->tcp->connect(l, &de) != CODE_OK)
-                    l->naborts = 0;
-            }
-        }
+        if (has_issued(l) && l->tx.ops && l->tx.ops->unstick)
+            l->tx.ops->unstick(l);
     }
     if (!l->rq.head && !l->sq.head)
         l->silent_since = 0;
-    if (l->lf && hold_partitioned(l, now, &e)) {
+    if (l->lf && l->p->faults->partitioned(l, now, &e)) {
         /* the link is cut, not the peer: no probe, and the connections stay
          * for after the partition; the ABORT goes to the peer too (it is
          * not held), so that it fails with this cause, not a later one */
@@ -561,7 +564,10 @@ void chan_trace_done(struct chan *l, const struct lop *op)
     ev.coll_step = op->step;
     ev.chunk = op->chunk;
     ev.peer = l->replica;
-    memcpy(ev.algo, (chan_is_shm(l) ? l->p->shmt : l->p->tcp)->name, 4); /* "shm", "tcp" */
+    {
+        const struct chan_ops *o = op->kind == LOP_SEND ? l->tx.ops : l->rx.ops;
+        memcpy(ev.algo, o ? o->name : "tcp", 4); /* "shm", "tcp" */
+    }
     trace_add(t, &ev);
 }
 
@@ -594,34 +600,64 @@ static void shm_fallback_log(struct chan *l, const char *why)
     }
 }
 
-/* The outgoing half goes over TCP: dial it; a peer that cannot be reached
- * fails op's collective (op may be NULL: nothing to fail). */
-static void tcp_take_sends(struct chan *l, const struct lop *op)
+/* The outgoing half's transport, chosen at its first send: shared memory
+ * with a same-host peer that offers it, else TCP (also when the set-up
+ * cannot start, or fails later: chan_tx_failed). The only place a channel's
+ * sends get their transport. */
+static void pick_tx(struct chan *l)
 {
-    err e, fe;
-    if (l->p->tcp->connect(l, &e) != CODE_OK && op) {
-        err_set(&fe, CODE_UNAVAILABLE, "cannot reach core %s for chunk %u of %s #%llu: %s", l->name,
-                op->chunk, op->what, (unsigned long long)op->seq, e.msg);
-        chan_fail(l, op->seq, &fe);
+    struct peers *p = l->p;
+    err e;
+
+    if (!p->tcp_only && p->shm && peers_same_host_shm(p, l->replica)) {
+        l->tx.ops = p->shm_tx;
+        l->tx.st = NULL;
+        if (l->tx.ops->start(l, &e) == CODE_OK)
+            return; /* the sends wait for chan_tx_ready or chan_tx_failed */
+        shm_fallback_log(l, e.msg);
     }
+    l->tx.ops = p->tcp_tx;
+    l->tx.st = NULL;
 }
 
-void chan_shm_ready(struct chan *l)
+void chan_tx_ready(struct chan *l)
 {
-    l->shm_dialing = 0;
     chan_progress(l);
-    l->p->shmt->kick_send(l);
+    l->tx.ops->kick(l);
 }
 
-void chan_shm_failed(struct chan *l, const char *why)
+void chan_tx_lost(struct chan *l)
 {
-    l->shm_dialing = 0;
+    l->tx.ops = l->p->tcp_tx;
+    l->tx.st = NULL;
+}
+
+void chan_tx_failed(struct chan *l, const char *why)
+{
     if (l->closing)
         return;
     if (why)
         shm_fallback_log(l, why);
-    if (!l->out)
-        tcp_take_sends(l, l->sq.head);
+    chan_tx_lost(l);
+    l->tx.ops->kick(l);
+}
+
+void chan_rx_use(struct chan *l, const struct chan_ops *ops, void *st)
+{
+    if (l->rx.ops == ops && l->rx.st == st)
+        return;
+    if (l->rx.ops)
+        l->rx.ops->close(l);
+    l->rx.ops = ops;
+    l->rx.st = st;
+}
+
+void chan_rx_lost(struct chan *l, const void *st)
+{
+    if (l->rx.st == st) {
+        l->rx.ops = NULL;
+        l->rx.st = NULL;
+    }
 }
 
 void chan_aborted(struct chan *l, uint64_t seq, const err *e)
@@ -643,7 +679,7 @@ int chan_send(struct chan *l, const struct xport_chunk *c, const void *buf, size
     if (!l->sq.head && !l->rq.head && !l->hq.head)
         chan_progress(l); /* the clock starts when the link gets busy */
     if (l->holding)
-        hold_send(l, op); /* a link fault (hold.c) */
+        l->p->faults->send(l, op); /* a link fault (hold.c) */
     else
         chan_send_now(l, op);
     return CODE_OK;
@@ -651,28 +687,11 @@ int chan_send(struct chan *l, const struct xport_chunk *c, const void *buf, size
 
 void chan_send_now(struct chan *l, struct lop *op)
 {
-    err e;
-
     lopq_push(&l->sq, op);
     chan_arm(l);
-    if (l->shm_tx) {
-        l->p->shmt->kick_send(l);
-        return;
-    }
-    if (l->shm_dialing)
-        return; /* the set-up's end (chan_shm_ready or _failed) kicks the queue */
-    if (l->out) {
-        l->p->tcp->kick_send(l); /* now, or once the connection is ready */
-        return;
-    }
-    /* first send (or the connection went away between collectives) */
-    if (!l->shm_tried && !l->p->tcp_only && l->p->shm && peers_same_host_shm(l->p, l->replica)) {
-        l->shm_tried = 1;
-        if (l->p->shmt->connect(l, &e) == CODE_OK)
-            return;
-        shm_fallback_log(l, e.msg);
-    }
-    tcp_take_sends(l, op);
+    if (!l->tx.ops)
+        pick_tx(l);     /* the first send */
+    l->tx.ops->kick(l); /* now, or once the half is ready */
 }
 
 int chan_recv(struct chan *l, const struct xport_chunk *c, void *buf, size_t len, xport_cb cb, void *arg)
@@ -699,9 +718,7 @@ int chan_recv_reduce(struct chan *l, const struct xport_chunk *c, void *buf, siz
     lopq_push(&l->rq, op);
     chan_arm(l);
     chan_spin(l->p);
-    if (l->rq.head == op) {
-        l->p->shmt->kick_recv(l);
-        l->p->tcp->kick_recv(l);
-    }
+    if (l->rq.head == op && l->rx.ops)
+        l->rx.ops->kick(l);
     return CODE_OK;
 }

@@ -2,17 +2,22 @@
  * peers, shared by the layers of the transport, from the top:
  *   peers.c     the set of channels of one epoch, failures broadcast as
  *               ABORTs, the xport ops table; it gives chan.c the transports
- *   chan_tcp.c  the TCP transport of a channel (dp_conn glue)
+ *               and the link-fault layer
+ *   hold.c      link faults (delay, loss, partition): the sends they hold
+ *               back before chan.c issues them
+ *   chan_tcp.c  the TCP transport (dp_conn glue)
  *   shm.c       the shared-memory transport (rings, set-up, listener)
  *   chan.c      the channel itself: queues, progress timer, failures and
  *               their messages, deferred completions, the failed
- *               collectives, and the choice of transport, made through the
- *               chan_transport ops tables
- *   hold.c      link faults (delay, loss, partition): the sends they hold
- *               back before chan.c issues them
- * Each calls only the ones below it; chan.c reaches a transport through its
- * ops table and the set through peers.fail_seq. Not for the engine: it uses
- * xport.h only. */
+ *               collectives, and the choice of transport
+ * Each half of a channel (tx: the sends, rx: the receives) holds the ops of
+ * the transport that moves its chunks and that transport's state of it;
+ * chan.c works through them only (struct chan_ops) and has no transport of
+ * its own. ABORTs always travel over TCP (the channel's ctl, also an ops
+ * pointer and state), whichever transport moves the chunks. Each file calls
+ * only the ones below it: chan.c reaches the transports, the link-fault
+ * layer and the set through pointers peers.c installs. Not for the engine:
+ * it uses xport.h only. */
 #ifndef TPUEMU_WORKER_NET_CHAN_IMPL_H
 #define TPUEMU_WORKER_NET_CHAN_IMPL_H
 
@@ -73,8 +78,6 @@ struct lopq {
     struct lop *head, *tail;
 };
 
-struct shm_tx;
-struct shm_rx;
 struct chan;
 
 /* A fault on the link to one peer core (peers.h: peers_link_fault), kept by
@@ -89,23 +92,45 @@ struct link_fault {
     uint64_t held, lost;   /* chunks held back, transmissions lost: logged at its end */
 };
 
-/* One way of moving a channel's bytes (chan_tcp.c: chan_tcp_transport;
- * shm.c: chan_shm_transport). chan.c calls them; they call chan.c back
- * through its functions below, never the set. */
-struct chan_transport {
-    const char *name;  /* "tcp", "shm": the profiler's SEND/RECV events */
-    /* Sets up the outgoing half; CODE_OK when under way. TCP: dials (on_ready
-     * issues the sends). shm: starts the set-up, which ends in
-     * chan_shm_ready or chan_shm_failed; sends wait for it. */
-    int (*connect)(struct chan *l, err *e);
-    /* Sends were queued: issue what the outgoing half can take now. */
-    void (*kick_send)(struct chan *l);
-    /* The receive at the head of rq changed: take what has arrived for it. */
-    void (*kick_recv)(struct chan *l);
-    /* Bytes received so far (progress, for timeouts). */
+/* One transport's side of a channel's half (chan_tcp.c: chan_tcp_tx,
+ * chan_tcp_rx, chan_tcp_ctl; shm.c: chan_shm_tx, chan_shm_rx). chan.c calls
+ * them; they call chan.c back through its functions below, never the set.
+ * Members a half does not use are NULL. */
+struct chan_ops {
+    const char *name; /* "tcp", "shm": the profiler's SEND/RECV events */
+    int shm;          /* 1: the bytes go through shared memory (xport's is_shm) */
+    /* tx: starts the set-up of the half; CODE_OK when under way (shm: the
+     * sends wait for chan_tx_ready, or chan_tx_failed gives them to TCP).
+     * ctl: makes the state (no connection yet). */
+    int (*start)(struct chan *l, err *e);
+    /* tx: sends were queued: issue what the half can take now (TCP: dials
+     * first when it has no connection). rx: the receive at the head of rq
+     * changed: take what has arrived for it. */
+    void (*kick)(struct chan *l);
+    /* optional: the loop polls (chan_spin): look again without a wake-up */
+    void (*poll)(struct chan *l);
+    /* rx: bytes received so far (progress, for timeouts) */
     uint64_t (*bytes_in)(const struct chan *l);
-    /* Closes this transport's halves of l; no callback about them follows. */
+    /* rx, optional: the head receive's collective failed: stop filling its
+     * buffer */
+    void (*discard)(struct chan *l);
+    /* tx, optional: a failed collective's writes were issued and did not
+     * drain in the grace period: cut them (the queued ABORTs go again) */
+    void (*unstick)(struct chan *l);
+    /* ctl: writes the queued ABORTs, connecting first if needed */
+    void (*abort)(struct chan *l);
+    /* Closes this transport's part of the half (ctl: the TCP connections,
+     * which carry a TCP half's chunks too); no callback about it follows. */
     void (*close)(struct chan *l);
+    /* ctl, optional: frees the state with the channel */
+    void (*release)(struct chan *l);
+};
+
+/* A half of a channel: the transport that moves it and that transport's
+ * state of it (opaque here; NULL ops: none yet). */
+struct chan_half {
+    const struct chan_ops *ops;
+    void *st;
 };
 
 struct chan {
@@ -116,10 +141,12 @@ struct chan {
     int closing;            /* reset: no more callbacks; freed when refs reach 0 */
     int refs;               /* timer + conns + shm handles still open */
 
-    /* outgoing half: TCP dial (lazy) or the shm segment we write */
-    dp_conn *out;
-    int out_ready;
+    /* the halves: tx chosen at the first send (chan.c), rx by the
+     * transport the peer's chunks come by; ctl: TCP, for the ABORTs */
+    struct chan_half tx, rx, ctl;
+
     struct lopq sq;         /* sends not yet complete, in order */
+    struct lopq rq;         /* posted receives, in order */
     /* a link fault: chan_send holds sends back in hq (in order, each until
      * its op->release) while lf is set or hq is not empty; holding says so
      * in one word, so that a link without a fault pays one branch */
@@ -127,21 +154,8 @@ struct chan {
     struct link_fault *lf;  /* the fault on this link; NULL: none */
     struct lopq hq;
     struct chan_abort *aborts; /* CHAN_ABORTS_MAX, allocated at the first */
-    unsigned naborts;          /* ABORTs to write once out is ready, oldest first */
+    unsigned naborts;          /* ABORTs to write once ctl is ready, oldest first */
 
-    /* incoming half: the peer's dial to us, or the segment it writes */
-    dp_conn *in;
-    int in_cut;             /* an incoming connection was lost or replaced since the last
-                               chunk that arrived as expected: chunks may be lost */
-    struct lopq rq;         /* posted receives, in order */
-    uint8_t *rtmp;          /* TCP: where a reducing receive's payload lands first */
-    size_t rtmp_len;
-
-    /* shared memory (shm.c); shm_tx/shm_rx NULL when TCP */
-    int shm_tried;          /* shm set-up attempted (outgoing) */
-    int shm_dialing;        /* set-up under way: sends wait for it */
-    struct shm_tx *shm_tx;
-    struct shm_rx *shm_rx;
     /* the peer's host segment (its fourth fd in the shm hello), read-only,
      * mapped until the channel is destroyed (xport seg) */
     const uint8_t *pseg;
@@ -207,12 +221,14 @@ struct peers {
     uint8_t *seg;
     size_t seg_len;
 
-    /* set by peers.c: the transports chan.c chooses from, and the set-level
-     * failure of a collective (records it, fails its operations on every
-     * channel and, when broadcast, sends ABORT to every other replica except
-     * culprit, -1: none) */
-    const struct chan_transport *tcp, *shmt;
+    /* set by peers.c: the transports chan.c chooses from (the halves' ops
+     * of TCP and shared memory, and the ctl, TCP), the set-level failure of
+     * a collective (records it, fails its operations on every channel and,
+     * when broadcast, sends ABORT to every other replica except culprit, -1:
+     * none), and the link-fault layer (hold.c) */
+    const struct chan_ops *tcp_tx, *shm_tx, *ctl;
     void (*fail_seq)(struct peers *p, uint64_t seq, const err *e, int broadcast, int culprit);
+    const struct chan_faults *faults;
 
     /* link faults (hold.c) and the one timer for all of them: the next held
      * send due, or the next end of a fault */
@@ -221,8 +237,20 @@ struct peers {
     uint64_t hold_due;         /* uv_now ms the timer is set for; 0: not set */
 };
 
+/* The link-fault layer (hold.c) as chan.c sees it. */
+struct chan_faults {
+    /* A new channel: the fault on its link, if any. */
+    void (*attach)(struct chan *l);
+    /* Takes op (a send on l, l->holding set) into l->hq until the link's
+     * fault lets it go; sends it now if nothing holds the link any more. */
+    void (*send)(struct chan *l, struct lop *op);
+    /* "core h0/1 is cut off from core h0/0 by a partition (...)" when l's
+     * link is partitioned and its head op has waited past the silence
+     * timeout: 1 with e set, else 0. */
+    int (*partitioned)(const struct chan *l, uint64_t now, err *e);
+};
+
 /* ---- chan.c: what every channel of the set shares ---- */
-/* CODE_OK, or the error collective seq already failed with here. e may be NULL. */
 /* 1 when replica r (not this core) runs on this core's host and offers
  * shared memory. */
 static inline int peers_same_host_shm(const struct peers *p, int r)
@@ -231,6 +259,7 @@ static inline int peers_same_host_shm(const struct peers *p, int r)
            peertab_host_index(p->tab, (size_t)r) == peertab_host_index(p->tab, (size_t)p->self);
 }
 
+/* CODE_OK, or the error collective seq already failed with here. e may be NULL. */
 int chan_seq_failed(const struct peers *p, uint64_t seq, err *e);
 /* Queues op's callback (status from op->fail, OK when NULL) for the loop. */
 void chan_defer(struct peers *p, struct lop *op);
@@ -249,8 +278,6 @@ int chan_recv(struct chan *l, const struct xport_chunk *c, void *buf, size_t len
 /* xport.h's recv_reduce and fuse. */
 int chan_recv_reduce(struct chan *l, const struct xport_chunk *c, void *buf, size_t len, xport_reduce_fn red,
                      void *red_arg, xport_cb cb, void *arg);
-/* The bytes a shared-memory ring holds (chan_fuse's bound). */
-size_t shm_ring_bytes(void);
 const char *chan_peer_name(const struct chan *l);
 int chan_is_shm(const struct chan *l);
 struct chan *chan_new(struct peers *p, int r);
@@ -275,34 +302,34 @@ void chan_arm(struct chan *l);
 void chan_aborted(struct chan *l, uint64_t seq, const err *e);
 /* Records a completed chunk in the profiler's ring (trace.h). */
 void chan_trace_done(struct chan *l, const struct lop *op);
-/* The shared-memory set-up of l's outgoing half: done (the sends go), or
+/* The outgoing half's set-up (chan_ops.start): done (the sends go), or
  * failed (TCP takes them; why, when given, is logged once per worker). */
-void chan_shm_ready(struct chan *l);
-void chan_shm_failed(struct chan *l, const char *why);
+void chan_tx_ready(struct chan *l);
+void chan_tx_failed(struct chan *l, const char *why);
+/* The outgoing half's transport closed (it failed or was cut): TCP takes the
+ * sends from now on. */
+void chan_tx_lost(struct chan *l);
+/* The peer's chunks come by ops (its state st) from now on: the transport
+ * says so when they start to. The half it replaces is closed. */
+void chan_rx_use(struct chan *l, const struct chan_ops *ops, void *st);
+/* The incoming half's transport (state st) closed. */
+void chan_rx_lost(struct chan *l, const void *st);
 
 /* ---- chan_tcp.c ---- */
-extern const struct chan_transport chan_tcp_transport;
-int tcp_dial(struct chan *l, err *e);
+extern const struct chan_ops chan_tcp_tx, chan_tcp_rx, chan_tcp_ctl;
+/* The peer's dial to us (peers_accept): its chunks and ABORTs come on it. */
 void tcp_attach_in(struct chan *l, dp_conn *c);
-/* Writes every queued ABORT not yet written, if the out half is ready. */
-void tcp_send_abort(struct chan *l);
 
 /* ---- hold.c ---- */
-/* Takes op (a send on l, l->holding set) into l->hq until the link's fault
- * lets it go; sends it now if nothing holds the link any more. */
-void hold_send(struct chan *l, struct lop *op);
-/* A new channel: the fault on its link, if any. */
-void hold_attach(struct chan *l);
+extern const struct chan_faults hold_faults;
 /* The timer, from peers_new and peers_stop. */
 void hold_init(struct peers *p);
 void hold_close(struct peers *p, uv_close_cb cb);
-/* "core h0/1 is cut off from core h0/0 by a partition (...)" when l's link
- * is partitioned and its head op has waited past the silence timeout: 1
- * with e set, else 0. */
-int hold_partitioned(const struct chan *l, uint64_t now, err *e);
 
 /* ---- shm.c ---- */
-extern const struct chan_transport chan_shm_transport;
+extern const struct chan_ops chan_shm_tx, chan_shm_rx;
+/* The bytes a shared-memory ring holds (x_fuse's bound). */
+size_t shm_ring_bytes(void);
 struct shm_listener;
 int shm_listen(struct peers *p, err *e);
 void shm_listener_close(struct peers *p);

@@ -1,6 +1,9 @@
 /* chan_tcp: the TCP transport of a channel, over data-plane connections
- * (dpconn.h). The outgoing
- * half is our dial to the peer; the incoming half is the peer's dial to us.
+ * (dpconn.h): the ops of a channel's halves when TCP moves their chunks
+ * (chan_tcp_tx, chan_tcp_rx) and of its ctl (chan_tcp_ctl), which owns the
+ * two connections: ABORTs go and come on them whichever transport moves the
+ * chunks. The outgoing connection is our dial to the peer; the incoming one
+ * is the peer's dial to us.
  * Sends are written straight from the caller's buffer (dp_conn_send_ref: not
  * counted against the copy cap, the collective bounds them); a CHUNK's payload
  * is read straight into the posted receive's buffer, and while no receive is
@@ -25,6 +28,25 @@
 #define DIAL_MS_MIN 1000u
 
 static const err ok_err = {CODE_OK, ""};
+
+/* The channel's TCP state (its ctl.st; a TCP half's st is the same). */
+struct tcp_link {
+    dp_conn *out; /* our dial to the peer (lazy) */
+    int out_ready;
+    dp_conn *in;   /* the peer's dial to us */
+    int in_cut;    /* an incoming connection was lost or replaced since the last
+                      chunk that arrived as expected: chunks may be lost */
+    uint8_t *rtmp; /* where a reducing receive's payload lands first */
+    size_t rtmp_len;
+};
+
+static struct tcp_link *tl(const struct chan *l)
+{
+    return l->ctl.st;
+}
+
+static int tcp_dial(struct chan *l, err *e);
+static void tcp_send_abort(struct chan *l);
 
 static void lost_err(struct chan *l, const struct lop *op, err *e)
 {
@@ -79,9 +101,10 @@ static void on_sent(void *arg, int status)
 
 static void tcp_issue_sends(struct chan *l)
 {
-    if (l->shm_tx)
-        return; /* chunks go through shared memory; TCP carries ABORTs only */
-    for (struct lop *op = l->sq.head; op && l->out && l->out_ready; op = op->next) {
+    struct tcp_link *t = tl(l);
+    if (l->tx.ops != &chan_tcp_tx)
+        return; /* chunks go through another transport; TCP carries ABORTs only */
+    for (struct lop *op = l->sq.head; op && t->out && t->out_ready; op = op->next) {
         Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
         if (op->issued)
             continue;
@@ -91,7 +114,7 @@ static void tcp_issue_sends(struct chan *l)
         h.step = op->step;
         h.chunk = op->chunk;
         h.offset = op->offset;
-        if (dp_conn_send_ref(l->out, &h, op->buf, op->len, on_sent, op) != CODE_OK)
+        if (dp_conn_send_ref(t->out, &h, op->buf, op->len, on_sent, op) != CODE_OK)
             return; /* closing: on_close fails what is left */
         op->issued = 1;
     }
@@ -125,9 +148,10 @@ static void on_abort_sent(void *arg, int status)
     chan_unref(l);
 }
 
-void tcp_send_abort(struct chan *l)
+static void tcp_send_abort(struct chan *l)
 {
-    for (unsigned i = 0; i < l->naborts && l->out && l->out_ready; i++) {
+    struct tcp_link *t = tl(l);
+    for (unsigned i = 0; i < l->naborts && t->out && t->out_ready; i++) {
         Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
         Tpuemu__Status st = TPUEMU__STATUS__INIT;
         char msg[ABORT_MSG_MAX];
@@ -147,7 +171,7 @@ void tcp_send_abort(struct chan *l)
         a->seq = q->seq;
         l->refs++;
         q->issued = 1;
-        if (dp_conn_send(l->out, &h, NULL, 0, on_abort_sent, a) != CODE_OK) {
+        if (dp_conn_send(t->out, &h, NULL, 0, on_abort_sent, a) != CODE_OK) {
             /* closing: its on_close runs; nothing more to write here */
             q->issued = 0;
             l->refs--;
@@ -161,9 +185,9 @@ void tcp_send_abort(struct chan *l)
 static void out_ready(dp_conn *c)
 {
     struct chan *l = dp_conn_data(c);
-    if (l->closing || l->out != c)
+    if (l->closing || tl(l)->out != c)
         return;
-    l->out_ready = 1;
+    tl(l)->out_ready = 1;
     chan_progress(l);
     tcp_send_abort(l);
     tcp_issue_sends(l);
@@ -180,14 +204,15 @@ static void out_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload
 static void out_close(dp_conn *c, const err *why)
 {
     struct chan *l = dp_conn_data(c);
+    struct tcp_link *t = tl(l);
     int was_ready = 0;
     err e;
 
-    if (l->out == c) {
-        was_ready = l->out_ready;
-        l->out = NULL;
-        l->out_ready = 0;
-        if (!l->closing && l->sq.head && !l->shm_tx) {
+    if (t->out == c) {
+        was_ready = t->out_ready;
+        t->out = NULL;
+        t->out_ready = 0;
+        if (!l->closing && l->sq.head && l->tx.ops == &chan_tcp_tx) {
             struct lop *op = l->sq.head;
             if (was_ready)
                 lost_err(l, op, &e);
@@ -201,7 +226,7 @@ static void out_close(dp_conn *c, const err *why)
     chan_unref(l);
 }
 
-int tcp_dial(struct chan *l, err *e)
+static int tcp_dial(struct chan *l, err *e)
 {
     struct dp_conn_cfg cfg;
     struct sockaddr_storage ss;
@@ -234,8 +259,8 @@ int tcp_dial(struct chan *l, err *e)
     if (dp_conn_connect(l->p->loop, (struct sockaddr *)&ss, &cfg, &c, e) != CODE_OK)
         return e->code;
     l->refs++;
-    l->out = c;
-    l->out_ready = 0;
+    tl(l)->out = c;
+    tl(l)->out_ready = 0;
     return CODE_OK;
 }
 
@@ -271,10 +296,11 @@ static const struct lop *posted_later(const struct chan *l, const Tpuemu__FrameH
 static enum dp_buf in_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, void **buf)
 {
     struct chan *l = dp_conn_data(c);
-    struct lop *op = l->rq.head;
+    struct tcp_link *t = tl(l);
+    struct lop *op;
     err e;
 
-    if (l->closing || l->in != c)
+    if (l->closing || t->in != c)
         return DP_BUF_DISCARD;
     if (h->kind == TPUEMU__FRAME_KIND__FRAME_ABORT && h->payload_bytes == 0)
         return DP_BUF_MALLOC;
@@ -285,6 +311,8 @@ static enum dp_buf in_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, void
                      (unsigned long long)h->epoch);
         return DP_BUF_FAILED;
     }
+    chan_rx_use(l, &chan_tcp_rx, t); /* the peer's chunks come by TCP */
+    op = l->rq.head;
     if (lose_this_chunk(l)) {
         log_warn("a data-plane chunk is lost on purpose (--test-lose-chunk)", "peer=%s seq=%llu step=%llu chunk=%u",
                  log_q(l->name), (unsigned long long)h->seq, (unsigned long long)h->step, h->chunk);
@@ -298,22 +326,22 @@ static enum dp_buf in_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, void
         return DP_BUF_DISCARD;
     if (h->seq == op->seq && h->step == op->step && h->chunk == op->chunk && h->offset == op->offset &&
         h->payload_bytes == op->len) {
-        l->in_cut = 0;
-        if (op->red && op->len > l->rtmp_len) { /* reduced from a buffer of the link's (in_frame) */
-            uint8_t *t = realloc(l->rtmp, op->len);
-            if (!t) {
+        t->in_cut = 0;
+        if (op->red && op->len > t->rtmp_len) { /* reduced from a buffer of the link's (in_frame) */
+            uint8_t *nb = realloc(t->rtmp, op->len);
+            if (!nb) {
                 err_set(&e, CODE_RESOURCE_EXHAUSTED, "out of memory receiving chunk %u of %s #%llu from core %s",
                         op->chunk, op->what, (unsigned long long)op->seq, l->name);
                 chan_fail(l, op->seq, &e);
                 return DP_BUF_FAILED;
             }
-            l->rtmp = t;
-            l->rtmp_len = op->len;
+            t->rtmp = nb;
+            t->rtmp_len = op->len;
         }
-        *buf = op->red ? l->rtmp : op->buf;
+        *buf = op->red ? t->rtmp : op->buf;
         return DP_BUF_INTO;
     }
-    if (!l->in_cut && h->seq == op->seq && (posted_later(l, h) || h->step > op->step)) {
+    if (!t->in_cut && h->seq == op->seq && (posted_later(l, h) || h->step > op->step)) {
         /* a chunk the link carries after the one expected: that one never
          * came. The peer and the connections are sound: the peer hears the
          * cause with every other core, and the link goes on with the next
@@ -328,7 +356,7 @@ static enum dp_buf in_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, void
         chan_arm(l);
         return DP_BUF_DISCARD;
     }
-    if (l->in_cut) /* written into the connection that was cut, never read: lost, not a disagreement */
+    if (t->in_cut) /* written into the connection that was cut, never read: lost, not a disagreement */
         err_set(&e, CODE_UNAVAILABLE,
                 "the data connection from core %s was cut and what it had sent on it was lost: it now sends "
                 "chunk %u (step %llu) of #%llu where chunk %u (step %u) of %s #%llu was expected",
@@ -341,8 +369,8 @@ static enum dp_buf in_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, void
                 l->name, h->chunk, (unsigned long long)h->step, (unsigned long long)h->offset,
                 (unsigned long long)h->payload_bytes, (unsigned long long)h->seq, op->chunk, op->step,
                 (unsigned long long)op->offset, op->len, op->what, (unsigned long long)op->seq);
-    log_warn(l->in_cut ? "collective's chunks lost with a cut connection" : "collective protocol error",
-             "reason=%s", log_q(e.msg));
+    log_warn(t->in_cut ? "collective's chunks lost with a cut connection" : "collective protocol error", "reason=%s",
+             log_q(e.msg));
     chan_fail(l, op->seq, &e);
     return DP_BUF_FAILED;
 }
@@ -354,7 +382,7 @@ static void in_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload,
 
     (void)len;
     free(payload);
-    if (l->closing || l->in != c)
+    if (l->closing || tl(l)->in != c)
         return;
     if (h->kind == TPUEMU__FRAME_KIND__FRAME_ABORT) {
         const char *why = h->status && h->status->message ? h->status->message : "no reason given";
@@ -370,7 +398,7 @@ static void in_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload,
     if (!op)
         return;
     if (op->red && op->len)
-        op->red(op->red_arg, op->buf, l->rtmp, op->len);
+        op->red(op->red_arg, op->buf, tl(l)->rtmp, op->len);
     chan_progress(l);
     chan_trace_done(l, op);
     op->cb(op->arg, &ok_err);
@@ -382,10 +410,11 @@ static void in_frame(dp_conn *c, const Tpuemu__FrameHeader *h, uint8_t *payload,
 static void in_close(dp_conn *c, const err *why)
 {
     struct chan *l = dp_conn_data(c);
+    struct tcp_link *t = tl(l);
     (void)why;
-    if (l->in == c) {
-        l->in = NULL;
-        l->in_cut = 1;
+    if (t->in == c) {
+        t->in = NULL;
+        t->in_cut = 1;
         if (!l->closing && l->rq.head) {
             /* wait a little for an ABORT that names the root cause */
             unsigned linger = l->p->timeout_ms / 8 + 1;
@@ -402,6 +431,7 @@ static void in_close(dp_conn *c, const err *why)
 
 void tcp_attach_in(struct chan *l, dp_conn *c)
 {
+    struct tcp_link *t = tl(l);
     struct dp_conn_cfg cfg;
 
     memset(&cfg, 0, sizeof cfg);
@@ -412,39 +442,141 @@ void tcp_attach_in(struct chan *l, dp_conn *c)
     cfg.max_payload = XPORT_MAX_CHUNK;
     dp_conn_set_handlers(c, &cfg);
     l->refs++;
-    if (l->in) {
-        dp_conn *old = l->in;
-        l->in = NULL;
-        l->in_cut = 1;
+    if (t->in) {
+        dp_conn *old = t->in;
+        t->in = NULL;
+        t->in_cut = 1;
         dp_conn_close(old, NULL);
     }
-    l->in = c;
+    t->in = c;
     l->linger_until = 0;
+}
+
+/* ---- the ops ---- */
+
+/* The outgoing half over TCP: dials when there is no connection (the first
+ * send, or it went away between collectives; a peer that cannot be reached
+ * fails the head send's collective), else issues what is queued once the
+ * connection is ready. */
+static void tcp_kick_tx(struct chan *l)
+{
+    err e, fe;
+    if (tl(l)->out) {
+        tcp_issue_sends(l);
+        return;
+    }
+    if (tcp_dial(l, &e) != CODE_OK && l->sq.head) {
+        const struct lop *op = l->sq.head;
+        err_set(&fe, CODE_UNAVAILABLE, "cannot reach core %s for chunk %u of %s #%llu: %s", l->name, op->chunk,
+                op->what, (unsigned long long)op->seq, e.msg);
+        chan_fail(l, op->seq, &fe);
+    }
+}
+
+/* A failed collective's writes did not drain: cut the connection, and
+ * redial for the ABORTs still to go. */
+static void tcp_unstick(struct chan *l)
+{
+    struct tcp_link *t = tl(l);
+    dp_conn *c = t->out;
+    if (!c)
+        return;
+    t->out = NULL;
+    t->out_ready = 0;
+    log_info("cutting a stuck data-plane connection after a failure", "peer=%s", log_q(l->name));
+    dp_conn_close(c, NULL);
+    if (l->naborts) {
+        err de;
+        for (unsigned i = 0; i < l->naborts; i++)
+            l->aborts[i].issued = 0;
+        if (tcp_dial(l, &de) != CODE_OK)
+            l->naborts = 0;
+    }
 }
 
 static void tcp_recv_posted(struct chan *l)
 {
-    if (l->in)
-        dp_conn_resume(l->in);
-}
-
-static int tcp_connect(struct chan *l, err *e)
-{
-    return tcp_dial(l, e);
+    if (tl(l)->in)
+        dp_conn_resume(tl(l)->in);
 }
 
 static uint64_t tcp_bytes_in(const struct chan *l)
 {
-    return l->in ? dp_conn_bytes_read(l->in) : 0;
+    return tl(l)->in ? dp_conn_bytes_read(tl(l)->in) : 0;
 }
 
-static void tcp_close(struct chan *l)
+static void tcp_discard(struct chan *l)
 {
-    if (l->out)
-        dp_conn_close(l->out, NULL);
-    if (l->in)
-        dp_conn_close(l->in, NULL);
+    if (tl(l)->in)
+        dp_conn_discard_current(tl(l)->in);
 }
 
-const struct chan_transport chan_tcp_transport = {"tcp", tcp_connect, tcp_issue_sends, tcp_recv_posted,
-                                                  tcp_bytes_in, tcp_close};
+/* A TCP half closes with the ctl, which owns the connections. */
+static void tcp_half_close(struct chan *l)
+{
+    (void)l;
+}
+
+static int tcp_ctl_start(struct chan *l, err *e)
+{
+    if (!(l->ctl.st = calloc(1, sizeof(struct tcp_link))))
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for a link");
+    return CODE_OK;
+}
+
+/* Writes the queued ABORTs if the outgoing connection is ready, else dials
+ * it (they go once it is; a peer that cannot be reached gets none). */
+static void tcp_ctl_abort(struct chan *l)
+{
+    err de;
+    if (tl(l)->out && tl(l)->out_ready)
+        tcp_send_abort(l);
+    else if (!tl(l)->out && tcp_dial(l, &de) != CODE_OK)
+        l->naborts = 0;
+}
+
+/* Closes both connections; issued writes complete (cancelled) from the loop. */
+static void tcp_ctl_close(struct chan *l)
+{
+    struct tcp_link *t = tl(l);
+    dp_conn *c;
+    if ((c = t->out) != NULL) {
+        t->out = NULL;
+        t->out_ready = 0;
+        dp_conn_close(c, NULL);
+    }
+    if ((c = t->in) != NULL) {
+        t->in = NULL;
+        dp_conn_close(c, NULL);
+    }
+}
+
+static void tcp_ctl_release(struct chan *l)
+{
+    struct tcp_link *t = tl(l);
+    if (t)
+        free(t->rtmp);
+    free(t);
+    l->ctl.st = NULL;
+}
+
+const struct chan_ops chan_tcp_tx = {
+    .name = "tcp",
+    .kick = tcp_kick_tx,
+    .unstick = tcp_unstick,
+    .close = tcp_half_close,
+};
+const struct chan_ops chan_tcp_rx = {
+    .name = "tcp",
+    .kick = tcp_recv_posted,
+    .bytes_in = tcp_bytes_in,
+    .discard = tcp_discard,
+    .close = tcp_half_close,
+};
+const struct chan_ops chan_tcp_ctl = {
+    .name = "tcp",
+    .start = tcp_ctl_start,
+    .abort = tcp_ctl_abort,
+    .close = tcp_ctl_close,
+    .release = tcp_ctl_release,
+};

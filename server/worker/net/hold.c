@@ -8,7 +8,8 @@
  * send costs its struct lop only; a held send fails, or is dropped with its
  * channel, like any pending one. Nothing else on the link is held: ABORTs and
  * receives go as usual. Nothing here runs on a link without a fault but the
- * check of l->holding in chan_send. */
+ * check of l->holding in chan_send. chan.c reaches this layer through
+ * hold_faults, which peers.c installs: it calls nothing here by name. */
 #include "chan_impl.h"
 
 #include <stdio.h>
@@ -75,13 +76,13 @@ static struct link_fault *find(struct peers *p, const char *name)
     return NULL;
 }
 
-void hold_attach(struct chan *l)
+static void hold_attach(struct chan *l)
 {
     if ((l->lf = find(l->p, l->name)) != NULL)
         l->holding = 1;
 }
 
-void hold_send(struct chan *l, struct lop *op)
+static void hold_send(struct chan *l, struct lop *op)
 {
     struct link_fault *f = l->lf;
     uint64_t now = uv_now(l->p->loop), t = now;
@@ -168,7 +169,7 @@ static void on_hold(uv_timer_t *t)
         arm(p, due);
 }
 
-int hold_partitioned(const struct chan *l, uint64_t now, err *e)
+static int hold_partitioned(const struct chan *l, uint64_t now, err *e)
 {
     const struct link_fault *f = l->lf;
     const struct lop *head;
@@ -192,6 +193,8 @@ int hold_partitioned(const struct chan *l, uint64_t now, err *e)
             (unsigned long long)(f->until - now), head->chunk, head->what, (unsigned long long)head->seq);
     return 1;
 }
+
+const struct chan_faults hold_faults = {hold_attach, hold_send, hold_partitioned};
 
 int peers_link_check(const struct peers *p, const char *host, int core, err *e)
 {

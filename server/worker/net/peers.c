@@ -127,9 +127,11 @@ int peers_new(const struct peers_env *env, struct peers **out, err *e)
     p->spin_ns = (uint64_t)tuning_get()->spin_us * 1000u;
     hold_init(p);
     p->open_handles = 3;
-    p->tcp = &chan_tcp_transport;
-    p->shmt = &chan_shm_transport;
+    p->tcp_tx = &chan_tcp_tx;
+    p->shm_tx = &chan_shm_tx;
+    p->ctl = &chan_tcp_ctl;
     p->fail_seq = peers_fail_seq;
+    p->faults = &hold_faults;
     *out = p;
     if (!p->tcp_only && shm_listen(p, e) != CODE_OK) {
         log_warn("no shared-memory transport; collectives use TCP", "reason=%s", log_q(e->msg));
@@ -300,15 +302,10 @@ static void peers_fail_seq(struct peers *p, uint64_t seq, const err *e, int broa
         return;
     for (uint32_t i = 0; i < p->n; i++) {
         struct chan *l;
-        err de;
         if ((int)i == p->self || (int)i == culprit || !(l = chan_get(p, (int)i)))
             continue;
-        if (chan_queue_abort(l, seq, &f->e) != 0)
-            continue;
-        if (l->out && l->out_ready)
-            tcp_send_abort(l);
-        else if (!l->out && tcp_dial(l, &de) != CODE_OK)
-            l->naborts = 0;
+        if (chan_queue_abort(l, seq, &f->e) == 0)
+            l->ctl.ops->abort(l); /* over TCP, whichever transport moves the chunks */
     }
 }
 

@@ -10,8 +10,10 @@
  * seals and size: a peer cannot shrink it under us) and answers one byte.
  * A fourth fd, when the sender has one, is its host segment (peers.c), which
  * the receiver maps read-only for the direct all-reduce (coll/direct.c).
- * Anything failing is reported to the channel (chan_shm_failed), which
- * falls back to TCP; this file never dials TCP.
+ * Anything failing is reported to the channel (chan_tx_failed), which
+ * falls back to TCP; this file never dials TCP. A channel's tx half holds
+ * chan_shm_tx and its end once set up; its rx half chan_shm_rx and the end
+ * the peer's hello made.
  *
  * Data: a chunk goes as pieces of at most SHM_SLOT_BYTES, each with a small
  * header the receiver copies out and checks before trusting it. The receiver
@@ -91,8 +93,6 @@ struct shm_end {
     int ready;                      /* tx: set-up done */
     int dead;
 };
-struct shm_tx { struct shm_end e; };
-struct shm_rx { struct shm_end e; };
 
 /* a receiver-side connection still authenticating */
 struct pend {
@@ -194,18 +194,34 @@ static void end_close(struct shm_end *e)
     if (!e || e->dead)
         return;
     e->dead = 1;
-    if (e->tx)
-        e->l->shm_tx = NULL;
-    else
-        e->l->shm_rx = NULL;
+    if (e->tx && e->l->tx.st == e)
+        chan_tx_lost(e->l); /* TCP takes the later sends */
+    else if (!e->tx)
+        chan_rx_lost(e->l, e);
     uv_close((uv_handle_t *)&e->pe, on_poll_closed);
     uv_close((uv_handle_t *)&e->ps, on_poll_closed);
 }
 
-static void shm_close(struct chan *l)
+/* The ends of l's halves (a set-up under way goes on: its end comes with
+ * chan_tx_ready as usual). */
+static struct shm_end *tx_end(const struct chan *l)
 {
-    end_close((struct shm_end *)l->shm_tx);
-    end_close((struct shm_end *)l->shm_rx);
+    return l->tx.ops == &chan_shm_tx ? l->tx.st : NULL;
+}
+
+static struct shm_end *rx_end(const struct chan *l)
+{
+    return l->rx.ops == &chan_shm_rx ? l->rx.st : NULL;
+}
+
+static void shm_tx_close(struct chan *l)
+{
+    end_close(tx_end(l));
+}
+
+static void shm_rx_close(struct chan *l)
+{
+    end_close(rx_end(l));
 }
 
 static void end_lost(struct shm_end *e)
@@ -236,7 +252,7 @@ static void on_sock(uv_poll_t *h, int status, int events)
 
 static void shm_kick_tx(struct chan *l)
 {
-    struct shm_end *e = (struct shm_end *)l->shm_tx;
+    struct shm_end *e = tx_end(l);
     struct shm_ctl *c;
     uint64_t head, tail, published = 0;
     struct lop *op;
@@ -309,7 +325,7 @@ static void on_space(uv_poll_t *h, int status, int events)
 
 static uint64_t shm_bytes_in(const struct chan *l)
 {
-    const struct shm_end *e = (const struct shm_end *)l->shm_rx;
+    const struct shm_end *e = rx_end(l);
     if (!e || e->dead)
         return 0;
     return atomic_load_explicit(&ctl_of(e->map)->head, memory_order_relaxed);
@@ -330,7 +346,7 @@ static void rx_protocol_error(struct chan *l, const struct lop *op, const struct
 
 static void shm_kick_rx(struct chan *l)
 {
-    struct shm_end *e = (struct shm_end *)l->shm_rx;
+    struct shm_end *e = rx_end(l);
     struct shm_ctl *c;
     uint64_t head, tail, consumed = 0;
     err fe;
@@ -394,7 +410,7 @@ again:
     atomic_store_explicit(&c->want_data, 1, memory_order_seq_cst);
     {
         uint64_t h = atomic_load_explicit(&c->head, memory_order_seq_cst);
-        if (h != head && !e->dead && l->shm_rx == (struct shm_rx *)e) {
+        if (h != head && !e->dead && l->rx.st == e) {
             head = atomic_load_explicit(&c->head, memory_order_acquire);
             goto again;
         }
@@ -482,7 +498,7 @@ static void dial_fallback(struct dial *d, const char *why)
 {
     struct chan *l = d->l;
     uv_close((uv_handle_t *)&d->poll, dial_closed);
-    chan_shm_failed(l, why);
+    chan_tx_failed(l, why);
 }
 
 static void on_dial(uv_poll_t *h, int status, int events)
@@ -492,7 +508,6 @@ static void on_dial(uv_poll_t *h, int status, int events)
     (void)events;
 
     if (l->closing) {
-        l->shm_dialing = 0;
         uv_close((uv_handle_t *)&d->poll, dial_closed);
         return;
     }
@@ -572,13 +587,13 @@ static void on_dial(uv_poll_t *h, int status, int events)
                 close(sock);
                 close(efd_space);
                 close(efd_data);
-                chan_shm_failed(l, NULL); /* TCP takes the sends (as dial_fallback, not logged) */
+                chan_tx_failed(l, NULL); /* TCP takes the sends (as dial_fallback, not logged) */
                 return;
             }
         }
         e->ready = 1;
-        l->shm_tx = (struct shm_tx *)e;
-        chan_shm_ready(l);
+        l->tx.st = e;
+        chan_tx_ready(l);
     }
 }
 
@@ -614,7 +629,6 @@ static int shm_connect(struct chan *l, err *er)
         goto fail;
     }
     l->refs++;
-    l->shm_dialing = 1;
     d->poll.data = d;
     uv_poll_start(&d->poll, UV_READABLE, on_dial);
     return CODE_OK;
@@ -772,7 +786,6 @@ static void on_pend(uv_poll_t *h, int status, int events)
         REFUSE("cannot answer the shared-memory hello");
     }
 #undef REFUSE
-    end_close((struct shm_end *)l->shm_rx);
     {
         int sock = pd->sock;
         pd->sock = -1; /* the end owns it; one poll handle per fd: the pending one goes first */
@@ -788,7 +801,7 @@ static void on_pend(uv_poll_t *h, int status, int events)
             return;
         }
     }
-    l->shm_rx = (struct shm_rx *)e;
+    chan_rx_use(l, &chan_shm_rx, e); /* the end of an earlier hello closes */
     if (fds[3] >= 0) {
         map_peer_seg(l, fds[3]);
         close(fds[3]);
@@ -911,5 +924,19 @@ void shm_listener_close(struct peers *p)
     uv_close((uv_handle_t *)&s->poll, listener_closed);
 }
 
-const struct chan_transport chan_shm_transport = {"shm", shm_connect, shm_kick_tx, shm_kick_rx, shm_bytes_in,
-                                                  shm_close};
+const struct chan_ops chan_shm_tx = {
+    .name = "shm",
+    .shm = 1,
+    .start = shm_connect,
+    .kick = shm_kick_tx,
+    .poll = shm_kick_tx,
+    .close = shm_tx_close,
+};
+const struct chan_ops chan_shm_rx = {
+    .name = "shm",
+    .shm = 1,
+    .kick = shm_kick_rx,
+    .poll = shm_kick_rx,
+    .bytes_in = shm_bytes_in,
+    .close = shm_rx_close,
+};
