@@ -26,123 +26,18 @@ static int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* One PROFILE request and its answer on one core's connection (dpio.h). */
-struct ask {
-    struct pcore *pc;
-    uint64_t seq;
-    Tpuemu__ProfileInfo *info; /* taken out of the answer's header */
-    uint8_t *pl;               /* the answer's payload: packed TraceEvents */
-    uint64_t pl_len;
-    int64_t t_got;
-    int done, rc;
-    err *e;
-};
-
-static int ask_header(void *arg, size_t i, Tpuemu__FrameHeader *a, void **dst)
+/* One PROFILE request and its answer (profile_io.h) on pc's connection. */
+static int ask(struct pcore *pc, uint64_t since, uint64_t until, uint32_t max, struct prof_info *info,
+               struct prof_event **ev, size_t *nev, int64_t *t_sent, int64_t *t_got, err *e)
 {
-    struct ask *k = arg;
-    struct pcore *pc = k->pc;
-    (void)i;
-    k->t_got = now_ns();
-    if (a->kind == KIND(ERROR)) {
-        k->rc = err_set(k->e, a->status && a->status->code ? (int)a->status->code : CODE_UNKNOWN,
-                        "core %s/%d refused the profile request: %s", pc->peer.host, pc->peer.core,
-                        a->status && a->status->message ? a->status->message : "");
-        return DPIO_LOST;
-    }
-    if (a->kind != KIND(PROFILE_RESULT) || a->seq != k->seq || !a->profile_info) {
-        /* anything else on this connection is not ours to read */
-        k->rc = err_set(k->e, CODE_INTERNAL, "core %s/%d answered a profile request with a frame of kind %d",
-                        pc->peer.host, pc->peer.core, (int)a->kind);
-        return DPIO_LOST;
-    }
-    if (a->payload_bytes && !(k->pl = malloc(a->payload_bytes))) {
-        k->rc = err_set(k->e, CODE_RESOURCE_EXHAUSTED, "out of memory for a profile of %" PRIu64 " bytes",
-                        a->payload_bytes);
-        return DPIO_LOST;
-    }
-    k->pl_len = a->payload_bytes;
-    k->info = a->profile_info;
-    a->profile_info = NULL;
-    *dst = k->pl;
-    return DPIO_PAYLOAD;
+    return profile_io_ask(&pc->peer, ++pc->seq, since, until, max, PROF_IO_MS, PROF_MAX_PAYLOAD, pc->cancel, info, ev,
+                          nev, t_sent, t_got, e);
 }
 
-static int ask_frame(void *arg, size_t i, uint64_t got)
-{
-    (void)i;
-    (void)got;
-    ((struct ask *)arg)->done = 1;
-    return 1;
-}
-
-static void ask_lost(void *arg, size_t i, int code, const char *msg)
-{
-    struct ask *k = arg;
-    (void)i;
-    (void)code;
-    if (k->rc == CODE_OK)
-        k->rc = err_set(k->e, CODE_UNAVAILABLE, "%s", msg);
-}
-
-static int ask_state(void *arg)
-{
-    const struct ask *k = arg;
-    return k->done || k->rc != CODE_OK ? DPIO_DONE : DPIO_MORE;
-}
-
-/* *info gets the answer's ProfileInfo, *ev the unpacked events (or NULL). */
-static int ask(struct pcore *pc, uint64_t since, uint64_t until, uint32_t max, Tpuemu__ProfileInfo **info,
-               Tpuemu__TraceEvents **ev, int64_t *t_sent, int64_t *t_got, err *e)
-{
-    static const struct dpio_ops ops = {ask_header, ask_frame, ask_lost, ask_state};
-    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
-    Tpuemu__ProfileRequest rq = TPUEMU__PROFILE_REQUEST__INIT;
-    struct ask k = {pc, 0, NULL, NULL, 0, 0, 0, CODE_OK, e};
-    struct dpio_run run = {&ops, &k, "the profile request", wire_now_ms() + PROF_IO_MS, 0, 0, pc->cancel};
-    enum dpio_end end;
-    int rc;
-
-    *info = NULL;
-    *ev = NULL;
-    rq.since_ns = since;
-    rq.until_ns = until;
-    rq.max_events = max;
-    h.kind = KIND(PROFILE);
-    h.seq = k.seq = ++pc->seq;
-    h.profile = &rq;
-    if ((rc = dpio_send(&pc->peer, &h, NULL, 0)) != CODE_OK)
-        return err_set(e, rc == CODE_INVALID_ARGUMENT ? CODE_INTERNAL : rc, "%s",
-                       rc == CODE_INVALID_ARGUMENT ? "profile request does not fit a frame" : "out of memory");
-    *t_sent = now_ns();
-    pc->peer.reading = 1;
-    pc->peer.max_payload = PROF_MAX_PAYLOAD;
-    end = dpio_run(&pc->peer, 1, &run);
-    pc->peer.reading = 0;
-    if (k.rc == CODE_OK && !k.done)
-        k.rc = end == DPIO_END_NOMEM      ? err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory")
-               : end == DPIO_END_CANCELLED ? cli_cancelled("the profile capture", e)
-                   : err_set(e, CODE_UNAVAILABLE, "core %s/%d at %s: profile: the data-plane peer did not answer in time",
-                             pc->peer.host, pc->peer.core, pc->peer.addr);
-    if (k.rc == CODE_OK && k.pl_len &&
-        !(*ev = tpuemu__trace_events__unpack(NULL, k.pl_len, k.pl)))
-        k.rc = err_set(e, CODE_DATA_LOSS, "core %s/%d sent a profile that does not decode", pc->peer.host,
-                       pc->peer.core);
-    free(k.pl);
-    if (k.rc != CODE_OK) {
-        if (k.info)
-            tpuemu__profile_info__free_unpacked(k.info, NULL);
-        return k.rc;
-    }
-    *info = k.info;
-    *t_got = k.t_got;
-    return CODE_OK;
-}
-
-static void keep_info(struct pcore *pc, const Tpuemu__ProfileInfo *pi)
+static void keep_info(struct pcore *pc, const struct prof_info *pi)
 {
     pc->replica = pi->replica;
-    snprintf(pc->tpu_type, sizeof pc->tpu_type, "%s", pi->tpu_type ? pi->tpu_type : "");
+    snprintf(pc->tpu_type, sizeof pc->tpu_type, "%s", pi->tpu_type);
     pc->hbm_used = pi->hbm_used;
     pc->hbm_peak = pi->hbm_peak;
     pc->hbm_cap = pi->hbm_capacity;
@@ -151,36 +46,35 @@ static void keep_info(struct pcore *pc, const Tpuemu__ProfileInfo *pi)
     pc->ici_bw = pi->ici_bandwidth;
     pc->mxu_dim = pi->mxu_dim ? pi->mxu_dim : 128;
     pc->host_cpus = pi->host_cpus;
-    snprintf(pc->boot_id, sizeof pc->boot_id, "%s", pi->boot_id ? pi->boot_id : "");
+    snprintf(pc->boot_id, sizeof pc->boot_id, "%s", pi->boot_id);
 }
 
 static int sync_clock(struct pcore *pc, err *e)
 {
     uint64_t best = UINT64_MAX;
     for (int i = 0; i < PROF_PROBES; i++) {
-        Tpuemu__ProfileInfo *pi;
-        Tpuemu__TraceEvents *ev;
+        struct prof_info pi;
+        struct prof_event *ev;
+        size_t nev;
         int64_t t0, t1;
-        int rc = ask(pc, 0, 0, 0, &pi, &ev, &t0, &t1, e);
+        int rc = ask(pc, 0, 0, 0, &pi, &ev, &nev, &t0, &t1, e);
         if (rc != CODE_OK)
             return rc;
         if ((uint64_t)(t1 - t0) < best) {
             best = (uint64_t)(t1 - t0);
-            pc->offset = (int64_t)pi->now_ns - (t0 + (t1 - t0) / 2);
+            pc->offset = (int64_t)pi.now_ns - (t0 + (t1 - t0) / 2);
         }
-        keep_info(pc, pi);
-        tpuemu__profile_info__free_unpacked(pi, NULL);
-        if (ev)
-            tpuemu__trace_events__free_unpacked(ev, NULL);
+        keep_info(pc, &pi);
+        free(ev);
     }
     pc->err_ns = best / 2;
     return CODE_OK;
 }
 
-static int add_events(struct pcore *pc, const Tpuemu__TraceEvents *te, int64_t end)
+static int add_events(struct pcore *pc, const struct prof_event *v, size_t count, int64_t end)
 {
-    for (size_t i = 0; i < te->n_events; i++) {
-        const Tpuemu__TraceEvent *s = te->events[i];
+    for (size_t i = 0; i < count; i++) {
+        const struct prof_event *s = &v[i];
         struct pev *d;
         int64_t t0 = (int64_t)s->t0_ns - pc->offset;
         if (s->t0_ns + s->dur_ns + 1 > pc->since_w)
@@ -211,7 +105,7 @@ static int add_events(struct pcore *pc, const Tpuemu__TraceEvents *te, int64_t e
         d->cstep = s->coll_step;
         d->chunk = s->chunk;
         d->peer = s->peer;
-        snprintf(d->algo, sizeof d->algo, "%s", s->algo ? s->algo : "");
+        snprintf(d->algo, sizeof d->algo, "%s", s->algo);
     }
     return CODE_OK;
 }
@@ -220,21 +114,21 @@ static int add_events(struct pcore *pc, const Tpuemu__TraceEvents *te, int64_t e
 static int drain(struct pcore *pc, int64_t end, err *e)
 {
     for (int round = 0; round < PROF_MAX_ROUNDS; round++) {
-        Tpuemu__ProfileInfo *pi;
-        Tpuemu__TraceEvents *ev;
+        struct prof_info pi;
+        struct prof_event *ev;
+        size_t nev;
         int64_t t0, t1;
-        int rc = ask(pc, pc->since_w, end ? (uint64_t)(end + pc->offset) : 0, 65536, &pi, &ev, &t0, &t1, e);
+        int rc = ask(pc, pc->since_w, end ? (uint64_t)(end + pc->offset) : 0, 65536, &pi, &ev, &nev, &t0, &t1, e);
         int more;
         if (rc != CODE_OK)
             return rc;
-        more = pi->truncated;
-        if (pi->oldest_ns > pc->since_w && pi->dropped)
-            pc->dropped = pi->dropped; /* the ring overwrote some of what we asked for */
-        keep_info(pc, pi);
-        tpuemu__profile_info__free_unpacked(pi, NULL);
+        more = pi.truncated;
+        if (pi.oldest_ns > pc->since_w && pi.dropped)
+            pc->dropped = pi.dropped; /* the ring overwrote some of what we asked for */
+        keep_info(pc, &pi);
         if (ev) {
-            rc = add_events(pc, ev, end);
-            tpuemu__trace_events__free_unpacked(ev, NULL);
+            rc = add_events(pc, ev, nev, end);
+            free(ev);
             if (rc != CODE_OK)
                 return err_set(e, rc, "out of memory for the profile of core %s/%d", pc->peer.host,
                                pc->peer.core);
@@ -464,8 +358,9 @@ tpu_status tpu_profile_capture_hosts(tpu_resolver *r, const char *service_addr, 
     for (tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         struct pcore pc;
         addr a;
-        Tpuemu__ProfileInfo *pi;
-        Tpuemu__TraceEvents *ev;
+        struct prof_info pi;
+        struct prof_event *ev;
+        size_t nev;
         int64_t t0, t1;
         int rc;
         if (strncmp(tok, "grpc://", 7) == 0) /* TensorFlow's form; profiler_client strips it too */
@@ -485,29 +380,24 @@ tpu_status tpu_profile_capture_hosts(tpu_resolver *r, const char *service_addr, 
                                  "tpu-worker --profiler-port, 8466 by default, served by the host's core 0)",
                              pc.peer.addr, e.msg);
         }
-        rc = ask(&pc, 0, 0, 0, &pi, &ev, &t0, &t1, &e);
+        rc = ask(&pc, 0, 0, 0, &pi, &ev, &nev, &t0, &t1, &e);
         dpio_close(&pc.peer);
         if (rc != CODE_OK)
             return cli_failf(rc, "capture_tpu_profile: the profiler service at %s: %s", pc.peer.addr, e.msg);
-        if (ev)
-            tpuemu__trace_events__free_unpacked(ev, NULL);
-        if (!pi->host_service || !pi->host_id || !*pi->host_id || !pi->resolver || !*pi->resolver) {
-            tpuemu__profile_info__free_unpacked(pi, NULL);
+        free(ev);
+        if (!pi.host_service || !*pi.host_id || !*pi.resolver) {
             return cli_failf(TPU_INVALID_ARGUMENT, "capture_tpu_profile: %s is a core's data port, not a host's "
                              "profiler port (tpu-worker --profiler-port)", pc.peer.addr);
         }
-        if (*resolver && strcmp(resolver, pi->resolver) != 0) {
-            st = cli_failf(TPU_INVALID_ARGUMENT, "capture_tpu_profile: the hosts of --service_addr register with "
-                           "different resolvers (%s and %s at %s): capture each cluster on its own", resolver,
-                           pi->resolver, pc.peer.addr);
-            tpuemu__profile_info__free_unpacked(pi, NULL);
-            return st;
-        }
-        snprintf(resolver, sizeof resolver, "%s", pi->resolver);
-        snprintf(hosts[n], sizeof hosts[n], "%s", pi->host_id);
+        if (*resolver && strcmp(resolver, pi.resolver) != 0)
+            return cli_failf(TPU_INVALID_ARGUMENT,
+                             "capture_tpu_profile: the hosts of --service_addr register with "
+                             "different resolvers (%s and %s at %s): capture each cluster on its own",
+                             resolver, pi.resolver, pc.peer.addr);
+        snprintf(resolver, sizeof resolver, "%s", pi.resolver);
+        snprintf(hosts[n], sizeof hosts[n], "%s", pi.host_id);
         hp[n] = hosts[n];
         n++;
-        tpuemu__profile_info__free_unpacked(pi, NULL);
     }
     if (!n)
         return cli_failf(TPU_INVALID_ARGUMENT, "capture_tpu_profile: --service_addr '%s' names no address",

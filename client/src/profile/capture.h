@@ -11,10 +11,10 @@
 
 #include "client.h"
 #include "dpio.h"
+#include "profile_io.h"
 #include "tpuemu/profile.h"
 
-#define KIND(k) TPUEMU__FRAME_KIND__FRAME_##k
-#define TK(k) TPUEMU__TRACE_KIND__TRACE_##k
+#define TK(k) PROF_KIND_##k
 #define PROF_PROBES 8
 #define PROF_POLL_MS 200u
 #define PROF_MAX_ROUNDS 64            /* fetches of one read before giving up on a flood */
