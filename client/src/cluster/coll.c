@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "frame.h"
+#include "spec_msg.h"
 
 #define MAX_REPLICAS 4096
 /* Deadline of a call: a floor plus the bytes moved at a pessimistic 20 MB/s. */
@@ -107,9 +108,10 @@ int cli_coll_set_system(tpu_cluster *c, uint64_t epoch, size_t n, const struct c
 tpu_status tpu_attach_system(tpu_cluster *c)
 {
     tpu_cluster_spec *s;
-    const Tpuemu__ClusterSpec *cs;
+    struct spec_system sys;
+    struct spec_worker w;
     struct cli_core_ref *refs = NULL;
-    size_t n = 0;
+    size_t n = 0, ncores;
     tpu_status st;
     err e;
 
@@ -117,45 +119,43 @@ tpu_status tpu_attach_system(tpu_cluster *c)
     CLI_CALL(c);
     if ((st = tpu_cluster_spec_get(c, &s)) != TPU_OK)
         return st;
-    cs = s->m->cluster_spec;
-    if (!cs->initialized) {
-        unsigned long long epoch = (unsigned long long)cs->system_epoch;
+    spec_system(s, &sys);
+    ncores = spec_ncores(s);
+    if (!sys.initialized) {
         tpu_cluster_spec_free(s);
         return cli_failf(TPU_FAILED_PRECONDITION,
                          "no TPU system is initialized (epoch %llu); initialize it first (tpuctl init)",
-                         epoch);
+                         (unsigned long long)sys.epoch);
     }
     /* the system's cores: those reset into the current epoch with a replica id */
-    for (size_t i = 0; i < cs->n_cores; i++) {
-        const Tpuemu__WorkerInfo *w = cs->cores[i]->worker;
-        if (w->epoch == cs->system_epoch && w->replica_id >= 0 && (size_t)w->replica_id < cs->n_cores &&
-            (size_t)w->replica_id + 1 > n)
-            n = (size_t)w->replica_id + 1;
+    for (size_t i = 0; i < ncores; i++) {
+        spec_worker_at(s, i, &w);
+        if (w.epoch == sys.epoch && w.replica_id >= 0 && (size_t)w.replica_id < ncores && (size_t)w.replica_id + 1 > n)
+            n = (size_t)w.replica_id + 1;
     }
     if (n == 0 || !(refs = calloc(n, sizeof *refs))) {
-        unsigned long long epoch = (unsigned long long)cs->system_epoch;
         tpu_cluster_spec_free(s);
         return n ? cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory")
                  : cli_failf(TPU_FAILED_PRECONDITION,
                              "the resolver lists no core of the system of epoch %llu; re-initialize it",
-                             epoch);
+                             (unsigned long long)sys.epoch);
     }
-    for (size_t i = 0; i < cs->n_cores; i++) {
-        const Tpuemu__WorkerInfo *w = cs->cores[i]->worker;
-        if (w->epoch == cs->system_epoch && w->replica_id >= 0 && (size_t)w->replica_id < n) {
-            refs[w->replica_id].host = w->host_id;
-            refs[w->replica_id].core = w->core;
-            refs[w->replica_id].data_addr = w->data_addr;
+    for (size_t i = 0; i < ncores; i++) {
+        spec_worker_at(s, i, &w);
+        if (w.epoch == sys.epoch && w.replica_id >= 0 && (size_t)w.replica_id < n) {
+            refs[w.replica_id].host = w.host_id;
+            refs[w.replica_id].core = w.core;
+            refs[w.replica_id].data_addr = w.data_addr;
         }
     }
     for (size_t r = 0; r < n; r++)
         if (!refs[r].data_addr) {
-            unsigned long long epoch = (unsigned long long)cs->system_epoch;
             free(refs);
             tpu_cluster_spec_free(s);
             return cli_failf(TPU_FAILED_PRECONDITION,
                              "replica %zu of the system of epoch %llu is not listed by the resolver (its core "
-                             "died?); re-initialize the TPU system", r, epoch);
+                             "died?); re-initialize the TPU system",
+                             r, (unsigned long long)sys.epoch);
         }
     /* Another client may have run collectives in this epoch (one at a time):
      * start away from its sequence numbers, at 1000 x (wall-clock seconds mod
@@ -163,11 +163,11 @@ tpu_status tpu_attach_system(tpu_cluster *c)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t first = (uint64_t)(ts.tv_sec % 1000000) * 1000 + 1;
-    int rc = cli_coll_set_system(c, cs->system_epoch, n, refs, first, &e);
+    int rc = cli_coll_set_system(c, sys.epoch, n, refs, first, &e);
     if (rc == CODE_OK) {
-        c->epoch = cs->system_epoch;
-        c->seen_epoch = cs->system_epoch;
-        c->coll->progress_ms = cs->heartbeat_ms && cs->dead_after ? cs->heartbeat_ms * cs->dead_after : 0;
+        c->epoch = sys.epoch;
+        c->seen_epoch = sys.epoch;
+        c->coll->progress_ms = sys.heartbeat_ms && sys.dead_after ? sys.heartbeat_ms * sys.dead_after : 0;
     }
     free(refs);
     tpu_cluster_spec_free(s);
@@ -183,7 +183,7 @@ int tpu_cluster_num_replicas(const tpu_cluster *c)
 /* ---- one call ---- */
 
 struct call {
-    Tpuemu__CollKind kind;
+    enum coll_kind kind;
     const char *what;
     tpu_dtype dtype;
     tpu_reduce_op op;
@@ -252,7 +252,7 @@ uint64_t cli_coll_progress_ms(tpu_cluster *c)
 
 static tpu_status run(tpu_cluster *c, const struct call *a, const tpu_collective_options *o)
 {
-    Tpuemu__CollSpec spec = TPUEMU__COLL_SPEC__INIT;
+    struct coll_io_spec spec;
     struct cli_coll *k;
     struct cli_part *parts = NULL;
     uint32_t *gor = NULL;
@@ -282,7 +282,7 @@ static tpu_status run(tpu_cluster *c, const struct call *a, const tpu_collective
                                                              "frame carries (%llu bytes)"
                                                            : "%s: buffers are NULL for %zu elements",
                          a->what, a->count, (unsigned long long)FRAME_MAX_PAYLOAD);
-    if (a->kind == TPUEMU__COLL_KIND__COLL_BROADCAST && (a->root < 0 || (size_t)a->root >= n))
+    if (a->kind == COLL_IO_BROADCAST && (a->root < 0 || (size_t)a->root >= n))
         return cli_failf(TPU_INVALID_ARGUMENT, "broadcast: root %d is not a replica (0..%zu)", a->root, n - 1);
     if (!(pos = calloc(n, sizeof *pos)) || !(parts = calloc(n, sizeof *parts)) ||
         (o && o->group_assignment && !(gor = calloc(n, sizeof *gor)))) {
@@ -308,14 +308,14 @@ static tpu_status run(tpu_cluster *c, const struct call *a, const tpu_collective
         p->out = out;
         p->out_len = a->count * es;
         switch (a->kind) {
-        case TPUEMU__COLL_KIND__COLL_BROADCAST:
+        case COLL_IO_BROADCAST:
             if ((int)r != a->root)
                 p->in_len = 0;
             break;
-        case TPUEMU__COLL_KIND__COLL_ALL_GATHER:
+        case COLL_IO_ALL_GATHER:
             p->out_len = a->count * es * (size_t)g;
             break;
-        case TPUEMU__COLL_KIND__COLL_REDUCE_SCATTER:
+        case COLL_IO_REDUCE_SCATTER:
             tpu_reduce_scatter_block(a->count, g, pos[r], &first, &cnt);
             p->out_len = cnt * es;
             break;
@@ -326,10 +326,11 @@ static tpu_status run(tpu_cluster *c, const struct call *a, const tpu_collective
         if (gor)
             gor[r] = (uint32_t)o->group_assignment[r];
     }
+    memset(&spec, 0, sizeof spec);
     spec.kind = a->kind;
-    spec.op = (Tpuemu__ReduceOp)a->op;
-    spec.dtype = (Tpuemu__DType)a->dtype;
-    spec.algo = o ? (Tpuemu__Algo)o->algo : TPUEMU__ALGO__ALGO_AUTO;
+    spec.op = (int)a->op;
+    spec.dtype = (int)a->dtype;
+    spec.algo = o ? (int)o->algo : (int)TPU_ALGO_AUTO;
     spec.count = a->count;
     spec.root = a->root;
     spec.reproducible = o && o->reproducible;
@@ -404,30 +405,28 @@ out:
 tpu_status tpu_all_reduce(tpu_cluster *c, void *const *bufs, size_t count, tpu_dtype dtype, tpu_reduce_op op,
                           const tpu_collective_options *opts)
 {
-    struct call a = {TPUEMU__COLL_KIND__COLL_ALL_REDUCE, "all-reduce", dtype, op, 0, count,
-                     (const void *const *)bufs, bufs};
+    struct call a = {COLL_IO_ALL_REDUCE, "all-reduce", dtype, op, 0, count, (const void *const *)bufs, bufs};
     return run(c, &a, opts);
 }
 
 tpu_status tpu_broadcast(tpu_cluster *c, void *const *bufs, size_t count, tpu_dtype dtype, int root,
                          const tpu_collective_options *opts)
 {
-    struct call a = {TPUEMU__COLL_KIND__COLL_BROADCAST, "broadcast", dtype, TPU_SUM, root, count,
-                     (const void *const *)bufs, bufs};
+    struct call a = {COLL_IO_BROADCAST, "broadcast", dtype, TPU_SUM, root, count, (const void *const *)bufs, bufs};
     return run(c, &a, opts);
 }
 
 tpu_status tpu_all_gather(tpu_cluster *c, const void *const *in, void *const *out, size_t count, tpu_dtype dtype,
                           const tpu_collective_options *opts)
 {
-    struct call a = {TPUEMU__COLL_KIND__COLL_ALL_GATHER, "all-gather", dtype, TPU_SUM, 0, count, in, out};
+    struct call a = {COLL_IO_ALL_GATHER, "all-gather", dtype, TPU_SUM, 0, count, in, out};
     return run(c, &a, opts);
 }
 
 tpu_status tpu_reduce_scatter(tpu_cluster *c, const void *const *in, void *const *out, size_t count,
                               tpu_dtype dtype, tpu_reduce_op op, const tpu_collective_options *opts)
 {
-    struct call a = {TPUEMU__COLL_KIND__COLL_REDUCE_SCATTER, "reduce-scatter", dtype, op, 0, count, in, out};
+    struct call a = {COLL_IO_REDUCE_SCATTER, "reduce-scatter", dtype, op, 0, count, in, out};
     return run(c, &a, opts);
 }
 

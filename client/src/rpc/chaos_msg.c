@@ -65,28 +65,6 @@ out:
     return rc;
 }
 
-int spec_find_core(const tpu_cluster_spec *spec, const char *host, int core, struct spec_core *out)
-{
-    const Tpuemu__ClusterSpec *cs = spec->m->cluster_spec;
-    const Tpuemu__WorkerInfo *w = NULL;
-    for (size_t i = 0; cs && i < cs->n_cores; i++) {
-        const Tpuemu__WorkerInfo *x = cs->cores[i]->worker;
-        if (x && x->host_id && !strcmp(x->host_id, host) && x->core == core && x->control_addr)
-            w = x;
-    }
-    if (!w)
-        return 0;
-    out->control_addr = w->control_addr;
-    out->incarnation = w->incarnation;
-    return 1;
-}
-
-size_t spec_ncores(const tpu_cluster_spec *spec)
-{
-    const Tpuemu__ClusterSpec *cs = spec->m->cluster_spec;
-    return cs ? cs->n_cores : 0;
-}
-
 /* f as the InjectFault message's fields, with peer as the other end of a link fault. */
 static void fault_body(Tpuemu__InjectFault *body, const tpu_fault *f, const char *peer_host, int peer_core)
 {

@@ -1,7 +1,7 @@
 /* Fault injection on the wire: InjectFault to a core's control port (over a
  * connection of its own for the one call) or to the resolver, the
- * ScheduledFaults listing and cancelling, and the cores of a cluster spec
- * as plain C, so that the cluster room's chaos.c builds no message. Never
+ * ScheduledFaults listing and cancelling, so that the cluster room's
+ * chaos.c builds no message. Never
  * installed. */
 #ifndef TPUEMU_CLIENT_CHAOS_MSG_H
 #define TPUEMU_CLIENT_CHAOS_MSG_H
@@ -10,18 +10,7 @@
 #include <stdint.h>
 
 #include "client.h"
-
-/* A core of a cluster spec, as its control port is reached. */
-struct spec_core {
-    const char *control_addr; /* the spec's: valid while it is */
-    uint64_t incarnation;
-};
-
-/* Core host/core of spec (the last the spec lists, with a control address):
- * 1 with *out set, else 0. */
-int spec_find_core(const tpu_cluster_spec *spec, const char *host, int core, struct spec_core *out);
-/* The cores the spec lists. */
-size_t spec_ncores(const tpu_cluster_spec *spec);
+#include "spec_msg.h"
 
 /* f into core host/core at w, with peer as the other end of a link fault
  * (peer_host NULL: none). CODE_OK or the error naming the core. */

@@ -122,10 +122,16 @@ static int state(void *arg)
     return DPIO_MORE;
 }
 
-size_t coll_io_run(struct dpio_conn *conns, size_t n, uint64_t epoch, const Tpuemu__CollSpec *spec,
-                   uint64_t seq, const char *what, const struct cli_part *parts, struct cli_res *res,
-                   uint64_t deadline_ms, uint64_t grace_ms, const struct cli_cancel *cancel)
+#define SAME(k) ((int)COLL_IO_##k == (int)TPUEMU__COLL_KIND__COLL_##k)
+_Static_assert(SAME(ALL_REDUCE) && SAME(BROADCAST) && SAME(ALL_GATHER) && SAME(REDUCE_SCATTER),
+               "enum coll_kind follows CollKind");
+#undef SAME
+
+size_t coll_io_run(struct dpio_conn *conns, size_t n, uint64_t epoch, const struct coll_io_spec *cs, uint64_t seq,
+                   const char *what, const struct cli_part *parts, struct cli_res *res, uint64_t deadline_ms,
+                   uint64_t grace_ms, const struct cli_cancel *cancel)
 {
+    Tpuemu__CollSpec spec = TPUEMU__COLL_SPEC__INIT;
     static const struct dpio_ops ops = {on_header, on_frame, on_lost, state};
     struct xrun k = {conns, parts, res, calloc(n ? n : 1, 1), n, 0, seq, what};
     char label[96];
@@ -133,6 +139,17 @@ size_t coll_io_run(struct dpio_conn *conns, size_t n, uint64_t epoch, const Tpue
     enum dpio_end end = DPIO_END_DONE;
     size_t failed = 0;
 
+    spec.kind = (Tpuemu__CollKind)cs->kind;
+    spec.op = (Tpuemu__ReduceOp)cs->op;
+    spec.dtype = (Tpuemu__DType)cs->dtype;
+    spec.algo = (Tpuemu__Algo)cs->algo;
+    spec.count = cs->count;
+    spec.root = cs->root;
+    spec.reproducible = cs->reproducible != 0;
+    spec.n_group_of_replica = cs->group_of_replica ? cs->n_group_of_replica : 0;
+    spec.group_of_replica = (uint32_t *)(uintptr_t)cs->group_of_replica;
+    spec.iters = cs->iters;
+    spec.chunk_bytes = cs->chunk_bytes;
     memset(res, 0, n * sizeof *res);
     if (!k.x) {
         for (size_t r = 0; r < n; r++)
@@ -148,8 +165,8 @@ size_t coll_io_run(struct dpio_conn *conns, size_t n, uint64_t epoch, const Tpue
         h.epoch = epoch;
         h.seq = seq;
         h.replica = (int32_t)r;
-        h.dtype = (uint32_t)spec->dtype;
-        h.coll = (Tpuemu__CollSpec *)spec;
+        h.dtype = (uint32_t)spec.dtype;
+        h.coll = &spec;
         conns[r].reading = 0;
         rc = dpio_send(&conns[r], &h, &in, 1);
         if (rc == CODE_INVALID_ARGUMENT) {

@@ -13,6 +13,27 @@
 
 #define COLL_ALGO_MAX 32
 
+/* The kinds of collectives (CollKind on the wire). */
+enum coll_kind {
+    COLL_IO_ALL_REDUCE = 1,
+    COLL_IO_BROADCAST = 2,
+    COLL_IO_ALL_GATHER = 3,
+    COLL_IO_REDUCE_SCATTER = 4
+};
+
+/* What every core is asked to run (CollSpec on the wire). */
+struct coll_io_spec {
+    enum coll_kind kind;
+    int op, dtype, algo; /* tpu_reduce_op, tpu_dtype, tpu_algo (the wire's values) */
+    uint64_t count;      /* elements per replica (all-gather: input; reduce-scatter: output x n) */
+    int root;            /* broadcast: the source replica */
+    int reproducible;
+    const uint32_t *group_of_replica; /* the group of each replica; NULL: one group */
+    size_t n_group_of_replica;
+    uint32_t iters;       /* run this many times back to back; 0: once */
+    uint64_t chunk_bytes; /* 0: auto */
+};
+
 /* One replica's outcome of the last call. */
 struct cli_res {
     int code;                 /* CODE_* */
@@ -42,8 +63,8 @@ struct cli_part {
  * not end cleanly are closed. what: "all-reduce", ... for messages. When
  * tpu_cancel ran (cancel, NULL: none), the replicas not answered yet get
  * CODE_CANCELLED. */
-size_t coll_io_run(struct dpio_conn *conns, size_t n, uint64_t epoch, const Tpuemu__CollSpec *spec,
-                   uint64_t seq, const char *what, const struct cli_part *parts, struct cli_res *res,
-                   uint64_t deadline_ms, uint64_t grace_ms, const struct cli_cancel *cancel);
+size_t coll_io_run(struct dpio_conn *conns, size_t n, uint64_t epoch, const struct coll_io_spec *spec, uint64_t seq,
+                   const char *what, const struct cli_part *parts, struct cli_res *res, uint64_t deadline_ms,
+                   uint64_t grace_ms, const struct cli_cancel *cancel);
 
 #endif
