@@ -75,6 +75,8 @@ typedef struct tpu_core_info {
 typedef enum tpu_health { TPU_HEALTH_UNSPECIFIED, TPU_HEALTHY, TPU_HEALTH_TIMEOUT,
     TPU_UNHEALTHY_TENSORFLOW, TPU_UNHEALTHY_MAINTENANCE, ... } tpu_health;
 typedef enum tpu_symptom { TPU_SYMPTOM_NONE, ... } tpu_symptom;
+typedef enum tpu_map_kind { TPU_MAP_SCALE, TPU_MAP_SHIFT, TPU_MAP_NORMALIZE, ... } tpu_map_kind;
+typedef enum tpu_input_placement { TPU_INPUT_ON_HOSTS, TPU_INPUT_ON_CLIENT, ... } tpu_input_placement;
 typedef struct tpu_core_health {
     tpu_health health;
     tpu_symptom symptom;

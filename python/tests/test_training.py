@@ -296,3 +296,39 @@ def test_logits_loss_and_the_newer_activations(strategy):
     assert (logits.max() > 1.0 or logits.min() < 0.0), "the last layer gave probabilities, not logits"
     with pytest.raises(NotImplementedError):
         tf.keras.losses.SparseCategoricalCrossentropy(reduction="none")
+
+
+def _write_idx(path, arr):
+    """An IDX file of unsigned bytes (the format Fashion-MNIST ships in)."""
+    arr = np.ascontiguousarray(arr, dtype=np.uint8)
+    with open(path, "wb") as f:
+        f.write(bytes([0, 0, 0x08, arr.ndim]))
+        for d in arr.shape:
+            f.write(int(d).to_bytes(4, "big"))
+        f.write(arr.tobytes())
+
+
+def test_input_on_the_hosts_trains_as_the_client_fed_pipelines(strategy, tmp_path):
+    rng = np.random.default_rng(3)
+    y = rng.integers(0, 4, 2050).astype(np.uint8)
+    x = np.clip(np.repeat(y[:, None] * 60, 32, axis=1) + rng.integers(0, 40, (2050, 32)), 0, 255)
+    _write_idx(tmp_path / "images-idx3-ubyte", x.reshape(2050, 4, 8))
+    _write_idx(tmp_path / "labels-idx1-ubyte", y)
+    files = (tpuemu.FileDataset(tmp_path / "images-idx3-ubyte", tmp_path / "labels-idx1-ubyte")
+             .map("scale", 1 / 255).cache().shuffle(2050, 5).batch(32).prefetch(2))
+    assert (files.num_rows, files.x_dim) == (2050, 32)
+    weights, losses = [], []
+    for on_hosts in (True, False):
+        ds = strategy.distribute_datasets_from_files(files, on_hosts=on_hosts)
+        tf.random.set_seed(11)  # the same initial weights both times
+        m = _model(strategy, dim=32)
+        h = m.fit(ds, epochs=2, verbose=0)
+        losses.append(h.history["loss"])
+        weights.append(m.get_weights())
+    assert losses[0] == losses[1]
+    assert losses[0][1] < losses[0][0]
+    for a, b in zip(weights[0], weights[1]):
+        assert np.array_equal(a, b)
+    with pytest.raises(tpuemu.errors.NotFoundError) as e:
+        tpuemu.FileDataset(tmp_path / "nothing", tmp_path / "labels-idx1-ubyte")
+    assert "nothing" in str(e.value)

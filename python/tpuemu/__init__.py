@@ -19,7 +19,7 @@ from . import errors
 from ._lib import b as _b, ffi, lib, s as _s
 from ._run import Cancel, call as _call
 
-__all__ = ["Resolver", "Cluster", "ClusterSpec", "Topology", "Profile", "Strategy", "Dataset",
+__all__ = ["Resolver", "Cluster", "ClusterSpec", "Topology", "Profile", "Strategy", "Dataset", "FileDataset",
            "Model", "History", "errors", "version", "ffi", "lib"]
 
 __version__ = _s(lib.tpu_version())
@@ -445,5 +445,5 @@ def _flush_py():
             pass
 
 
-from ._train import (Callback, Dataset, History, Model, Strategy, callback_checkpoint,  # noqa: E402,F401
-                     callback_profiler_dir, callback_progress, callback_tensorboard, idx_images, idx_labels)
+from ._train import (Callback, Dataset, DistributedFiles, FileDataset, History, Model, Strategy,  # noqa: E402,F401
+                     callback_checkpoint, callback_profiler_dir, callback_progress, callback_tensorboard, idx_images, idx_labels)

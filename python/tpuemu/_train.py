@@ -153,6 +153,96 @@ class Dataset:
             yield (x, y) if y is not None else x
 
 
+_MAP = {"scale": lib.TPU_MAP_SCALE, "shift": lib.TPU_MAP_SHIFT, "normalize": lib.TPU_MAP_NORMALIZE}
+
+
+class FileDataset:
+    """A dataset the hosts read from IDX files of unsigned bytes (tpu_file_dataset):
+    images (rows x ...) and labels (one class id per row), then built-in maps
+    ("scale" x*a, "shift" x+a, "normalize" (x-a)/b), shuffle, batch (the
+    per-replica batch, remainder dropped), cache and prefetch, in order.
+    Transformations return a new FileDataset. distribute(strategy) gives a
+    dataset fit, evaluate and predict take: each core's host runs its own
+    shard's pipeline (on_hosts=True: no rows through this process), or this
+    process runs the same pipelines and sends the rows (on_hosts=False)."""
+
+    def __init__(self, images, labels, _ops=()):
+        self.images = os.fspath(images)
+        self.labels = os.fspath(labels)
+        self._ops = tuple(_ops)
+        h = self._spec()  # reads the headers now: a bad file is reported here
+        self.num_rows = lib.tpu_file_dataset_num_rows(h)
+        self.x_dim = lib.tpu_file_dataset_x_dim(h)
+
+    def _with(self, op):
+        return FileDataset(self.images, self.labels, self._ops + (op,))
+
+    def map(self, kind, a, b=0.0):
+        if kind not in _MAP:
+            raise errors.InvalidArgumentValueError(None, None, "FileDataset.map: %r is not one of %s" % (
+                kind, ", ".join(sorted(_MAP))))
+        return self._with(("map", _MAP[kind], float(a), float(b)))
+
+    def shuffle(self, buffer_size, seed):
+        return self._with(("shuffle", int(buffer_size), int(seed) & (2 ** 64 - 1)))
+
+    def batch(self, per_replica_batch, drop_remainder=True):
+        return self._with(("batch", int(per_replica_batch), int(bool(drop_remainder))))
+
+    def cache(self):
+        return self._with(("cache",))
+
+    def prefetch(self, n):
+        return self._with(("prefetch", int(n)))
+
+    def _spec(self):
+        p = ffi.new("tpu_file_dataset **")
+        errors.check(lib.tpu_file_dataset_from_idx(_b(self.images), _b(self.labels), p))
+        h = ffi.gc(p[0], lib.tpu_file_dataset_free)
+        for op in self._ops:
+            if op[0] == "map":
+                st = lib.tpu_file_dataset_map(h, op[1], op[2], op[3])
+            elif op[0] == "shuffle":
+                st = lib.tpu_file_dataset_shuffle(h, op[1], op[2])
+            elif op[0] == "batch":
+                st = lib.tpu_file_dataset_batch(h, op[1], op[2])
+            elif op[0] == "cache":
+                st = lib.tpu_file_dataset_cache(h)
+            else:
+                st = lib.tpu_file_dataset_prefetch(h, op[1])
+            errors.check(st, errors.InvalidArgumentValueError)
+        return h
+
+    def distribute(self, strategy, on_hosts=True):
+        """tpu_strategy_distribute_datasets_from_files: one pipeline per replica."""
+        return DistributedFiles(self, strategy, on_hosts)
+
+
+class DistributedFiles:
+    """A FileDataset distributed over a strategy's replicas (what fit takes)."""
+
+    def __init__(self, files, strategy, on_hosts):
+        p = ffi.new("tpu_dataset **")
+        errors.check(lib.tpu_strategy_distribute_datasets_from_files(
+            strategy._h, files._spec(), lib.TPU_INPUT_ON_HOSTS if on_hosts else lib.TPU_INPUT_ON_CLIENT, p),
+            errors.InvalidArgumentValueError)
+        self._c = ffi.gc(p[0], lib.tpu_dataset_free)
+        self.files = files
+        self.on_hosts = bool(on_hosts)
+        self.num_rows = files.num_rows
+        self.x_dim = files.x_dim
+
+    @property
+    def batch_size(self):
+        return lib.tpu_dataset_batch_size(self._c)
+
+    def num_batches(self):
+        return lib.tpu_dataset_num_batches(self._c)
+
+    def c(self, sparse=None):
+        return self._c
+
+
 class _Source:
     """The arrays of a dataset, converted at most once."""
 

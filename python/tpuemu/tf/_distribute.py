@@ -260,9 +260,20 @@ class TPUStrategy(Offered):
     def experimental_distribute_dataset(self, dataset, options=None):
         return DistributedDataset(self, dataset)
 
+    def distribute_datasets_from_files(self, files, on_hosts=True):
+        """Not a TensorFlow name: what a dataset_fn over files does, as a
+        description the hosts can run (tpu_strategy_distribute_datasets_from_files).
+        files is a tpuemu.FileDataset batched by the per-replica batch; each
+        core's host runs its shard's pipeline (on_hosts=False: this process
+        runs them and sends the rows). model.fit, evaluate and predict take it."""
+        from . import _data
+        return _data.Dataset(files.distribute(self._s, on_hosts))
+
     def distribute_datasets_from_function(self, dataset_fn, options=None):
         raise not_offered("strategy.distribute_datasets_from_function",
-                          "use experimental_distribute_dataset (C: tpu_strategy_distribute_datasets_from_function)")()
+                          "use experimental_distribute_dataset, or for files every host can read "
+                          "distribute_datasets_from_files(tpuemu.FileDataset(...)) "
+                          "(C: tpu_strategy_distribute_datasets_from_function)")()
 
     def run(self, fn, args=(), kwargs=None, options=None):
         """strategy.run(model.train_step | model.test_step | model.predict_step, args=(x,)):
