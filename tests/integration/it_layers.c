@@ -337,6 +337,49 @@ Test(layers, gradient_checkpointing_fits_what_did_not, .timeout = 300)
     free(y);
 }
 
+/* A compile refused for want of HBM, then one that fits, then steps slower
+ * than the time fit gives the other cores once one has failed (here 4 s):
+ * the refusal is over and must not count as a failure of the steps, which
+ * take 6 s each and train. */
+Test(layers, slow_steps_after_a_refused_compile_train, .timeout = 300)
+{
+    static const char *const args[] = {"--hbm-bytes", "32M", "--test-step-ms", "6000", NULL};
+    const size_t batch = 2 * 192;
+    float *x;
+    int32_t *y;
+    strokes(batch, 6, &x, &y);
+
+    colltest *t = ct_start(1, (int[]){2}, args, HB_MS);
+    tpu_strategy *s;
+    CALL_OK(tpu_strategy_new(t->c, &s));
+    tpu_model *m = make_deep(s, 0);
+    tpu_compile_options co = det_opts(batch);
+    tpu_status st = tpu_model_compile(m, &co);
+    cr_assert_eq(st, TPU_RESOURCE_EXHAUSTED, "%s: %s", tpu_status_name(st), tpu_last_error());
+    tpu_model_free(m);
+
+    m = make_deep(s, 1);
+    CALL_OK(tpu_model_compile(m, &co));
+    tpu_dataset *ds = make_ds(x, y, batch, batch);
+    tpu_fit_options fo;
+    memset(&fo, 0, sizeof fo);
+    fo.epochs = 1;
+    tpu_history *h;
+    CALL_OK(tpu_model_fit(m, ds, &fo, &h));
+    cr_assert_eq(tpu_history_num_epochs(h), 1);
+    tpu_logs lg;
+    CALL_OK(tpu_history_epoch(h, 0, &lg));
+    cr_assert_eq(lg.step, 1, "%llu steps", (unsigned long long)lg.step);
+    cr_assert(isfinite(lg.loss) && lg.loss > 0, "loss %g", lg.loss);
+    tpu_history_free(h);
+    tpu_dataset_free(ds);
+    tpu_model_free(m);
+    tpu_strategy_free(s);
+    ct_free(t);
+    free(x);
+    free(y);
+}
+
 /* BatchNormalization, LayerNormalization, gelu and a loss from logits end to
  * end on 2 replicas: Keras' summary rows (BatchNormalization's 4 x channels
  * parameters, half of them not trained), the model learns, evaluate uses the

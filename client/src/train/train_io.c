@@ -74,6 +74,13 @@ int tio_post(tpu_cluster *c, size_t r, Tpuemu__FrameHeader *h, const struct dpio
     ans->got = 0;
     if (nseg > TIO_MAX_SEGS || s->pn >= TIO_MAX_PEND)
         return err_set(e, CODE_INTERNAL, "too many requests in flight to core %s/%d", p->host, p->core);
+    /* failures counts the failed answers of requests in flight; with none in
+     * flight, every earlier answer has been read and waited for. A failure
+     * kept past that (a compile refused for want of HBM, then one that fits)
+     * would cut every later wait to the grace: a step slower than it would
+     * fail "after another core failed" when none had. */
+    if (!s->pn)
+        s->failures = 0;
     if (p->fd < 0) {
         if (s->pn) /* answers still expected on a connection that is gone */
             return err_set(e, CODE_UNAVAILABLE, "core %s/%d lost its data connection", p->host, p->core);

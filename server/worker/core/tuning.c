@@ -36,7 +36,7 @@ void tuning_rows(struct tuning *t, struct opt rows[TUNING_ROWS])
         {"train-inline-max-us", "TPUEMU_TRAIN_INLINE_MAX_US", OPT_INT, "1000", 0, 1000000000, "US",
          "training steps whose last compute took less run on the loop thread (0: always the pool)",
          &t->train_inline_max_us},
-        {"test-step-ms", "TPUEMU_TEST_STEP_MS", OPT_INT, "0", 0, 1000, "MS",
+        {"test-step-ms", "TPUEMU_TEST_STEP_MS", OPT_INT, "0", 0, 60000, "MS",
          "tests only: each training step's compute takes at least this long (0: off)", &t->test_step_ms},
         {"test-lose-chunk", "TPUEMU_TEST_LOSE_CHUNK", OPT_STRING, "", 0, 0, "HOST/CORE:N",
          "tests only: the Nth data-plane chunk to come from core HOST/CORE over TCP is lost on the way (read "
