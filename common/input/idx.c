@@ -7,12 +7,14 @@
 #include "idx.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #define IDX_MAX_BYTES (4ull << 30)
@@ -157,8 +159,11 @@ static void to_host(unsigned char *p, size_t count, int esize)
 static int open_src(struct src *s, const char *path, long long *size, err *e)
 {
     struct stat st;
+    int fd;
     s->path = path;
-    if (!(s->f = fopen(path, "rb"))) {
+    /* opened without blocking: a FIFO (or a device) named by mistake is
+     * refused below instead of hanging the reader */
+    if ((fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)) < 0) {
         int er = errno;
         if (er == ENOENT || er == ENOTDIR)
             return err_set(e, CODE_NOT_FOUND, "%s: no such file", path);
@@ -166,13 +171,22 @@ static int open_src(struct src *s, const char *path, long long *size, err *e)
             return err_set(e, CODE_PERMISSION_DENIED, "%s: not readable: %s", path, strerror(er));
         return err_set(e, CODE_UNKNOWN, "%s: cannot open: %s", path, strerror(er));
     }
-    *size = -1;
-    if (fstat(fileno(s->f), &st) == 0) {
-        if (S_ISDIR(st.st_mode))
-            return err_set(e, CODE_INVALID_ARGUMENT, "%s: is a directory, not an IDX file", path);
-        if (S_ISREG(st.st_mode))
-            *size = (long long)st.st_size;
+    if (fstat(fd, &st) != 0) {
+        int er = errno;
+        close(fd);
+        return err_set(e, CODE_UNKNOWN, "%s: cannot stat: %s", path, strerror(er));
     }
+    if (S_ISDIR(st.st_mode) || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return err_set(e, CODE_INVALID_ARGUMENT, "%s: is a %s, not an IDX file", path,
+                       S_ISDIR(st.st_mode) ? "directory" : "FIFO, device or socket");
+    }
+    if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0 || !(s->f = fdopen(fd, "rb"))) {
+        int er = errno;
+        close(fd);
+        return err_set(e, CODE_UNKNOWN, "%s: cannot open: %s", path, strerror(er));
+    }
+    *size = (long long)st.st_size;
     unsigned char m[2];
     size_t got = fread(m, 1, 2, s->f);
     if (got < 2 && ferror(s->f))

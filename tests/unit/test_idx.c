@@ -306,6 +306,9 @@ Test(idx, missing_file_and_bad_arguments)
     assert_fails(path_of("no-such-file.gz"), TPU_NOT_FOUND, "no such file");
     assert_fails(path_of("no-dir/x"), TPU_NOT_FOUND, "no such file");
     assert_fails(dir, TPU_INVALID_ARGUMENT, "directory");
+    /* a FIFO no one writes: refused at once, not read from forever */
+    cr_assert_eq(mkfifo(path_of("fifo"), 0600), 0);
+    assert_fails(path_of("fifo"), TPU_INVALID_ARGUMENT, "FIFO");
     tpu_idx a;
     cr_assert_eq(tpu_idx_read(NULL, &a), TPU_INVALID_ARGUMENT);
     cr_assert_eq(tpu_idx_read("x", NULL), TPU_INVALID_ARGUMENT);
