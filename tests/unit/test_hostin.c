@@ -106,8 +106,7 @@ static void epoch_rows(struct hin_pipe *p, const struct hin_spec *s, uint32_t id
         rows_of(p, epoch, k, order + k * BS);
         for (int r = 0; r < BS; r++) {
             int row = order[k * BS + r];
-            cr_assert(row >= 0 && row < ROWS && (uint32_t)row % num == id, "row %d in pipeline %u of %u", row, id,
-                      num);
+            cr_assert(row >= 0 && row < ROWS && (uint32_t)row % num == id, "row %d in pipeline %u of %u", row, id, num);
             cr_assert(!seen[row], "row %d twice in epoch %llu", row, (unsigned long long)epoch);
             seen[row] = 1;
         }
@@ -138,9 +137,8 @@ Test(hostin, each_pipeline_takes_its_shard_in_order)
 Test(hostin, shuffle_reshuffles_each_epoch_unless_a_cache_follows)
 {
     static int a[ROWS], b[ROWS], c[ROWS];
-    struct hin_spec s = spec((struct hin_op[]){{.kind = HIN_SHUFFLE, .buffer = 200, .seed = 4},
-                                               {.kind = HIN_BATCH, .batch = BS}},
-                             2);
+    struct hin_spec s = spec(
+        (struct hin_op[]){{.kind = HIN_SHUFFLE, .buffer = 200, .seed = 4}, {.kind = HIN_BATCH, .batch = BS}}, 2);
     struct hin_pipe *p = open_pipe(&s, 1, 2), *q = open_pipe(&s, 1, 2);
     epoch_rows(p, &s, 1, 2, 0, a);
     epoch_rows(p, &s, 1, 2, 1, b);
@@ -178,9 +176,8 @@ Test(hostin, shuffle_reshuffles_each_epoch_unless_a_cache_follows)
 
 Test(hostin, a_shuffle_after_batch_moves_whole_batches)
 {
-    struct hin_spec s = spec((struct hin_op[]){{.kind = HIN_BATCH, .batch = BS},
-                                               {.kind = HIN_SHUFFLE, .buffer = 8, .seed = 9}},
-                             2);
+    struct hin_spec s = spec(
+        (struct hin_op[]){{.kind = HIN_BATCH, .batch = BS}, {.kind = HIN_SHUFFLE, .buffer = 8, .seed = 9}}, 2);
     struct hin_pipe *p = open_pipe(&s, 0, 1);
     static int order[ROWS];
     int moved = 0;
@@ -254,7 +251,8 @@ Test(hostin, bad_specs_and_files_are_named)
         {{{.kind = HIN_MAP_NORMALIZE, .a = 1, .b = 0}, {.kind = HIN_BATCH, .batch = BS}}, 2, "zero deviation"},
         {{{.kind = HIN_MAP_SCALE, .a = INFINITY}, {.kind = HIN_BATCH, .batch = BS}}, 2, "not a finite number"},
         {{{.kind = HIN_SHUFFLE, .buffer = 1}, {.kind = HIN_SHUFFLE, .buffer = 1}, {.kind = HIN_BATCH, .batch = BS}},
-         3, "a second shuffle before"},
+         3,
+         "a second shuffle before"},
         {{{.kind = HIN_BATCH, .batch = 0}}, 1, "has 0 rows"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
