@@ -16,15 +16,32 @@
  * its place in the system, its heartbeats, its collectives and its control
  * port, with a cluster token (messages are dated, and refused more than 60 s
  * off); one whose clock is minutes off from the start takes the resolver's
- * time from the answer to its first heartbeat and joins. */
+ * time from the answer to its first heartbeat and joins.
+ *
+ * Nothing lost on disk: on a small tmpfs filled up (mounted by the test in a
+ * mount namespace of its own; root only), a checkpoint save fails naming the
+ * file and the reason and leaves the previous checkpoint loadable, with the
+ * state it had; a TensorBoard callback and a profiler writing there only warn,
+ * and the fit trains to its last epoch; with room again, all of them write.
+ * (A checkpoint damaged or cut short on disk is refused on load with the
+ * reason: test_ckpt flips every bit and cuts at every length, it_train loads
+ * damaged files into a model.) */
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <criterion/criterion.h>
+
+#include <tpuemu/data.h>
+#include <tpuemu/model.h>
 
 #include "addr.h"
 #include "cluster.h"
@@ -410,4 +427,201 @@ Test(longlived, wall_clock_steps_keep_membership_and_collectives, .timeout = 180
     cr_assert_eq(t->n, 3);
     all_reduce_ok(t, 21, "with a worker on the resolver's time");
     ct_free(t);
+}
+
+/* ---- nothing lost on disk ---- */
+
+#define DIM 20
+#define ROWS 512
+#define BATCH 128
+
+static void make_data(float *x, int32_t *y, size_t rows)
+{
+    for (size_t i = 0; i < rows; i++) {
+        y[i] = (int32_t)(i % 4);
+        for (size_t j = 0; j < DIM; j++)
+            x[i * DIM + j] = (float)((i * 7 + j * 13) % 17) / 17.0f + (float)y[i] * (j == (size_t)y[i]);
+    }
+}
+
+static char warned[8][600];
+static int nwarned;
+
+static void keep_warning(const char *msg, void *user)
+{
+    (void)user;
+    if (nwarned < 8)
+        snprintf(warned[nwarned++], sizeof warned[0], "%s", msg);
+}
+
+/* The warning that has all of a, b and c in it, or NULL. */
+static const char *warning_with(const char *a, const char *b, const char *c)
+{
+    for (int i = 0; i < nwarned; i++)
+        if (strstr(warned[i], a) && strstr(warned[i], b) && strstr(warned[i], c))
+            return warned[i];
+    return NULL;
+}
+
+/* Fills the file system of dir: a file written until it is full. */
+static void fill(const char *path)
+{
+    static char block[4096];
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ssize_t n;
+    cr_assert_geq(fd, 0, "cannot create %s: %s", path, strerror(errno));
+    for (int i = 0; i < 1 << 16 && (n = write(fd, block, sizeof block)) > 0; i++)
+        ;
+    n = write(fd, block, 1);
+    cr_assert(n < 0 && errno == ENOSPC, "%s: the file system is not full", path);
+    close(fd);
+}
+
+static size_t entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    size_t n = 0;
+    cr_assert_not_null(d);
+    while ((de = readdir(d)))
+        n += de->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* The bytes of the event files under dir (0: none). */
+static long long event_bytes(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    long long n = 0;
+    if (!d)
+        return 0;
+    while ((de = readdir(d))) {
+        char p[1200];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        if (strncmp(de->d_name, "events.out.tfevents.", 20) == 0 && stat(p, &st) == 0)
+            n += st.st_size;
+    }
+    closedir(d);
+    return n;
+}
+
+static tpu_model *new_model(colltest *t)
+{
+    tpu_strategy *s;
+    tpu_model *m;
+    tpu_compile_options co;
+    cr_assert_eq(tpu_strategy_new(t->c, &s), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_model_new(s, DIM, &m), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_model_add_dense(m, 32, TPU_ACT_RELU), TPU_OK);
+    cr_assert_eq(tpu_model_add_dense(m, 4, TPU_ACT_SOFTMAX), TPU_OK);
+    cr_assert_eq(tpu_model_set_seed(m, 5), TPU_OK);
+    tpu_compile_options_init(&co);
+    co.batch_size = BATCH;
+    cr_assert_eq(tpu_model_compile(m, &co), TPU_OK, "%s", tpu_last_error());
+    return m;
+}
+
+static void fit(tpu_model *m, tpu_dataset *ds, int epochs, tpu_callback *cb, const char *when)
+{
+    tpu_fit_options fo;
+    tpu_history *h;
+    memset(&fo, 0, sizeof fo);
+    fo.epochs = epochs;
+    fo.callbacks = cb;
+    fo.num_callbacks = cb ? 1 : 0;
+    tpu_status st = tpu_model_fit(m, ds, &fo, &h);
+    cr_assert_eq(st, TPU_OK, "%s: fit: %s: %s", when, tpu_status_name(st), tpu_last_error());
+    cr_assert_eq(tpu_history_num_epochs(h), (size_t)epochs, "%s: the fit stopped early", when);
+    tpu_history_free(h);
+}
+
+Test(longlived, full_disk_loses_no_checkpoint_and_stops_no_training, .timeout = 180)
+{
+    static float x[ROWS * DIM];
+    static int32_t y[ROWS];
+    char mnt[300], ckpt[400], filler[400], logdir[400], dir[500];
+    double saved_loss, loss, acc;
+
+    if (geteuid() != 0)
+        cr_skip_test("mounting a small tmpfs needs root (CI runs as root); not run");
+    /* a mount of our own, gone with this process whatever happens */
+    cr_assert_eq(unshare(CLONE_NEWNS), 0, "unshare(CLONE_NEWNS): %s", strerror(errno));
+    cr_assert_eq(mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL), 0, "%s", strerror(errno));
+    snprintf(mnt, sizeof mnt, "%s/small-disk", cl_tmpdir());
+    cr_assert_eq(mkdir(mnt, 0700), 0, "%s: %s", mnt, strerror(errno));
+    cr_assert_eq(mount("tmpfs", mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0700"), 0, "mount tmpfs on %s: %s",
+                 mnt, strerror(errno));
+    snprintf(ckpt, sizeof ckpt, "%s/model.ckpt", mnt);
+    snprintf(filler, sizeof filler, "%s/filler", mnt);
+    snprintf(logdir, sizeof logdir, "%s/logs", mnt);
+    tpu_set_warning_handler(keep_warning, NULL);
+
+    colltest *t = ct_start(1, (int[]){2}, NULL, 500);
+    make_data(x, y, ROWS);
+    tpu_dataset *ds;
+    cr_assert_eq(tpu_dataset_from_tensor_slices(x, ROWS, DIM, y, TPU_LABELS_SPARSE, 1, 0, &ds), TPU_OK);
+    cr_assert_eq(tpu_dataset_batch(ds, BATCH, 1), TPU_OK);
+    tpu_model *m = new_model(t);
+    fit(m, ds, 1, NULL, "the first epoch");
+    cr_assert_eq(tpu_model_save_checkpoint(m, ckpt), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_model_evaluate(m, ds, &saved_loss, &acc), TPU_OK, "%s", tpu_last_error());
+
+    /* the disk full: the next save fails, saying which file and why */
+    fill(filler);
+    fit(m, ds, 1, NULL, "the second epoch");
+    tpu_status st = tpu_model_save_checkpoint(m, ckpt);
+    cr_assert_eq(st, TPU_RESOURCE_EXHAUSTED, "a save on a full disk: %s: %s", tpu_status_name(st), tpu_last_error());
+    cr_assert(strstr(tpu_last_error(), ckpt) && strstr(tpu_last_error(), "No space left on device"),
+              "the error should name %s and the reason: %s", ckpt, tpu_last_error());
+    cr_assert_eq(entries(mnt), 2u, "the failed save left a file behind in %s", mnt);
+    /* the previous checkpoint loads, with the state it had */
+    tpu_model *m2 = new_model(t);
+    cr_assert_eq(tpu_model_load_checkpoint(m2, ckpt), TPU_OK, "the previous checkpoint: %s", tpu_last_error());
+    cr_assert_eq(tpu_model_evaluate(m2, ds, &loss, &acc), TPU_OK, "%s", tpu_last_error());
+    cr_assert(loss == saved_loss, "the previous checkpoint gives loss %.9g, it was saved at %.9g", loss, saved_loss);
+
+    /* TensorBoard's event files and a profile on the full disk: warned, and
+     * the fit trains every epoch */
+    tpu_callback cb;
+    cr_assert_eq(tpu_callback_profiler(logdir, 1, 2, &cb), TPU_OK, "%s", tpu_last_error());
+    nwarned = 0;
+    /* (a model compiled on the cores takes the place of the one before) */
+    fit(m2, ds, 2, &cb, "TensorBoard and the profiler on a full disk");
+    cr_assert_not_null(warning_with("TensorBoard: ", logdir, "No space left on device"),
+                       "no warning names the event file and the reason (%d warnings: '%s')", nwarned,
+                       nwarned ? warned[0] : "");
+    cr_assert_not_null(warning_with("profiler: ", logdir, "No space left on device"),
+                       "no warning names the profile's file and the reason (%d warnings: '%s')", nwarned,
+                       nwarned ? warned[0] : "");
+    for (int i = 0; i < nwarned; i++)
+        fprintf(stderr, "full disk: warned: %s\n", warned[i]);
+    tpu_callback_free(&cb);
+
+    /* room again: everything is written */
+    cr_assert_eq(unlink(filler), 0);
+    fit(m2, ds, 1, NULL, "with room again");
+    cr_assert_eq(tpu_model_save_checkpoint(m2, ckpt), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_model_evaluate(m2, ds, &saved_loss, &acc), TPU_OK, "%s", tpu_last_error());
+    tpu_model *m3 = new_model(t);
+    cr_assert_eq(tpu_model_load_checkpoint(m3, ckpt), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_model_evaluate(m3, ds, &loss, &acc), TPU_OK, "%s", tpu_last_error());
+    cr_assert(loss == saved_loss, "the new checkpoint gives loss %.9g, it was saved at %.9g", loss, saved_loss);
+    cr_assert_eq(tpu_callback_tensorboard(logdir, 0, 0, &cb), TPU_OK, "%s", tpu_last_error());
+    nwarned = 0;
+    fit(m3, ds, 2, &cb, "TensorBoard with room again");
+    cr_assert_eq(nwarned, 0, "warned with room on the disk: %s", warned[0]);
+    snprintf(dir, sizeof dir, "%s/train", logdir);
+    cr_assert_gt(event_bytes(dir), 100, "no events were written in %s with room again", dir);
+    tpu_callback_free(&cb);
+
+    tpu_set_warning_handler(NULL, NULL);
+    tpu_model_free(m3);
+    tpu_model_free(m2);
+    tpu_model_free(m);
+    tpu_dataset_free(ds);
+    ct_free(t);
+    cr_assert_eq(umount2(mnt, MNT_DETACH), 0, "%s", strerror(errno));
 }

@@ -189,8 +189,39 @@ struct prof {
     char dir[4700];
     int written;
     tfevents train_ev, val_ev;      /* the event files, opened when first needed */
+    int train_off, val_off;         /* a write to that file failed: it gets nothing more in this fit */
     FILE *report;                   /* tpu_callback_profiler_report; NULL: none */
 };
+
+/* A failure to write the logs that must not stop training: the disk or the
+ * quota full, an I/O error (a wrong path or permissions still fail the fit
+ * when it begins, as Keras' callback does). */
+static int soft_failure(int code)
+{
+    return code == CODE_RESOURCE_EXHAUSTED || code == CODE_UNAVAILABLE || code == CODE_DATA_LOSS;
+}
+
+/* Writing event file w failed with e: warned once, the file is closed as it
+ * stands (its records up to the failure stay readable) and gets nothing more
+ * in this fit; training goes on. A failure that is not soft fails the call. */
+static tpu_status events_failed(tfevents *w, int *off, const err *e)
+{
+    err ce;
+    if (!soft_failure(e->code))
+        return cli_fail(e);
+    cli_warn("TensorBoard: %s; training goes on, without more events in this file", e->msg);
+    tfevents_close(w, &ce);
+    *off = 1;
+    return TPU_OK;
+}
+
+static tpu_status events_open(tfevents *w, const char *dir, int *off)
+{
+    err e;
+    if (w->f || *off || tfevents_open(w, dir, &e) == CODE_OK)
+        return TPU_OK;
+    return events_failed(w, off, &e);
+}
 
 static void prof_free(void *user)
 {
@@ -289,6 +320,19 @@ static tpu_status prof_write(struct prof *p, tpu_model *m)
     return TPU_OK;
 }
 
+/* prof_write, except that a full disk or an I/O error only warns: the
+ * profile is not written (its files are whole or absent: each is replaced
+ * whole), and training goes on. */
+static tpu_status prof_write_soft(struct prof *p, tpu_model *m)
+{
+    tpu_status st = prof_write(p, m);
+    if (st == TPU_OK || !soft_failure((int)st))
+        return st;
+    cli_warn("profiler: %s; training goes on without this profile", tpu_last_error());
+    p->written = 1;
+    return TPU_OK;
+}
+
 /* Keras' TensorBoard callback counts profile_batch in calls of its batch
  * hooks, which fit makes once per execution (steps_per_execution steps). */
 static tpu_status prof_batch_end(tpu_model *m, int epoch, size_t batch, const tpu_logs *l, void *user)
@@ -312,14 +356,13 @@ static tpu_status prof_batch_end(tpu_model *m, int epoch, size_t batch, const tp
         p->cap = cap;
     }
     p->steps[p->n++] = m->last;
-    return p->seen >= p->last ? prof_write(p, m) : TPU_OK;
+    return p->seen >= p->last ? prof_write_soft(p, m) : TPU_OK;
 }
 
 static tpu_status prof_train_begin(tpu_model *m, void *user)
 {
     struct prof *p = user;
     struct timespec ts;
-    err e;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     p->t_begin = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
     p->prev_step = m->step;
@@ -329,10 +372,10 @@ static tpu_status prof_train_begin(tpu_model *m, void *user)
         p->n = 0;
         p->step_first = p->step_last = 0;
     }
-    /* Keras opens its train writer when training begins */
-    if (!p->train_ev.f && tfevents_open(&p->train_ev, p->train_dir, &e) != CODE_OK)
-        return cli_fail(&e);
-    return TPU_OK;
+    /* Keras opens its train writer when training begins; a file that failed
+     * in an earlier fit is tried again */
+    p->train_off = p->val_off = 0;
+    return events_open(&p->train_ev, p->train_dir, &p->train_off);
 }
 
 /* Keras' _log_epoch_metrics: epoch_NAME at step epoch in LOGDIR/train, and
@@ -343,21 +386,26 @@ static tpu_status prof_epoch_end(tpu_model *m, int epoch, const tpu_logs *l, voi
 {
     struct prof *p = user;
     err e;
-    if (!p->train_ev.f && tfevents_open(&p->train_ev, p->train_dir, &e) != CODE_OK)
-        return cli_fail(&e);
-    if (tfevents_scalar(&p->train_ev, "epoch_loss", epoch, (float)l->loss, &e) != CODE_OK ||
-        (!isnan(l->accuracy) && tfevents_scalar(&p->train_ev, "epoch_accuracy", epoch, (float)l->accuracy, &e)))
-        return cli_fail(&e);
+    if (events_open(&p->train_ev, p->train_dir, &p->train_off) != TPU_OK)
+        return tpu_last_status();
+    if (p->train_ev.f &&
+        (tfevents_scalar(&p->train_ev, "epoch_loss", epoch, (float)l->loss, &e) != CODE_OK ||
+         (!isnan(l->accuracy) && tfevents_scalar(&p->train_ev, "epoch_accuracy", epoch, (float)l->accuracy, &e))) &&
+        events_failed(&p->train_ev, &p->train_off, &e) != TPU_OK)
+        return tpu_last_status();
     if (!l->has_val)
         return TPU_OK;
-    if (!p->val_ev.f && tfevents_open(&p->val_ev, p->val_dir, &e) != CODE_OK)
-        return cli_fail(&e);
-    if (tfevents_scalar(&p->val_ev, "evaluation_loss_vs_iterations", (int64_t)m->step, (float)l->val_loss, &e) ||
-        (!isnan(l->val_accuracy) && tfevents_scalar(&p->val_ev, "evaluation_accuracy_vs_iterations",
-                                                     (int64_t)m->step, (float)l->val_accuracy, &e)) ||
-        tfevents_scalar(&p->val_ev, "epoch_loss", epoch, (float)l->val_loss, &e) ||
-        (!isnan(l->val_accuracy) && tfevents_scalar(&p->val_ev, "epoch_accuracy", epoch, (float)l->val_accuracy, &e)))
-        return cli_fail(&e);
+    if (events_open(&p->val_ev, p->val_dir, &p->val_off) != TPU_OK)
+        return tpu_last_status();
+    if (p->val_ev.f &&
+        (tfevents_scalar(&p->val_ev, "evaluation_loss_vs_iterations", (int64_t)m->step, (float)l->val_loss, &e) ||
+         (!isnan(l->val_accuracy) && tfevents_scalar(&p->val_ev, "evaluation_accuracy_vs_iterations", (int64_t)m->step,
+                                                     (float)l->val_accuracy, &e)) ||
+         tfevents_scalar(&p->val_ev, "epoch_loss", epoch, (float)l->val_loss, &e) ||
+         (!isnan(l->val_accuracy) &&
+          tfevents_scalar(&p->val_ev, "epoch_accuracy", epoch, (float)l->val_accuracy, &e))) &&
+        events_failed(&p->val_ev, &p->val_off, &e) != TPU_OK)
+        return tpu_last_status();
     return TPU_OK;
 }
 
@@ -368,10 +416,11 @@ static tpu_status prof_train_end(tpu_model *m, const tpu_logs *l, void *user)
     tpu_status st = TPU_OK;
     (void)l;
     if (p->profile && !p->written && p->n)
-        st = prof_write(p, m);
+        st = prof_write_soft(p, m);
     /* Keras closes its writers when training ends */
-    if (tfevents_close(&p->train_ev, &e) != CODE_OK || tfevents_close(&p->val_ev, &e) != CODE_OK)
-        return st == TPU_OK ? cli_fail(&e) : st;
+    if ((tfevents_close(&p->train_ev, &e) != CODE_OK && events_failed(&p->train_ev, &p->train_off, &e) != TPU_OK) ||
+        (tfevents_close(&p->val_ev, &e) != CODE_OK && events_failed(&p->val_ev, &p->val_off, &e) != TPU_OK))
+        return st == TPU_OK ? tpu_last_status() : st;
     return st;
 }
 
