@@ -10,6 +10,7 @@
 
 #include "dpio.h"
 #include "status.h"
+#include "tpuemu/tpuemu.h"
 
 #define COLL_ALGO_MAX 32
 
@@ -53,6 +54,22 @@ struct cli_part {
     size_t in_len;
     void *out;
     size_t out_len;
+};
+
+/* The data connections of a cluster handle's system and what rides on them
+ * (c->coll): the system's cores, one data connection per core, the last
+ * collective's outcome, the training requests in flight (train_io.c). */
+struct cli_coll {
+    uint64_t epoch;
+    size_t n;
+    struct dpio_conn *peers; /* n, replica order: one data connection per core */
+    struct cli_res *res;     /* n */
+    uint64_t next_seq;
+    uint32_t progress_ms; /* heartbeat_ms x dead_after; 0: not asked yet */
+    tpu_collective_stats last;
+    /* training requests in flight, per replica (train_io.c): plain memory,
+     * freed with the rest */
+    struct tio_stream *tio;
 };
 
 /* Sends FRAME_COLL{seq, epoch, spec} + parts[r].in on conns[r] to every core

@@ -10,7 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "coll.h"
+#include "client.h"
+#include "coll_io.h"
 #include "dpio.h"
 #include "tpuemu/model.h"
 
@@ -23,11 +24,11 @@ struct hin_spec;
 struct tio_ans {
     int done;
     int code;
-    int said;               /* the core sent this answer (0: the client made it up: a timeout, a lost link) */
+    int said; /* the core sent this answer (0: the client made it up: a timeout, a lost link) */
     char msg[ERR_MSG_MAX];
-    void *dst;              /* payload destination (set by the caller), NULL: none expected */
+    void *dst; /* payload destination (set by the caller), NULL: none expected */
     size_t dst_cap;
-    size_t got;             /* payload bytes received */
+    size_t got; /* payload bytes received */
     size_t nstats;
     struct tio_stat {
         double loss_sum;
@@ -35,7 +36,7 @@ struct tio_ans {
         uint64_t compute_ns, matmul_ns, allreduce_ns, optimizer_ns, infeed_wait_ns;
     } stats[TIO_MAX_STEPS];
     uint64_t hbm_used, hbm_capacity;
-    tpu_notice notice;      /* what is coming to the core (kind NONE: nothing) */
+    tpu_notice notice; /* what is coming to the core (kind NONE: nothing) */
     uint64_t num_params, iterations;
     uint32_t num_slots;
 };

@@ -5,6 +5,7 @@
  * going out. This file only says what an answer looks like and whose it is. */
 #include "train_io.h"
 
+#include "call.h"
 #include "hostin.h"
 
 #include <stdarg.h>
@@ -84,8 +85,7 @@ int tio_post(tpu_cluster *c, size_t r, Tpuemu__FrameHeader *h, const struct dpio
     if (p->fd < 0) {
         if (s->pn) /* answers still expected on a connection that is gone */
             return err_set(e, CODE_UNAVAILABLE, "core %s/%d lost its data connection", p->host, p->core);
-        if (dpio_connect(k->peers, k->n, &c->r->auth, c->r->sender, wire_now_ms() + DPIO_CONNECT_MS, e) !=
-            CODE_OK)
+        if (dpio_connect(k->peers, k->n, &c->r->auth, c->r->sender, wire_now_ms() + DPIO_CONNECT_MS, e) != CODE_OK)
             return e->code;
     }
     h->epoch = k->epoch;
@@ -181,21 +181,21 @@ static int on_header(void *arg, size_t r, Tpuemu__FrameHeader *h, void **dst)
             a->said = 1;
             ans_fail(a, h->status && h->status->code ? (int)h->status->code : CODE_UNKNOWN, "%s",
                      h->status && h->status->message && *h->status->message ? h->status->message
-                                                                             : "the core refused the request");
+                                                                            : "the core refused the request");
         }
         return DPIO_LOST; /* the core closes the connection after an ERROR */
     }
     if (h->kind != KIND(MODEL_RESULT) || !a || h->seq != s->pend_seq[s->ph]) {
-        dpio_failf(p, CODE_UNAVAILABLE, "answered with frame kind %d, seq %llu, which was not expected",
-                   (int)h->kind, (unsigned long long)h->seq);
+        dpio_failf(p, CODE_UNAVAILABLE, "answered with frame kind %d, seq %llu, which was not expected", (int)h->kind,
+                   (unsigned long long)h->seq);
         return DPIO_LOST;
     }
     if (h->status && h->status->code != TPUEMU__CODE__OK) {
         s->failures++;
         a->said = 1;
         a->code = (int)h->status->code;
-        snprintf(a->msg, sizeof a->msg, "%s", h->status->message && *h->status->message ? h->status->message
-                                                                                      : "the request failed");
+        snprintf(a->msg, sizeof a->msg, "%s",
+                 h->status->message && *h->status->message ? h->status->message : "the request failed");
     } else {
         a->code = CODE_OK;
         a->msg[0] = '\0';
