@@ -59,8 +59,10 @@ static void stream_fail(struct tio_stream *s, int code, const char *msg)
     memset(s, 0, sizeof *s);
 }
 
-int tio_post(tpu_cluster *c, size_t r, Tpuemu__FrameHeader *h, const struct dpio_seg *segs, size_t nseg,
-             struct tio_ans *ans, err *e)
+/* Queues the frame h (kind, model/steps/state set by the caller; epoch set
+ * here) with its payload on replica r's connection (tio_post_req). */
+static int tio_post(tpu_cluster *c, size_t r, Tpuemu__FrameHeader *h, const struct dpio_seg *segs, size_t nseg,
+                    struct tio_ans *ans, err *e)
 {
     struct cli_coll *k = c->coll;
     struct tio_stream *s = streams(c);
@@ -96,6 +98,121 @@ int tio_post(tpu_cluster *c, size_t r, Tpuemu__FrameHeader *h, const struct dpio
     s->pend_seq[(s->ph + s->pn) % TIO_MAX_PEND] = h->seq;
     s->pn++;
     return CODE_OK;
+}
+
+int tio_post_req(tpu_cluster *c, size_t r, const struct tio_req *q, const struct dpio_seg *segs, size_t nseg,
+                 struct tio_ans *ans, err *e)
+{
+    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
+    Tpuemu__StateInfo si = TPUEMU__STATE_INFO__INIT;
+    Tpuemu__ModelSpec ms = TPUEMU__MODEL_SPEC__INIT;
+    Tpuemu__OptimizerSpec os = TPUEMU__OPTIMIZER_SPEC__INIT;
+    Tpuemu__LayerSpec *ls = NULL, **lp = NULL;
+    uint32_t(*tshape)[TIO_MAX_RANK] = NULL;
+    uint32_t ishape[TIO_MAX_RANK];
+    uint64_t bounds[TPU_LR_MAX_BOUNDARIES];
+    float values[TPU_LR_MAX_BOUNDARIES + 1];
+    int rc;
+
+    h.seq = q->seq;
+    if (q->kind == TIO_STATE_GET || q->kind == TIO_STATE_SET) {
+        h.kind = q->kind == TIO_STATE_GET ? KIND(STATE_GET) : KIND(STATE_SET);
+        si.model_id = q->model_id;
+        if (q->kind == TIO_STATE_SET) {
+            si.num_params = q->num_params;
+            si.num_slots = q->num_slots;
+            si.iterations = q->iterations;
+        }
+        h.state = &si;
+        return tio_post(c, r, &h, segs, nseg, ans, e);
+    }
+    if (q->kind != TIO_COMPILE || !q->model)
+        return err_set(e, CODE_INTERNAL, "a training request of kind %d", (int)q->kind);
+    const struct tio_model *m = q->model;
+    size_t nl = m->nlayers;
+    if (!(ls = calloc(nl ? nl : 1, sizeof *ls)) || !(lp = calloc(nl ? nl : 1, sizeof *lp)) ||
+        !(tshape = calloc(nl ? nl : 1, sizeof *tshape))) {
+        free(ls);
+        free(lp);
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (size_t l = 0; l < nl; l++) {
+        const struct tio_layer *y = &m->layers[l];
+        tpuemu__layer_spec__init(&ls[l]);
+        ls[l].units = y->units;
+        ls[l].activation = (Tpuemu__Activation)y->activation;
+        ls[l].kind = (Tpuemu__LayerKind)y->kind;
+        ls[l].kernel_h = y->kernel_h;
+        ls[l].kernel_w = y->kernel_w;
+        ls[l].stride_h = y->stride_h;
+        ls[l].stride_w = y->stride_w;
+        ls[l].padding_same = y->padding_same != 0;
+        ls[l].rate = y->rate;
+        ls[l].input_dim = y->input_dim;
+        ls[l].positions = y->positions != 0;
+        ls[l].num_heads = y->num_heads;
+        ls[l].key_dim = y->key_dim;
+        ls[l].value_dim = y->value_dim;
+        ls[l].add_from = y->add_from;
+        ls[l].epsilon = y->epsilon;
+        ls[l].momentum = y->momentum;
+        ls[l].synchronized = y->synchronized != 0;
+        ls[l].n_target_shape = y->target_rank < TIO_MAX_RANK ? y->target_rank : TIO_MAX_RANK;
+        memcpy(tshape[l], y->target_shape, ls[l].n_target_shape * sizeof **tshape);
+        ls[l].target_shape = tshape[l];
+        lp[l] = &ls[l];
+    }
+    ms.n_input_shape = m->input_rank < TIO_MAX_RANK ? m->input_rank : TIO_MAX_RANK;
+    memcpy(ishape, m->input_shape, ms.n_input_shape * sizeof *ishape);
+    ms.input_shape = ishape;
+    const tpu_optimizer *o = m->optimizer;
+    os.kind = (uint32_t)o->kind;
+    os.learning_rate = o->learning_rate;
+    os.momentum = o->momentum;
+    os.nesterov = o->nesterov != 0;
+    os.beta_1 = o->beta_1;
+    os.beta_2 = o->beta_2;
+    os.epsilon = o->epsilon;
+    const tpu_lr_schedule *sc = &o->schedule;
+    os.schedule = (uint32_t)sc->kind;
+    os.initial_learning_rate = sc->initial_learning_rate;
+    os.decay_steps = sc->decay_steps;
+    os.decay_rate = sc->decay_rate;
+    os.staircase = sc->staircase != 0;
+    os.alpha = sc->alpha;
+    os.has_warmup_target = sc->has_warmup_target != 0;
+    os.warmup_target = sc->warmup_target;
+    os.warmup_steps = sc->warmup_steps;
+    if (sc->kind == TPU_LR_PIECEWISE_CONSTANT_DECAY) {
+        os.n_boundaries = sc->num_boundaries;
+        os.boundaries = bounds;
+        memcpy(bounds, sc->boundaries, sc->num_boundaries * sizeof *bounds);
+        os.n_values = sc->num_boundaries + 1;
+        os.values = values;
+        memcpy(values, sc->values, os.n_values * sizeof *values);
+    }
+    ms.model_id = m->model_id;
+    ms.input_dim = m->input_dim;
+    ms.n_layers = nl;
+    ms.layers = lp;
+    ms.loss = (Tpuemu__Loss)m->loss;
+    ms.optimizer = &os;
+    ms.mixed_bfloat16 = m->mixed_bfloat16 != 0;
+    ms.seed = m->seed;
+    ms.batch_per_core = m->batch_per_core;
+    ms.infeed_depth = m->infeed_depth;
+    ms.steps_per_execution = m->steps_per_execution;
+    ms.deterministic = m->deterministic != 0;
+    ms.gradient_checkpointing = m->gradient_checkpointing != 0;
+    ms.from_logits = m->from_logits != 0;
+    ms.label_dim = m->label_dim;
+    h.kind = KIND(COMPILE);
+    h.model = &ms;
+    rc = tio_post(c, r, &h, segs, nseg, ans, e);
+    free(ls);
+    free(lp);
+    free(tshape);
+    return rc;
 }
 
 void tio_steps_begin(tpu_cluster *c, struct tio_steps *s)

@@ -41,13 +41,59 @@ struct tio_ans {
     uint32_t num_slots;
 };
 
-/* Queues the frame h (kind, model/steps/state set by the caller; epoch and seq
- * are set here) with the payload segs[0..nseg) on replica r's connection, and
- * ans as the slot its answer goes to. segs and ans must stay valid until the
- * answer is in (tio_wait) or tio_abort. Connects first if needed.
- * CODE_INVALID_ARGUMENT if the header does not fit a frame. */
-int tio_post(tpu_cluster *c, size_t r, Tpuemu__FrameHeader *h, const struct dpio_seg *segs, size_t nseg,
-             struct tio_ans *ans, err *e);
+/* A layer of a model to compile (LayerSpec on the wire): the kind, units
+ * and activation as tpuemu/model.h numbers them, and the options of its kind. */
+#define TIO_MAX_RANK 8
+struct tio_layer {
+    uint32_t kind, units, activation;
+    uint32_t kernel_h, kernel_w, stride_h, stride_w; /* Conv2D, pooling */
+    int padding_same;
+    float rate;                             /* Dropout */
+    uint32_t input_dim;                     /* Embedding: the vocabulary */
+    int positions;                          /* Embedding: plus a learned position embedding */
+    uint32_t num_heads, key_dim, value_dim; /* MultiHeadAttention */
+    uint32_t add_from;                      /* Add: the layer whose input is the other operand */
+    float epsilon, momentum;                /* normalizations */
+    int synchronized;                       /* BatchNormalization over every replica */
+    size_t target_rank;                     /* Reshape */
+    uint32_t target_shape[TIO_MAX_RANK];
+};
+
+/* A model to compile on every core (ModelSpec on the wire). */
+struct tio_model {
+    uint64_t model_id, seed;
+    uint32_t input_dim;
+    size_t input_rank; /* 0: (input_dim) */
+    uint32_t input_shape[TIO_MAX_RANK];
+    const struct tio_layer *layers;
+    size_t nlayers;
+    tpu_loss loss;
+    const tpu_optimizer *optimizer;
+    int mixed_bfloat16, deterministic, gradient_checkpointing, from_logits;
+    uint32_t batch_per_core, infeed_depth, steps_per_execution, label_dim;
+};
+
+/* A request other than STEPS. */
+enum tio_kind {
+    TIO_COMPILE = 1,
+    TIO_STATE_GET,
+    TIO_STATE_SET
+};
+struct tio_req {
+    enum tio_kind kind;
+    uint64_t seq;                    /* from the cluster's collectives (cli_coll.next_seq) */
+    const struct tio_model *model;   /* COMPILE */
+    uint64_t model_id;               /* STATE_GET, STATE_SET */
+    uint64_t num_params, iterations; /* STATE_SET: what its payload holds */
+    uint32_t num_slots;
+};
+
+/* Queues the request q with the payload segs[0..nseg) on replica r's
+ * connection, and ans as the slot its answer goes to. segs and ans must stay
+ * valid until the answer is in (tio_wait) or tio_abort. Connects first if
+ * needed. CODE_INVALID_ARGUMENT if the request does not fit a frame header. */
+int tio_post_req(tpu_cluster *c, size_t r, const struct tio_req *q, const struct dpio_seg *segs, size_t nseg,
+                 struct tio_ans *ans, err *e);
 
 /* A STEPS request: run steps training steps (or evaluation or prediction
  * steps) of model_id, each core on its rows of each step's batch. */

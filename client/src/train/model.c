@@ -16,7 +16,6 @@
 #include "ckpt.h"
 #include "lrsched.h"
 
-#define KIND(k) TPUEMU__FRAME_KIND__FRAME_##k
 #define CALL_FLOOR_MS 30000u
 #define CALL_BYTES_PER_MS 20000u
 #define CKPT_FORMAT "tpuemu model checkpoint 1"
@@ -767,7 +766,7 @@ tpu_status tpu_model_compile(tpu_model *m, const tpu_compile_options *o)
 
 /* One request to every replica (or only to `only` when >= 0), waited for.
  * ans[r].dst must be set by the caller where a payload comes back. */
-static int request_all(tpu_model *m, Tpuemu__FrameHeader *h, const struct dpio_seg *segs, size_t nseg, int only,
+static int request_all(tpu_model *m, struct tio_req *q, const struct dpio_seg *segs, size_t nseg, int only,
                        struct tio_ans *ans, size_t bytes, const char *what, err *e)
 {
     tpu_cluster *c = m->s->c;
@@ -778,7 +777,7 @@ static int request_all(tpu_model *m, Tpuemu__FrameHeader *h, const struct dpio_s
 
     if (!pa)
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
-    h->seq = k->next_seq++;
+    q->seq = k->next_seq++;
     for (size_t r = 0; r < n; r++) {
         pa[r] = &ans[r];
         if (only >= 0 && (size_t)only != r) {
@@ -786,7 +785,7 @@ static int request_all(tpu_model *m, Tpuemu__FrameHeader *h, const struct dpio_s
             ans[r].code = CODE_OK;
             continue;
         }
-        if ((rc = tio_post(c, r, h, segs, nseg, &ans[r], e)) != CODE_OK) {
+        if ((rc = tio_post_req(c, r, q, segs, nseg, &ans[r], e)) != CODE_OK) {
             tio_abort(c);
             free(pa);
             err_prefix(e, "%s", what);
@@ -815,8 +814,7 @@ static int push_state(tpu_model *m, const float *state, size_t nfloats, uint32_t
 {
     size_t n = m->s->c->coll->n, np = model_nparams(m);
     struct tio_ans *ans = calloc(n, sizeof *ans);
-    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
-    Tpuemu__StateInfo si = TPUEMU__STATE_INFO__INIT;
+    struct tio_req q = {TIO_STATE_SET, 0, NULL, m->id, np, iterations, nslots};
     struct dpio_seg seg = {state, nfloats * sizeof(float)};
     int rc;
     if (!ans)
@@ -825,13 +823,7 @@ static int push_state(tpu_model *m, const float *state, size_t nfloats, uint32_t
         free(ans);
         return err_set(e, CODE_INTERNAL, "state of %zu floats for %zu parameters and %u slots", nfloats, np, nslots);
     }
-    h.kind = KIND(STATE_SET);
-    si.model_id = m->id;
-    si.num_params = np;
-    si.num_slots = nslots;
-    si.iterations = iterations;
-    h.state = &si;
-    rc = request_all(m, &h, &seg, 1, -1, ans, seg.n, "loading the model's state", e);
+    rc = request_all(m, &q, &seg, 1, -1, ans, seg.n, "loading the model's state", e);
     free(ans);
     if (rc == CODE_OK)
         m->iterations = iterations;
@@ -858,16 +850,14 @@ int model_ensure_compiled(tpu_model *m, size_t global_batch, err *e)
     if (m->epoch == k->epoch && m->n == n && m->batch_per_core >= per)
         return CODE_OK;
 
-    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
-    Tpuemu__ModelSpec ms = TPUEMU__MODEL_SPEC__INIT;
-    Tpuemu__OptimizerSpec os = TPUEMU__OPTIMIZER_SPEC__INIT;
-    Tpuemu__LayerSpec ls[MODEL_LAYERS_MAX], *lp[MODEL_LAYERS_MAX];
-    uint32_t tshape[MODEL_LAYERS_MAX][LSHAPE_MAX_RANK];
+    struct tio_layer ls[MODEL_LAYERS_MAX];
+    struct tio_model ms;
+    struct tio_req q = {TIO_COMPILE, 0, &ms, 0, 0, 0, 0};
+    memset(ls, 0, sizeof ls);
     for (size_t l = 0; l < m->nlayers; l++) {
-        tpuemu__layer_spec__init(&ls[l]);
         ls[l].units = (uint32_t)m->units[l];
-        ls[l].activation = (Tpuemu__Activation)m->act[l];
-        ls[l].kind = (Tpuemu__LayerKind)m->spec[l].kind;
+        ls[l].activation = (uint32_t)m->act[l];
+        ls[l].kind = (uint32_t)m->spec[l].kind;
         ls[l].kernel_h = (uint32_t)m->spec[l].kh;
         ls[l].kernel_w = (uint32_t)m->spec[l].kw;
         ls[l].stride_h = (uint32_t)m->spec[l].sh;
@@ -883,50 +873,20 @@ int model_ensure_compiled(tpu_model *m, size_t global_batch, err *e)
         ls[l].epsilon = m->spec[l].epsilon;
         ls[l].momentum = m->spec[l].momentum;
         ls[l].synchronized = m->spec[l].synchronized != 0;
-        ls[l].n_target_shape = (size_t)m->spec[l].target.rank;
-        for (int i = 0; i < m->spec[l].target.rank; i++)
-            tshape[l][i] = (uint32_t)m->spec[l].target.d[i];
-        ls[l].target_shape = tshape[l];
-        lp[l] = &ls[l];
+        ls[l].target_rank = (size_t)m->spec[l].target.rank;
+        for (int i = 0; i < m->spec[l].target.rank && i < TIO_MAX_RANK; i++)
+            ls[l].target_shape[i] = (uint32_t)m->spec[l].target.d[i];
     }
-    uint32_t ishape[LSHAPE_MAX_RANK];
-    for (int i = 0; i < m->in_shape.rank; i++)
-        ishape[i] = (uint32_t)m->in_shape.d[i];
-    ms.n_input_shape = (size_t)m->in_shape.rank;
-    ms.input_shape = ishape;
-    os.kind = (uint32_t)m->co.optimizer.kind;
-    os.learning_rate = m->co.optimizer.learning_rate;
-    os.momentum = m->co.optimizer.momentum;
-    os.nesterov = m->co.optimizer.nesterov != 0;
-    os.beta_1 = m->co.optimizer.beta_1;
-    os.beta_2 = m->co.optimizer.beta_2;
-    os.epsilon = m->co.optimizer.epsilon;
-    const tpu_lr_schedule *sc = &m->co.optimizer.schedule;
-    os.schedule = (uint32_t)sc->kind;
-    os.initial_learning_rate = sc->initial_learning_rate;
-    os.decay_steps = sc->decay_steps;
-    os.decay_rate = sc->decay_rate;
-    os.staircase = sc->staircase != 0;
-    os.alpha = sc->alpha;
-    os.has_warmup_target = sc->has_warmup_target != 0;
-    os.warmup_target = sc->warmup_target;
-    os.warmup_steps = sc->warmup_steps;
-    uint64_t bounds[TPU_LR_MAX_BOUNDARIES];
-    float values[TPU_LR_MAX_BOUNDARIES + 1];
-    if (sc->kind == TPU_LR_PIECEWISE_CONSTANT_DECAY) {
-        os.n_boundaries = sc->num_boundaries;
-        os.boundaries = bounds;
-        memcpy(bounds, sc->boundaries, sc->num_boundaries * sizeof *bounds);
-        os.n_values = sc->num_boundaries + 1;
-        os.values = values;
-        memcpy(values, sc->values, os.n_values * sizeof *values);
-    }
+    memset(&ms, 0, sizeof ms);
+    ms.input_rank = (size_t)m->in_shape.rank;
+    for (int i = 0; i < m->in_shape.rank && i < TIO_MAX_RANK; i++)
+        ms.input_shape[i] = (uint32_t)m->in_shape.d[i];
     ms.model_id = m->id;
     ms.input_dim = (uint32_t)m->in_dim;
-    ms.n_layers = m->nlayers;
-    ms.layers = lp;
-    ms.loss = (Tpuemu__Loss)m->co.loss;
-    ms.optimizer = &os;
+    ms.nlayers = m->nlayers;
+    ms.layers = ls;
+    ms.loss = m->co.loss;
+    ms.optimizer = &m->co.optimizer;
     ms.mixed_bfloat16 = m->co.policy == TPU_POLICY_MIXED_BFLOAT16;
     ms.seed = m->seed;
     ms.batch_per_core = (uint32_t)per;
@@ -936,14 +896,12 @@ int model_ensure_compiled(tpu_model *m, size_t global_batch, err *e)
     ms.gradient_checkpointing = m->remat != 0;
     ms.from_logits = m->co.from_logits != 0;
     ms.label_dim = m->co.loss == TPU_LOSS_SPARSE_CATEGORICAL_CROSSENTROPY ? 1 : (uint32_t)m->units[m->nlayers - 1];
-    h.kind = KIND(COMPILE);
-    h.model = &ms;
 
     struct tio_ans *ans = calloc(n, sizeof *ans);
     if (!ans)
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
     int fresh = m->epoch != k->epoch;
-    rc = request_all(m, &h, NULL, 0, -1, ans, 0, "compiling the model", e);
+    rc = request_all(m, &q, NULL, 0, -1, ans, 0, "compiling the model", e);
     if (rc == CODE_OK) {
         m->hbm_used = m->hbm_capacity = 0;
         for (size_t r = 0; r < n; r++) {
@@ -978,17 +936,13 @@ static int pull_state(tpu_model *m, int replica, float *buf, size_t nfloats, uin
 {
     size_t n = m->s->c->coll->n;
     struct tio_ans *ans = calloc(n, sizeof *ans);
-    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
-    Tpuemu__StateInfo si = TPUEMU__STATE_INFO__INIT;
+    struct tio_req q = {TIO_STATE_GET, 0, NULL, m->id, 0, 0, 0};
     int rc;
     if (!ans)
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
-    h.kind = KIND(STATE_GET);
-    si.model_id = m->id;
-    h.state = &si;
     ans[replica].dst = buf;
     ans[replica].dst_cap = nfloats * sizeof(float);
-    rc = request_all(m, &h, NULL, 0, replica, ans, nfloats * sizeof(float), "reading the model's state", e);
+    rc = request_all(m, &q, NULL, 0, replica, ans, nfloats * sizeof(float), "reading the model's state", e);
     if (rc == CODE_OK && (ans[replica].num_params != model_nparams(m) ||
                           ans[replica].num_slots != (uint32_t)model_nslots(m)))
         rc = err_set(e, CODE_INTERNAL, "replica %d holds a model of %llu parameters and %u optimizer slots; this one "
