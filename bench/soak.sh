@@ -16,18 +16,38 @@
 #      MAX_STALL_MS) a random connection every FAULT_EVERY_MS on average, drawn
 #      from SEED; strangers hold HOLD idle connections on the resolver's port
 #      and on every worker's data, control and metrics ports, renewed every 3 s,
-#      and never authenticate; fashion_mnist runs round after round (each from
-#      scratch, --recover 100, a checkpoint every 20 steps) until the time is up.
-# It prints the faults injected, the daemons lost (goal 0), each round's
-# recoveries, steps lost (steps run beyond the clean round's), time and test
-# accuracy next to the clean one, and every daemon's RSS after the clean round
-# and at the end. Exit 0 when no daemon was lost and every round finished;
-# 1 otherwise. Everything it starts is stopped on exit; every wait is bounded.
+#      and never authenticate; every EVENT_EVERY_S seconds on average (drawn
+#      from SEED) one of: a worker killed (SIGKILL), paused 3 s, preempted (3 s
+#      notice) or down for maintenance 4 s (1 s notice), a link between two
+#      cores delayed (50 ms a chunk), lossy (5 %) or cut (partition) for a few
+#      seconds, or the resolver killed (at most every RESOLVER_EVERY_S); a
+#      supervisor starts again every daemon that exits, on its ports, as
+#      systemd or compose would (host0/0, whose /metrics count the steps, is
+#      never killed or preempted); fashion_mnist runs round after round (each from
+#      scratch, --recover 100, a checkpoint every 20 steps, started once the
+#      cluster is whole, and again with its checkpoint when preempted: exit
+#      42) until the time is up.
+# Every SAMPLE_S seconds it samples each daemon's RSS, open fds, threads and
+# shared-memory mappings (from /proc). It prints the faults injected, the
+# daemons lost (an exit no fault caused, or a daemon not running at the end;
+# goal 0), each round's recoveries, steps lost (steps run beyond the clean
+# round's), time and test accuracy next to the clean one, and for each daemon's
+# longest life, minute by minute after its warm-up (the clean round and
+# WARMUP_S seconds of chaos, or WARMUP_S after a restart), its highest RSS and
+# its commonest fd, thread and mapping counts: first and last minute and the
+# least-squares slope per hour. Exit 0 when no daemon was lost, every round
+# finished and no slope less twice its standard error is beyond its bound
+# (RSS: RSS_LIMIT_MIB_H MiB an hour; the counts: a fitted rise of more than
+# COUNT_SLACK from the first minute to the last); 1 otherwise. Everything it starts is stopped on exit; every wait
+# is bounded.
 #
 # Environment: EPOCHS (default 2), FAULT_EVERY_MS (default 1000), MAX_STALL_MS
-# (default 2000), HOLD (default 64), ROUND_TIMEOUT_S (default 600), KEEP=1 (keep
-# the work directory with every log), DATA (default
-# /usr/share/datasets/fashion-mnist, Debian package dataset-fashion-mnist).
+# (default 2000), HOLD (default 64), EVENT_EVERY_S (default 20; 0: none),
+# RESOLVER_EVERY_S (default 600), SAMPLE_S (default 5), WARMUP_S (default 120),
+# RSS_LIMIT_MIB_H (default 1), COUNT_SLACK (default 2), ROUND_TIMEOUT_S (default
+# 600), KEEP=1 (keep the work directory with every log and the samples), DATA
+# (default /usr/share/datasets/fashion-mnist, Debian package
+# dataset-fashion-mnist).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:?usage: bench/soak.sh BUILD_DIR [MINUTES] [SEED]}
@@ -38,6 +58,12 @@ fault_every=${FAULT_EVERY_MS:-1000}
 max_stall=${MAX_STALL_MS:-2000}
 hold=${HOLD:-64}
 round_timeout=${ROUND_TIMEOUT_S:-600}
+event_every=${EVENT_EVERY_S:-20}
+resolver_every=${RESOLVER_EVERY_S:-600}
+sample_s=${SAMPLE_S:-5}
+warmup_s=${WARMUP_S:-120}
+rss_limit=${RSS_LIMIT_MIB_H:-1}
+count_slack=${COUNT_SLACK:-2}
 data=${DATA:-/usr/share/datasets/fashion-mnist}
 bin=$(cd "$build/bin" 2>/dev/null && pwd) || { echo "no $build/bin: build first" >&2; exit 2; }
 for b in bench_chaos fashion_mnist tpu-worker tpu-resolver tpuctl; do
@@ -53,11 +79,19 @@ workers=() # pids, in the order of names[]
 names=()
 chaos=
 trainer=
+sampler_pid=
+driver_pid=
 unset TPUEMU_METRICS_PORT TPUEMU_DATA_PORT TPUEMU_ADVERTISE_DATA
 . tests/support/local_cluster.sh
 cleanup() {
-    for p in $trainer $chaos "${workers[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    for p in $trainer $chaos "${workers[@]}"; do wait "$p" 2>/dev/null; done
+    local daemons=()
+    [ -f "$work/pids" ] && daemons=($(awk '{ print $2 }' "$work/pids"))
+    for p in $driver_pid $trainer $chaos $sampler_pid "${daemons[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    for p in $driver_pid $trainer $chaos $sampler_pid; do wait "$p" 2>/dev/null; done
+    for p in "${daemons[@]}"; do # not this shell's jobs: waited for by polling
+        for ((k = 0; k < 50; k++)); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$p" 2>/dev/null
+    done
     lc_cleanup
     if [ "${KEEP:-0}" = 1 ]; then echo "logs kept in $work"; else rm -rf "$work"; fi
 }
@@ -66,25 +100,64 @@ trap 'exit 1' INT TERM
 
 lc_start_resolver "$bin" "$work/resolver.log" --heartbeat-ms 500
 resolver_pid=${_lc_pids[-1]}
+disown "$resolver_pid" # as start_daemon's
 rport=${tpu#*:}
 lc_claim_port proxy_rport
 forwards=("--forward" "$proxy_rport=127.0.0.1:$rport")
 dports=() mports=()
+declare -A wd=() wp=() wm=() # a worker's data, advertised and metrics ports, by name
+start_daemon() { # name: the resolver or hostH/C, started (again) on its ports
+    local n=$1
+    if [ "$n" = resolver ]; then
+        "$bin/tpu-resolver" --listen "$tpu" --heartbeat-ms 500 2>>"$work/resolver.log" &
+    else
+        "$bin/tpu-worker" --resolver "127.0.0.1:$proxy_rport" --host-id "${n%/*}" --core "${n#*/}" \
+            --data-port "${wd[$n]}" --advertise-data "127.0.0.1:${wp[$n]}" --metrics-port "${wm[$n]}" \
+            2>>"$work/worker-${n//\//-}.log" &
+    fi
+    daemon_pid=$!
+    disown "$daemon_pid" # its death by a fault is the supervisor's to see, not a job to report
+}
 for h in 0 1; do
     for c in 0 1 2 3; do
         lc_claim_port d
         lc_claim_port p
         lc_claim_port m
         forwards+=("--forward" "$p=127.0.0.1:$d")
-        "$bin/tpu-worker" --resolver "127.0.0.1:$proxy_rport" --host-id "host$h" --core "$c" \
-            --data-port "$d" --advertise-data "127.0.0.1:$p" --metrics-port "$m" \
-            2>>"$work/worker-$h-$c.log" &
-        workers+=($!)
+        wd[host$h/$c]=$d wp[host$h/$c]=$p wm[host$h/$c]=$m
+        start_daemon "host$h/$c"
+        workers+=($daemon_pid)
         names+=("host$h/$c")
         dports+=("$d")
         mports+=("$m")
     done
 done
+
+# every daemon's process, fds, threads and shared-memory mappings, sampled
+# every SAMPLE_S seconds into $work/samples (t name pid rss_kib fds threads shm);
+# $work/pids lists "name pid" lines, the newest of a name its current process
+: >"$work/pids"
+: >"$work/samples"
+note_pid() { echo "$1 $2" >>"$work/pids"; }
+note_pid resolver "$resolver_pid"
+for i in "${!workers[@]}"; do note_pid "${names[$i]}" "${workers[$i]}"; done
+sampler() {
+    local t n p r f th s
+    while :; do
+        t=$(date +%s)
+        while read -r n p; do
+            [ -r "/proc/$p/status" ] || continue
+            r=$(awk '/^VmRSS:/ { print $2 }' "/proc/$p/status" 2>/dev/null)
+            f=$(ls "/proc/$p/fd" 2>/dev/null | wc -l)
+            th=$(ls "/proc/$p/task" 2>/dev/null | wc -l)
+            s=$(awk '/memfd:tpuemu/ { print $5 }' "/proc/$p/maps" 2>/dev/null | sort -u | wc -l)
+            [ -n "$r" ] && echo "$t $n $p $r $f $th $s"
+        done < <(awk '{ p[$1] = $2 } END { for (n in p) print n, p[n] }' "$work/pids") >>"$work/samples"
+        sleep "$sample_s"
+    done
+}
+sampler &
+sampler_pid=$!
 
 start_chaos() { # duration_s, extra args...
     local d=$1
@@ -105,24 +178,38 @@ start_chaos 86400
     exit 1
 }
 
-rss() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; } # KiB
 steps() { # training steps host0/0 ran to the end (from its /metrics)
     exec 3<>"/dev/tcp/127.0.0.1/${mports[0]}" || { echo 0; return; }
     printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
     timeout 10 cat <&3 | awk '/^tpuemu_worker_train_steps_total[{ ]/ { n = $NF } END { print n + 0 }'
     exec 3>&-
 }
+whole() { # waits (at most 90 s) for the resolver and 8 live cores, as a deployment
+    # starts a job once its cluster is up; the supervisor brings back what a fault took
+    local k
+    for ((k = 0; k < 90; k++)); do
+        "$bin/tpuctl" --tpu "$tpu" --timeout-ms 2000 init --expect 8 --timeout-ms 1000 >/dev/null 2>&1 && return 0
+        sleep 1
+    done
+    return 1
+}
 round() { # name, checkpoint file: runs fashion_mnist, sets r_rc r_acc r_recov r_steps r_secs
-    local out="$work/$1.out" s0 t0
+    local out="$work/$1.out" s0 t0 leg
+    : >"$out"
+    whole
     s0=$(steps)
     t0=$(date +%s)
-    (cd "$work" && exec timeout "$round_timeout" "$bin/fashion_mnist" --tpu "$tpu" --epochs "$epochs" \
-        --checkpoint "$2" --checkpoint-every 20 --recover 100 --recover-wait 60 --logdir "$work/logs") \
-        >"$out" 2>&1 &
-    trainer=$!
-    wait "$trainer"
-    r_rc=$?
-    trainer=
+    for ((leg = 0; leg < 20; leg++)); do # preempted (exit 42, its checkpoint saved): started again, as deploy.md says
+        (cd "$work" && exec timeout "$round_timeout" "$bin/fashion_mnist" --tpu "$tpu" --epochs "$epochs" \
+            --checkpoint "$2" --checkpoint-every 20 --recover 100 --recover-wait 60 --logdir "$work/logs") \
+            >>"$out" 2>&1 &
+        trainer=$!
+        wait "$trainer"
+        r_rc=$?
+        trainer=
+        [ "$r_rc" = 42 ] || break
+        whole
+    done
     r_secs=$(($(date +%s) - t0))
     r_acc=$(sed -n 's/^test accuracy: //p' "$out")
     r_recov=$(grep -c '^recovering (' "$out")
@@ -137,9 +224,6 @@ round clean "$work/clean.ckpt"
     exit 1
 }
 clean_acc=$r_acc clean_steps=$r_steps clean_secs=$r_secs
-declare -A rss0
-for i in "${!workers[@]}"; do rss0[$i]=$(rss "${workers[$i]}"); done
-rss0_resolver=$(rss "$resolver_pid")
 
 stop_chaos
 holds=("--hold" "127.0.0.1:$rport=$hold")
@@ -154,7 +238,66 @@ chaos_s=$((minutes * 60))
 echo "chaos for $minutes min (seed $seed): a fault every ${fault_every} ms on average, $hold idle strangers on each of $((${#holds[@]} / 2)) ports"
 start_chaos $((chaos_s + round_timeout + 60)) --fault-every-ms "$fault_every" --max-stall-ms "$max_stall" \
     "${holds[@]}" --stats "$work/chaos.stats"
-t_end=$(($(date +%s) + chaos_s))
+t_chaos=$(date +%s)
+t_end=$((t_chaos + chaos_s))
+
+# the supervisor and the daemon faults: a subshell; $work/events gets a line
+# per fault ("fault KIND TARGET ok|refused") and per exit ("restart NAME" when
+# a fault caused it, "lost NAME" otherwise)
+alive() { # pid: running (not a zombie)
+    local st
+    st=$(cut -d ' ' -f 3 "/proc/$1/stat" 2>/dev/null)
+    [ -n "$st" ] && [ "$st" != Z ]
+}
+driver() {
+    local now next kind a b t args n p last_resolver=0
+    local -A expect=() # name -> until when an exit of it is a fault's
+    local kinds=(kill pause preempt maintenance link-delay link-loss partition resolver)
+    RANDOM=$seed
+    next=$(($(date +%s) + 1 + RANDOM % (2 * event_every + 1)))
+    while :; do
+        now=$(date +%s)
+        while read -r n p; do
+            alive "$p" && continue
+            if [ "${expect[$n]:-0}" -ge "$now" ]; then echo "restart $n"; else echo "lost $n"; fi >>"$work/events"
+            expect[$n]=$((now + 30)) # a start that fails is tried again
+            start_daemon "$n"
+            note_pid "$n" "$daemon_pid"
+        done < <(awk '{ p[$1] = $2 } END { for (n in p) print n, p[n] }' "$work/pids")
+        if [ "$event_every" -gt 0 ] && [ "$now" -ge "$next" ] && [ ! -e "$work/calm" ]; then
+            kind=${kinds[$((RANDOM % ${#kinds[@]}))]}
+            # the resolver at most every RESOLVER_EVERY_S: it lives long enough for its slope
+            if [ "$kind" = resolver ]; then
+                [ "$now" -ge $((last_resolver + resolver_every)) ] && last_resolver=$now || kind=kill
+            fi
+            a=${names[$((1 + RANDOM % 7))]}                                 # never host0/0
+            b=${names[$((RANDOM % 8))]}
+            [ "$b" = "$a" ] && b=${names[0]}
+            t=$a
+            case $kind in
+            kill) args=(kill "$a") ;;
+            pause) args=(pause "$a" 3000) ;;
+            preempt) args=(--notice-ms 3000 preempt "$a") ;;
+            maintenance) args=(--notice-ms 1000 maintenance "$a" 4000) ;;
+            link-delay) args=(link-delay "$a" "$b" 50 5000) t="$a-$b" ;;
+            link-loss) args=(link-loss "$a" "$b" 5 5000) t="$a-$b" ;;
+            partition) args=(partition "$a" "$b" 2000) t="$a-$b" ;;
+            resolver) args=(kill resolver) t=resolver ;;
+            esac
+            case $kind in kill | preempt | resolver) expect[$t]=$((now + 60)) ;; esac
+            if "$bin/tpuctl" --tpu "$tpu" --timeout-ms 5000 chaos "${args[@]}" >>"$work/driver.log" 2>&1; then
+                echo "fault $kind $t ok"
+            else
+                echo "fault $kind $t refused" # a core down or a notice pending: not there to hit
+            fi >>"$work/events"
+            next=$((now + 1 + RANDOM % (2 * event_every + 1)))
+        fi
+        sleep 1
+    done
+}
+: >"$work/events"
+driver &
+driver_pid=$!
 rows=() failed=0 n=0
 while :; do
     n=$((n + 1))
@@ -163,6 +306,15 @@ while :; do
     rows+=("| $n | $r_rc | $r_recov | $r_steps | $((r_steps - clean_steps)) | $r_secs | ${r_acc:--} |")
     [ "$(date +%s)" -lt "$t_end" ] && [ "$n" -lt 1000 ] || break
 done
+# no more faults; the supervisor brings back what the last ones took (bounded)
+touch "$work/calm"
+whole
+kill -TERM "$driver_pid" 2>/dev/null
+wait "$driver_pid" 2>/dev/null
+driver_pid=
+kill -TERM "$sampler_pid" 2>/dev/null
+wait "$sampler_pid" 2>/dev/null
+sampler_pid=
 stop_chaos
 faults=$(cat "$work/chaos.out" 2>/dev/null)
 
@@ -177,27 +329,74 @@ else
     echo "faults injected: bench_chaos reported nothing (see $work/chaos.log)"
 fi
 echo
-echo "| daemon | alive | RSS after clean (MiB) | RSS at end (MiB) | growth |"
-echo "|---|---|--:|--:|--:|"
-line() { # name pid rss0
-    local alive=yes r1
-    kill -0 "$2" 2>/dev/null || { alive=NO; lost=$((lost + 1)); }
-    r1=$(rss "$2")
-    awk -v n="$1" -v a="$alive" -v r0="$3" -v r1="$r1" 'BEGIN {
-        printf "| %s | %s | %.1f | %.1f | %+.1f MiB |\n", n, a, r0 / 1024, r1 / 1024, (r1 - r0) / 1024 }'
-}
-line resolver "$resolver_pid" "$rss0_resolver"
-for i in "${!workers[@]}"; do line "worker ${names[$i]}" "${workers[$i]}" "${rss0[$i]}"; done
+ev() { grep -c "^$1" "$work/events"; }
+echo "daemon faults: $(ev 'fault kill .* ok') kills, $(ev 'fault pause .* ok') pauses, $(ev 'fault preempt .* ok')" \
+    "preemptions, $(ev 'fault maintenance .* ok') maintenance events, $(ev 'fault link-delay .* ok') link delays," \
+    "$(ev 'fault link-loss .* ok') lossy links, $(ev 'fault partition .* ok') partitions, $(ev 'fault resolver .* ok')" \
+    "resolver kills ($(ev 'fault .* refused') refused: the target down or busy); daemons started again: $(ev restart)"
+lost=$(ev lost)
+[ "$lost" -gt 0 ] && echo "exits no fault caused: $(grep '^lost' "$work/events" | cut -d ' ' -f 2 | tr '\n' ' ')"
+while read -r dn dp; do
+    alive "$dp" || { echo "not running at the end: $dn"; lost=$((lost + 1)); }
+done < <(awk '{ p[$1] = $2 } END { for (n in p) print n, p[n] }' "$work/pids")
+echo
+echo "after warm-up (the clean round and ${warmup_s} s of chaos, or ${warmup_s} s after a restart), per daemon's"
+echo "longest life, minute by minute (its highest RSS, its commonest fd, thread and shared-memory mapping"
+echo "counts): first -> last minute and the least-squares slope per hour (RSS: ± twice its standard"
+echo "error). A daemon grows when the slope less twice its error is beyond the bound: RSS ${rss_limit} MiB/h,"
+echo "the counts a rise of ${count_slack} from the first minute to the last"
+echo
+echo "| daemon | lives | minutes | RSS (MiB) | RSS slope (MiB/h) | fds | fds/h | threads | threads/h | shm maps | maps/h | |"
+echo "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"
+slopes=$(awk -v t0="$t_chaos" -v warm="$warmup_s" -v lim="$rss_limit" -v slack="$count_slack" '
+    # per life (name pid) and minute after its warm-up: the highest RSS (what
+    # the daemon held at its busiest; its heap is trimmed every 30 s) and the
+    # commonest count of each kind
+    { k = $2 " " $3; t = $1 - t0
+      if (!(k in first)) { first[k] = t; lives[$2]++ }
+      w = (first[k] > 0 ? first[k] : 0) + warm
+      if (t < w) next
+      m = int((t - w) / 60)
+      if (!((k, m) in hi) || $4 > hi[k, m]) hi[k, m] = $4
+      for (i = 5; i <= 7; i++) if (++seen[k, m, i, $i] > top[k, m, i]) { top[k, m, i] = seen[k, m, i, $i]; mode[k, m, i] = $i }
+      if (!(k in nm) || m + 1 > nm[k]) nm[k] = m + 1 }
+    END {
+      for (k in nm) { split(k, a, " "); d = a[1]
+        if (nm[k] >= 3 && (!(d in best) || nm[k] > nm[best[d]])) best[d] = k }
+      for (d in lives) {
+        k = best[d]; bad = ""
+        if (k == "") { printf "| %s | %d | - | - | - | - | - | - | - | - | - | too short |\n", d, lives[d]; continue }
+        n = nm[k]; st = stt = 0
+        for (m = 0; m < n; m++) { st += m; stt += m * m }
+        sxx = stt - st * st / n
+        for (i = 4; i <= 7; i++) { sy = sty = 0
+          for (m = 0; m < n; m++) { y[m] = i == 4 ? hi[k, m] / 1024 : mode[k, m, i]; sy += y[m]; sty += m * y[m] }
+          b = (sty - st * sy / n) / sxx; ssr = 0
+          for (m = 0; m < n; m++) { r = y[m] - (sy / n + b * (m - st / n)); ssr += r * r }
+          sl[i] = b * 60; se[i] = (n > 2 ? sqrt(ssr / (n - 2) / sxx) : 0) * 60 } # per minute -> per hour
+        span = (n - 1) / 60                               # hours from the first minute to the last
+        # beyond the bound beyond doubt: the slope less twice its standard error
+        if (sl[4] - 2 * se[4] > lim) bad = bad " RSS"
+        if ((sl[5] - 2 * se[5]) * span > slack) bad = bad " fds"
+        if ((sl[6] - 2 * se[6]) * span > slack) bad = bad " threads"
+        if ((sl[7] - 2 * se[7]) * span > slack) bad = bad " shm"
+        printf "| %s | %d | %d | %.1f -> %.1f | %+.2f ± %.2f | %d -> %d | %+.1f | %d -> %d | %+.1f | %d -> %d | %+.1f | %s |\n",
+            d, lives[d], n, hi[k, 0] / 1024, hi[k, n - 1] / 1024, sl[4], 2 * se[4], mode[k, 0, 5], mode[k, n - 1, 5],
+            sl[5], mode[k, 0, 6], mode[k, n - 1, 6], sl[6], mode[k, 0, 7], mode[k, n - 1, 7], sl[7],
+            bad == "" ? "flat" : "GROWS:" bad }
+    }' "$work/samples" | sort)
+echo "$slopes"
+growing=$(grep -c GROWS <<<"$slopes")
 echo
 echo "| round | exit | recoveries | steps run | steps lost | seconds | test accuracy |"
 echo "|--:|--:|--:|--:|--:|--:|--:|"
 echo "| clean | 0 | 0 | $clean_steps | 0 | $clean_secs | $clean_acc |"
 printf '%s\n' "${rows[@]}"
 echo
-echo "daemons lost: $lost (goal 0); rounds failed: $failed of $n"
+echo "daemons lost: $lost (goal 0); rounds failed: $failed of $n; daemons growing: $growing (goal 0)"
 if [ "$failed" -gt 0 ]; then
     for ((k = 1; k <= n; k++)); do
         grep -q '^test accuracy' "$work/chaos$k.out" || { echo "round $k ended with:"; tail -n 3 "$work/chaos$k.out"; }
     done
 fi
-[ "$lost" -eq 0 ] && [ "$failed" -eq 0 ]
+[ "$lost" -eq 0 ] && [ "$failed" -eq 0 ] && [ "$growing" -eq 0 ]

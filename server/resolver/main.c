@@ -14,6 +14,7 @@
 #include "fdlimit.h"
 #include "httpd.h"
 #include "log.h"
+#include "memtrim.h"
 #include "resolver.h"
 
 struct settings {
@@ -194,6 +195,7 @@ static void on_dead_timer(uv_timer_t *t)
     }
     rsv_expire(t->data);
     log_flush_suppressed(0); /* a flood of refusals that stopped is summed up */
+    mem_trim_every(now, &r->trim_ms, MEM_TRIM_PERIOD_MS);
 }
 
 int main(int argc, char **argv)

@@ -53,6 +53,7 @@ typedef struct resolver {
     sprep *rep;          /* the control port (workers and clients) */
     uv_timer_t dead_timer;
     uint64_t dead_timer_ms;    /* when it last ran (wire_now_ms) */
+    uint64_t trim_ms;          /* when the heap was last trimmed (memtrim.h) */
     uv_signal_t sigint, sigterm;
     /* the heartbeat interval the workers are told: --heartbeat-ms, stretched
      * on a machine running more emulated cores than its CPUs keep up with

@@ -17,6 +17,7 @@
 #include "fdlimit.h"
 #include "httpd.h"
 #include "log.h"
+#include "memtrim.h"
 #include "tuning.h"
 #include "wire.h"
 #include "worker.h"
@@ -243,6 +244,19 @@ static void worker_stop(struct worker *w, int exit_code)
     train_stop(w->train);
     close_signal(&w->sigint);
     close_signal(&w->sigterm);
+    if (w->trim.loop && !uv_is_closing((uv_handle_t *)&w->trim)) { /* started */
+        uv_timer_stop(&w->trim);
+        uv_close((uv_handle_t *)&w->trim, NULL);
+    }
+}
+
+/* Not before the first system: the heap start() prefaulted waits for the
+ * first initialize (heap_prefault). */
+static void on_trim(uv_timer_t *t)
+{
+    struct worker *w = t->data;
+    if (w->id.epoch)
+        mem_trim_every(uv_now(w->loop), &w->trim_ms, MEM_TRIM_PERIOD_MS);
 }
 
 /* The resolver refused this worker for good (heartbeat.h). */
@@ -566,6 +580,9 @@ static int start(struct worker *w, err *e)
     w->sigint.data = w->sigterm.data = w;
     uv_signal_start(&w->sigint, on_signal, SIGINT);
     uv_signal_start(&w->sigterm, on_signal, SIGTERM);
+    uv_timer_init(w->loop, &w->trim);
+    w->trim.data = w;
+    uv_timer_start(&w->trim, on_trim, 1000, 1000);
     if ((rc = ctl_start(&w->ctl, &ctl, e)) != CODE_OK || (rc = dp_start(&w->dp, &dp, e)) != CODE_OK ||
         (rc = wm_start(&w->metrics, &wm, w->metrics_port, e)) != CODE_OK)
         return rc;

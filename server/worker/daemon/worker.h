@@ -76,6 +76,8 @@ struct worker {
     char resolver_hp[300];    /* the resolver as HOST:PORT, told on the profiler port */
     struct fault fault;       /* injected faults (fault.h) */
     uv_signal_t sigint, sigterm;
+    uv_timer_t trim; /* the heap's free pages given back, once it has had a system (memtrim.h) */
+    uint64_t trim_ms;
     int stopping;
     int exit_code;
 };
