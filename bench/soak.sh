@@ -134,7 +134,8 @@ for h in 0 1; do
 done
 
 # every daemon's process, fds, threads and shared-memory mappings, sampled
-# every SAMPLE_S seconds into $work/samples (t name pid rss_kib fds threads shm);
+# every SAMPLE_S seconds into $work/samples (t name pid fds threads shm rss_kib
+# anon_kib file_kib);
 # $work/pids lists "name pid" lines, the newest of a name its current process
 : >"$work/pids"
 : >"$work/samples"
@@ -147,11 +148,11 @@ sampler() {
         t=$(date +%s)
         while read -r n p; do
             [ -r "/proc/$p/status" ] || continue
-            r=$(awk '/^VmRSS:/ { print $2 }' "/proc/$p/status" 2>/dev/null)
+            r=$(awk '/^(VmRSS|RssAnon|RssFile):/ { printf "%s ", $2 }' "/proc/$p/status" 2>/dev/null)
             f=$(ls "/proc/$p/fd" 2>/dev/null | wc -l)
             th=$(ls "/proc/$p/task" 2>/dev/null | wc -l)
             s=$(awk '/memfd:tpuemu/ { print $5 }' "/proc/$p/maps" 2>/dev/null | sort -u | wc -l)
-            [ -n "$r" ] && echo "$t $n $p $r $f $th $s"
+            [ -n "$r" ] && echo "$t $n $p $f $th $s $r"
         done < <(awk '{ p[$1] = $2 } END { for (n in p) print n, p[n] }' "$work/pids") >>"$work/samples"
         sleep "$sample_s"
     done
@@ -307,6 +308,7 @@ while :; do
     [ "$(date +%s)" -lt "$t_end" ] && [ "$n" -lt 1000 ] || break
 done
 # no more faults; the supervisor brings back what the last ones took (bounded)
+t_stop=$(date +%s) # the slopes are of the soak, not of the quiet after it
 touch "$work/calm"
 whole
 kill -TERM "$driver_pid" 2>/dev/null
@@ -341,48 +343,50 @@ while read -r dn dp; do
 done < <(awk '{ p[$1] = $2 } END { for (n in p) print n, p[n] }' "$work/pids")
 echo
 echo "after warm-up (the clean round and ${warmup_s} s of chaos, or ${warmup_s} s after a restart), per daemon's"
-echo "longest life, minute by minute (its highest RSS, its commonest fd, thread and shared-memory mapping"
-echo "counts): first -> last minute and the least-squares slope per hour (RSS: ± twice its standard"
+echo "longest life, minute by minute of the soak (its highest RSS, anonymous and file-backed, its commonest"
+echo "fd, thread and shared-memory mapping counts): first -> last minute and the least-squares slope per hour (RSS: ± twice its standard"
 echo "error). A daemon grows when the slope less twice its error is beyond the bound: RSS ${rss_limit} MiB/h,"
-echo "the counts a rise of ${count_slack} from the first minute to the last"
+echo "the counts a rise of ${count_slack} from the first minute to the last; a life of under 5 minutes after its"
+echo "warm-up is too short to judge"
 echo
-echo "| daemon | lives | minutes | RSS (MiB) | RSS slope (MiB/h) | fds | fds/h | threads | threads/h | shm maps | maps/h | |"
-echo "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"
-slopes=$(awk -v t0="$t_chaos" -v warm="$warmup_s" -v lim="$rss_limit" -v slack="$count_slack" '
-    # per life (name pid) and minute after its warm-up: the highest RSS (what
-    # the daemon held at its busiest; its heap is trimmed every 30 s) and the
-    # commonest count of each kind
+echo "| daemon | lives | minutes | RSS (MiB) | anon + file (MiB) | RSS slope (MiB/h) | fds | fds/h | threads | threads/h | shm maps | maps/h | |"
+echo "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"
+slopes=$(awk -v t0="$t_chaos" -v t1="$t_stop" -v warm="$warmup_s" -v lim="$rss_limit" -v slack="$count_slack" '
+    # per life (name pid) and whole minute after its warm-up: the highest RSS
+    # (what the daemon held at its busiest; its heap is trimmed every 30 s),
+    # with its anonymous and file-backed parts, and the commonest count of each kind
     { k = $2 " " $3; t = $1 - t0
       if (!(k in first)) { first[k] = t; lives[$2]++ }
       w = (first[k] > 0 ? first[k] : 0) + warm
-      if (t < w) next
+      if (t < w || $1 >= t1 - (t1 - t0 - w) % 60) next # whole minutes only
       m = int((t - w) / 60)
-      if (!((k, m) in hi) || $4 > hi[k, m]) hi[k, m] = $4
-      for (i = 5; i <= 7; i++) if (++seen[k, m, i, $i] > top[k, m, i]) { top[k, m, i] = seen[k, m, i, $i]; mode[k, m, i] = $i }
+      if (!((k, m) in hi) || $7 > hi[k, m]) { hi[k, m] = $7; an[k, m] = $8; fi[k, m] = $9 }
+      for (i = 4; i <= 6; i++) if (++seen[k, m, i, $i] > top[k, m, i]) { top[k, m, i] = seen[k, m, i, $i]; mode[k, m, i] = $i }
       if (!(k in nm) || m + 1 > nm[k]) nm[k] = m + 1 }
     END {
       for (k in nm) { split(k, a, " "); d = a[1]
-        if (nm[k] >= 3 && (!(d in best) || nm[k] > nm[best[d]])) best[d] = k }
+        if (nm[k] >= 5 && (!(d in best) || nm[k] > nm[best[d]])) best[d] = k }
       for (d in lives) {
         k = best[d]; bad = ""
-        if (k == "") { printf "| %s | %d | - | - | - | - | - | - | - | - | - | too short |\n", d, lives[d]; continue }
+        if (k == "") { printf "| %s | %d | - | - | - | - | - | - | - | - | - | - | too short |\n", d, lives[d]; continue }
         n = nm[k]; st = stt = 0
         for (m = 0; m < n; m++) { st += m; stt += m * m }
         sxx = stt - st * st / n
         for (i = 4; i <= 7; i++) { sy = sty = 0
-          for (m = 0; m < n; m++) { y[m] = i == 4 ? hi[k, m] / 1024 : mode[k, m, i]; sy += y[m]; sty += m * y[m] }
+          for (m = 0; m < n; m++) { y[m] = i == 7 ? hi[k, m] / 1024 : mode[k, m, i]; sy += y[m]; sty += m * y[m] }
           b = (sty - st * sy / n) / sxx; ssr = 0
           for (m = 0; m < n; m++) { r = y[m] - (sy / n + b * (m - st / n)); ssr += r * r }
           sl[i] = b * 60; se[i] = (n > 2 ? sqrt(ssr / (n - 2) / sxx) : 0) * 60 } # per minute -> per hour
         span = (n - 1) / 60                               # hours from the first minute to the last
         # beyond the bound beyond doubt: the slope less twice its standard error
-        if (sl[4] - 2 * se[4] > lim) bad = bad " RSS"
-        if ((sl[5] - 2 * se[5]) * span > slack) bad = bad " fds"
-        if ((sl[6] - 2 * se[6]) * span > slack) bad = bad " threads"
-        if ((sl[7] - 2 * se[7]) * span > slack) bad = bad " shm"
-        printf "| %s | %d | %d | %.1f -> %.1f | %+.2f ± %.2f | %d -> %d | %+.1f | %d -> %d | %+.1f | %d -> %d | %+.1f | %s |\n",
-            d, lives[d], n, hi[k, 0] / 1024, hi[k, n - 1] / 1024, sl[4], 2 * se[4], mode[k, 0, 5], mode[k, n - 1, 5],
-            sl[5], mode[k, 0, 6], mode[k, n - 1, 6], sl[6], mode[k, 0, 7], mode[k, n - 1, 7], sl[7],
+        if (sl[7] - 2 * se[7] > lim) bad = bad " RSS"
+        if ((sl[4] - 2 * se[4]) * span > slack) bad = bad " fds"
+        if ((sl[5] - 2 * se[5]) * span > slack) bad = bad " threads"
+        if ((sl[6] - 2 * se[6]) * span > slack) bad = bad " shm"
+        printf "| %s | %d | %d | %.1f -> %.1f | %.1f + %.1f -> %.1f + %.1f | %+.2f ± %.2f | %d -> %d | %+.1f | %d -> %d | %+.1f | %d -> %d | %+.1f | %s |\n",
+            d, lives[d], n, hi[k, 0] / 1024, hi[k, n - 1] / 1024, an[k, 0] / 1024, fi[k, 0] / 1024,
+            an[k, n - 1] / 1024, fi[k, n - 1] / 1024, sl[7], 2 * se[7], mode[k, 0, 4], mode[k, n - 1, 4],
+            sl[4], mode[k, 0, 5], mode[k, n - 1, 5], sl[5], mode[k, 0, 6], mode[k, n - 1, 6], sl[6],
             bad == "" ? "flat" : "GROWS:" bad }
     }' "$work/samples" | sort)
 echo "$slopes"
