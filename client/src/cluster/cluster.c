@@ -1,6 +1,7 @@
 /* tpu_cluster: the connection to the resolver (the first endpoint that
  * answers) and cluster-spec snapshots read from it. */
 #include "cluster_int.h"
+#include "spec_msg.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -8,40 +9,6 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
-
-static int fetch_spec(tpu_cluster *c, wire_msg **out, err *e)
-{
-    wire_msg req = TPUEMU__MESSAGE__INIT;
-    Tpuemu__ClusterSpecRequest body = TPUEMU__CLUSTER_SPEC_REQUEST__INIT;
-    int rc;
-
-    req.body_case = TPUEMU__MESSAGE__BODY_CLUSTER_SPEC_REQUEST;
-    req.cluster_spec_request = &body;
-    body.tpu_name = c->r->tpu_name;
-    rc = call_do(c, &req, TPUEMU__MESSAGE__BODY_CLUSTER_SPEC, c->r->timeout_ms, out, e);
-    if (rc != CODE_OK && c->r->tpu_name[0]) {
-        /* as tensorflow/python/tpu/client/client.py words a failed lookup */
-        char why[ERR_MSG_MAX];
-        snprintf(why, sizeof why, "%s", e->msg);
-        return err_set(e, rc, "Could not lookup TPU metadata from name '%s'. Please doublecheck the tpu "
-                       "argument in the TPUClusterResolver constructor. Exception: %s (the Cloud TPU API: "
-                       "the resolver at %s, $TPUEMU_TPU_API)", c->r->tpu_name, why, c->r->ep_str[c->ep]);
-    }
-    if (rc != CODE_OK)
-        return rc;
-    if (!(*out)->cluster_spec)
-        goto bad;
-    for (size_t i = 0; i < (*out)->cluster_spec->n_cores; i++)
-        if (!(*out)->cluster_spec->cores[i] || !(*out)->cluster_spec->cores[i]->worker)
-            goto bad;
-    c->seen_epoch = (*out)->cluster_spec->system_epoch;
-    return CODE_OK;
-bad:
-    wire_msg_free(*out);
-    *out = NULL;
-    return err_set(e, CODE_INTERNAL, "the resolver at %s sent a cluster spec with a core missing its "
-                   "description", c->r->ep_str[c->ep]);
-}
 
 tpu_status tpu_connect_to_cluster(tpu_resolver *r, tpu_cluster **out)
 {
@@ -69,7 +36,7 @@ tpu_status tpu_connect_to_cluster(tpu_resolver *r, tpu_cluster **out)
      * TPUClusterResolver.master() is), or the Cloud TPU API for a TPU name */
     rc = call_open(c, 0, r->timeout_ms, &e);
     if (rc == CODE_OK)
-        rc = fetch_spec(c, &m, &e);
+        rc = spec_msg_fetch(c, &m, &e);
     if (rc == CODE_OK) {
         wire_msg_free(m);
         *out = c;
@@ -143,8 +110,8 @@ const char *tpu_core_state_name(tpu_core_state s)
  * host, then core) at its lowest core's control address. */
 static tpu_status spec_tasks(const tpu_resolver *r, tpu_cluster_spec *s)
 {
-    const Tpuemu__ClusterSpec *cs = s->m->cluster_spec;
-    size_t n = r->n > 1 ? r->n : cs->n_cores;
+    size_t ncores = spec_ncores(s), n = r->n > 1 ? r->n : ncores;
+    const char *prev = NULL;
 
     s->tasks = calloc(n ? n : 1, sizeof *s->tasks);
     if (!s->tasks)
@@ -155,11 +122,14 @@ static tpu_status spec_tasks(const tpu_resolver *r, tpu_cluster_spec *s)
         s->ntasks = r->n;
         return TPU_OK;
     }
-    for (size_t i = 0; i < cs->n_cores; i++) {
-        const Tpuemu__WorkerInfo *w = cs->cores[i]->worker;
-        const char *a = w->control_addr ? w->control_addr : "";
-        if (i > 0 && strcmp(cs->cores[i - 1]->worker->host_id, w->host_id) == 0)
+    for (size_t i = 0; i < ncores; i++) {
+        struct spec_worker w;
+        const char *a;
+        spec_worker_at(s, i, &w);
+        a = w.control_addr;
+        if (prev && strcmp(prev, w.host_id) == 0)
             continue;
+        prev = w.host_id;
         if (strncmp(a, "tcp://", 6) == 0)
             a += 6;
         snprintf(s->tasks[s->ntasks++], sizeof s->tasks[0], "%s", a);
@@ -178,7 +148,7 @@ tpu_status tpu_cluster_spec_get(tpu_cluster *c, tpu_cluster_spec **out)
     if (!out)
         return cli_failf(TPU_INVALID_ARGUMENT, "tpu_cluster_spec_get: out is NULL");
     *out = NULL;
-    if (fetch_spec(c, &m, &e) != CODE_OK)
+    if (spec_msg_fetch(c, &m, &e) != CODE_OK)
         return cli_fail(&e);
     s = calloc(1, sizeof *s);
     if (!s) {
@@ -206,75 +176,68 @@ void tpu_cluster_spec_free(tpu_cluster_spec *s)
     free(s);
 }
 
-#define SPEC(s) (CHECK_HANDLE((s), MAGIC_SPEC, "tpu_cluster_spec"), (s)->m->cluster_spec)
+#define SPEC(s) CHECK_HANDLE((s), MAGIC_SPEC, "tpu_cluster_spec")
+
+static struct spec_system sys_of(const tpu_cluster_spec *s)
+{
+    struct spec_system y;
+    spec_system(s, &y);
+    return y;
+}
 
 size_t tpu_cluster_spec_num_cores(const tpu_cluster_spec *s)
 {
-    return SPEC(s)->n_cores;
+    SPEC(s);
+    return spec_ncores(s);
 }
 
 tpu_status tpu_cluster_spec_core(const tpu_cluster_spec *s, size_t i, tpu_core_info *out)
 {
-    const Tpuemu__ClusterSpec *cs = SPEC(s);
-    const Tpuemu__CoreInfo *ci;
-    const Tpuemu__WorkerInfo *w;
-
+    size_t n;
+    SPEC(s);
+    n = spec_ncores(s);
     if (!out)
         return cli_failf(TPU_INVALID_ARGUMENT, "tpu_cluster_spec_core: out is NULL");
-    if (i >= cs->n_cores)
-        return cli_failf(TPU_OUT_OF_RANGE, "core %zu is out of range: the spec has %zu cores", i,
-                         cs->n_cores);
-    ci = cs->cores[i];
-    w = ci->worker;
-    memset(out, 0, sizeof *out);
-    out->host_id = w->host_id;
-    out->core = w->core;
-    out->control_addr = w->control_addr;
-    out->data_addr = w->data_addr;
-    out->tpu_type = w->tpu_type;
-    out->hbm_capacity = w->hbm_capacity;
-    out->hbm_used = w->hbm_used;
-    out->hbm_peak = w->hbm_peak;
-    out->state = ci->state >= TPUEMU__CORE_STATE__CORE_IDLE && ci->state <= TPUEMU__CORE_STATE__CORE_MAINTENANCE
-                     ? (tpu_core_state)ci->state
-                     : TPU_CORE_UNKNOWN;
-    out->heartbeat_age_ms = ci->heartbeat_age_ms;
-    out->replica_id = out->state == TPU_CORE_READY ? w->replica_id : -1;
-    out->pid = w->pid;
-    out->version = w->version;
-    out->hbm_ooms = w->hbm_ooms;
-    cli_notice_from(w->notice, &out->notice);
+    if (i >= n)
+        return cli_failf(TPU_OUT_OF_RANGE, "core %zu is out of range: the spec has %zu cores", i, n);
+    spec_core_info(s, i, out);
     return TPU_OK;
 }
 
 uint64_t tpu_cluster_spec_epoch(const tpu_cluster_spec *s)
 {
-    return SPEC(s)->system_epoch;
+    SPEC(s);
+    return sys_of(s).epoch;
 }
 
 int tpu_cluster_spec_initialized(const tpu_cluster_spec *s)
 {
-    return SPEC(s)->initialized ? 1 : 0;
+    SPEC(s);
+    return sys_of(s).initialized ? 1 : 0;
 }
 
 uint32_t tpu_cluster_spec_heartbeat_ms(const tpu_cluster_spec *s)
 {
-    return SPEC(s)->heartbeat_ms;
+    SPEC(s);
+    return sys_of(s).heartbeat_ms;
 }
 
 uint32_t tpu_cluster_spec_dead_after(const tpu_cluster_spec *s)
 {
-    return SPEC(s)->dead_after;
+    SPEC(s);
+    return sys_of(s).dead_after;
 }
 
 const char *tpu_cluster_spec_owner(const tpu_cluster_spec *s)
 {
-    return SPEC(s)->owner;
+    SPEC(s);
+    return sys_of(s).owner;
 }
 
 const char *tpu_cluster_spec_resolver_version(const tpu_cluster_spec *s)
 {
-    return SPEC(s)->resolver_version;
+    SPEC(s);
+    return sys_of(s).resolver_version;
 }
 
 /* Counts live cores, hosts with a live core, and the largest host's count. */
@@ -288,17 +251,18 @@ static tpu_status live_counts(tpu_cluster *c, tpu_system_metadata *md)
     if (st != TPU_OK)
         return st;
     memset(md, 0, sizeof *md);
-    for (size_t i = 0; i < s->m->cluster_spec->n_cores; i++) {
-        const Tpuemu__CoreInfo *ci = s->m->cluster_spec->cores[i];
-        if (ci->state != TPUEMU__CORE_STATE__CORE_IDLE && ci->state != TPUEMU__CORE_STATE__CORE_READY)
+    for (size_t i = 0; i < spec_ncores(s); i++) {
+        struct spec_worker w;
+        spec_worker_at(s, i, &w);
+        if (!w.live)
             continue;
         if (!md->num_cores)
-            snprintf(md->tpu_type, sizeof md->tpu_type, "%s", ci->worker->tpu_type);
+            snprintf(md->tpu_type, sizeof md->tpu_type, "%s", w.tpu_type);
         md->num_cores++;
-        if (!prev || strcmp(prev, ci->worker->host_id) != 0) {
+        if (!prev || strcmp(prev, w.host_id) != 0) {
             md->num_hosts++;
             on_host = 0;
-            prev = ci->worker->host_id;
+            prev = w.host_id;
         }
         if (++on_host > md->num_of_cores_per_host)
             md->num_of_cores_per_host = on_host;
@@ -327,7 +291,8 @@ const char *tpu_cluster_spec_task_address(const tpu_cluster_spec *s, size_t i)
 
 const char *tpu_cluster_spec_tpu_name(const tpu_cluster_spec *s)
 {
-    return SPEC(s)->tpu_name;
+    SPEC(s);
+    return sys_of(s).tpu_name;
 }
 
 /* TPUClusterResolver.num_accelerators(): the live cores per host, the same
@@ -349,11 +314,15 @@ tpu_status tpu_num_accelerators(tpu_cluster *c, int *out)
     if ((st = tpu_cluster_spec_get(c, &s)) != TPU_OK)
         return st;
     devs[0] = '\0';
-    for (size_t i = 0; i <= s->m->cluster_spec->n_cores; i++) {
-        const Tpuemu__CoreInfo *ci = i < s->m->cluster_spec->n_cores ? s->m->cluster_spec->cores[i] : NULL;
-        if (ci && ci->state != TPUEMU__CORE_STATE__CORE_IDLE && ci->state != TPUEMU__CORE_STATE__CORE_READY)
+    for (size_t i = 0, n = spec_ncores(s); i <= n; i++) {
+        struct spec_worker w, *ci = NULL;
+        if (i < n) {
+            spec_worker_at(s, i, &w);
+            ci = &w;
+        }
+        if (ci && !ci->live)
             continue;
-        if (prev && (!ci || strcmp(prev, ci->worker->host_id) != 0)) {
+        if (prev && (!ci || strcmp(prev, ci->host_id) != 0)) {
             if (per < 0)
                 per = on_host;
             else if (per != on_host)
@@ -366,11 +335,10 @@ tpu_status tpu_num_accelerators(tpu_cluster *c, int *out)
         if (!ci)
             break;
         if (dl < sizeof devs && !prev)
-            dl += (size_t)snprintf(devs + dl, sizeof devs - dl, "%s'%s': ['%d'", dl ? ", " : "",
-                                   ci->worker->host_id, (int)ci->worker->core);
+            dl += (size_t)snprintf(devs + dl, sizeof devs - dl, "%s'%s': ['%d'", dl ? ", " : "", ci->host_id, ci->core);
         else if (dl < sizeof devs)
-            dl += (size_t)snprintf(devs + dl, sizeof devs - dl, ", '%d'", (int)ci->worker->core);
-        prev = ci->worker->host_id;
+            dl += (size_t)snprintf(devs + dl, sizeof devs - dl, ", '%d'", ci->core);
+        prev = ci->host_id;
         on_host++;
     }
     tpu_cluster_spec_free(s);

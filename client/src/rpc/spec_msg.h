@@ -20,22 +20,32 @@ int spec_find_core(const tpu_cluster_spec *spec, const char *host, int core, str
 /* The cores the spec lists. */
 size_t spec_ncores(const tpu_cluster_spec *spec);
 
-/* The system the spec describes. */
+/* Asks the resolver for the cluster spec (as TensorFlow's client words a
+ * failed lookup when the handle names a TPU): *out the message, checked (a
+ * description for every core), for tpu_cluster_spec; c->seen_epoch its
+ * epoch. CODE_OK or the error. */
+int spec_msg_fetch(tpu_cluster *c, wire_msg **out, err *e);
+
+/* The system the spec describes; strings are the spec's ("" when unsaid). */
 struct spec_system {
     int initialized;
     uint64_t epoch;
     uint32_t heartbeat_ms, dead_after;
+    const char *owner, *resolver_version, *tpu_name;
 };
 void spec_system(const tpu_cluster_spec *spec, struct spec_system *out);
 
 /* Core i (< spec_ncores) of the spec: its strings are the spec's, valid
  * while it is ("" when it did not say). */
 struct spec_worker {
-    const char *host_id, *data_addr;
+    const char *host_id, *data_addr, *control_addr, *tpu_type;
     int core;
     uint64_t epoch; /* the system epoch it was last reset into (0: never) */
     int replica_id; /* -1: in no system */
+    int live;       /* IDLE or READY */
 };
 void spec_worker_at(const tpu_cluster_spec *spec, size_t i, struct spec_worker *out);
+/* Core i (< spec_ncores) as the public API describes it. */
+void spec_core_info(const tpu_cluster_spec *spec, size_t i, tpu_core_info *out);
 
 #endif
