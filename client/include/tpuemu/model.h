@@ -653,7 +653,7 @@ typedef enum tpu_input_placement {
  * (tpuemu/data.h's tpu_file_dataset, batched by the per-replica batch): one
  * input pipeline per replica (num_input_pipelines = num_replicas_in_sync,
  * input_pipeline_id = the replica: each tpu-worker process is the host of
- * its core; the cores of a tpu-slice process each get theirs), each over its
+ * its core and runs its pipeline), each over its
  * shard of the rows. Global batch k is every replica's batch k, replica r's
  * in rows [r x batch, (r + 1) x batch), so fit's even split gives each
  * replica its pipeline's batch. An epoch is as many steps as the pipeline
