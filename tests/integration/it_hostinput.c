@@ -352,6 +352,30 @@ Test(hostinput, bad_input_is_named_and_the_workers_live_on, .timeout = 300)
     assert_workers_alive(t);
     tpu_file_dataset_free(fd);
 
+    /* elastic training re-shards; a dataset distributed from files cannot be */
+    write_data(dir, ROWS, CLASSES - 1, img, lab, sizeof img);
+    CALL_OK(tpu_file_dataset_from_idx(img, lab, &fd));
+    CALL_OK(tpu_file_dataset_batch(fd, BATCH, 1));
+    {
+        tpu_strategy *es;
+        tpu_dataset *eds;
+        tpu_fit_options fo;
+        ct_reinit(t); /* after the failed step above */
+        CALL_OK(tpu_strategy_new(t->c, &es));
+        tpu_model *m = make_model(es);
+        CALL_OK(tpu_strategy_distribute_datasets_from_files(es, fd, TPU_INPUT_ON_HOSTS, &eds));
+        memset(&fo, 0, sizeof fo);
+        fo.epochs = 1;
+        fo.elastic.max_losses = 1;
+        cr_assert_eq(tpu_model_fit(m, eds, &fo, NULL), TPU_INVALID_ARGUMENT);
+        cr_assert(strstr(tpu_last_error(), "elastic") && strstr(tpu_last_error(), "distributed from files"), "%s",
+                  tpu_last_error());
+        tpu_dataset_free(eds);
+        tpu_model_free(m);
+        tpu_strategy_free(es);
+    }
+    tpu_file_dataset_free(fd);
+
     /* and the same cores train with good files afterwards */
     write_data(dir, ROWS, CLASSES - 1, img, lab, sizeof img);
     CALL_OK(tpu_file_dataset_from_idx(img, lab, &fd));

@@ -659,8 +659,8 @@ typedef enum tpu_input_placement {
  * replica its pipeline's batch. An epoch is as many steps as the pipeline
  * with the fewest full batches yields. *out is a dataset fit, evaluate and
  * predict take (free it with tpu_dataset_free; fd may be freed at once); it
- * fits this strategy's number of replicas only (elastic training that
- * shrinks the replicas refuses it). With TPU_INPUT_ON_HOSTS, iterating it on
+ * fits this strategy's number of replicas only (elastic fit refuses it:
+ * TPU_INVALID_ARGUMENT). With TPU_INPUT_ON_HOSTS, iterating it on
  * the client yields each batch's size with x and y NULL; the hosts read the
  * files when the first step comes, and a file a host cannot read, or that
  * differs from the client's, fails that step with the host's error naming

@@ -971,6 +971,12 @@ static int elastic_check(const tpu_fit_options *o, tpu_model *m, tpu_dataset *ds
         return err_set(e, CODE_INVALID_ARGUMENT, "elastic.max_losses %d is outside 0..1000", eo->max_losses);
     if (!eo->max_losses)
         return CODE_OK;
+    if (dataset_files(ds, NULL, NULL))
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       "elastic training re-shards the dataset over the cores left; a "
+                       "dataset distributed from files has one input pipeline per replica of the system it was "
+                       "distributed for: train it without elastic (with a checkpoint to recover from), or elastically "
+                       "on a client-fed dataset");
     if (eo->wait_ms > 3600000u)
         return err_set(e, CODE_INVALID_ARGUMENT, "elastic.wait_ms %u is more than 3600000 (an hour)", eo->wait_ms);
     if (eo->min_replicas < 0 || (size_t)eo->min_replicas > n)
