@@ -339,15 +339,17 @@ static tpu_status on_batch_end(tpu_model *m, int epoch, size_t batch, const tpu_
 static void header(void)
 {
     fputs("| cores | batch/core | global | examples/s | step ms | matmul ms (in-proc) | fwd+bwd ms (in-proc) "
-           "| optimizer ms (in-proc) | matmul ms (on core) | compute ms (on core) | all-reduce ms "
-           "| all-reduce ms (shortest core) | optimizer ms | infeed wait ms "
-           "| input wait ms | non-matmul % | non-matmul % (time-shared) | steps | limit examples/s "
-           "| share of the limit | client CPU ms/step |\n", stdout);
+          "| optimizer ms (in-proc) | matmul ms (on core) | compute ms (on core) | all-reduce ms "
+          "| all-reduce ms (shortest core) | optimizer ms | infeed wait ms "
+          "| input wait ms | non-matmul % | non-matmul % (time-shared) | steps | limit examples/s "
+          "| share of the limit | client CPU ms/step |\n",
+          stdout);
     fputs("|------:|-----------:|-------:|-----------:|--------:|--------------------:|---------------------:"
-           "|-----------------------:|--------------------:|---------------------:|--------------:"
-           "|------------------------------:|-------------:|---------------:"
-           "|--------------:|-------------:|---------------------------:|------:|-----------------:"
-           "|-------------------:|-------------------:|\n", stdout);
+          "|-----------------------:|--------------------:|---------------------:|--------------:"
+          "|------------------------------:|-------------:|---------------:"
+          "|--------------:|-------------:|---------------------------:|------:|-----------------:"
+          "|-------------------:|-------------------:|\n",
+          stdout);
 }
 
 static void quiet_warning(const char *msg, void *user)
@@ -553,7 +555,8 @@ int main(int argc, char **argv)
     double client_cpu_ms = (s.cpu_end - s.cpu_start) * 1e3 / (double)s.steps;
     if (hdr)
         header();
-    printf("| %5ld | %10ld | %6zu | %10.0f | %7.3f | %19.3f | %20.3f | %22.3f | %19.3f | %20.3f | %13.3f | %29.3f | %12.3f | "
+    printf("| %5ld | %10ld | %6zu | %10.0f | %7.3f | %19.3f | %20.3f | %22.3f | %19.3f | %20.3f | %13.3f | %29.3f | "
+           "%12.3f | "
            "%14.3f | %13.3f | %11.1f %% | %25.1f %% | %5llu | %16.0f | %16.1f %% | %18.3f |\n",
            cores, batch, global, eps, step_ms, ip.matmul_ms, ip.fwdbwd_ms, ip.opt_ms, s.matmul / k, s.compute / k,
            s.allreduce / k, s.allreduce_min / k, s.optimizer / k, s.infeed / k, s.input / k, nonmm, nonmm_ts,

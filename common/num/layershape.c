@@ -217,3 +217,13 @@ int lshape_apply(const struct lspec *s, const struct lshape *in, struct lgeom *g
     }
     return 0;
 }
+
+int lspec_input_bf16(const struct lspec *layers, int n)
+{
+    for (int l = 0; l < n; l++) {
+        if (layers[l].kind == LK_FLATTEN || layers[l].kind == LK_RESHAPE)
+            continue;
+        return layers[l].kind == LK_DENSE || layers[l].kind == LK_CONV2D;
+    }
+    return 0;
+}

@@ -84,6 +84,12 @@ int lshape_apply(const struct lspec *s, const struct lshape *in, struct lgeom *g
 /* "Conv2D" and its Keras variable prefix "conv2d" (the first of its kind;
  * later ones "conv2d_1", ...). */
 const char *lkind_name(enum lkind k);
+/* 1 when a mixed_bfloat16 model of these layers takes its input x only
+ * through the matrix unit's bfloat16 rounding: its first layer after any
+ * Flatten or Reshape is a Dense or a Conv2D. Such a model's infeed goes as
+ * bfloat16 (half the bytes) and gives bitwise the same results as float32,
+ * since rounding a bfloat16 value again changes nothing. */
+int lspec_input_bf16(const struct lspec *layers, int n);
 const char *lkind_prefix(enum lkind k);
 
 #endif

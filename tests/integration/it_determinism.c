@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <criterion/criterion.h>
 
@@ -314,6 +315,73 @@ Test(determinism, schedule_follows_the_optimizer_step, .timeout = 120)
         cr_assert_eq(tpu_model_compile(m, &co), TPU_INVALID_ARGUMENT);
         cr_assert(strstr(tpu_last_error(), "alpha 1.5 is outside [0, 1]"), "%s", tpu_last_error());
         tpu_model_free(m);
+    }
+    tpu_strategy_free(s);
+    ct_free(t);
+    free(x);
+    free(y);
+}
+
+/* ---- 3 ---- */
+
+/* A mixed_bfloat16 model whose first layer is a Dense takes its infeed as
+ * bfloat16 (half the bytes): the layer rounds x to bfloat16 anyway, so the
+ * weights are bitwise those of the same run fed float32 (TPUEMU_INFEED_F32=1
+ * in the client's environment), in both modes, on 2 cores. */
+Test(determinism, bf16_infeed_gives_the_float32_infeeds_weights, .timeout = 120)
+{
+    float *x = malloc(ROWS * DIM * sizeof(float));
+    int32_t *y = malloc(ROWS * sizeof(int32_t));
+    cr_assert(x && y);
+    make_data(x, y);
+    colltest *t = ct_start(1, (int[]){2}, NULL, HB_MS);
+    tpu_strategy *s;
+    CALL_OK(tpu_strategy_new(t->c, &s));
+
+    for (int det = 0; det <= 1; det++) {
+        float *w[2], *w0 = NULL;
+        uint64_t hbm[2];
+        size_t np = 0;
+        for (int k = 0; k < 2; k++) { /* k = 0: bfloat16, 1: float32 */
+            tpu_compile_options co;
+            tpu_fit_options fo;
+            tpu_dataset *ds = make_ds(x, y);
+            tpu_model *m = make_model(s, 48, 99);
+            if (k == 1)
+                setenv("TPUEMU_INFEED_F32", "1", 1);
+            tpu_compile_options_init(&co);
+            co.optimizer = tpu_optimizer_adam(0.01f);
+            co.policy = TPU_POLICY_MIXED_BFLOAT16;
+            co.batch_size = BATCH;
+            co.deterministic = det;
+            CALL_OK(tpu_model_compile(m, &co));
+            if (k == 0)
+                w0 = weights(m, 0);
+            memset(&fo, 0, sizeof fo);
+            fo.epochs = 2;
+            CALL_OK(tpu_model_fit(m, ds, &fo, NULL));
+            unsetenv("TPUEMU_INFEED_F32");
+            np = tpu_model_num_params(m);
+            w[k] = weights(m, 0);
+            hbm[k] = tpu_model_hbm_used(m);
+            tpu_dataset_free(ds);
+            tpu_model_free(m);
+        }
+        size_t changed = 0, differ = 0;
+        for (size_t i = 0; i < np; i++) {
+            changed += w[0][i] != w0[i];
+            differ += memcmp(&w[0][i], &w[1][i], sizeof(float)) != 0;
+        }
+        cr_assert(changed > np / 2, "%s mode: training moved only %zu of %zu weights",
+                  det ? "deterministic" : "default", changed, np);
+        cr_assert_eq(differ, 0u, "%s mode: %zu of %zu weights differ between the bfloat16 and the float32 infeed",
+                     det ? "deterministic" : "default", differ, np);
+        /* the model's HBM holds its infeed as bfloat16 whichever the client sends */
+        cr_assert(hbm[0] > 0 && hbm[0] == hbm[1], "HBM used: %llu and %llu", (unsigned long long)hbm[0],
+                  (unsigned long long)hbm[1]);
+        free(w[0]);
+        free(w[1]);
+        free(w0);
     }
     tpu_strategy_free(s);
     ct_free(t);

@@ -277,6 +277,7 @@ int tio_post_steps(tpu_cluster *c, size_t r, const struct tio_steps *s, const st
         hi.batches = (uint64_t *)(uintptr_t)s->hin_batches;
         ss.host_input = &hi;
     }
+    ss.x_dtype = s->x_bf16 ? TPUEMU__DTYPE__DTYPE_BF16 : TPUEMU__DTYPE__DTYPE_F32;
     h.steps = &ss;
     return tio_post(c, r, &h, segs, nseg, ans, e);
 }

@@ -120,6 +120,7 @@ struct tio_steps {
     uint32_t hin_num, hin_id;
     uint64_t hin_epoch;
     const uint64_t *hin_batches; /* [steps] */
+    int x_bf16;                  /* x goes as bfloat16 (a mixed_bfloat16 model, lspec_input_bf16) */
 };
 
 /* Takes s's sequence numbers from the cluster's collectives, after every

@@ -6,6 +6,8 @@
  * the replicas into the logs. */
 #include "model_int.h"
 
+#include "bf16.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,6 +89,8 @@ struct exec {
     struct tio_ans **pa;      /* n */
     struct dpio_seg *segs;     /* n x 2 x steps */
     uint64_t input_wait_ns;
+    uint16_t *bx; /* a bfloat16 infeed: the batches' x, converted (bx_cap values) */
+    size_t bx_cap;
 };
 
 struct run {
@@ -97,6 +101,7 @@ struct run {
     uint32_t hin_num;
     int mode; /* tpu_step_fn */
     size_t n, spe, depth;
+    int x_bf16;               /* x goes as bfloat16 (see post_next) */
     struct exec *ex;          /* depth */
     size_t head, inflight;
     int eof;
@@ -175,6 +180,26 @@ static int post_next(struct run *u, err *e)
     }
     if (x->nb == 0)
         return CODE_OK;
+    int xb = u->x_bf16 && !u->hin;
+    if (xb) { /* the shards' x as bfloat16, in batch order: each shard's rows stay contiguous */
+        size_t need = 0;
+        for (size_t i = 0; i < x->nb; i++)
+            need += x->b[i].rows * m->in_dim;
+        if (need > x->bx_cap) {
+            uint16_t *p = realloc(x->bx, need * sizeof *p);
+            if (!p) {
+                exec_release(u, x);
+                return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for a %zu-value infeed", need);
+            }
+            x->bx = p;
+            x->bx_cap = need;
+        }
+        need = 0;
+        for (size_t i = 0; i < x->nb; i++) {
+            bf16_from_f32_n(x->bx + need, x->b[i].x, x->b[i].rows * m->in_dim);
+            need += x->b[i].rows * m->in_dim;
+        }
+    }
 
     struct tio_steps ss;
     uint32_t rows[TIO_MAX_STEPS], grows[TIO_MAX_STEPS];
@@ -199,10 +224,11 @@ static int post_next(struct run *u, err *e)
     for (size_t i = 0; u->mode == TPU_STEP_TRAIN && i < u->inflight; i++)
         ss.first_step += u->ex[(u->head + i) % u->depth].nb;
     ss.colls_per_step = model_sync_calls_per_step(m);
+    ss.x_bf16 = xb;
     tio_steps_begin(c, &ss);
     for (size_t r = 0; r < u->n; r++) {
         struct dpio_seg *sg = &x->segs[r * 2 * TIO_MAX_STEPS];
-        size_t ns = 0;
+        size_t ns = 0, bo = 0;
         for (size_t i = 0; i < x->nb; i++) {
             size_t first, cnt;
             shard(x->b[i].rows, u->n, r, &first, &cnt);
@@ -210,8 +236,14 @@ static int post_next(struct run *u, err *e)
             grows[i] = (uint32_t)x->b[i].rows;
             if (u->hin)
                 continue; /* the core's host makes its rows */
-            sg[ns].p = x->b[i].x + first * m->in_dim;
-            sg[ns++].n = cnt * m->in_dim * sizeof(float);
+            if (xb) {
+                sg[ns].p = x->bx + bo + first * m->in_dim;
+                sg[ns++].n = cnt * m->in_dim * sizeof(uint16_t);
+            } else {
+                sg[ns].p = x->b[i].x + first * m->in_dim;
+                sg[ns++].n = cnt * m->in_dim * sizeof(float);
+            }
+            bo += x->b[i].rows * m->in_dim;
             if (has_labels) {
                 sg[ns].p = (const uint8_t *)x->b[i].y + first * lbytes;
                 sg[ns++].n = cnt * lbytes;
@@ -379,6 +411,7 @@ static void run_free(struct run *u)
         free(u->ex[d].ans);
         free(u->ex[d].pa);
         free(u->ex[d].segs);
+        free(u->ex[d].bx);
     }
     free(u->ex);
     u->ex = NULL;
@@ -393,6 +426,10 @@ static int run_init(struct run *u, tpu_model *m, int mode, err *e)
     u->spe = m->co.steps_per_execution;
     u->depth = m->co.infeed_depth;
     u->units = m->units[m->nlayers - 1];
+    /* TPUEMU_INFEED_F32=1: float32 all the same (to compare; the results are equal) */
+    const char *f32 = getenv("TPUEMU_INFEED_F32");
+    u->x_bf16 = m->co.policy == TPU_POLICY_MIXED_BFLOAT16 && lspec_input_bf16(m->spec, (int)m->nlayers) &&
+                !(f32 && !strcmp(f32, "1"));
     if (!(u->ex = calloc(u->depth, sizeof *u->ex)))
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
     for (size_t d = 0; d < u->depth; d++) {

@@ -15,6 +15,7 @@ void tm_free(struct tmodel *tm)
     if (!tm)
         return;
     model_free(tm->m);
+    free(tm->xw);
     tpuemu__model_spec__free_unpacked(tm->spec, NULL);
     free(tm);
 }
@@ -231,7 +232,7 @@ static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cf
     NAME("backward/delta");
     REQ(HBM_ACTIVATIONS, "f32", 2, 2 * b, maxu);
     NAME("infeed/x");
-    REQ(HBM_INFEED, "f32", 3, (int64_t)tm->depth * tm->spe, b, cfg->in_dim);
+    REQ(HBM_INFEED, tm->bf16_in ? "bf16" : "f32", 3, (int64_t)tm->depth * tm->spe, b, cfg->in_dim);
     NAME("infeed/y");
     if (tm->sparse)
         REQ(HBM_INFEED, "s32", 2, (int64_t)tm->depth * tm->spe, b);
@@ -449,6 +450,7 @@ int tm_compile(struct train *t, struct treq *r, err *e)
     tm->batch = cfg.max_rows;
     tm->depth = (int)sp->infeed_depth;
     tm->spe = (int)sp->steps_per_execution;
+    tm->bf16_in = cfg.precision == MODEL_MIXED_BF16 && lspec_input_bf16(cfg.kind, cfg.nlayers);
     if ((rc = model_new(&tm->m, &cfg, t->u, e)) != CODE_OK) {
         tm_free(tm);
         return rc;

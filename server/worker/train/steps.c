@@ -8,9 +8,12 @@
  * longer than the step (4 workers at per-core batch 128 on 2 CPUs: the
  * step's compute is ~0.2 ms). A step is small when the previous one's
  * compute took under INLINE_MAX_NS; the first step, a throttled core or one
- * slowed by TPUEMU_TEST_STEP_MS (its sleep would stall the loop) and a
- * single-core system (no all-reduce between steps to return to the loop)
- * use the pool.
+ * slowed by TPUEMU_TEST_STEP_MS (its sleep would stall the loop) use the
+ * pool. On a single-core system no all-reduce returns to the loop between
+ * steps: the next step (of this request, or of the next one already read)
+ * would run nested on the loop's stack, so at most INLINE_NEST of them do and
+ * then one goes to the pool, which lets the loop run its connections and
+ * timers at least every INLINE_NEST small steps.
  *
  * Updates are applied lazily, right before the model is next used. State
  * reads and writes run on the loop thread: they are short. */
@@ -25,18 +28,22 @@
 #include <xmmintrin.h>
 #endif
 
+#include "bf16.h"
 #include "log.h"
 #include "train_int.h"
 #include "tuning.h"
+
+#define INLINE_NEST 4 /* nested single-core steps on the loop (above) */
 
 static size_t label_bytes(const struct tmodel *tm, uint32_t rows)
 {
     return (size_t)rows * (tm->sparse ? sizeof(int32_t) : sizeof(float) * (size_t)tm->label_dim);
 }
 
-size_t steps_bytes(const struct tmodel *tm, uint32_t rows, int has_labels)
+size_t steps_bytes(const struct tmodel *tm, uint32_t rows, int has_labels, int x_bf16)
 {
-    return (size_t)rows * (size_t)tm->in_dim * sizeof(float) + (has_labels ? label_bytes(tm, rows) : 0);
+    return (size_t)rows * (size_t)tm->in_dim * (x_bf16 ? sizeof(uint16_t) : sizeof(float)) +
+           (has_labels ? label_bytes(tm, rows) : 0);
 }
 
 /* TPUEMU_TEST_STEP_MS (tests only): each training step's compute takes at
@@ -82,13 +89,19 @@ static void pool_step(uv_work_t *req)
     do {
         uint32_t i = r->i, rows = r->rows[i];
         const float *x = (const float *)(r->payload + r->off);
-        const void *y = r->has_labels ? r->payload + r->off + (size_t)rows * tm->in_dim * sizeof(float) : NULL;
+        const void *y = r->has_labels ? r->payload + r->off +
+                                            (size_t)rows * tm->in_dim * (r->x_bf16 ? sizeof(uint16_t) : sizeof(float))
+                                      : NULL;
         Tpuemu__StepStat *s = &r->stats[i];
         struct model_metrics mt = {0, 0, 0};
         uint64_t c0 = uv_hrtime();
         double mm0 = model_matmul_seconds(tm->m);
         float *out = r->mode == TPUEMU__STEP_MODE__STEP_PREDICT ? (float *)(r->out + r->out_len) : NULL;
 
+        if (r->x_bf16) { /* exact: the first layer's rounding leaves these values as they are */
+            bf16_to_f32_n(tm->xw, (const uint16_t *)(const void *)(r->payload + r->off), (size_t)rows * tm->in_dim);
+            x = tm->xw;
+        }
         model_set_training(tm->m, r->mode == TPUEMU__STEP_MODE__STEP_TRAIN);
         if (r->mode == TPUEMU__STEP_MODE__STEP_TRAIN)
             sync_begin_step(t, r->coll_seq + i * (1 + (uint64_t)model_sync_calls(tm->m)), r->epoch);
@@ -121,7 +134,7 @@ static void pool_step(uv_work_t *req)
         r->st1[i] = uv_hrtime();
         s->compute_ns = r->st1[i] - c0;
         s->matmul_ns = (uint64_t)((model_matmul_seconds(tm->m) - mm0) * 1e9);
-        r->off += steps_bytes(tm, rows, r->has_labels);
+        r->off += steps_bytes(tm, rows, r->has_labels, r->x_bf16);
         if (r->mode == TPUEMU__STEP_MODE__STEP_TRAIN)
             break; /* the all-reduce follows on the loop */
         r->i++;
@@ -148,7 +161,8 @@ static void run_step(struct train *t, struct treq *r)
     t->busy = 1;
     t->pool_tm = t->tm;
     if (last && last < inline_max_ns() && atomic_load_explicit(&t->throttle_pct, memory_order_relaxed) >= 100 &&
-        !least && t->env.id->num_replicas >= 2 && r->mode == TPUEMU__STEP_MODE__STEP_TRAIN &&
+        !least && (t->env.id->num_replicas >= 2 || t->inline_depth < INLINE_NEST) &&
+        r->mode == TPUEMU__STEP_MODE__STEP_TRAIN &&
         !(t->tm && model_sync_calls(t->tm->m))) { /* a synchronized step waits for the loop */
 #if defined(__SSE__)
         unsigned csr = _mm_getcsr(); /* pool_step flushes denormals: only for the step */
@@ -157,7 +171,9 @@ static void run_step(struct train *t, struct treq *r)
 #if defined(__SSE__)
         _mm_setcsr(csr);
 #endif
+        t->inline_depth++;
         after_step(&t->work, 0);
+        t->inline_depth--;
         return;
     }
     uv_queue_work(t->env.loop, &t->work, pool_step, after_step);
@@ -397,7 +413,7 @@ static void pool_fill(uv_work_t *req)
                         r->hin->labels, (int)y[k], k, r->hin_batch[i], r->hin_epoch, tm->out_dim - 1, tm->out_dim);
                 goto fail;
             }
-        off += steps_bytes(tm, bs, r->has_labels);
+        off += steps_bytes(tm, bs, r->has_labels, 0);
     }
     free(ytmp);
     return;
@@ -452,7 +468,7 @@ void steps_start(struct train *t, struct treq *r)
     if (r->hin) {
         size_t total = 0;
         for (uint32_t i = 0; i < r->steps; i++)
-            total += steps_bytes(tm, r->rows[i], r->has_labels);
+            total += steps_bytes(tm, r->rows[i], r->has_labels, 0);
         free(r->payload);
         if (!(r->payload = malloc(total + 1))) {
             err e;

@@ -159,6 +159,8 @@ static int check_steps(struct train *t, const Tpuemu__StepsSpec *s, uint64_t *by
     if (s->mode == TPUEMU__STEP_MODE__STEP_TRAIN && !s->has_labels)
         return err_set(e, CODE_INVALID_ARGUMENT, "a training step needs labels");
     if (s->host_input) {
+        if (s->x_dtype != TPUEMU__DTYPE__DTYPE_F32)
+            return err_set(e, CODE_INVALID_ARGUMENT, "steps.x_dtype is set for host-side input (the host makes x)");
         struct hin_spec *hs = NULL;
         int rc = steps_host_input(tm, s, &hs, e);
         free(hs);
@@ -167,6 +169,16 @@ static int check_steps(struct train *t, const Tpuemu__StepsSpec *s, uint64_t *by
         *bytes = 0; /* the core's host makes the infeed */
         return CODE_OK;
     }
+    if (s->x_dtype != TPUEMU__DTYPE__DTYPE_F32 && (s->x_dtype != TPUEMU__DTYPE__DTYPE_BF16 || !tm->bf16_in))
+        return err_set(e, CODE_INVALID_ARGUMENT,
+                       s->x_dtype == TPUEMU__DTYPE__DTYPE_BF16
+                           ? "a bfloat16 infeed for a model that takes float32 (not mixed_bfloat16, or its first "
+                             "layer is not a Dense or Conv2D)"
+                           : "steps.x_dtype %d is not F32 or BF16",
+                       (int)s->x_dtype);
+    if (s->x_dtype == TPUEMU__DTYPE__DTYPE_BF16 && !tm->xw &&
+        !(tm->xw = malloc((size_t)tm->batch * (size_t)tm->in_dim * sizeof(float))))
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the infeed of %d rows", tm->batch);
     for (uint32_t i = 0; i < s->steps; i++) {
         if (s->rows[i] > (uint32_t)tm->batch)
             return err_set(e, CODE_INVALID_ARGUMENT,
@@ -175,7 +187,7 @@ static int check_steps(struct train *t, const Tpuemu__StepsSpec *s, uint64_t *by
         if (s->global_rows[i] < s->rows[i] || (s->mode == TPUEMU__STEP_MODE__STEP_TRAIN && s->global_rows[i] == 0))
             return err_set(e, CODE_INVALID_ARGUMENT, "step %u: global_rows %u is less than this core's %u rows or 0",
                            i, s->global_rows[i], s->rows[i]);
-        total += steps_bytes(tm, s->rows[i], s->has_labels);
+        total += steps_bytes(tm, s->rows[i], s->has_labels, s->x_dtype == TPUEMU__DTYPE__DTYPE_BF16);
     }
     *bytes = total;
     return CODE_OK;
@@ -291,6 +303,7 @@ void train_on_client_frame(struct train *t, dp_conn *c, const Tpuemu__FrameHeade
         r->model_id = s->model_id;
         r->mode = s->mode;
         r->has_labels = s->has_labels;
+        r->x_bf16 = s->x_dtype == TPUEMU__DTYPE__DTYPE_BF16;
         r->steps = s->n_rows < TRAIN_MAX_STEPS ? (uint32_t)s->n_rows : TRAIN_MAX_STEPS;
         if (r->steps > s->steps)
             r->steps = s->steps;

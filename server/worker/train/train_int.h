@@ -37,6 +37,8 @@ struct tmodel {
     int failed;          /* a gradient all-reduce failed: no training until a reset */
     err fail_err;
     float pending_scale;
+    int bf16_in;             /* mixed_bfloat16 and lspec_input_bf16: the infeed's x may be bfloat16 */
+    float *xw;               /* batch x in_dim: a bfloat16 x widened for the model (made at the first) */
     Tpuemu__ModelSpec *spec; /* a copy, for recharging after a failed recompile */
 };
 
@@ -48,6 +50,7 @@ struct treq {
     uint64_t seq, epoch, model_id;
     /* STEPS */
     int mode, has_labels;
+    int x_bf16; /* x comes as bfloat16 (StepsSpec.x_dtype) */
     uint32_t steps, i;
     uint32_t rows[TRAIN_MAX_STEPS], global_rows[TRAIN_MAX_STEPS];
     uint64_t coll_seq, first_step;
@@ -94,6 +97,7 @@ struct train {
     int busy;
     uv_work_t work;
     uint64_t last_compute_ns; /* the last training step's, for run_step's choice */
+    int inline_depth;         /* run_step calls nested on the loop's stack (single core) */
     uint64_t idle_since;   /* when the last STEPS finished and nothing was queued */
     /* the training client's clock: ours minus its, the least seen over its
      * requests (their latency is at least 0), and whose it is */
@@ -148,7 +152,7 @@ int sync_allreduce(void *ctx, float *buf, size_t n, err *e);
  * wrong with it (for tm, may be NULL). *out is malloc'd. */
 int steps_host_input(const struct tmodel *tm, const Tpuemu__StepsSpec *s, struct hin_spec **out, err *e);
 /* Infeed bytes of one step of rows rows. */
-size_t steps_bytes(const struct tmodel *tm, uint32_t rows, int has_labels);
+size_t steps_bytes(const struct tmodel *tm, uint32_t rows, int has_labels, int x_bf16);
 /* Runs the STEPS request r (t->cur) to its answer; then t->next. */
 void steps_start(struct train *t, struct treq *r);
 /* STATE_GET, STATE_SET: answered at once; then the caller goes on. */
