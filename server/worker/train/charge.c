@@ -41,6 +41,31 @@ static void release_blocks(struct train *t, struct tmodel *tm)
     tm->nids = 0;
 }
 
+/* Each request's infeed arrives in a buffer of its own (malloc'd as the
+ * frame is read, freed when it is answered). Once glibc's dynamic mmap
+ * threshold has risen (heap_prefault in main.c: to 512 KiB, the trim
+ * threshold to twice that), those buffers come from the heap; but a batch's
+ * infeed near that size made the heap top pass the trim threshold at every
+ * free, so every step gave the pages back and faulted them in again (one
+ * brk and 44-90 page faults a step at per-core batch 128). Freeing a
+ * mapped block of eight times the infeed in flight (twice left a float32
+ * infeed of 402 KB still faulting in every step) raises both thresholds above
+ * what the steps use, as heap_prefault does for the first initialize; the
+ * heap then keeps what training needs, no more. */
+static void keep_infeed_heap(const struct tmodel *tm)
+{
+#ifdef __GLIBC__
+    size_t x = (size_t)tm->batch *
+               ((size_t)tm->in_dim * sizeof(float) + (size_t)(tm->sparse ? 1 : tm->label_dim) * sizeof(float));
+    size_t want = 8 * x * (size_t)tm->spe * (size_t)(tm->depth + 1);
+    void *big;
+    if (want <= (32u << 20) && (big = malloc(want)) != NULL) /* glibc raises it up to 32 MiB */
+        free(big);
+#else
+    (void)tm;
+#endif
+}
+
 /* The compiled model's arrays on the core, reserved together (a model that
  * does not fit is refused whole, with XLA's report of all of it). */
 static int charge(struct train *t, struct tmodel *tm, const struct model_cfg *cfg, const Tpuemu__ModelSpec *sp,
@@ -457,6 +482,7 @@ int tm_compile(struct train *t, struct treq *r, err *e)
     }
     if (t->env.id->num_replicas >= 2) /* synchronized BatchNormalization's sums */
         model_set_allreduce(tm->m, sync_allreduce, t);
+    keep_infeed_heap(tm);
     if (old)
         release_blocks(t, old);
     if ((rc = charge(t, tm, &cfg, sp, e)) != CODE_OK) {
