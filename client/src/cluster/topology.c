@@ -3,39 +3,25 @@
  * Topology calls on it (tensorflow/python/tpu/topology.py). */
 #include "cluster_int.h"
 
-#include "tf_topology.pb-c.h"
+#include "topo_msg.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define TOPO(t) (CHECK_HANDLE((t), MAGIC_TOPOLOGY, "tpu_topology"), (t)->tp)
+#define TOPO(t) CHECK_HANDLE((t), MAGIC_TOPOLOGY, "tpu_topology")
 
 /* Mesh places a topology may have: above any real slice (a v5p pod has 8960
  * chips), low enough that bytes from a file cannot make us allocate much. */
 #define TOPO_PLACES_MAX (1u << 20)
-
-static void own_free(Tpuemu__Topology *o)
-{
-    if (!o)
-        return;
-    if (o->n_cores) {
-        free(o->cores[0]->coords);
-        free(o->cores[0]);
-    }
-    free(o->cores);
-    free(o->mesh_shape);
-    free(o);
-}
 
 void tpu_topology_free(tpu_topology *t)
 {
     if (!t)
         return;
     CHECK_HANDLE(t, MAGIC_TOPOLOGY, "tpu_topology");
-    wire_msg_free(t->m);
-    own_free(t->own);
+    topo_msgs_free(t);
     free(t->dc);
     free(t->at_task);
     free(t->at_dev);
@@ -44,92 +30,113 @@ void tpu_topology_free(tpu_topology *t)
     free(t);
 }
 
+static struct topo_info info_of(const tpu_topology *t)
+{
+    struct topo_info y;
+    topo_info(t, &y);
+    return y;
+}
+
 uint64_t tpu_topology_epoch(const tpu_topology *t)
 {
-    return TOPO(t)->epoch;
+    TOPO(t);
+    return topo_epoch(t);
 }
 
 size_t tpu_topology_mesh_shape(const tpu_topology *t, int out[4])
 {
-    const Tpuemu__Topology *tp = TOPO(t);
-    size_t n = tp->n_mesh_shape < 4 ? tp->n_mesh_shape : 4;
+    TOPO(t);
+    struct topo_info y = info_of(t);
+    size_t n = y.nmesh < 4 ? y.nmesh : 4;
     for (size_t i = 0; i < n; i++)
-        out[i] = (int)tp->mesh_shape[i];
+        out[i] = (int)y.mesh_shape[i];
     return n;
 }
 
 int tpu_topology_num_replicas(const tpu_topology *t)
 {
-    return (int)TOPO(t)->n_cores;
+    TOPO(t);
+    return (int)topo_ncores(t);
 }
 
 int tpu_topology_num_tasks(const tpu_topology *t)
 {
-    return (int)TOPO(t)->num_tasks;
+    TOPO(t);
+    return (int)info_of(t).num_tasks;
 }
 
 int tpu_topology_num_tpus_per_task(const tpu_topology *t)
 {
-    return (int)TOPO(t)->num_tpus_per_task;
+    TOPO(t);
+    return (int)info_of(t).num_tpus_per_task;
 }
 
 const char *tpu_topology_tpu_type(const tpu_topology *t)
 {
-    return TOPO(t)->tpu_type;
+    TOPO(t);
+    return info_of(t).tpu_type;
 }
 
 const char *tpu_topology_owner(const tpu_topology *t)
 {
-    return TOPO(t)->owner;
+    TOPO(t);
+    return info_of(t).owner;
 }
 
 tpu_status tpu_topology_core_get(const tpu_topology *t, int replica, tpu_topology_core *out)
 {
-    const Tpuemu__Topology *tp = TOPO(t);
-    const Tpuemu__TopologyCore *tc = NULL;
+    struct topo_core tc;
+    size_t n;
+    int found = 0;
 
+    TOPO(t);
+    n = topo_ncores(t);
     if (!out)
         return cli_failf(TPU_INVALID_ARGUMENT, "tpu_topology_core_get: out is NULL");
-    if (replica < 0 || (size_t)replica >= tp->n_cores)
-        return cli_failf(TPU_OUT_OF_RANGE, "replica %d is out of range: the topology has %zu replicas",
-                         replica, tp->n_cores);
+    if (replica < 0 || (size_t)replica >= n)
+        return cli_failf(TPU_OUT_OF_RANGE, "replica %d is out of range: the topology has %zu replicas", replica, n);
     /* cores come in replica order; search only if the resolver did otherwise */
-    if (tp->cores[replica]->replica_id == replica)
-        tc = tp->cores[replica];
-    for (size_t i = 0; !tc && i < tp->n_cores; i++)
-        if (tp->cores[i]->replica_id == replica)
-            tc = tp->cores[i];
-    if (!tc)
+    topo_core_at(t, (size_t)replica, &tc);
+    found = tc.replica_id == replica;
+    for (size_t i = 0; !found && i < n; i++) {
+        topo_core_at(t, i, &tc);
+        found = tc.replica_id == replica;
+    }
+    if (!found)
         return cli_failf(TPU_INTERNAL, "the topology has no core with replica id %d", replica);
     memset(out, 0, sizeof *out);
-    out->replica_id = tc->replica_id;
-    out->host_id = tc->host_id;
-    out->core = tc->core;
-    out->task_id = (int)tc->task_id;
-    for (size_t i = 0; i < tc->n_coords && i < 4; i++)
-        out->coords[i] = (int)tc->coords[i];
-    out->data_addr = tc->data_addr;
+    out->replica_id = tc.replica_id;
+    out->host_id = tc.host_id;
+    out->core = tc.core;
+    out->task_id = (int)tc.task_id;
+    for (size_t i = 0; i < tc.ncoords && i < 4; i++)
+        out->coords[i] = (int)tc.coords[i];
+    out->data_addr = tc.data_addr;
     return TPU_OK;
 }
 
 const char *tpu_topology_control_addr(const tpu_topology *t, int replica)
 {
-    const Tpuemu__Topology *tp = TOPO(t);
-    for (size_t i = 0; i < tp->n_cores; i++)
-        if (tp->cores[i]->replica_id == replica)
-            return tp->cores[i]->control_addr;
+    TOPO(t);
+    for (size_t i = 0, n = topo_ncores(t); i < n; i++) {
+        struct topo_core tc;
+        topo_core_at(t, i, &tc);
+        if (tc.replica_id == replica)
+            return tc.control_addr;
+    }
     return NULL;
 }
 
 size_t tpu_topology_num_missing(const tpu_topology *t)
 {
-    return TOPO(t)->n_missing;
+    TOPO(t);
+    return info_of(t).nmissing;
 }
 
 const char *tpu_topology_missing(const tpu_topology *t, size_t i)
 {
-    const Tpuemu__Topology *tp = TOPO(t);
-    return i < tp->n_missing ? tp->missing[i] : NULL;
+    TOPO(t);
+    return topo_missing(t, i);
 }
 
 /* ---- TensorFlow's Topology ---- */
@@ -150,13 +157,13 @@ static int in_mesh(const int mesh[4], const int c[4])
 
 tpu_status cli_topology_build(tpu_topology *t)
 {
-    const Tpuemu__Topology *tp = t->tp;
+    struct topo_info y = info_of(t);
+    const struct topo_info *tp = &y;
     size_t places = 1;
     int *seen;
 
-    if (tp->n_mesh_shape != 4)
-        return cli_failf(TPU_INTERNAL, "the topology's mesh_shape has %zu entries, not 4",
-                         tp->n_mesh_shape);
+    if (tp->nmesh != 4)
+        return cli_failf(TPU_INTERNAL, "the topology's mesh_shape has %zu entries, not 4", tp->nmesh);
     for (int a = 0; a < 4; a++) {
         if (tp->mesh_shape[a] < 1 || tp->mesh_shape[a] > TOPO_PLACES_MAX)
             return cli_failf(TPU_INTERNAL, "the topology's mesh_shape[%d] is %" PRIu32, a,
@@ -181,13 +188,15 @@ tpu_status cli_topology_build(tpu_topology *t)
     for (size_t i = 0; i < places; i++)
         t->at_task[i] = t->at_dev[i] = -1;
     /* cores come in replica order: a task's devices are its cores in that order */
-    for (size_t i = 0; i < tp->n_cores; i++) {
-        const Tpuemu__TopologyCore *tc = tp->cores[i];
+    for (size_t i = 0; i < tp->ncores; i++) {
+        struct topo_core tcore, *tc = &tcore;
         int c[4] = {0};
-        if (tc->task_id >= tp->num_tasks || tc->n_coords != 4) {
+        topo_core_at(t, i, tc);
+        if (tc->task_id >= tp->num_tasks || tc->ncoords != 4) {
             free(seen);
-            return cli_failf(TPU_INTERNAL, "the topology's core %zu has task %" PRIu32 " of %" PRIu32
-                             " and %zu coordinates", i, tc->task_id, tp->num_tasks, tc->n_coords);
+            return cli_failf(TPU_INTERNAL,
+                             "the topology's core %zu has task %" PRIu32 " of %" PRIu32 " and %zu coordinates", i,
+                             tc->task_id, tp->num_tasks, tc->ncoords);
         }
         for (int a = 0; a < 4; a++)
             c[a] = tc->coords[a] > (uint32_t)TOPO_PLACES_MAX ? -1 : (int)tc->coords[a];
@@ -369,187 +378,31 @@ tpu_status tpu_topology_serialized(const tpu_topology *t, const uint8_t **bytes,
     if (!t->dc)
         return cli_failf(TPU_FAILED_PRECONDITION, "serialized: %s", t->dc_why);
     if (!t->ser) {
-        Tensorflow__Tpu__TopologyProto p = TENSORFLOW__TPU__TOPOLOGY_PROTO__INIT;
-        int32_t mesh[4] = {t->mesh[0], t->mesh[1], t->mesh[2], t->mesh[3]};
-        size_t n;
-        uint8_t *buf;
         tpu_topology *w = (tpu_topology *)t; /* the cache only */
-
-        p.n_mesh_shape = 4;
-        p.mesh_shape = mesh;
-        p.num_tasks = t->ntasks;
-        p.num_tpu_devices_per_task = t->per;
-        p.n_device_coordinates = (size_t)t->ntasks * (size_t)t->per * 4;
-        p.device_coordinates = (int32_t *)t->dc;
-        n = tensorflow__tpu__topology_proto__get_packed_size(&p);
-        if (!(buf = malloc(n ? n : 1)))
-            return cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory serializing the topology");
-        tensorflow__tpu__topology_proto__pack(&p, buf);
-        w->ser = buf;
-        w->nser = n;
+        err e;
+        if (topo_tf_pack(t->mesh, t->ntasks, t->per, t->dc, &w->ser, &w->nser, &e) != CODE_OK)
+            return cli_fail(&e);
     }
     *bytes = t->ser;
     *len = t->nser;
     return TPU_OK;
 }
 
-/* "[2, 2, 1, 2]": a repeated field as Python prints it, for messages. */
-static const char *list_str(const int32_t *v, size_t n, const char *sep, char *buf, size_t cap)
-{
-    size_t len = 0;
-    int k = snprintf(buf, cap, "[");
-    len = k > 0 ? (size_t)k : 0;
-    for (size_t i = 0; i < n && len + 16 < cap; i++) {
-        k = snprintf(buf + len, cap - len, "%s%" PRId32, i ? sep : "", v[i]);
-        len += k > 0 ? (size_t)k : 0;
-        if (i + 1 < n && i == 15) {
-            snprintf(buf + len, cap - len, "%s...", sep);
-            len += strlen(buf + len);
-            break;
-        }
-    }
-    snprintf(buf + len, cap - len, "]");
-    return buf;
-}
-
 tpu_status tpu_topology_from_serialized(const void *bytes, size_t len, tpu_topology **out)
 {
-    Tensorflow__Tpu__TopologyProto *p;
-    Tpuemu__Topology *o = NULL;
-    tpu_topology *t = NULL;
-    char b1[200];
-    uint64_t want;
-    size_t n;
+    tpu_topology *t;
+    err e;
 
     if (!out)
         return cli_failf(TPU_INVALID_ARGUMENT, "tpu_topology_from_serialized: out is NULL");
     *out = NULL;
-    if (!bytes || !len)
-        return cli_failf(TPU_INVALID_ARGUMENT, "serialized TopologyProto is empty");
-    p = tensorflow__tpu__topology_proto__unpack(NULL, len, bytes);
-    if (!p)
-        return cli_failf(TPU_INVALID_ARGUMENT, "Error parsing message with type "
-                         "'tensorflow.tpu.TopologyProto' (%zu bytes that are not a TopologyProto)", len);
-    /* the checks and messages of Topology._parse_topology */
-    for (size_t i = 0; i < p->n_mesh_shape && p->n_mesh_shape == 4; i++)
-        if (p->mesh_shape[i] < 1)
-            goto bad_mesh;
-    if (p->n_mesh_shape != 4)
-        goto bad_mesh;
-    if (p->num_tasks < 0) {
-        cli_failf(TPU_INVALID_ARGUMENT, "`num_tasks` must be >= 0; got %" PRId32, p->num_tasks);
-        goto fail;
+    if (topo_tf_parse(bytes, len, &t, &e) != CODE_OK)
+        return cli_fail(&e);
+    if (cli_topology_build(t) != TPU_OK) {
+        tpu_status st = (tpu_status)tpu_last_status();
+        tpu_topology_free(t);
+        return st;
     }
-    if (p->num_tpu_devices_per_task < 0) {
-        cli_failf(TPU_INVALID_ARGUMENT, "`num_tpu_devices_per_task` must be >= 0; got %" PRId32,
-                  p->num_tpu_devices_per_task);
-        goto fail;
-    }
-    if ((uint32_t)p->num_tasks > TOPO_PLACES_MAX || (uint32_t)p->num_tpu_devices_per_task > TOPO_PLACES_MAX) {
-        cli_failf(TPU_INVALID_ARGUMENT, "num_tasks %" PRId32 " or num_tpu_devices_per_task %" PRId32
-                  " is above %u, more than any slice has", p->num_tasks, p->num_tpu_devices_per_task,
-                  TOPO_PLACES_MAX);
-        goto fail;
-    }
-    want = (uint64_t)p->num_tasks * (uint64_t)p->num_tpu_devices_per_task * p->n_mesh_shape;
-    if (p->n_device_coordinates != want) {
-        cli_failf(TPU_INVALID_ARGUMENT, "`device_coordinates` must have shape num_tasks (%" PRId32
-                  ") * num_tpu_devices_per_task (%" PRId32 ") * len(mesh_shape) (%s); got shape %zu",
-                  p->num_tasks, p->num_tpu_devices_per_task,
-                  list_str(p->mesh_shape, p->n_mesh_shape, ", ", b1, sizeof b1), p->n_device_coordinates);
-        goto fail;
-    }
-    for (size_t i = 0; i < p->n_device_coordinates; i++)
-        if (p->device_coordinates[i] < 0) {
-            cli_failf(TPU_INVALID_ARGUMENT, "`device_coordinates` must be >= 0");
-            goto fail;
-        }
-    for (size_t i = 0; i < p->n_device_coordinates; i += 4) {
-        const int32_t *c = &p->device_coordinates[i];
-        for (int a = 0; a < 4; a++)
-            if (c[a] >= p->mesh_shape[a]) {
-                cli_failf(TPU_INVALID_ARGUMENT, "`device_coordinates`: task %zu device %zu is at "
-                          "[%" PRId32 ", %" PRId32 ", %" PRId32 ", %" PRId32 "], outside the mesh %s",
-                          i / 4 / (size_t)p->num_tpu_devices_per_task,
-                          i / 4 % (size_t)p->num_tpu_devices_per_task, c[0], c[1], c[2], c[3],
-                          list_str(p->mesh_shape, 4, ", ", b1, sizeof b1));
-                goto fail;
-            }
-    }
-    if ((uint64_t)p->mesh_shape[0] * (uint64_t)p->mesh_shape[1] * (uint64_t)p->mesh_shape[2] *
-            (uint64_t)p->mesh_shape[3] > TOPO_PLACES_MAX) {
-        cli_failf(TPU_INVALID_ARGUMENT, "mesh_shape %s has more than %u places",
-                  list_str(p->mesh_shape, 4, ", ", b1, sizeof b1), TOPO_PLACES_MAX);
-        goto fail;
-    }
-    /* a topology of its own: cores in task, device order */
-    n = p->n_device_coordinates / 4;
-    t = calloc(1, sizeof *t);
-    o = calloc(1, sizeof *o);
-    if (!t || !o)
-        goto oom;
-    tpuemu__topology__init(o);
-    o->n_mesh_shape = 4;
-    o->mesh_shape = calloc(4, sizeof *o->mesh_shape);
-    o->cores = calloc(n ? n : 1, sizeof *o->cores);
-    if (!o->mesh_shape || !o->cores)
-        goto oom;
-    if (n) {
-        Tpuemu__TopologyCore *tc = calloc(n, sizeof *tc);
-        uint32_t *cc = calloc(n * 4, sizeof *cc);
-        if (!tc || !cc) {
-            free(tc);
-            free(cc);
-            goto oom;
-        }
-        for (size_t i = 0; i < n; i++) {
-            tpuemu__topology_core__init(&tc[i]);
-            tc[i].replica_id = (int32_t)i;
-            tc[i].host_id = (char *)"";
-            tc[i].core = (int32_t)(i % (size_t)p->num_tpu_devices_per_task);
-            tc[i].task_id = (uint32_t)(i / (size_t)p->num_tpu_devices_per_task);
-            tc[i].n_coords = 4;
-            tc[i].coords = &cc[i * 4];
-            for (int a = 0; a < 4; a++)
-                cc[i * 4 + (size_t)a] = (uint32_t)p->device_coordinates[i * 4 + (size_t)a];
-            tc[i].data_addr = (char *)"";
-            tc[i].control_addr = (char *)"";
-            o->cores[i] = &tc[i];
-        }
-        o->n_cores = n;
-    }
-    for (int a = 0; a < 4; a++)
-        o->mesh_shape[a] = (uint32_t)p->mesh_shape[a];
-    o->num_tasks = (uint32_t)p->num_tasks;
-    o->num_tpus_per_task = (uint32_t)p->num_tpu_devices_per_task;
-    o->tpu_type = (char *)"";
-    o->owner = (char *)"";
-    t->magic = MAGIC_TOPOLOGY;
-    t->own = o;
-    t->tp = o;
-    o = NULL;
-    if (cli_topology_build(t) != TPU_OK)
-        goto fail;
-    /* serialized() of a parsed Topology is the bytes it was parsed from */
-    if (!(t->ser = malloc(len)))
-        goto oom;
-    memcpy(t->ser, bytes, len);
-    t->nser = len;
-    tensorflow__tpu__topology_proto__free_unpacked(p, NULL);
     *out = t;
     return TPU_OK;
-bad_mesh:
-    cli_failf(TPU_INVALID_ARGUMENT, "`mesh_shape` must be a vector of size 4 with positive entries; "
-              "got %s", list_str(p->mesh_shape, p->n_mesh_shape, " ", b1, sizeof b1));
-    goto fail;
-oom:
-    cli_failf(TPU_RESOURCE_EXHAUSTED, "out of memory parsing a topology");
-fail:
-    tensorflow__tpu__topology_proto__free_unpacked(p, NULL);
-    own_free(o);
-    if (t) {
-        t->magic = MAGIC_TOPOLOGY;
-        tpu_topology_free(t);
-    }
-    return (tpu_status)tpu_last_status();
 }

@@ -112,22 +112,3 @@ int system_msg_forget(tpu_cluster *c, const char *host_id, int core, uint64_t *s
     wire_msg_free(m);
     return CODE_OK;
 }
-
-uint64_t topo_epoch(const tpu_topology *t)
-{
-    return t->tp->epoch;
-}
-
-size_t topo_ncores(const tpu_topology *t)
-{
-    return t->tp->n_cores;
-}
-
-void topo_core_at(const tpu_topology *t, size_t i, struct topo_core *out)
-{
-    const Tpuemu__TopologyCore *tc = t->tp->cores[i];
-    out->replica_id = tc->replica_id;
-    out->host_id = tc->host_id ? tc->host_id : "";
-    out->data_addr = tc->data_addr ? tc->data_addr : "";
-    out->core = tc->core;
-}

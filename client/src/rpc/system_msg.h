@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "client.h"
+#include "topo_msg.h"
 
 /* What an initialize asks the resolver for (tpu_init_options). */
 struct sys_init {
@@ -31,15 +32,5 @@ int system_msg_check(tpu_cluster *c, uint64_t epoch, uint64_t *seen, err *e);
 int system_msg_shutdown(tpu_cluster *c, uint64_t epoch, uint64_t *seen, err *e);
 /* Forgets core host/core; *silent_ms how long it had been silent. */
 int system_msg_forget(tpu_cluster *c, const char *host_id, int core, uint64_t *silent_ms, err *e);
-
-/* A topology's system: its epoch, and its cores in replica order. */
-uint64_t topo_epoch(const tpu_topology *t);
-size_t topo_ncores(const tpu_topology *t);
-struct topo_core {
-    int replica_id;
-    const char *host_id, *data_addr; /* the topology's: valid while it is */
-    int core;
-};
-void topo_core_at(const tpu_topology *t, size_t i, struct topo_core *out);
 
 #endif
