@@ -75,9 +75,7 @@ struct tpu_cluster_spec {
 
 struct tpu_topology {
     uint32_t magic;
-    wire_msg *m;                /* body: topology; NULL when parsed from TopologyProto bytes */
-    const Tpuemu__Topology *tp; /* m->topology, or own */
-    Tpuemu__Topology *own;      /* built from TopologyProto bytes (topology.c) */
+    struct topo_msgs *msgs; /* the parsed messages (rpc/topo_msg.c) */
     /* TensorFlow's view (topology.c: cli_topology_build) */
     int mesh[4];
     int ntasks, per;            /* device_coordinates' shape; per 0 when hosts differ */

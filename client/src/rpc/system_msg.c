@@ -34,8 +34,11 @@ int system_msg_initialize(tpu_cluster *c, const struct sys_init *in, uint32_t wa
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
     }
     t->magic = MAGIC_TOPOLOGY;
-    t->m = m;
-    t->tp = m->topology;
+    if (topo_msgs_new(t, m, e) != CODE_OK) {
+        wire_msg_free(m);
+        free(t);
+        return e->code;
+    }
     *out = t;
     return CODE_OK;
 bad:

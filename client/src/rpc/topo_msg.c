@@ -15,6 +15,23 @@
 #define TOPO_PLACES_MAX (1u << 20)
 #define STR(s) ((s) ? (s) : "")
 
+/* A topology handle's messages: the answer to an initialize, or a Topology
+ * of its own built from TopologyProto bytes. */
+struct topo_msgs {
+    wire_msg *m;                /* body: topology; NULL when parsed from TopologyProto bytes */
+    const Tpuemu__Topology *tp; /* m->topology, or own */
+    Tpuemu__Topology *own;
+};
+
+int topo_msgs_new(tpu_topology *t, wire_msg *m, err *e)
+{
+    if (!(t->msgs = calloc(1, sizeof *t->msgs)))
+        return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
+    t->msgs->m = m;
+    t->msgs->tp = m ? m->topology : NULL;
+    return CODE_OK;
+}
+
 static void own_free(Tpuemu__Topology *o)
 {
     if (!o)
@@ -30,16 +47,17 @@ static void own_free(Tpuemu__Topology *o)
 
 void topo_msgs_free(tpu_topology *t)
 {
-    wire_msg_free(t->m);
-    own_free(t->own);
-    t->m = NULL;
-    t->own = NULL;
-    t->tp = NULL;
+    if (!t->msgs)
+        return;
+    wire_msg_free(t->msgs->m);
+    own_free(t->msgs->own);
+    free(t->msgs);
+    t->msgs = NULL;
 }
 
 void topo_info(const tpu_topology *t, struct topo_info *out)
 {
-    const Tpuemu__Topology *tp = t->tp;
+    const Tpuemu__Topology *tp = t->msgs->tp;
     memset(out, 0, sizeof *out);
     out->epoch = tp->epoch;
     out->nmesh = tp->n_mesh_shape;
@@ -55,17 +73,17 @@ void topo_info(const tpu_topology *t, struct topo_info *out)
 
 uint64_t topo_epoch(const tpu_topology *t)
 {
-    return t->tp->epoch;
+    return t->msgs->tp->epoch;
 }
 
 size_t topo_ncores(const tpu_topology *t)
 {
-    return t->tp->n_cores;
+    return t->msgs->tp->n_cores;
 }
 
 void topo_core_at(const tpu_topology *t, size_t i, struct topo_core *out)
 {
-    const Tpuemu__TopologyCore *tc = t->tp->cores[i];
+    const Tpuemu__TopologyCore *tc = t->msgs->tp->cores[i];
     memset(out, 0, sizeof *out);
     out->replica_id = tc->replica_id;
     out->host_id = STR(tc->host_id);
@@ -80,7 +98,7 @@ void topo_core_at(const tpu_topology *t, size_t i, struct topo_core *out)
 
 const char *topo_missing(const tpu_topology *t, size_t i)
 {
-    return i < t->tp->n_missing ? t->tp->missing[i] : NULL;
+    return i < t->msgs->tp->n_missing ? t->msgs->tp->missing[i] : NULL;
 }
 
 int topo_tf_pack(const int mesh[4], int ntasks, int per, const int *dc, uint8_t **out, size_t *n, err *e)
@@ -237,8 +255,10 @@ int topo_tf_parse(const void *bytes, size_t len, tpu_topology **out, err *e)
     o->tpu_type = (char *)"";
     o->owner = (char *)"";
     t->magic = MAGIC_TOPOLOGY;
-    t->own = o;
-    t->tp = o;
+    if (topo_msgs_new(t, NULL, e) != CODE_OK)
+        goto fail;
+    t->msgs->own = o;
+    t->msgs->tp = o;
     o = NULL;
     /* serialized() of a parsed Topology is the bytes it was parsed from */
     if (!(t->ser = malloc(len)))

@@ -36,6 +36,10 @@ struct topo_core {
 void topo_core_at(const tpu_topology *t, size_t i, struct topo_core *out);
 /* "host/core (why)" of expected core i (< nmissing) left out. */
 const char *topo_missing(const tpu_topology *t, size_t i);
+/* Gives t its messages (t->msgs): m, the answer to an initialize (NULL:
+ * none yet; topo_tf_parse adds its own). m is t's from now on, freed with
+ * it; when this fails (out of memory) nothing is taken. */
+int topo_msgs_new(tpu_topology *t, wire_msg *m, err *e);
 /* Frees the handle's messages (tpu_topology_free). */
 void topo_msgs_free(tpu_topology *t);
 
