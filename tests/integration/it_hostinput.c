@@ -10,7 +10,8 @@
  *    sharding (TPU_INPUT_ON_CLIENT: the client runs the same pipelines and
  *    sends the rows), in deterministic mode, on 3 replicas over 2 hosts
  *    (shards of unequal size), for a pipeline with a cache and one without
- *    (a shuffle of batches, normalize);
+ *    (a shuffle of batches, normalize; and validation on a second pipeline
+ *    of the same files, which each host keeps open beside the first);
  *  - bad input gives an error naming what is wrong, and the workers live on:
  *    a missing file, a file that changed after the client read its header
  *    (another shape), labels outside the model's classes, an IDX header
@@ -135,7 +136,7 @@ static tpu_file_dataset *make_files(const char *img, const char *lab, int varian
 
 struct result {
     float *w[CL_MAX_WORKERS];
-    double loss[3], acc[3];
+    double loss[3], acc[3], val_loss[3];
     uint64_t steps;
     unsigned long long written; /* bytes this process sent over TCP during fit */
 };
@@ -180,6 +181,15 @@ static void train(colltest *t, tpu_strategy *s, const char *img, const char *lab
     cr_assert_eq(tpu_dataset_num_batches(ds), (ROWS / t->n) / BATCH);
     memset(&fo, 0, sizeof fo);
     fo.epochs = 3;
+    tpu_dataset *val = NULL;
+    if (variant == 1) { /* validation on another pipeline of the same files: each core's host keeps both open */
+        CALL_OK(tpu_file_dataset_from_idx(img, lab, &fd));
+        CALL_OK(tpu_file_dataset_map(fd, TPU_MAP_SCALE, 1 / 255.0f, 0));
+        CALL_OK(tpu_file_dataset_batch(fd, BATCH, 1));
+        CALL_OK(tpu_strategy_distribute_datasets_from_files(s, fd, where, &val));
+        tpu_file_dataset_free(fd);
+        fo.validation_data = val;
+    }
     unsigned long long w0 = tcp_sent();
     CALL_OK(tpu_model_fit(m, ds, &fo, &h));
     out->written = tcp_sent() - w0;
@@ -188,6 +198,8 @@ static void train(colltest *t, tpu_strategy *s, const char *img, const char *lab
         CALL_OK(tpu_history_epoch(h, e, &l));
         out->loss[e] = l.loss;
         out->acc[e] = l.accuracy;
+        out->val_loss[e] = l.has_val ? l.val_loss : NAN;
+        cr_assert_eq(l.has_val, variant == 1);
     }
     out->steps = tpu_model_step(m);
     size_t np = tpu_model_num_params(m);
@@ -198,6 +210,7 @@ static void train(colltest *t, tpu_strategy *s, const char *img, const char *lab
     }
     tpu_history_free(h);
     tpu_dataset_free(ds);
+    tpu_dataset_free(val);
     tpu_model_free(m);
 }
 
@@ -223,6 +236,9 @@ Test(hostinput, same_weights_and_losses_as_client_fed, .timeout = 300)
         for (int e = 0; e < 3; e++) {
             cr_log_info("pipeline %d epoch %d: loss %.9g (hosts) %.9g (client), accuracy %.4f %.4f", variant, e,
                         hosts.loss[e], client.loss[e], hosts.acc[e], client.acc[e]);
+            cr_assert(memcmp(&hosts.val_loss[e], &client.val_loss[e], sizeof(double)) == 0,
+                      "pipeline %d epoch %d: validation loss %.17g on the hosts, %.17g client-fed", variant, e,
+                      hosts.val_loss[e], client.val_loss[e]);
             cr_assert(memcmp(&hosts.loss[e], &client.loss[e], sizeof(double)) == 0,
                       "pipeline %d epoch %d: loss %.17g on the hosts, %.17g client-fed", variant, e, hosts.loss[e],
                       client.loss[e]);

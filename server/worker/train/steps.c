@@ -389,12 +389,21 @@ static void pool_fill(uv_work_t *req)
     int32_t *ytmp = NULL;
 
     err_clear(e);
-    if (!hin_is(t->pipe, r->hin, r->hin_id, r->hin_num)) {
-        hin_close(t->pipe);
-        t->pipe = NULL;
-        if (hin_open(r->hin, r->hin_id, r->hin_num, &t->pipe, e) != CODE_OK)
+    /* the request's pipeline, moved to the front; a new one opens in the
+     * place of the least recently used */
+    int slot = 0;
+    while (slot < TRAIN_MAX_PIPES && !hin_is(t->pipes[slot], r->hin, r->hin_id, r->hin_num))
+        slot++;
+    if (slot == TRAIN_MAX_PIPES) {
+        slot = TRAIN_MAX_PIPES - 1;
+        hin_close(t->pipes[slot]);
+        t->pipes[slot] = NULL;
+        if (hin_open(r->hin, r->hin_id, r->hin_num, &t->pipes[slot], e) != CODE_OK)
             goto fail;
     }
+    struct hin_pipe *pipe = t->pipes[slot];
+    memmove(&t->pipes[1], &t->pipes[0], (size_t)slot * sizeof t->pipes[0]);
+    t->pipes[0] = pipe;
     if (!r->has_labels && !(ytmp = malloc((size_t)bs * sizeof *ytmp))) {
         err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
         goto fail;
@@ -403,7 +412,7 @@ static void pool_fill(uv_work_t *req)
     for (uint32_t i = 0; i < r->steps; i++) {
         float *x = (float *)(r->payload + off);
         int32_t *y = r->has_labels ? (int32_t *)(r->payload + off + (size_t)bs * tm->in_dim * sizeof(float)) : ytmp;
-        if (hin_fill(t->pipe, r->hin_epoch, r->hin_batch[i], x, y, e) != CODE_OK)
+        if (hin_fill(pipe, r->hin_epoch, r->hin_batch[i], x, y, e) != CODE_OK)
             goto fail;
         for (uint32_t k = 0; r->has_labels && k < bs; k++)
             if (y[k] < 0 || y[k] >= tm->out_dim) {

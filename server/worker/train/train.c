@@ -438,7 +438,8 @@ void train_free(struct train *t)
     treq_free(t->cur);
     tm_free(t->tm);
     tm_free(t->orphan);
-    hin_close(t->pipe);
+    for (int i = 0; i < TRAIN_MAX_PIPES; i++)
+        hin_close(t->pipes[i]);
     mxu_free(t->u);
     sync_destroy(t);
     free(t);

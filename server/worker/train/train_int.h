@@ -22,7 +22,9 @@
 
 #define KIND(k) TPUEMU__FRAME_KIND__FRAME_##k
 #define TRAIN_MAX_DEPTH 16
-#define TRAIN_QUEUE_SLACK 4 /* requests beyond infeed_depth: compile, state, evaluate */
+#define TRAIN_QUEUE_SLACK 4
+#define TRAIN_MAX_PIPES \
+    4 /* host-side input pipelines kept open per core */ /* requests beyond infeed_depth: compile, state, evaluate */
 /* per layer: kernel, bias, up to 2 optimizer slots of each, their gradients,
  * activations; then the backward delta and the infeed's x and y */
 #define TRAIN_MAX_BLOCKS (MODEL_MAX_LAYERS * 40 + 4)
@@ -111,9 +113,10 @@ struct train {
     struct sync_call *sync_req;
     uint64_t sync_seq, sync_epoch; /* the next sum's collective, the step's epoch */
     int sync_closed;
-    /* host-side input: the pipeline this core's host runs (steps.c; used
-     * on the pool's thread while a request fills its infeed) */
-    struct hin_pipe *pipe;
+    /* host-side input: the pipelines this core's host runs, most recently
+     * used first (a training and a validation dataset take turns each epoch;
+     * steps.c, used on the pool's thread while a request fills its infeed) */
+    struct hin_pipe *pipes[TRAIN_MAX_PIPES];
 };
 
 /* ---- charge.c ---- */
