@@ -25,8 +25,9 @@
 #      systemd or compose would (host0/0, whose /metrics count the steps, is
 #      never killed or preempted); fashion_mnist runs round after round (each from
 #      scratch, --recover 100, a checkpoint every 20 steps, started once the
-#      cluster is whole, and again with its checkpoint when preempted: exit
-#      42) until the time is up.
+#      cluster is whole, and again when preempted (exit 42, with its
+#      checkpoint) or failed UNAVAILABLE before training began, as a
+#      deployment restarts a job: counted as recoveries) until the time is up.
 # Every SAMPLE_S seconds it samples each daemon's RSS, open fds, threads and
 # shared-memory mappings (from /proc). It prints the faults injected, the
 # daemons lost (an exit no fault caused, or a daemon not running at the end;
@@ -200,20 +201,27 @@ round() { # name, checkpoint file: runs fashion_mnist, sets r_rc r_acc r_recov r
     whole
     s0=$(steps)
     t0=$(date +%s)
-    for ((leg = 0; leg < 20; leg++)); do # preempted (exit 42, its checkpoint saved): started again, as deploy.md says
+    r_restarts=0
+    for ((leg = 0; leg < 20; leg++)); do
         (cd "$work" && exec timeout "$round_timeout" "$bin/fashion_mnist" --tpu "$tpu" --epochs "$epochs" \
             --checkpoint "$2" --checkpoint-every 20 --recover 100 --recover-wait 60 --logdir "$work/logs") \
-            >>"$out" 2>&1 &
+            >"$out.leg" 2>&1 &
         trainer=$!
         wait "$trainer"
         r_rc=$?
         trainer=
-        [ "$r_rc" = 42 ] || break
+        cat "$out.leg" >>"$out"
+        # started again, as a deployment restarts a job (docs/operations/deploy.md): preempted
+        # (exit 42, its checkpoint saved), or a fault before training began (--recover covers training)
+        [ "$r_rc" = 42 ] || { [ "$r_rc" = 1 ] &&
+            grep -q '^fashion_mnist: \(connecting to the cluster\|compiling the model\|initializing the TPU system\): UNAVAILABLE' "$out.leg"; } ||
+            break
+        r_restarts=$((r_restarts + 1))
         whole
     done
     r_secs=$(($(date +%s) - t0))
     r_acc=$(sed -n 's/^test accuracy: //p' "$out")
-    r_recov=$(grep -c '^recovering (' "$out")
+    r_recov=$(($(grep -c '^recovering (' "$out") + r_restarts))
     r_steps=$(($(steps) - s0))
 }
 

@@ -5,6 +5,12 @@
 #include <malloc.h>
 #endif
 
+void mem_resident(void *p, size_t n)
+{
+    for (size_t i = 0; i < n; i += 4096) /* a write, not a memset a compiler may drop after a calloc */
+        ((volatile char *)p)[i] = 0;
+}
+
 int mem_trim_every(uint64_t now_ms, uint64_t *last_ms, uint64_t period_ms)
 {
     if (!*last_ms || now_ms < *last_ms) { /* the first call, or a clock that went back */

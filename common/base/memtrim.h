@@ -8,6 +8,7 @@
 #ifndef TPUEMU_BASE_MEMTRIM_H
 #define TPUEMU_BASE_MEMTRIM_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define MEM_TRIM_PERIOD_MS 30000u
@@ -16,5 +17,11 @@
  * first call only starts the count), setting *last_ms to now_ms. 1 if it
  * trimmed. Without glibc it does nothing and returns 0. */
 int mem_trim_every(uint64_t now_ms, uint64_t *last_ms, uint64_t period_ms);
+
+/* Writes a zero into every page of p[0..n) (a calloc's block stays all
+ * zero), so that a fixed table used slot by slot over hours (a reply cache, a replay
+ * window, the profiler's ring) is resident from the start instead of adding
+ * to the RSS page by page as it fills. */
+void mem_resident(void *p, size_t n);
 
 #endif

@@ -3,6 +3,7 @@
  * deletion), so a lookup costs the same with 16 entries as with 16384: every
  * heartbeat of a 1,024-core cluster is looked up. */
 #include "drc.h"
+#include "memtrim.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,8 @@ drc *drc_new(size_t max_entries, size_t max_bytes, uint32_t keep_ms, void (*ctl_
         free(d);
         return NULL;
     }
+    mem_resident(d->ring, max_entries * sizeof *d->ring);
+    mem_resident(d->idx, d->mask * sizeof *d->idx);
     d->mask--;
     d->cap = max_entries;
     d->max_bytes = max_bytes;

@@ -1,5 +1,6 @@
 /* Token, key, MACs and the replay cache. */
 #include "auth.h"
+#include "memtrim.h"
 #include "safefile.h"
 
 #include <errno.h>
@@ -217,6 +218,8 @@ replay *replay_new(size_t capacity)
         free(r);
         return NULL;
     }
+    mem_resident(r->heap, capacity * sizeof *r->heap);
+    mem_resident(r->set, n * sizeof *r->set);
     r->cap = capacity;
     r->mask = n - 1;
     return r;

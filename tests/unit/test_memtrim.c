@@ -1,5 +1,6 @@
-/* Giving a daemon's free heap back (memtrim.h): when it trims, and that the
- * pages of freed blocks between live ones leave the RSS. */
+/* A daemon's memory kept level (memtrim.h): when it trims, that the pages of
+ * freed blocks between live ones leave the RSS, and that a table made
+ * resident counts at once. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,5 +66,23 @@ Test(memtrim, freed_blocks_between_live_ones_leave_the_rss)
                  held - after, held);
     for (int i = 0; i < N; i++)
         free(keep[i]);
+}
+#endif
+
+/* a fixed table made resident at once: its pages count from the start */
+#if !defined(UNDER_ASAN)
+Test(memtrim, a_table_is_resident_at_once)
+{
+    size_t n = 16u << 20;
+    char *t = calloc(1, n); /* beyond the mmap threshold: pages the kernel gives on first touch */
+    cr_assert_not_null(t);
+    long before = rss_kib();
+    mem_resident(t, n);
+    long after = rss_kib();
+    cr_log_info("RSS %ld KiB before, %ld KiB after making 16 MiB resident", before, after);
+    cr_assert_gt(after - before, 15 * 1024, "RSS grew %ld KiB for a 16 MiB table", after - before);
+    for (size_t i = 0; i < n; i += 4096)
+        cr_assert_eq(t[i], 0, "byte %zu is not zero", i);
+    free(t);
 }
 #endif

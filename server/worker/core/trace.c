@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "memtrim.h"
 #include "status.h"
 
 struct trace {
@@ -26,8 +27,7 @@ trace *trace_new(size_t cap)
     /* resident from the start (6.5 MiB at the default 65,536 events): the
      * ring's share of the worker's memory is there at once, not taken page by
      * page as it fills over the first minutes of training */
-    for (size_t i = 0; i < cap * sizeof *t->ev; i += 4096) /* a write per page (a memset may become a calloc) */
-        ((volatile char *)t->ev)[i] = 0;
+    mem_resident(t->ev, cap * sizeof *t->ev);
     t->cap = cap;
     return t;
 }
