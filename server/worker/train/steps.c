@@ -396,10 +396,12 @@ static void pool_fill(uv_work_t *req)
         slot++;
     if (slot == TRAIN_MAX_PIPES) {
         slot = TRAIN_MAX_PIPES - 1;
+        uint64_t t0 = uv_hrtime();
         hin_close(t->pipes[slot]);
         t->pipes[slot] = NULL;
         if (hin_open(r->hin, r->hin_id, r->hin_num, &t->pipes[slot], e) != CODE_OK)
             goto fail;
+        r->hin_open_ns = uv_hrtime() - t0 + 1;
     }
     struct hin_pipe *pipe = t->pipes[slot];
     memmove(&t->pipes[1], &t->pipes[0], (size_t)slot * sizeof t->pipes[0]);
@@ -455,6 +457,10 @@ static void after_fill(uv_work_t *req, int status)
         t->next(t);
         return;
     }
+    if (r->hin_open_ns)
+        log_info("host input pipeline opened", "pipeline=%u of=%u images=%s labels=%s rows=%" PRIu64 " ms=%.1f",
+                 (unsigned)r->hin_id, (unsigned)r->hin_num, log_q(r->hin->images), log_q(r->hin->labels), r->hin->rows,
+                 (double)r->hin_open_ns / 1e6);
     run_step(t, r);
 }
 

@@ -61,6 +61,7 @@ struct treq {
     struct hin_spec *hin;
     uint32_t hin_id, hin_num;
     uint64_t hin_epoch, hin_batch[TRAIN_MAX_STEPS];
+    uint64_t hin_open_ns; /* the pipeline was opened for this request and took this long (0: it was open) */
     uint8_t *payload;    /* the infeed, or STATE_SET's state */
     size_t off;          /* payload offset of step i */
     Tpuemu__StepStat stats[TRAIN_MAX_STEPS];
