@@ -6,6 +6,8 @@
  * the replicas into the logs. */
 #include "model_int.h"
 
+#include "hostin.h"
+
 #include "bf16.h"
 
 #include <math.h>
@@ -302,9 +304,12 @@ static int finish_oldest(struct run *u, uint64_t *t_last, err *e)
     size_t bytes = 0;
     for (size_t i = 0; i < x->nb; i++)
         bytes += x->b[i].rows * (m->in_dim + 1) * sizeof(float) / u->n;
+    /* host-side input: a host may be reading its files for this execution
+     * (the first of a dataset): the time for their bytes too */
+    size_t hin_bytes = u->hin ? (size_t)u->hin->rows * u->hin->x_dim : 0;
     uint64_t grace = 2 * cli_coll_progress_ms(c) + 1000;
     size_t failed = u->cancelled ? tio_wait(c, x->pa, u->drain_deadline, grace)
-                                 : tio_wait_soft(c, x->pa, model_deadline(c, bytes * u->depth), grace);
+                                 : tio_wait_soft(c, x->pa, model_deadline(c, bytes * u->depth + hin_bytes), grace);
     if (failed == TIO_INTERRUPTED) {
         stop_cleanly(u);
         failed = tio_wait(c, x->pa, u->drain_deadline, grace);
