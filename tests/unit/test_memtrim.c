@@ -32,6 +32,7 @@ Test(memtrim, trims_once_a_period)
 #endif
 #endif
 
+#if !defined(UNDER_ASAN)
 static long rss_kib(void)
 {
     long size = 0, res = 0;
@@ -41,6 +42,7 @@ static long rss_kib(void)
     fclose(f);
     return res * (sysconf(_SC_PAGESIZE) / 1024);
 }
+#endif
 
 /* glibc's own allocator only: ASan's has its own heap, which malloc_trim does not touch */
 #if defined(__GLIBC__) && !defined(UNDER_ASAN)
