@@ -20,7 +20,7 @@ int mem_trim_every(uint64_t now_ms, uint64_t *last_ms, uint64_t period_ms);
 
 /* Writes a zero into every page of p[0..n) (a calloc's block stays all
  * zero), so that a fixed table used slot by slot over hours (a reply cache, a replay
- * window, the profiler's ring) is resident from the start instead of adding
+ * window, the profiler's ring) is resident at once instead of adding
  * to the RSS page by page as it fills. */
 void mem_resident(void *p, size_t n);
 

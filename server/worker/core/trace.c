@@ -11,6 +11,7 @@ struct trace {
     struct trace_ev *ev;
     size_t cap;
     uint64_t head; /* events ever added; the newest is (head - 1) % cap */
+    int resident;  /* trace_make_resident touched every page */
 };
 
 trace *trace_new(size_t cap)
@@ -24,12 +25,16 @@ trace *trace_new(size_t cap)
         free(t);
         return NULL;
     }
-    /* resident from the start (6.5 MiB at the default 65,536 events): the
-     * ring's share of the worker's memory is there at once, not taken page by
-     * page as it fills over the first minutes of training */
-    mem_resident(t->ev, cap * sizeof *t->ev);
     t->cap = cap;
     return t;
+}
+
+void trace_make_resident(trace *t)
+{
+    if (t && t->cap && !t->resident) {
+        mem_resident(t->ev, t->cap * sizeof *t->ev);
+        t->resident = 1;
+    }
 }
 
 void trace_free(trace *t)

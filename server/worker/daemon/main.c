@@ -196,6 +196,7 @@ static int worker_reset(void *arg, const Tpuemu__ResetCore *r, err *e)
                        "most %d replicas)", (int)r->replica_id, r->num_replicas, MAX_REPLICAS);
     w->id.epoch = r->epoch;
     w->id.replica_id = r->replica_id;
+    trace_make_resident(w->trace); /* from the first system on (trace.h) */
     w->id.num_replicas = r->replica_id >= 0 ? r->num_replicas : 0;
     hbm_reset(&w->hbm);
     /* a fault waiting for step N counted the old system's steps */
