@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "idx.h"
+#include "rng.h"
 
 const char *hin_op_name(int kind)
 {
@@ -167,50 +168,6 @@ uint64_t hin_epoch_steps(const struct hin_spec *s, uint32_t num)
     return num ? hin_batches(s, num - 1, num) : 0; /* the last pipeline has the fewest rows */
 }
 
-/* ---- the shuffles' generator: splitmix64 seeding xoshiro256** ---- */
-
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15u);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
-}
-
-static uint64_t xoshiro_next(uint64_t s[4])
-{
-    uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
-
-static void rng_seed(uint64_t s[4], uint64_t seed, uint64_t epoch, uint64_t stage)
-{
-    uint64_t a = seed, b = epoch ^ 0x632be59bd9b4e019u, c = stage;
-    uint64_t st = splitmix64(&a) ^ rotl(splitmix64(&b), 21) ^ rotl(splitmix64(&c), 42);
-    for (int i = 0; i < 4; i++)
-        s[i] = splitmix64(&st);
-}
-
-static uint64_t rand_below(uint64_t s[4], uint64_t n)
-{
-    uint64_t lim = (0 - n) % n, r;
-    do
-        r = xoshiro_next(s);
-    while (r < lim);
-    return r % n;
-}
-
 /* tf.data's buffered shuffle of 0..n-1: fill a buffer, emit a uniformly
  * chosen slot, refill it from the input. */
 static int buffered_shuffle(uint64_t *out, uint64_t n, uint64_t buffer, uint64_t seed, uint64_t epoch, uint64_t stage)
@@ -223,7 +180,7 @@ static int buffered_shuffle(uint64_t *out, uint64_t n, uint64_t buffer, uint64_t
     for (uint64_t i = 0; i < cap; i++)
         b[i] = i;
     for (uint64_t o = 0; o < n; o++) {
-        uint64_t j = rand_below(rng, count);
+        uint64_t j = rng_below(rng, count);
         out[o] = b[j];
         if (next < n)
             b[j] = next++;

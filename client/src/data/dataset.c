@@ -11,6 +11,7 @@
 #include "dataset_int.h"
 
 #include "hostin.h"
+#include "rng.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -177,51 +178,6 @@ static int mul_overflows(size_t a, size_t b, size_t *out)
 static size_t min_sz(size_t a, size_t b)
 {
     return a < b ? a : b;
-}
-
-/* splitmix64 seeds xoshiro256**: both are fixed integer recipes, so a
- * (seed, epoch) gives the same order on every machine. */
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15u);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
-}
-
-static uint64_t xoshiro_next(uint64_t s[4])
-{
-    uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
-
-static void rng_seed(uint64_t s[4], uint64_t seed, uint64_t epoch, size_t stage)
-{
-    uint64_t a = seed, b = epoch ^ 0x632be59bd9b4e019u, c = (uint64_t)stage;
-    uint64_t st = splitmix64(&a) ^ rotl(splitmix64(&b), 21) ^ rotl(splitmix64(&c), 42);
-    for (int i = 0; i < 4; i++)
-        s[i] = splitmix64(&st);
-}
-
-/* uniform in [0, n), n >= 1, without modulo bias */
-static size_t rand_below(uint64_t s[4], size_t n)
-{
-    uint64_t lim = (0 - (uint64_t)n) % (uint64_t)n, r;
-    do
-        r = xoshiro_next(s);
-    while (r < lim);
-    return (size_t)(r % (uint64_t)n);
 }
 
 /* ---- dataset ---- */
@@ -652,7 +608,7 @@ static int shuf_next(tpu_dataset_iter *it, int i, size_t *slot, err *e)
     }
     if (s->count == 0)
         return PULL_END;
-    s->hole = rand_below(s->rng, s->count);
+    s->hole = (size_t)rng_below(s->rng, s->count);
     s->hole_pending = 1;
     s->pos++;
     *slot = s->hole;
@@ -1018,7 +974,7 @@ static int stage_init(tpu_dataset_iter *it, struct stage *s, int i, err *e)
     int ok = 1;
     if (s->kind == OP_SHUFFLE) {
         s->cap = min_sz(s->op->buffer, card);
-        rng_seed(s->rng, s->op->seed, it->epoch, (size_t)i);
+        rng_seed(s->rng, s->op->seed, it->epoch, (uint64_t)i);
         if (s->batched) {
             ok = (s->sb = calloc(s->cap, sizeof *s->sb)) != NULL;
         } else {
