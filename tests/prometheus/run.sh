@@ -168,8 +168,10 @@ wait "$train_pid"
 trc=$?
 train_pid=
 [ $trc -eq 0 ] || { tail -n 5 "$work/train.txt"; fail "bench_train exited $trc"; }
-measured=$(awk -F'|' 'NF > 5 && $2 ~ /^ *4 *$/ { gsub(/ /, "", $(NF-1)); print $(NF-1) }' "$work/train.txt" | tail -1)
-[ -n "$measured" ] || { cat "$work/train.txt"; fail "no steps column in bench_train's output"; }
+# the column headed "steps", wherever bench_train's table puts it
+measured=$(awk -F'|' '$2 ~ /^ *cores *$/ { for (i = 2; i < NF; i++) { h = $i; gsub(/^ +| +$/, "", h); if (h == "steps") c = i } }
+    c && NF > 5 && $2 ~ /^ *4 *$/ { v = $c; gsub(/ /, "", v); print v }' "$work/train.txt" | tail -1)
+[[ "$measured" =~ ^[0-9]+$ ]] || { cat "$work/train.txt"; fail "no steps column in bench_train's output (read '$measured')"; }
 
 # ---- after: Prometheus' numbers are the workers' own
 direct() { # metric: "host=..,core=.. VALUE" from each worker's /metrics
