@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <criterion/criterion.h>
 
@@ -473,13 +474,19 @@ static void *bg_init_run(void *arg)
     tpu_topology *t = NULL;
     tpu_init_options o = {.expect = 2, .timeout_ms = 1500, .allow_partial = 0};
     if (cluster_connect(b->c, &r, &cc) == TPU_OK) {
-        /* our foreground initialize may be the one in progress: retry then */
-        for (int i = 0; i < 100; i++) {
+        /* our foreground initialize may be the one in progress: retry then,
+         * for up to 10 s (a count of retries alone is spent in a few ms on a
+         * fast machine while the foreground is always in progress) */
+        struct timespec t0, now, ms = {0, 1000000};
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (;;) {
             b->st = tpu_initialize_system(cc, &o, &t);
             tpu_topology_free(t);
             t = NULL;
-            if (b->st != TPU_ABORTED)
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            if (b->st != TPU_ABORTED || now.tv_sec - t0.tv_sec >= 10)
                 break;
+            nanosleep(&ms, NULL);
         }
         tpu_cluster_free(cc);
         tpu_resolver_free(r);
@@ -516,10 +523,13 @@ Test(lifecycle, one_initialize_at_a_time, .timeout = 30)
         if (st == TPU_ABORTED) {
             aborted = 1;
             snprintf(msg, sizeof msg, "%s", tpu_last_error());
+        } else { /* leave the background one room to begin its wait */
+            struct timespec pause = {0, 10 * 1000000};
+            nanosleep(&pause, NULL);
         }
     }
     pthread_join(th, NULL);
-    cr_assert(aborted, "a second initialize while one waits must get ABORTED");
+    cr_assert(aborted, "a second initialize while one waits must get ABORTED (the waiting one ended %s)", tpu_status_name(b.st));
     cr_assert(strstr(msg, "another initialize"), "%s", msg);
     cr_assert_eq(b.st, TPU_NOT_FOUND, "the waiting one ends at its deadline: %s", tpu_status_name(b.st));
     tpu_cluster_free(cc);
