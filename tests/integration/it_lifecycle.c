@@ -529,7 +529,8 @@ Test(lifecycle, one_initialize_at_a_time, .timeout = 30)
         }
     }
     pthread_join(th, NULL);
-    cr_assert(aborted, "a second initialize while one waits must get ABORTED (the waiting one ended %s)", tpu_status_name(b.st));
+    cr_assert(aborted, "a second initialize while one waits must get ABORTED (the waiting one ended %s)",
+              tpu_status_name(b.st));
     cr_assert(strstr(msg, "another initialize"), "%s", msg);
     cr_assert_eq(b.st, TPU_NOT_FOUND, "the waiting one ends at its deadline: %s", tpu_status_name(b.st));
     tpu_cluster_free(cc);
