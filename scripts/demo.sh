@@ -50,6 +50,12 @@ echo "starting tpu-resolver on $tpu (TPU name demo-tpu) and a v4-16 slice: 8 tpu
 pids+=($!)
 "$bin/tpu-slice" --accelerator-type v4-16 --resolver "$tpu" 2>"$logdir/workers.log" &
 pids+=($!)
+# tpuctl init waits for the cores, not for the resolver's port: wait until it
+# listens (up to 10 s; a busy machine can take a moment to start it)
+for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/${tpu%:*}/${tpu##*:}") 2>/dev/null && break
+    sleep 0.1
+done
 
 # TPU_NAME is the TPU's name, as on Cloud TPU; the client looks it up at the
 # resolver ($TPUEMU_TPU_API plays the Cloud TPU API)
