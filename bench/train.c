@@ -78,6 +78,8 @@ static int usage(const char *why)
                     "  --seconds S     measured time on the pod after the warm-up (default 2)\n"
                     "  --warmup STEPS  steps before measuring (default 20)\n"
                     "  --data DIR      the real Fashion-MNIST IDX files instead of synthetic rows\n"
+                    "  --steps-per-execution K  steps the client sends in one request (Keras' steps_per_execution;\n"
+                    "                  default 1)\n"
                     "  --rows R        synthetic training rows (default 60000, as Fashion-MNIST)\n"
                     "  --tile T        MXU tile of the in-process matrix unit (default 128: v2..v5p)\n"
                     "  --deterministic compile the model deterministic (the portable matrix unit, fixed exp/log;\n"
@@ -281,6 +283,7 @@ struct meas {
     double seconds;
     /* state */
     uint64_t seen;         /* steps done */
+    uint64_t last_step;    /* the model's step at the last callback */
     int measuring, stopped;
     double t_start, t_end;
     uint64_t steps;        /* measured */
@@ -303,10 +306,13 @@ static tpu_status on_batch_end(tpu_model *m, int epoch, size_t batch, const tpu_
     struct meas *s = user;
     tpu_step_stats st;
     double t = now();
-    (void)epoch, (void)batch, (void)logs;
+    (void)epoch, (void)batch;
     if (s->stopped)
         return TPU_CANCELLED; /* the steps still in flight after the stop */
-    s->seen++;
+    /* called once per execution: with steps_per_execution K, K steps ran */
+    uint64_t ran = logs->step - s->last_step;
+    s->last_step = logs->step;
+    s->seen += ran;
     if (!s->measuring) {
         if (s->seen >= s->warmup) {
             s->measuring = 1;
@@ -317,16 +323,18 @@ static tpu_status on_batch_end(tpu_model *m, int epoch, size_t batch, const tpu_
     }
     if (tpu_model_last_step_stats(m, &st) != TPU_OK)
         return tpu_last_status();
-    s->steps++;
-    s->rows += (double)st.rows;
-    s->wall += (double)st.wall_ns;
-    s->input += (double)st.input_wait_ns;
-    s->compute += (double)st.compute_ns;
-    s->matmul += (double)st.matmul_ns;
-    s->allreduce += (double)st.allreduce_ns;
-    s->allreduce_min += (double)st.allreduce_min_ns;
-    s->optimizer += (double)st.optimizer_ns;
-    s->infeed += (double)st.infeed_wait_ns;
+    /* the execution's last step stands for each of its steps */
+    double w = (double)ran;
+    s->steps += ran;
+    s->rows += w * (double)st.rows;
+    s->wall += w * (double)st.wall_ns;
+    s->input += w * (double)st.input_wait_ns;
+    s->compute += w * (double)st.compute_ns;
+    s->matmul += w * (double)st.matmul_ns;
+    s->allreduce += w * (double)st.allreduce_ns;
+    s->allreduce_min += w * (double)st.allreduce_min_ns;
+    s->optimizer += w * (double)st.optimizer_ns;
+    s->infeed += w * (double)st.infeed_wait_ns;
     s->t_end = t;
     s->cpu_end = cpu_seconds();
     if (t - s->t_start >= s->seconds && s->steps >= 5) {
@@ -361,7 +369,7 @@ int main(int argc, char **argv)
 {
     const char *tpu = NULL, *data = NULL;
     int on_hosts = 0;
-    long cores = 0, batch = 0, warmup = 20, rows = 60000, tile = 128;
+    long cores = 0, batch = 0, warmup = 20, rows = 60000, tile = 128, spe = 1;
     double seconds = 2.0;
     int hdr = 1;
 
@@ -415,6 +423,7 @@ int main(int argc, char **argv)
                         : !strcmp(a, "--warmup") ? &warmup
                         : !strcmp(a, "--rows")   ? &rows
                         : !strcmp(a, "--tile")   ? &tile
+                        : !strcmp(a, "--steps-per-execution") ? &spe
                                                  : NULL;
             if (!dst)
                 return usage("unknown flag");
@@ -512,6 +521,7 @@ int main(int argc, char **argv)
     co.policy = TPU_POLICY_MIXED_BFLOAT16;
     co.deterministic = deterministic;
     co.batch_size = global;
+    co.steps_per_execution = (unsigned)spe;
     tpu_set_warning_handler(quiet_warning, NULL); /* batch 32 is deliberately small */
     if (tpu_model_compile(mdl, &co) != TPU_OK)
         return fail("compiling the model");

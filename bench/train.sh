@@ -24,7 +24,8 @@
 # network instead of the MLP; default mlp), SECONDS_PER_RUN (measured seconds per configuration, default 2),
 # WARMUP (warm-up steps, default 20), DATA (a Fashion-MNIST IDX directory to
 # train on instead of synthetic rows), KEEP_LOGS=1 (keep the daemon logs),
-# TPU_TYPE (default v3), DETERMINISTIC=1 (run every row twice, in the default
+# SPE (steps per execution, Keras' steps_per_execution: the steps the client
+# sends each core in one request; default 1), TPU_TYPE (default v3), DETERMINISTIC=1 (run every row twice, in the default
 # mode and compiled deterministic, alternating ROUNDS times, default 3, and
 # print each mode's median examples/s and their ratio), SCRAPE_MS=N (give every worker a --metrics-port and
 # fetch each one's /metrics every N ms while the rows run; 0, the default: off),
@@ -53,6 +54,7 @@ secs=${SECONDS_PER_RUN:-2}
 warmup=${WARMUP:-20}
 model_args=()
 [ "${MODEL:-mlp}" != mlp ] && model_args=(--model "$MODEL")
+[ "${SPE:-1}" != 1 ] && model_args+=(--steps-per-execution "$SPE")
 tpu_type=${TPU_TYPE:-v3}
 bin=$build/bin
 for b in bench_train tpu-worker tpu-resolver; do
