@@ -418,13 +418,13 @@ int main(int argc, char **argv)
             if (*end || !(seconds > 0) || seconds > 3600)
                 return usage("--seconds: a positive number up to 3600");
         } else {
-            long *dst = !strcmp(a, "--cores")    ? &cores
-                        : !strcmp(a, "--batch")  ? &batch
-                        : !strcmp(a, "--warmup") ? &warmup
-                        : !strcmp(a, "--rows")   ? &rows
-                        : !strcmp(a, "--tile")   ? &tile
+            long *dst = !strcmp(a, "--cores")                 ? &cores
+                        : !strcmp(a, "--batch")               ? &batch
+                        : !strcmp(a, "--warmup")              ? &warmup
+                        : !strcmp(a, "--rows")                ? &rows
+                        : !strcmp(a, "--tile")                ? &tile
                         : !strcmp(a, "--steps-per-execution") ? &spe
-                                                 : NULL;
+                                                              : NULL;
             if (!dst)
                 return usage("unknown flag");
             *dst = strtol(v, &end, 10);
