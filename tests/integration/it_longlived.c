@@ -9,7 +9,10 @@
  * A lost chunk: one data-plane chunk, picked by --test-lose-chunk, is thrown
  * away on its way to one core; the all-reduce fails UNAVAILABLE on every core
  * with the same cause, naming the link and the chunk, and the next initialize
- * gives a system whose all-reduces are right again.
+ * gives a system whose all-reduces are right again. A chunk lost after its
+ * sender had all it needed, the sender in the next step already (several
+ * steps per execution): its next chunk comes in the lost one's place, and the
+ * fit fails UNAVAILABLE (retried by a fit with recovery), not INTERNAL.
  *
  * Clock steps: a worker whose wall clock jumps minutes ahead and back (a
  * preload library, tests/support/clockshift.c, steps it while it runs) keeps
@@ -624,4 +627,82 @@ Test(longlived, full_disk_loses_no_checkpoint_and_stops_no_training, .timeout = 
     tpu_dataset_free(ds);
     ct_free(t);
     cr_assert_eq(umount2(mnt, MNT_DETACH), 0, "%s", strerror(errno));
+}
+
+/* ---- a lost chunk, and the sender already in the next step ---- */
+
+/* One core per host, TCP between them; the model's gradient fits in one chunk,
+ * so a gradient all-reduce of 2 cores sends one chunk each way, and with
+ * several steps per execution the cores go from one step to the next without
+ * the client. */
+static tpu_model *lossy_model(colltest *t)
+{
+    tpu_strategy *s;
+    tpu_model *m;
+    tpu_compile_options co;
+    cr_assert_eq(tpu_strategy_new(t->c, &s), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_model_new(s, DIM, &m), TPU_OK, "%s", tpu_last_error());
+    cr_assert_eq(tpu_model_add_dense(m, 4, TPU_ACT_SOFTMAX), TPU_OK);
+    cr_assert_eq(tpu_model_set_seed(m, 5), TPU_OK);
+    tpu_compile_options_init(&co);
+    co.batch_size = BATCH;
+    co.steps_per_execution = ROWS / BATCH;
+    cr_assert_eq(tpu_model_compile(m, &co), TPU_OK, "%s", tpu_last_error());
+    return m;
+}
+
+/* A chunk lost on the way after its sender had all it needed: the sender is
+ * done with that all-reduce and sends the next step's chunk, which comes in
+ * the lost one's place. That is a lost chunk (UNAVAILABLE, which a fit with
+ * recovery retries from its checkpoint), not cores that disagree about the
+ * collective (INTERNAL, which ends the job); and the next system trains. */
+Test(longlived, chunk_lost_before_the_senders_next_step_fails_unavailable, .timeout = 180)
+{
+    static const char *const tcp[] = {"--transport", "tcp", NULL};
+    static const char *const lose[] = {"--test-lose-chunk", "h0/0:1", NULL};
+    static float x[ROWS * DIM];
+    static int32_t y[ROWS];
+    cluster_opts o = {.worker_args = tcp, .no_wait = 1};
+    colltest *t = calloc(1, sizeof *t);
+    cr_assert_not_null(t);
+    t->cl = cluster_start(&o);
+    cluster_add_worker(t->cl, "h0", 0, NULL);
+    int victim = cluster_add_worker(t->cl, "h1", 0, lose); /* the first chunk from h0/0 never reaches it */
+    cr_assert(cluster_wait_count(t->cl, CL_ALIVE, 2, 20000), "only %d of 2 workers registered",
+              cluster_count(t->cl, CL_ALIVE));
+    cr_assert_eq(cluster_connect(t->cl, &t->r, &t->c), TPU_OK, "connect: %s", tpu_last_error());
+    ct_reinit(t);
+    cr_assert_eq(t->n, 2);
+
+    make_data(x, y, ROWS);
+    tpu_dataset *ds;
+    cr_assert_eq(tpu_dataset_from_tensor_slices(x, ROWS, DIM, y, TPU_LABELS_SPARSE, 1, 0, &ds), TPU_OK);
+    cr_assert_eq(tpu_dataset_batch(ds, BATCH, 1), TPU_OK);
+    tpu_model *m = lossy_model(t);
+    tpu_fit_options fo;
+    tpu_history *h = NULL;
+    memset(&fo, 0, sizeof fo);
+    fo.epochs = 1;
+    tpu_status st = tpu_model_fit(m, ds, &fo, &h);
+    char why[1100];
+    snprintf(why, sizeof why, "%s", tpu_last_error());
+    fprintf(stderr, "chunk lost before the next step: %s: %s\n", tpu_status_name(st), why);
+    cr_assert(cl_log_contains(&t->cl->workers[victim], "lost on purpose"), "h1/0 lost no chunk; see %s",
+              t->cl->workers[victim].log);
+    cr_assert(cl_log_contains(&t->cl->workers[victim], "went on to #"),
+              "h0/0 did not send the next step's chunk in the lost one's place; see %s", t->cl->workers[victim].log);
+    cr_assert_eq(st, TPU_UNAVAILABLE, "the fit with a lost chunk: %s: %s", tpu_status_name(st), why);
+    cr_assert(strstr(why, "from core h0/0 to core h1/0 was lost on the way") && !strstr(why, "disagree"),
+              "the error should name the lost chunk's link: %s", why);
+    tpu_history_free(h);
+    tpu_model_free(m);
+
+    /* what a fit with recovery does: a new system, the model compiled again */
+    ct_reinit(t);
+    cr_assert_eq(t->n, 2);
+    m = lossy_model(t);
+    fit(m, ds, 2, NULL, "after the next initialize");
+    tpu_model_free(m);
+    tpu_dataset_free(ds);
+    ct_free(t);
 }

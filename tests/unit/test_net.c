@@ -339,6 +339,28 @@ static void peer_gone(void)
                  "the collective is not recorded as failed");
 }
 
+/* Worker 0 sends a chunk of collective #5 where worker 1 waits for one of #3:
+ * 0 is done with #3, so what it sent for it was lost on the way (a cut
+ * connection, a ring left behind). #3 fails UNAVAILABLE, naming the link and
+ * both chunks, not INTERNAL: the cores agree about every collective. */
+static void later_collective(void)
+{
+    struct xport_chunk sent = chunk(5, 1, 0, 0), want = chunk(3, 1, 0, 0);
+    uint8_t out[32] = {0}, in[32];
+    struct done sd = {0}, rd = {0};
+
+    cr_assert_eq(nodes[1].x.ops->recv(chan(1, 0), &want, in, sizeof in, on_done, &rd), CODE_OK);
+    cr_assert_eq(nodes[0].x.ops->send(chan(0, 1), &sent, out, sizeof out, on_done, &sd), CODE_OK);
+    run_until(&rd.n, NULL, 1);
+    cr_assert_eq(rd.e.code, CODE_UNAVAILABLE, "%d: %s", rd.e.code, rd.e.msg);
+    cr_assert(strstr(rd.e.msg, "chunk 0 (step 1) of all-reduce #3 from core h0/0 to core h") &&
+                  strstr(rd.e.msg, "was lost on the way: core h0/0 went on to #5"),
+              "%s", rd.e.msg);
+    cr_assert_eq(nodes[1].x.ops->failed(nodes[1].x.self, 3, NULL), CODE_UNAVAILABLE,
+                 "the collective is not recorded as failed");
+    cr_assert_eq(nodes[1].x.ops->failed(nodes[1].x.self, 5, NULL), CODE_OK, "the later collective failed too");
+}
+
 /* ---- TCP: two hosts ---- */
 
 Test(net_tcp, chunks_of_every_size_arrive_whole_and_in_order)
@@ -380,6 +402,13 @@ Test(net_tcp, an_unexpected_chunk_fails_the_collective_naming_both)
     cr_assert(strstr(rd.e.msg, "core h0/0 sent chunk 2 (step 1") && strstr(rd.e.msg, "where chunk 1 (step 1") &&
                   strstr(rd.e.msg, "the cores disagree about the collective"),
               "%s", rd.e.msg);
+    teardown_workers();
+}
+
+Test(net_tcp, a_later_collectives_chunk_is_a_lost_chunk_not_a_disagreement)
+{
+    two_workers(0);
+    later_collective();
     teardown_workers();
 }
 
@@ -436,6 +465,32 @@ Test(net_shm, reducing_receive_reads_straight_from_the_ring)
     two_workers(1);
     cr_assert_eq(nodes[1].x.ops->fuse(nodes[1].x.self, 0, 1u << 20), 1, "a same-host 1 MiB chunk is fused");
     reduce_one(1u << 20);
+    teardown_workers();
+}
+
+Test(net_shm, a_later_collectives_chunk_is_a_lost_chunk_not_a_disagreement)
+{
+    two_workers(1);
+    later_collective();
+    cr_assert_eq(nodes[0].x.ops->is_shm(chan(0, 1)), 1, "the chunk did not go through the ring");
+    teardown_workers();
+}
+
+Test(net_shm, an_unexpected_chunk_fails_the_collective_naming_both)
+{
+    struct xport_chunk sent = chunk(3, 1, 2, 0), want = chunk(3, 1, 1, 0);
+    uint8_t out[32] = {0}, in[32];
+    struct done sd = {0}, rd = {0};
+
+    two_workers(1);
+    cr_assert_eq(nodes[1].x.ops->recv(chan(1, 0), &want, in, sizeof in, on_done, &rd), CODE_OK);
+    cr_assert_eq(nodes[0].x.ops->send(chan(0, 1), &sent, out, sizeof out, on_done, &sd), CODE_OK);
+    run_until(&rd.n, NULL, 1);
+    cr_assert_eq(nodes[0].x.ops->is_shm(chan(0, 1)), 1, "the chunk did not go through the ring");
+    cr_assert_eq(rd.e.code, CODE_INTERNAL, "%d: %s", rd.e.code, rd.e.msg);
+    cr_assert(strstr(rd.e.msg, "core h0/0 sent chunk 2 (step 1") && strstr(rd.e.msg, "where chunk 1 (step 1") &&
+                  strstr(rd.e.msg, "the cores disagree about the collective"),
+              "%s", rd.e.msg);
     teardown_workers();
 }
 

@@ -341,6 +341,23 @@ static enum dp_buf in_payload_buf(dp_conn *c, const Tpuemu__FrameHeader *h, void
         *buf = op->red ? t->rtmp : op->buf;
         return DP_BUF_INTO;
     }
+    if (!t->in_cut && h->seq > op->seq) {
+        /* a chunk of a later collective: the peer is done with this one (a
+         * send completes once written, and the peer had every chunk it needed
+         * from this core), so what it sent this core for it was lost on the
+         * way (a cut connection, a ring left behind). Not a disagreement: the
+         * collective fails UNAVAILABLE on every core, as a lost chunk does,
+         * and the later one's chunks are thrown away as they come. */
+        err_set(&e, CODE_UNAVAILABLE,
+                "chunk %u (step %u) of %s #%llu from core %s to core %s/%d was lost on the way: core %s went on "
+                "to #%llu and sent its chunk %u (step %llu) in its place",
+                op->chunk, op->step, op->what, (unsigned long long)op->seq, l->name, l->p->id->host_id, l->p->id->core,
+                l->name, (unsigned long long)h->seq, h->chunk, (unsigned long long)h->step);
+        log_warn("collective's chunk lost", "reason=%s", log_q(e.msg));
+        l->p->fail_seq(l->p, op->seq, &e, 1, -1);
+        chan_arm(l);
+        return DP_BUF_DISCARD;
+    }
     if (!t->in_cut && h->seq == op->seq && (posted_later(l, h) || h->step > op->step)) {
         /* a chunk the link carries after the one expected: that one never
          * came. The peer and the connections are sound: the peer hears the

@@ -344,6 +344,21 @@ static void rx_protocol_error(struct chan *l, const struct lop *op, const struct
     chan_fail(l, op->seq, &er);
 }
 
+/* The peer sent pc, of a collective after op's: it is done with op's, so the
+ * chunks it sent this core for it were lost on the way. op's collective fails
+ * UNAVAILABLE on every core; pc stays for a receive of its own collective. */
+static void rx_lost(struct chan *l, const struct lop *op, const struct piece *pc)
+{
+    err er;
+    err_set(&er, CODE_UNAVAILABLE,
+            "chunk %u (step %u) of %s #%llu from core %s to core %s/%d was lost on the way: core %s went on to "
+            "#%llu and sent its chunk %u (step %u) in its place",
+            op->chunk, op->step, op->what, (unsigned long long)op->seq, l->name, l->p->id->host_id, l->p->id->core,
+            l->name, (unsigned long long)pc->seq, pc->chunk, pc->step);
+    log_warn("collective's chunk lost", "reason=%s", log_q(er.msg));
+    l->p->fail_seq(l->p, op->seq, &er, 1, -1);
+}
+
 static void shm_kick_rx(struct chan *l)
 {
     struct shm_end *e = rx_end(l);
@@ -377,6 +392,14 @@ again:
         }
         if (!op)
             break;
+        if (pc.seq > op->seq) {
+            /* a later collective's chunk: what the peer sent for op's was lost
+             * (left in a ring that was replaced), not a disagreement */
+            rx_lost(l, op, &pc); /* fails op's receives: the loop goes on with the next one, if any */
+            if (l->rq.head == op)
+                return; /* not failed (the link closes): nothing more to take */
+            continue;
+        }
         if (pc.seq != op->seq || pc.step != op->step || pc.chunk != op->chunk || pc.offset != op->offset ||
             pc.chunk_len != op->len || pc.piece_off != op->done || pc.piece_len > SHM_SLOT_BYTES ||
             pc.piece_len > op->len - op->done || (pc.piece_len == 0 && op->len != 0)) {
