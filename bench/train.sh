@@ -38,7 +38,9 @@
 # HOST_INPUT=0 (skip the host-side input rows: after each cluster's rows, the
 # same rows again with bench_train --input hosts, each core's tpu-worker
 # reading the Fashion-MNIST files of DATA, default Debian's, and making its
-# own batches; run when those files are there).
+# own batches; run when those files are there), INPUT=hosts (every row, the
+# BASE and DETERMINISTIC ones too, with bench_train --input hosts on the files of
+# DATA, default Debian's: to compare builds on host-side input).
 #
 # After the rows, a table per row against the machine's limit: the in-process
 # forward + backward + optimizer of one per-core shard x N / min(N, CPUs), per
@@ -197,7 +199,10 @@ run_rows() {
 # host-side input rows (bench_train --input hosts) on the files of hdata
 hdata=${DATA:-/usr/share/datasets/fashion-mnist}
 hosts_rows=0
-if [ "${HOST_INPUT:-1}" != 0 ] && [ -z "$base_bin" ] && [ "$det" != 1 ] && [ -f "$hdata/train-images-idx3-ubyte.gz" ]; then
+if [ "${INPUT:-client}" = hosts ]; then
+    [ -f "$hdata/train-images-idx3-ubyte.gz" ] || { echo "INPUT=hosts: no $hdata/train-images-idx3-ubyte.gz" >&2; exit 2; }
+    data_args=(--data "$(cd "$hdata" && pwd)" --input hosts)
+elif [ "${HOST_INPUT:-1}" != 0 ] && [ -z "$base_bin" ] && [ "$det" != 1 ] && [ -f "$hdata/train-images-idx3-ubyte.gz" ]; then
     hosts_rows=1
     hdata=$(cd "$hdata" && pwd)
 fi
