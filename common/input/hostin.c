@@ -466,6 +466,17 @@ int hin_is(const struct hin_pipe *p, const struct hin_spec *s, uint32_t id, uint
     return 1;
 }
 
+int hin_ready(struct hin_pipe *p, uint64_t epoch, uint64_t index)
+{
+    if (!p->thread_on)
+        return 0;
+    pthread_mutex_lock(&p->mu);
+    const struct slot *sl = slot_of(p, epoch, index);
+    int ready = sl && sl->state == 2;
+    pthread_mutex_unlock(&p->mu);
+    return ready;
+}
+
 int hin_fill(struct hin_pipe *p, uint64_t epoch, uint64_t index, float *x, int32_t *y, err *e)
 {
     int rc = CODE_OK;

@@ -83,6 +83,9 @@ int hin_is(const struct hin_pipe *p, const struct hin_spec *s, uint32_t id, uint
 /* Batch `index` of `epoch`: batch_size rows of x_dim floats into x and their
  * class ids into y. CODE_OUT_OF_RANGE past the epoch's end. */
 int hin_fill(struct hin_pipe *p, uint64_t epoch, uint64_t index, float *x, int32_t *y, err *e);
+/* Has the prefetch thread batch `index` of `epoch` ready, so that hin_fill
+ * only copies it (does not wait, gather or plan)? */
+int hin_ready(struct hin_pipe *p, uint64_t epoch, uint64_t index);
 void hin_close(struct hin_pipe *p);
 
 #endif

@@ -153,17 +153,22 @@ static uint64_t inline_max_ns(void)
     return v;
 }
 
+/* Is r's next step small enough to run on the loop thread? */
+static int step_inline(const struct train *t, const struct treq *r)
+{
+    uint64_t last = r->i > 0 ? r->stats[r->i - 1].compute_ns : t->last_compute_ns;
+    return last && last < inline_max_ns() && atomic_load_explicit(&t->throttle_pct, memory_order_relaxed) >= 100 &&
+           !test_step_ns() && (t->env.id->num_replicas >= 2 || t->inline_depth < INLINE_NEST) &&
+           r->mode == TPUEMU__STEP_MODE__STEP_TRAIN &&
+           !(t->tm && model_sync_calls(t->tm->m)); /* a synchronized step waits for the loop */
+}
+
 /* Runs the next step: on the loop thread when it is small, else on the pool. */
 static void run_step(struct train *t, struct treq *r)
 {
-    uint64_t last = r->i > 0 ? r->stats[r->i - 1].compute_ns : t->last_compute_ns, least = test_step_ns();
-
     t->busy = 1;
     t->pool_tm = t->tm;
-    if (last && last < inline_max_ns() && atomic_load_explicit(&t->throttle_pct, memory_order_relaxed) >= 100 &&
-        !least && (t->env.id->num_replicas >= 2 || t->inline_depth < INLINE_NEST) &&
-        r->mode == TPUEMU__STEP_MODE__STEP_TRAIN &&
-        !(t->tm && model_sync_calls(t->tm->m))) { /* a synchronized step waits for the loop */
+    if (step_inline(t, r)) {
 #if defined(__SSE__)
         unsigned csr = _mm_getcsr(); /* pool_step flushes denormals: only for the step */
 #endif
@@ -495,6 +500,23 @@ void steps_start(struct train *t, struct treq *r)
         }
         t->busy = 1;
         t->pool_tm = tm;
+        /* when an open pipeline's prefetch thread has every batch of the
+         * request ready, copying them in on the loop costs less than the two
+         * thread wake-ups of a trip through the pool, for a small step; what
+         * could block (opening a pipeline reads the files, a batch not ready
+         * is waited for or gathered) stays on the pool, off the loop */
+        struct hin_pipe *open = NULL;
+        for (int k = 0; k < TRAIN_MAX_PIPES && !open; k++)
+            if (hin_is(t->pipes[k], r->hin, r->hin_id, r->hin_num))
+                open = t->pipes[k];
+        int ready = open && step_inline(t, r);
+        for (uint32_t i = 0; ready && i < r->steps; i++)
+            ready = hin_ready(open, r->hin_epoch, r->hin_batch[i]);
+        if (ready) {
+            pool_fill(&t->work);
+            after_fill(&t->work, 0);
+            return;
+        }
         uv_queue_work(t->env.loop, &t->work, pool_fill, after_fill);
         return;
     }
