@@ -256,7 +256,7 @@ printf '\nagainst the machine'"'"'s limit (this build; anchor: %s):\n\n' \
     "$([ "$anchor" = 1 ] && echo "PyTorch DDP over Gloo, bench/train_ddp.py, measured after the rows" || echo "$anchor_why")"
 printf '| input | cores | batch/core | examples/s | step | in-process fwd + bwd + optimizer | the machine'"'"'s limit | share of the limit | client CPU/step | PyTorch DDP |\n'
 printf '|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n'
-awk -F'|' -v anchors="$rows.ddp" '
+awk -F'|' -v label="$([ "${INPUT:-client}" = hosts ] && echo host-side)" -v anchors="$rows.ddp" '
     BEGIN { while ((getline l < anchors) > 0) { split(l, a, " "); ddp[a[1] " " a[2]] = a[3] } }
     { for (i = 2; i <= NF; i++) gsub(/[ ,%]/, "", $i)
       k = $2 " " $3
