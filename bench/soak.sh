@@ -212,9 +212,10 @@ round() { # name, checkpoint file: runs fashion_mnist, sets r_rc r_acc r_recov r
         trainer=
         cat "$out.leg" >>"$out"
         # started again, as a deployment restarts a job (docs/operations/deploy.md): preempted
-        # (exit 42, its checkpoint saved), or a fault before training began (--recover covers training)
+        # (exit 42, its checkpoint saved), or a fault before training began, up to loading the
+        # checkpoint it resumes from (--recover covers training)
         [ "$r_rc" = 42 ] || { [ "$r_rc" = 1 ] &&
-            grep -q '^fashion_mnist: \(connecting to the cluster\|compiling the model\|initializing the TPU system\): UNAVAILABLE' "$out.leg"; } ||
+            grep -q '^fashion_mnist: \(resolving the TPU\|connecting to the cluster\|initializing the TPU system\|compiling the model\|loading the checkpoint to resume from\): UNAVAILABLE' "$out.leg"; } ||
             break
         r_restarts=$((r_restarts + 1))
         whole
