@@ -314,7 +314,8 @@ while :; do
     round "chaos$n" "$work/chaos$n.ckpt"
     [ "$r_rc" -eq 0 ] && [ -n "$r_acc" ] || failed=$((failed + 1))
     rows+=("| $n | $r_rc | $r_recov | $r_steps | $((r_steps - clean_steps)) | $r_secs | ${r_acc:--} |")
-    [ "$(date +%s)" -lt "$t_end" ] && [ "$n" -lt 1000 ] || break
+    # the time is the bound; the count only bounds a loop whose rounds fail at once
+    [ "$(date +%s)" -lt "$t_end" ] && [ "$n" -lt "$chaos_s" ] || break
 done
 # no more faults; the supervisor brings back what the last ones took (bounded)
 t_stop=$(date +%s) # the slopes are of the soak, not of the quiet after it
