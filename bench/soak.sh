@@ -22,8 +22,9 @@
 #      cores delayed (50 ms a chunk), lossy (5 %) or cut (partition) for a few
 #      seconds, or the resolver killed (at most every RESOLVER_EVERY_S); a
 #      supervisor starts again every daemon that exits, on its ports, as
-#      systemd or compose would (host0/0, whose /metrics count the steps, is
-#      never killed or preempted); fashion_mnist runs round after round (each from
+#      systemd or compose would (host0/0, whose /metrics count the steps, and
+#      host1/0 are never killed, preempted or taken down for maintenance, so
+#      that one worker of each host lives the whole soak); fashion_mnist runs round after round (each from
 #      scratch, --recover 100, a checkpoint every 20 steps, started once the
 #      cluster is whole, and again when preempted (exit 42, with its
 #      checkpoint) or failed UNAVAILABLE before training began, as a
@@ -281,6 +282,8 @@ driver() {
                 [ "$now" -ge $((last_resolver + resolver_every)) ] && last_resolver=$now || kind=kill
             fi
             a=${names[$((1 + RANDOM % 7))]}                                 # never host0/0
+            # nor host1/0 (one worker a host lives the whole soak: its slope is of an hour)
+            case $kind in kill | preempt | maintenance) [ "$a" = host1/0 ] && a=${names[$((5 + RANDOM % 3))]} ;; esac
             b=${names[$((RANDOM % 8))]}
             [ "$b" = "$a" ] && b=${names[0]}
             t=$a
