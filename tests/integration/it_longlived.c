@@ -511,18 +511,22 @@ static long long event_bytes(const char *dir)
     return n;
 }
 
-static tpu_model *new_model(colltest *t)
+/* DIM -> [Dense(hidden, relu)] -> Dense(4, softmax), `spe` steps a request;
+ * hidden 0: no hidden layer */
+static tpu_model *new_model(colltest *t, size_t hidden, unsigned spe)
 {
     tpu_strategy *s;
     tpu_model *m;
     tpu_compile_options co;
     cr_assert_eq(tpu_strategy_new(t->c, &s), TPU_OK, "%s", tpu_last_error());
     cr_assert_eq(tpu_model_new(s, DIM, &m), TPU_OK, "%s", tpu_last_error());
-    cr_assert_eq(tpu_model_add_dense(m, 32, TPU_ACT_RELU), TPU_OK);
+    if (hidden)
+        cr_assert_eq(tpu_model_add_dense(m, hidden, TPU_ACT_RELU), TPU_OK);
     cr_assert_eq(tpu_model_add_dense(m, 4, TPU_ACT_SOFTMAX), TPU_OK);
     cr_assert_eq(tpu_model_set_seed(m, 5), TPU_OK);
     tpu_compile_options_init(&co);
     co.batch_size = BATCH;
+    co.steps_per_execution = spe;
     cr_assert_eq(tpu_model_compile(m, &co), TPU_OK, "%s", tpu_last_error());
     return m;
 }
@@ -567,7 +571,7 @@ Test(longlived, full_disk_loses_no_checkpoint_and_stops_no_training, .timeout = 
     tpu_dataset *ds;
     cr_assert_eq(tpu_dataset_from_tensor_slices(x, ROWS, DIM, y, TPU_LABELS_SPARSE, 1, 0, &ds), TPU_OK);
     cr_assert_eq(tpu_dataset_batch(ds, BATCH, 1), TPU_OK);
-    tpu_model *m = new_model(t);
+    tpu_model *m = new_model(t, 32, 1);
     fit(m, ds, 1, NULL, "the first epoch");
     cr_assert_eq(tpu_model_save_checkpoint(m, ckpt), TPU_OK, "%s", tpu_last_error());
     cr_assert_eq(tpu_model_evaluate(m, ds, &saved_loss, &acc), TPU_OK, "%s", tpu_last_error());
@@ -581,7 +585,7 @@ Test(longlived, full_disk_loses_no_checkpoint_and_stops_no_training, .timeout = 
               "the error should name %s and the reason: %s", ckpt, tpu_last_error());
     cr_assert_eq(entries(mnt), 2u, "the failed save left a file behind in %s", mnt);
     /* the previous checkpoint loads, with the state it had */
-    tpu_model *m2 = new_model(t);
+    tpu_model *m2 = new_model(t, 32, 1);
     cr_assert_eq(tpu_model_load_checkpoint(m2, ckpt), TPU_OK, "the previous checkpoint: %s", tpu_last_error());
     cr_assert_eq(tpu_model_evaluate(m2, ds, &loss, &acc), TPU_OK, "%s", tpu_last_error());
     cr_assert(loss == saved_loss, "the previous checkpoint gives loss %.9g, it was saved at %.9g", loss, saved_loss);
@@ -608,7 +612,7 @@ Test(longlived, full_disk_loses_no_checkpoint_and_stops_no_training, .timeout = 
     fit(m2, ds, 1, NULL, "with room again");
     cr_assert_eq(tpu_model_save_checkpoint(m2, ckpt), TPU_OK, "%s", tpu_last_error());
     cr_assert_eq(tpu_model_evaluate(m2, ds, &saved_loss, &acc), TPU_OK, "%s", tpu_last_error());
-    tpu_model *m3 = new_model(t);
+    tpu_model *m3 = new_model(t, 32, 1);
     cr_assert_eq(tpu_model_load_checkpoint(m3, ckpt), TPU_OK, "%s", tpu_last_error());
     cr_assert_eq(tpu_model_evaluate(m3, ds, &loss, &acc), TPU_OK, "%s", tpu_last_error());
     cr_assert(loss == saved_loss, "the new checkpoint gives loss %.9g, it was saved at %.9g", loss, saved_loss);
@@ -630,26 +634,6 @@ Test(longlived, full_disk_loses_no_checkpoint_and_stops_no_training, .timeout = 
 }
 
 /* ---- a lost chunk, and the sender already in the next step ---- */
-
-/* One core per host, TCP between them; the model's gradient fits in one chunk,
- * so a gradient all-reduce of 2 cores sends one chunk each way, and with
- * several steps per execution the cores go from one step to the next without
- * the client. */
-static tpu_model *lossy_model(colltest *t)
-{
-    tpu_strategy *s;
-    tpu_model *m;
-    tpu_compile_options co;
-    cr_assert_eq(tpu_strategy_new(t->c, &s), TPU_OK, "%s", tpu_last_error());
-    cr_assert_eq(tpu_model_new(s, DIM, &m), TPU_OK, "%s", tpu_last_error());
-    cr_assert_eq(tpu_model_add_dense(m, 4, TPU_ACT_SOFTMAX), TPU_OK);
-    cr_assert_eq(tpu_model_set_seed(m, 5), TPU_OK);
-    tpu_compile_options_init(&co);
-    co.batch_size = BATCH;
-    co.steps_per_execution = ROWS / BATCH;
-    cr_assert_eq(tpu_model_compile(m, &co), TPU_OK, "%s", tpu_last_error());
-    return m;
-}
 
 /* A chunk lost on the way after its sender had all it needed: the sender is
  * done with that all-reduce and sends the next step's chunk, which comes in
@@ -678,7 +662,10 @@ Test(longlived, chunk_lost_before_the_senders_next_step_fails_unavailable, .time
     tpu_dataset *ds;
     cr_assert_eq(tpu_dataset_from_tensor_slices(x, ROWS, DIM, y, TPU_LABELS_SPARSE, 1, 0, &ds), TPU_OK);
     cr_assert_eq(tpu_dataset_batch(ds, BATCH, 1), TPU_OK);
-    tpu_model *m = lossy_model(t);
+    /* no hidden layer: the gradient fits in one chunk, so a gradient all-reduce
+     * of 2 cores sends one chunk each way; with every step of the epoch in one
+     * execution the cores go from one step to the next without the client */
+    tpu_model *m = new_model(t, 0, ROWS / BATCH);
     tpu_fit_options fo;
     tpu_history *h = NULL;
     memset(&fo, 0, sizeof fo);
@@ -700,7 +687,7 @@ Test(longlived, chunk_lost_before_the_senders_next_step_fails_unavailable, .time
     /* what a fit with recovery does: a new system, the model compiled again */
     ct_reinit(t);
     cr_assert_eq(t->n, 2);
-    m = lossy_model(t);
+    m = new_model(t, 0, ROWS / BATCH);
     fit(m, ds, 2, NULL, "after the next initialize");
     tpu_model_free(m);
     tpu_dataset_free(ds);

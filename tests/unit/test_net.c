@@ -339,6 +339,23 @@ static void peer_gone(void)
                  "the collective is not recorded as failed");
 }
 
+/* Worker 0 sends chunk 2 of collective #3 where worker 1 waits for chunk 1 of
+ * it: the cores disagree about the collective (INTERNAL), naming both. */
+static void unexpected_chunk(void)
+{
+    struct xport_chunk sent = chunk(3, 1, 2, 0), want = chunk(3, 1, 1, 0);
+    uint8_t out[32] = {0}, in[32];
+    struct done sd = {0}, rd = {0};
+
+    cr_assert_eq(nodes[1].x.ops->recv(chan(1, 0), &want, in, sizeof in, on_done, &rd), CODE_OK);
+    cr_assert_eq(nodes[0].x.ops->send(chan(0, 1), &sent, out, sizeof out, on_done, &sd), CODE_OK);
+    run_until(&rd.n, NULL, 1);
+    cr_assert_eq(rd.e.code, CODE_INTERNAL, "%d: %s", rd.e.code, rd.e.msg);
+    cr_assert(strstr(rd.e.msg, "core h0/0 sent chunk 2 (step 1") && strstr(rd.e.msg, "where chunk 1 (step 1") &&
+                  strstr(rd.e.msg, "the cores disagree about the collective"),
+              "%s", rd.e.msg);
+}
+
 /* Worker 0 sends a chunk of collective #5 where worker 1 waits for one of #3:
  * 0 is done with #3, so what it sent for it was lost on the way (a cut
  * connection, a ring left behind). #3 fails UNAVAILABLE, naming the link and
@@ -390,18 +407,8 @@ Test(net_tcp, reducing_receive_adds_into_the_buffer)
 
 Test(net_tcp, an_unexpected_chunk_fails_the_collective_naming_both)
 {
-    struct xport_chunk sent = chunk(3, 1, 2, 0), want = chunk(3, 1, 1, 0);
-    uint8_t out[32] = {0}, in[32];
-    struct done sd = {0}, rd = {0};
-
     two_workers(0);
-    cr_assert_eq(nodes[1].x.ops->recv(chan(1, 0), &want, in, sizeof in, on_done, &rd), CODE_OK);
-    cr_assert_eq(nodes[0].x.ops->send(chan(0, 1), &sent, out, sizeof out, on_done, &sd), CODE_OK);
-    run_until(&rd.n, NULL, 1);
-    cr_assert_eq(rd.e.code, CODE_INTERNAL, "%d: %s", rd.e.code, rd.e.msg);
-    cr_assert(strstr(rd.e.msg, "core h0/0 sent chunk 2 (step 1") && strstr(rd.e.msg, "where chunk 1 (step 1") &&
-                  strstr(rd.e.msg, "the cores disagree about the collective"),
-              "%s", rd.e.msg);
+    unexpected_chunk();
     teardown_workers();
 }
 
@@ -478,19 +485,9 @@ Test(net_shm, a_later_collectives_chunk_is_a_lost_chunk_not_a_disagreement)
 
 Test(net_shm, an_unexpected_chunk_fails_the_collective_naming_both)
 {
-    struct xport_chunk sent = chunk(3, 1, 2, 0), want = chunk(3, 1, 1, 0);
-    uint8_t out[32] = {0}, in[32];
-    struct done sd = {0}, rd = {0};
-
     two_workers(1);
-    cr_assert_eq(nodes[1].x.ops->recv(chan(1, 0), &want, in, sizeof in, on_done, &rd), CODE_OK);
-    cr_assert_eq(nodes[0].x.ops->send(chan(0, 1), &sent, out, sizeof out, on_done, &sd), CODE_OK);
-    run_until(&rd.n, NULL, 1);
+    unexpected_chunk();
     cr_assert_eq(nodes[0].x.ops->is_shm(chan(0, 1)), 1, "the chunk did not go through the ring");
-    cr_assert_eq(rd.e.code, CODE_INTERNAL, "%d: %s", rd.e.code, rd.e.msg);
-    cr_assert(strstr(rd.e.msg, "core h0/0 sent chunk 2 (step 1") && strstr(rd.e.msg, "where chunk 1 (step 1") &&
-                  strstr(rd.e.msg, "the cores disagree about the collective"),
-              "%s", rd.e.msg);
     teardown_workers();
 }
 
