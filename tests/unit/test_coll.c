@@ -649,6 +649,71 @@ Test(coll, hierarchical_crosses_hosts_only_between_same_index, .timeout = 60)
     check_hier_traffic(8, 2, 300007);  /* 4 x 2, ring across hosts (1.2 MB: 600 KB a core) */
 }
 
+/* Halving-doubling on hosts of per_host cores: exact, every replica the same
+ * bits, and the pairs across hosts exchange the smallest halves. Each core
+ * sends count * 4 bytes over the reduce-scatter and the all-gather together;
+ * a step across hosts that came first would carry half of each (count * 4 /
+ * 2 twice), the last ones carry per_host times less. Returns the most
+ * bytes a core sent to other hosts. */
+static uint64_t check_hd_across_hosts(int n, int per_host, uint64_t count)
+{
+    struct spec s = {.n = n,
+                     .per_host = per_host,
+                     .kind = TPUEMU__COLL_KIND__COLL_ALL_REDUCE,
+                     .op = TPUEMU__REDUCE_OP__REDUCE_SUM,
+                     .algo = TPUEMU__ALGO__ALGO_HD,
+                     .count = count,
+                     .chunk = 4096};
+    struct mnet net;
+    uint8_t *in[MAXN], *orig[MAXN];
+    struct result res[MAXN];
+    uint64_t most = 0;
+
+    mnet_init(&net, n, per_host);
+    for (int r = 0; r < n; r++) {
+        in[r] = make_input(&s, r, 3, 0);
+        orig[r] = make_input(&s, r, 3, 0);
+    }
+    run_on(&net, &s, in, res);
+    for (int r = 0; r < n; r++) {
+        for (uint64_t i = 0; i < count; i++)
+            cr_assert_eq(elem(&s, res[r].out, i), reduce_ref(&s, orig, r, i), "replica %d element %llu", r,
+                         (unsigned long long)i);
+        cr_assert_eq(memcmp(res[r].out, res[0].out, res[0].len), 0, "replica %d differs from replica 0", r);
+        uint64_t across = 0;
+        for (int q = 0; q < n; q++)
+            if (r / per_host != q / per_host)
+                across += net.traffic[r][q];
+        most = across > most ? across : most;
+    }
+    for (int r = 0; r < n; r++) {
+        free(in[r]);
+        free(orig[r]);
+    }
+    free_results(res, n);
+    mnet_close(&net);
+    return most;
+}
+
+Test(coll, halving_doubling_keeps_its_largest_halves_inside_hosts, .timeout = 60)
+{
+    const uint64_t count = 64000; /* 256,000 bytes a core */
+    uint64_t b24 = check_hd_across_hosts(8, 4, count), b42 = check_hd_across_hosts(8, 2, count);
+    uint64_t b81 = check_hd_across_hosts(8, 1, count);
+    printf("hd, 256,000 bytes a core: most bytes one core sent to other hosts: 2 x 4 %llu, 4 x 2 %llu, 8 x 1 %llu\n",
+           (unsigned long long)b24, (unsigned long long)b42, (unsigned long long)b81);
+    /* 2 hosts of 4: only the last of 3 halvings (and the first doubling)
+     * cross: an eighth of the buffer each way, not half */
+    cr_assert_eq(b24, 2 * count * 4 / 8, "2 x 4: %llu bytes across hosts", (unsigned long long)b24);
+    /* 4 hosts of 2: the first halving stays inside; the other two cross
+     * (1/4 + 1/8 of the buffer, each way) */
+    cr_assert_eq(b42, 2 * (count * 4 / 4 + count * 4 / 8), "4 x 2: %llu bytes across hosts", (unsigned long long)b42);
+    /* one core a host: everything crosses, as before (1/2 + 1/4 + 1/8) */
+    cr_assert_eq(b81, 2 * (count * 4 / 2 + count * 4 / 4 + count * 4 / 8), "8 x 1: %llu", (unsigned long long)b81);
+    /* not a power of two (6 = 2 x 3: the fix-up folds ranks in pairs): still exact and equal */
+    check_hd_across_hosts(6, 3, 3001);
+}
+
 Test(coll, hierarchical_with_uneven_hosts_falls_back_and_stays_exact, .timeout = 60)
 {
     /* 5 replicas, 2 per host: hosts of 2, 2 and 1 cores do not fit */

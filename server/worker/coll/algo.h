@@ -54,6 +54,8 @@ struct gen {
     struct xfer x;
     uint64_t rd_max; /* gen_hd_allreduce: recursive doubling of the whole range
                         below this many elements (latency: log2 p steps, not 2 log2 p) */
+    const int *host; /* gen_hd_allreduce: the host of each group rank (NULL: unknown),
+                        so that its largest halves stay inside hosts */
 };
 
 enum { RING_RS = 1, RING_AG = 2, RING_FIN = 4 };

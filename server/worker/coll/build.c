@@ -161,12 +161,10 @@ void coll_algo_name(struct cop *op)
 
 int coll_needs_hosts(const struct cop *op)
 {
-    uint64_t bytes = op->count * (op->bf16 ? 2u : 4u);
-    if (op->kind != TPUEMU__COLL_KIND__COLL_ALL_REDUCE)
-        return 0;
-    if (op->algo == TPUEMU__ALGO__ALGO_HIER)
-        return 1;
-    return op->algo == TPUEMU__ALGO__ALGO_AUTO && op->g >= 4 && bytes >= (uint64_t)tuning_get()->coll_hier_min;
+    /* hier needs them; hd keeps its largest halves inside hosts (hd.c) */
+    return op->kind == TPUEMU__COLL_KIND__COLL_ALL_REDUCE && op->g >= 4 &&
+           (op->algo == TPUEMU__ALGO__ALGO_HIER || op->algo == TPUEMU__ALGO__ALGO_HD ||
+            op->algo == TPUEMU__ALGO__ALGO_AUTO);
 }
 
 int coll_build(struct cop *op, struct xport x, const int *host, err *e)
@@ -230,9 +228,10 @@ int coll_build(struct cop *op, struct xport x, const int *host, err *e)
     if (!(s->buf[SB_T] = own_alloc(s, (size_t)depth * s->slot_bytes)))
         goto oom;
 
-    struct gen G = {s, mem, g, me, -1, 0, {0}, 0};
+    struct gen G = {s, mem, g, me, -1, 0, {0}, 0, NULL};
     G.x.chunk = celems;
     G.rd_max = (uint64_t)tu->coll_rd_max / wesz;
+    G.host = host;
     uint64_t *bo = own_alloc(s, sizeof(uint64_t) * (size_t)(g + 1));
     if (!bo)
         goto oom;

@@ -79,8 +79,9 @@ struct cop {
     struct direct dir;    /* dir.cap != 0: the host's cores agreed on the direct path */
 };
 
-/* 1 when coll_build may choose the hierarchical algorithm for op, and so
- * needs the host of every group rank. */
+/* 1 when coll_build needs the host of every group rank for op: it may
+ * choose the hierarchical algorithm, or halving-doubling's order of steps
+ * depends on them. */
 int coll_needs_hosts(const struct cop *op);
 /* Chooses the algorithm and builds op->s over transport x (owning
  * op->payload from then on). host[i] = host index (0.. by first appearance)

@@ -7,6 +7,7 @@
 #include "algo.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* chunked transfers of [lo, hi) elements */
 static void send_range(struct gen *g, int peer, int buf, unsigned esz, uint64_t lo, uint64_t hi,
@@ -118,6 +119,63 @@ int gen_hd_blocks(struct gen *g, const uint64_t *bo, int flags)
 
 #define HD_MAX_STEPS 200 /* > 2 log2(any group) + 2: step numbers of the fix-up */
 
+/* The reduce-scatter's first step exchanges half the buffer, each next one
+ * half as much, and the all-gather mirrors it: the pairs of the first steps
+ * should be cores of one host (shared memory), the last ones the pairs across
+ * hosts (TCP). With hosts of L cores in replica order, partners at a distance
+ * below L share a host, but the steps go from the largest distance down:
+ * 2 hosts of 4 sent half the buffer each way over TCP, where a quarter of
+ * that suffices. So when some distance that crosses hosts would come before
+ * one that stays inside them, the virtual ranks' bits are permuted: the
+ * distances whose pairs all share a host first (the largest of them
+ * first), then the others (the same). map (virtual rank -> group rank) is
+ * permuted in place; returns my new virtual rank. Every core computes the
+ * same permutation from the same hosts, so they pair as before, only in
+ * another order (the sums' order changes with it; replicas stay bitwise
+ * equal). */
+static int hd_host_order(const struct gen *g, int *map, int p, int v)
+{
+    int K = 0, order[31], no = 0, inside[31], cross_before = 0, seen_cross = 0;
+    if (!g->host || p < 4)
+        return v;
+    while ((1 << K) < p)
+        K++;
+    for (int b = K - 1; b >= 0; b--) { /* the steps' current order */
+        inside[b] = 1;
+        for (int i = 0; i < p && inside[b]; i++)
+            inside[b] = g->host[map[i]] == g->host[map[i ^ (1 << b)]];
+        if (!inside[b])
+            seen_cross = 1;
+        else if (seen_cross)
+            cross_before = 1;
+    }
+    if (!cross_before)
+        return v;
+    for (int b = K - 1; b >= 0; b--)
+        if (inside[b])
+            order[no++] = b;
+    for (int b = K - 1; b >= 0; b--)
+        if (!inside[b])
+            order[no++] = b;
+    /* virtual bit K-1-j is physical bit order[j] */
+    int *old = malloc(sizeof(int) * (size_t)p);
+    if (!old)
+        return v; /* the order as it was: correct, only slower */
+    memcpy(old, map, sizeof(int) * (size_t)p);
+    int nv = v;
+    for (int u = 0; u < p; u++) {
+        int ph = 0;
+        for (int j = 0; j < K; j++)
+            if (u & (1 << (K - 1 - j)))
+                ph |= 1 << order[j];
+        map[u] = old[ph];
+        if (ph == v)
+            nv = u;
+    }
+    free(old);
+    return nv;
+}
+
 int gen_hd_allreduce(struct gen *g, uint64_t base, uint64_t count)
 {
     struct sched *s = g->s;
@@ -154,6 +212,7 @@ int gen_hd_allreduce(struct gen *g, uint64_t base, uint64_t count)
         for (int i = 0; i < p; i++)
             map[i] = g->mem[i < rem ? 2 * i + 1 : i + rem];
         if (count >= (uint64_t)p && count >= g->rd_max) {
+            v = hd_host_order(g, map, p, v);
             for (int j = 0; j <= p; j++)
                 bo[j] = base + (uint64_t)j * count / (uint64_t)p;
             bar = hd_core(g, v, p, map, bo, RING_RS | RING_AG | (x->fin ? RING_FIN : 0), bar);
