@@ -162,9 +162,10 @@ void coll_algo_name(struct cop *op)
 int coll_needs_hosts(const struct cop *op)
 {
     /* hier needs them; hd keeps its largest halves inside hosts (hd.c) */
-    return op->kind == TPUEMU__COLL_KIND__COLL_ALL_REDUCE && op->g >= 4 &&
-           (op->algo == TPUEMU__ALGO__ALGO_HIER || op->algo == TPUEMU__ALGO__ALGO_HD ||
-            op->algo == TPUEMU__ALGO__ALGO_AUTO);
+    if (op->kind != TPUEMU__COLL_KIND__COLL_ALL_REDUCE)
+        return 0;
+    return op->algo == TPUEMU__ALGO__ALGO_HIER ||
+           (op->g >= 4 && (op->algo == TPUEMU__ALGO__ALGO_HD || op->algo == TPUEMU__ALGO__ALGO_AUTO));
 }
 
 int coll_build(struct cop *op, struct xport x, const int *host, err *e)
