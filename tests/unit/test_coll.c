@@ -603,6 +603,33 @@ Test(coll, reduce_scatter_all_gather_and_broadcast, .timeout = 120)
                 }
 }
 
+/* Runs the all-reduce s (hosts of s->per_host cores) on net, checks that every
+ * replica holds the exact sum and the same bits, and leaves the bytes each
+ * core sent each other in net->traffic (mnet_close it). */
+static void run_traffic(struct mnet *net, const struct spec *s)
+{
+    uint8_t *in[MAXN], *orig[MAXN];
+    struct result res[MAXN];
+
+    mnet_init(net, s->n, s->per_host);
+    for (int r = 0; r < s->n; r++) {
+        in[r] = make_input(s, r, 3, 0);
+        orig[r] = make_input(s, r, 3, 0);
+    }
+    run_on(net, s, in, res);
+    for (int r = 0; r < s->n; r++) {
+        for (uint64_t i = 0; i < s->count; i++)
+            cr_assert_eq(elem(s, res[r].out, i), reduce_ref(s, orig, r, i), "replica %d element %llu", r,
+                         (unsigned long long)i);
+        cr_assert_eq(memcmp(res[r].out, res[0].out, res[0].len), 0, "replica %d differs from replica 0", r);
+    }
+    for (int r = 0; r < s->n; r++) {
+        free(in[r]);
+        free(orig[r]);
+    }
+    free_results(res, s->n);
+}
+
 /* Hosts of per_host cores each: the hierarchical schedule reduces inside each
  * host and crosses hosts only between cores of the same index. */
 static void check_hier_traffic(int n, int per_host, uint64_t count)
@@ -610,19 +637,9 @@ static void check_hier_traffic(int n, int per_host, uint64_t count)
     struct spec s = {n, per_host, TPUEMU__COLL_KIND__COLL_ALL_REDUCE, TPUEMU__REDUCE_OP__REDUCE_SUM, 0,
                      TPUEMU__ALGO__ALGO_HIER, 0, 0, count, 4096, NULL};
     struct mnet net;
-    uint8_t *in[MAXN], *orig[MAXN];
-    struct result res[MAXN];
 
-    mnet_init(&net, n, per_host);
-    for (int r = 0; r < n; r++) {
-        in[r] = make_input(&s, r, 3, 0);
-        orig[r] = make_input(&s, r, 3, 0);
-    }
-    run_on(&net, &s, in, res);
-    for (int r = 0; r < n; r++) {
-        for (uint64_t i = 0; i < count; i++)
-            cr_assert_eq(elem(&s, res[r].out, i), reduce_ref(&s, orig, r, i), "replica %d element %llu", r,
-                         (unsigned long long)i);
+    run_traffic(&net, &s);
+    for (int r = 0; r < n; r++)
         for (int q = 0; q < n; q++) {
             int same_host = r / per_host == q / per_host, same_index = r % per_host == q % per_host;
             if (net.traffic[r][q])
@@ -631,13 +648,6 @@ static void check_hier_traffic(int n, int per_host, uint64_t count)
                           "index): not the hierarchical schedule", n / per_host, per_host, r,
                           (unsigned long long)net.traffic[r][q], q);
         }
-        cr_assert_eq(memcmp(res[r].out, res[0].out, res[0].len), 0, "replica %d differs from replica 0", r);
-    }
-    for (int r = 0; r < n; r++) {
-        free(in[r]);
-        free(orig[r]);
-    }
-    free_results(res, n);
     mnet_close(&net);
 }
 
@@ -665,32 +675,16 @@ static uint64_t check_hd_across_hosts(int n, int per_host, uint64_t count)
                      .count = count,
                      .chunk = 4096};
     struct mnet net;
-    uint8_t *in[MAXN], *orig[MAXN];
-    struct result res[MAXN];
     uint64_t most = 0;
 
-    mnet_init(&net, n, per_host);
+    run_traffic(&net, &s);
     for (int r = 0; r < n; r++) {
-        in[r] = make_input(&s, r, 3, 0);
-        orig[r] = make_input(&s, r, 3, 0);
-    }
-    run_on(&net, &s, in, res);
-    for (int r = 0; r < n; r++) {
-        for (uint64_t i = 0; i < count; i++)
-            cr_assert_eq(elem(&s, res[r].out, i), reduce_ref(&s, orig, r, i), "replica %d element %llu", r,
-                         (unsigned long long)i);
-        cr_assert_eq(memcmp(res[r].out, res[0].out, res[0].len), 0, "replica %d differs from replica 0", r);
         uint64_t across = 0;
         for (int q = 0; q < n; q++)
             if (r / per_host != q / per_host)
                 across += net.traffic[r][q];
         most = across > most ? across : most;
     }
-    for (int r = 0; r < n; r++) {
-        free(in[r]);
-        free(orig[r]);
-    }
-    free_results(res, n);
     mnet_close(&net);
     return most;
 }
