@@ -59,3 +59,18 @@ void err_prefix(err *e, const char *fmt, ...)
     memcpy(e->msg + n, old, m);
     e->msg[n + m] = '\0';
 }
+
+int err_rank(int code, const char *msg)
+{
+    if (code == CODE_OK)
+        return -1;
+    if (code == CODE_CANCELLED) /* the caller's own word */
+        return 4;
+    if (strstr(msg, "after another core failed"))
+        return 0;
+    if (strstr(msg, "never sent") || strstr(msg, "did not answer") || strstr(msg, "stopped"))
+        return ERR_RANK_CULPRIT;
+    if (code != CODE_ABORTED && code != CODE_DEADLINE_EXCEEDED)
+        return 2;
+    return 1;
+}

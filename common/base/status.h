@@ -46,6 +46,14 @@ int err_set(err *e, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int err_vset(err *e, int code, const char *fmt, va_list ap) __attribute__((format(printf, 3, 0)));
 
+/* How much a failure of one core's step says about what went wrong, to pick
+ * one among the failures of many cores: -1 for CODE_OK; 4 the caller's own
+ * cancel; ERR_RANK_CULPRIT one that names the core that stopped ("never
+ * sent", "did not answer", "stopped"); 0 one that gave up because another
+ * core failed first; 2 another error; 1 an abort or a deadline. */
+#define ERR_RANK_CULPRIT 3
+int err_rank(int code, const char *msg);
+
 /* Prefixes e->msg with more context: "connecting to X: <old message>". */
 void err_prefix(err *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

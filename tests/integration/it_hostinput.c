@@ -12,6 +12,11 @@
  *    (shards of unequal size), for a pipeline with a cache and one without
  *    (a shuffle of batches, normalize; and validation on a second pipeline
  *    of the same files, which each host keeps open beside the first);
+ *  - requests fanned out down a tree of cores (TPUEMU_FANOUT=2 from 2 cores,
+ *    7 replicas over 2 hosts, three levels) give bitwise the same losses,
+ *    accuracy and weights as a request to every core, while the client
+ *    sends a fraction of the bytes; a core that is gone fails fit with an
+ *    error that names it, and the others live on;
  *  - bad input gives an error naming what is wrong, and the workers live on:
  *    a missing file, a file that changed after the client read its header
  *    (another shape), labels outside the model's classes, an IDX header
@@ -267,6 +272,88 @@ Test(hostinput, same_weights_and_losses_as_client_fed, .timeout = 300)
             free(client.w[r]);
         }
     }
+    tpu_strategy_free(s);
+    ct_free(t);
+    scratch_remove(dir);
+}
+
+static void fanout(int degree)
+{
+    char v[16];
+    snprintf(v, sizeof v, "%d", degree);
+    cr_assert_eq(setenv("TPUEMU_FANOUT", v, 1), 0);
+    cr_assert_eq(setenv("TPUEMU_FANOUT_MIN", "2", 1), 0);
+}
+
+Test(hostinput, fanned_out_requests_give_the_same_results, .timeout = 300)
+{
+    char dir[256], img[512], lab[512];
+    scratch_make(dir, sizeof dir, "it_hostinput");
+    write_data(dir, ROWS, CLASSES - 1, img, lab, sizeof img);
+    colltest *t = ct_start(2, (int[]){4, 3}, NULL, HB_MS);
+    tpu_strategy *s;
+    CALL_OK(tpu_strategy_new(t->c, &s));
+    cr_assert_eq(t->n, 7);
+    struct result tree, each;
+    memset(&tree, 0, sizeof tree);
+    memset(&each, 0, sizeof each);
+    fanout(2); /* replica 0 -> 1, 2; 1 -> 3, 4; 2 -> 5, 6 */
+    train(t, s, img, lab, 1, TPU_INPUT_ON_HOSTS, &tree);
+    fanout(0);
+    train(t, s, img, lab, 1, TPU_INPUT_ON_HOSTS, &each);
+    unsetenv("TPUEMU_FANOUT");
+    unsetenv("TPUEMU_FANOUT_MIN");
+    cr_assert_eq(tree.steps, each.steps);
+    for (int e = 0; e < 3; e++) {
+        cr_log_info("epoch %d: loss %.9g (tree) %.9g (each core), accuracy %.4f %.4f", e, tree.loss[e], each.loss[e],
+                    tree.acc[e], each.acc[e]);
+        cr_assert(memcmp(&tree.loss[e], &each.loss[e], sizeof(double)) == 0, "epoch %d: loss %.17g, %.17g", e,
+                  tree.loss[e], each.loss[e]);
+        cr_assert(memcmp(&tree.acc[e], &each.acc[e], sizeof(double)) == 0, "epoch %d: accuracy %.17g, %.17g", e,
+                  tree.acc[e], each.acc[e]);
+        cr_assert(memcmp(&tree.val_loss[e], &each.val_loss[e], sizeof(double)) == 0,
+                  "epoch %d: validation loss %.17g, %.17g", e, tree.val_loss[e], each.val_loss[e]);
+    }
+    size_t np = 32 * DIM + 32 + 32 * CLASSES + CLASSES;
+    for (int r = 0; r < 7; r++) {
+        cr_assert(memcmp(tree.w[r], each.w[r], np * sizeof(float)) == 0,
+                  "replica %d's weights differ between fanned-out and per-core requests", r);
+        free(tree.w[r]);
+        free(each.w[r]);
+    }
+    /* one request an execution instead of seven */
+    cr_log_info("the client sent %llu bytes during fit with the requests fanned out, %llu to every core", tree.written,
+                each.written);
+    cr_assert_lt(tree.written * 3, each.written, "fanned out: %llu bytes; to every core: %llu", tree.written,
+                 each.written);
+
+    /* a leaf of the tree is gone: fit fails naming it; the others live on */
+    char why[2048];
+    int gone = t->worker_of[6];
+    char name[72];
+    snprintf(name, sizeof name, "%s", t->name[6]);
+    tpu_model *m = make_model(s);
+    tpu_file_dataset *fd = make_files(img, lab, 0);
+    tpu_dataset *ds;
+    CALL_OK(tpu_strategy_distribute_datasets_from_files(s, fd, TPU_INPUT_ON_HOSTS, &ds));
+    tpu_file_dataset_free(fd);
+    tpu_fit_options fo;
+    memset(&fo, 0, sizeof fo);
+    fo.epochs = 1;
+    fanout(2);
+    CALL_OK(tpu_model_fit(m, ds, &fo, NULL)); /* compiled, and the tree's connections open */
+    cluster_kill_worker(t->cl, gone);
+    tpu_status st = tpu_model_fit(m, ds, &fo, NULL);
+    snprintf(why, sizeof why, "%s", tpu_last_error());
+    unsetenv("TPUEMU_FANOUT");
+    unsetenv("TPUEMU_FANOUT_MIN");
+    cr_log_info("a leaf gone: %s: %s", tpu_status_name(st), why);
+    cr_assert_neq(st, TPU_OK);
+    cr_assert(strstr(why, name), "the error does not name core %s: %s", name, why);
+    for (int i = 0; i < 6; i++)
+        cr_assert(cluster_alive(&t->cl->workers[t->worker_of[i]]), "worker %s died", t->name[i]);
+    tpu_dataset_free(ds);
+    tpu_model_free(m);
     tpu_strategy_free(s);
     ct_free(t);
     scratch_remove(dir);

@@ -191,7 +191,14 @@ static void service_up(void)
     struct coll_env ce = {&id, &mem, peers_xport(peers), &cstats};
     cr_assert_not_null(coll = coll_new(&ce));
     train_stats_init(&tstats);
-    struct train_env te = {&loop, &id, &mem, tr, preset_find("v4"), 100, coll, &tstats, NULL, NULL, NULL};
+    struct train_env te = {.loop = &loop,
+                           .id = &id,
+                           .hbm = &mem,
+                           .trace = tr,
+                           .preset = preset_find("v4"),
+                           .throttle_pct = 100,
+                           .coll = coll,
+                           .stats = &tstats};
     cr_assert_not_null(te.preset);
     cr_assert_eq(train_new(&te, &svc), CODE_OK);
 

@@ -75,6 +75,8 @@ static int tio_post(tpu_cluster *c, size_t r, Tpuemu__FrameHeader *h, const stru
     memset(ans, 0, offsetof(struct tio_ans, dst));
     ans->nstats = 0;
     ans->got = 0;
+    ans->cores = 0;
+    ans->notice_replica = -1;
     if (nseg > TIO_MAX_SEGS || s->pn >= TIO_MAX_PEND)
         return err_set(e, CODE_INTERNAL, "too many requests in flight to core %s/%d", p->host, p->core);
     /* failures counts the failed answers of requests in flight; with none in
@@ -278,8 +280,24 @@ int tio_post_steps(tpu_cluster *c, size_t r, const struct tio_steps *s, const st
         ss.host_input = &hi;
     }
     ss.x_dtype = s->x_bf16 ? TPUEMU__DTYPE__DTYPE_BF16 : TPUEMU__DTYPE__DTYPE_F32;
+    ss.fanout = s->fanout;
+    ss.fanout_cores = s->fanout ? s->fanout_cores : 0;
+    ss.fanout_wait_ms = s->fanout ? s->fanout_wait_ms : 0;
     h.steps = &ss;
     return tio_post(c, r, &h, segs, nseg, ans, e);
+}
+
+void tio_ans_none(struct tio_ans *a)
+{
+    memset(a, 0, offsetof(struct tio_ans, dst));
+    a->done = 1;
+    a->code = CODE_OK;
+    a->got = a->nstats = 0;
+    a->hbm_used = a->hbm_capacity = 0;
+    memset(&a->notice, 0, sizeof a->notice);
+    a->notice.kind = TPU_NOTICE_NONE;
+    a->notice_replica = -1;
+    a->cores = 0;
 }
 
 /* A whole answer header is in: match it to the oldest expected answer. */
@@ -336,7 +354,9 @@ static int on_header(void *arg, size_t r, Tpuemu__FrameHeader *h, void **dst)
             d->allreduce_ns = st->allreduce_ns;
             d->optimizer_ns = st->optimizer_ns;
             d->infeed_wait_ns = st->infeed_wait_ns;
+            d->allreduce_min_ns = st->allreduce_min_ns;
         }
+        a->cores = h->cores;
         if (h->state) {
             a->num_params = h->state->num_params;
             a->num_slots = h->state->num_slots;
@@ -346,6 +366,7 @@ static int on_header(void *arg, size_t r, Tpuemu__FrameHeader *h, void **dst)
     a->hbm_used = h->hbm_used;
     a->hbm_capacity = h->hbm_capacity;
     cli_notice_from(h->notice, &a->notice);
+    a->notice_replica = h->notice && h->cores ? h->notice_replica : -1;
     s->cur = a;
     s->ph = (s->ph + 1) % TIO_MAX_PEND;
     s->pn--;
@@ -401,8 +422,8 @@ static size_t wait_ans(tpu_cluster *c, struct tio_ans *const *ans, uint64_t dead
     enum dpio_end end = DPIO_END_NOMEM;
 
     if (streams(c)) {
-        for (size_t r = 0; r < n; r++) {
-            k->peers[r].reading = k->peers[r].fd >= 0;
+        for (size_t r = 0; r < n; r++) { /* only where an answer is due: a wait costs those, not all n */
+            k->peers[r].reading = k->peers[r].fd >= 0 && (!ans[r]->done || k->tio[r].pn > 0);
             k->peers[r].max_payload = 0;
         }
         end = dpio_run(k->peers, n, &run);
@@ -446,19 +467,9 @@ size_t tio_wait_soft(tpu_cluster *c, struct tio_ans *const *ans, uint64_t deadli
 
 int tio_rank(const struct tio_ans *a)
 {
-    if (!a || !a->done || a->code == CODE_OK)
+    if (!a || !a->done)
         return -1;
-    /* a core the client gave up on because another failed first tells
-     * least; a core that names the core that failed its all-reduce most */
-    if (a->code == CODE_CANCELLED) /* the caller's own word */
-        return 4;
-    if (strstr(a->msg, "after another core failed"))
-        return 0;
-    if (strstr(a->msg, "never sent") || strstr(a->msg, "did not answer") || strstr(a->msg, "stopped"))
-        return TIO_RANK_CULPRIT;
-    if (a->code != CODE_ABORTED && a->code != CODE_DEADLINE_EXCEEDED)
-        return 2;
-    return 1;
+    return err_rank(a->code, a->msg);
 }
 
 const struct tio_ans *tio_worst(struct tio_ans *const *ans, size_t n)

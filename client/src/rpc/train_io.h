@@ -34,9 +34,12 @@ struct tio_ans {
         double loss_sum;
         int64_t correct, rows;
         uint64_t compute_ns, matmul_ns, allreduce_ns, optimizer_ns, infeed_wait_ns;
+        uint64_t allreduce_min_ns; /* a fanned-out answer: its cores' least non-zero all-reduce */
     } stats[TIO_MAX_STEPS];
     uint64_t hbm_used, hbm_capacity;
     tpu_notice notice; /* what is coming to the core (kind NONE: nothing) */
+    int notice_replica; /* whose notice it is: a fanned-out answer's, else -1 (this core's) */
+    uint32_t cores;     /* a fanned-out answer: the cores it answers for (0: one) */
     uint64_t num_params, iterations;
     uint32_t num_slots;
 };
@@ -121,7 +124,16 @@ struct tio_steps {
     uint64_t hin_epoch;
     const uint64_t *hin_batches; /* [steps] */
     int x_bf16;                  /* x goes as bfloat16 (a mixed_bfloat16 model, lspec_input_bf16) */
+    /* fan-out (host-side input only; docs/design/fanout.md): replica 0 passes
+     * the request on down a tree of this degree over the fanout_cores
+     * replicas and answers for all of them; fanout_wait_ms: how long the
+     * cores wait for the others once one failed. 0: this core alone */
+    uint32_t fanout, fanout_cores, fanout_wait_ms;
 };
+
+/* a: the answer of a core that a fanned-out request reaches through
+ * replica 0 (answered there): done, OK, empty. */
+void tio_ans_none(struct tio_ans *a);
 
 /* Takes s's sequence numbers from the cluster's collectives, after every
  * request and all-reduce already given out. */
@@ -154,7 +166,7 @@ void tio_abort(tpu_cluster *c);
  * core's death beats "connection closed"; first by replica otherwise. */
 /* How much a failed answer says of the failure: -1 for none (not done, or
  * OK), TIO_RANK_CULPRIT for one that names the core that stopped. */
-#define TIO_RANK_CULPRIT 3
+#define TIO_RANK_CULPRIT ERR_RANK_CULPRIT
 int tio_rank(const struct tio_ans *a);
 const struct tio_ans *tio_worst(struct tio_ans *const *ans, size_t n);
 

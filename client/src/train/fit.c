@@ -111,6 +111,7 @@ struct run {
     uint64_t drain_deadline;  /* ... until then (wire_now_ms) */
     size_t batches_done;
     size_t open_share; /* cores that open their pipelines on one CPU at once (open_share) */
+    uint32_t fanout;   /* host-side input on this many cores or more: requests fan out (fanout_degree) */
     /* sums */
     double loss_sum;
     int64_t correct, rows;
@@ -228,9 +229,19 @@ static int post_next(struct run *u, err *e)
         ss.first_step += u->ex[(u->head + i) % u->depth].nb;
     ss.colls_per_step = model_sync_calls_per_step(m);
     ss.x_bf16 = xb;
+    /* host-side input on many cores: one request, to replica 0, which passes
+     * it on down a tree and answers for every core */
+    int fan = u->fanout && u->hin && u->mode != TPU_STEP_PREDICT;
+    ss.fanout = fan ? u->fanout : 0;
+    ss.fanout_cores = (uint32_t)u->n;
+    ss.fanout_wait_ms = (uint32_t)(2 * cli_coll_progress_ms(c) + 1000);
     tio_steps_begin(c, &ss);
     for (size_t r = 0; r < u->n; r++) {
         struct dpio_seg *sg = &x->segs[r * 2 * TIO_MAX_STEPS];
+        if (fan && r > 0) {
+            tio_ans_none(&x->ans[r]); /* in replica 0's answer */
+            continue;
+        }
         size_t ns = 0, bo = 0;
         for (size_t i = 0; i < x->nb; i++) {
             size_t first, cnt;
@@ -367,6 +378,13 @@ static int finish_oldest(struct run *u, uint64_t *t_last, err *e)
             tio_abort(c);
         return e->code;
     }
+    if (x->ans[0].cores && x->ans[0].cores != u->n) {
+        err_set(e, CODE_INTERNAL, "core %s/%d answered for %u cores of %zu", c->coll->peers[0].host,
+                c->coll->peers[0].core, x->ans[0].cores, u->n);
+        exec_release(u, x);
+        tio_abort(c);
+        return e->code;
+    }
     uint64_t now = now_ns();
     for (size_t i = 0; i < x->nb; i++) {
         tpu_step_stats s;
@@ -400,7 +418,7 @@ static int finish_oldest(struct run *u, uint64_t *t_last, err *e)
         if (x->ans[r].notice.kind != TPU_NOTICE_NONE &&
             (m->notice.kind == TPU_NOTICE_NONE || x->ans[r].notice.event_in_ms < m->notice.event_in_ms)) {
             m->notice = x->ans[r].notice;
-            m->notice_replica = (int)r;
+            m->notice_replica = x->ans[r].notice_replica >= 0 ? x->ans[r].notice_replica : (int)r;
         }
     }
     *t_last = now;
@@ -452,6 +470,28 @@ static size_t open_share(const tpu_cluster *c)
     return most;
 }
 
+/* TPUEMU_FANOUT=K (2..16; default 4, 0: off) and TPUEMU_FANOUT_MIN=N
+ * (default 16): with host-side input on N cores or more, each execution's
+ * request goes to replica 0 only and fans out down a K-ary tree of cores
+ * (docs/design/fanout.md). The degree for n cores, 0 for none. */
+static int fanout_degree(size_t n, uint32_t *out, err *e)
+{
+    const char *names[2] = {"TPUEMU_FANOUT", "TPUEMU_FANOUT_MIN"};
+    unsigned long v[2] = {4, 16};
+    for (int i = 0; i < 2; i++) {
+        const char *s = getenv(names[i]);
+        char *end;
+        if (!s || !*s)
+            continue;
+        v[i] = strtoul(s, &end, 10);
+        if (*end || *s == '-' || (i == 0 && (v[i] == 1 || v[i] > 16)) || (i == 1 && v[i] > 1000000))
+            return err_set(e, CODE_INVALID_ARGUMENT, "%s is '%s': %s", names[i], s,
+                           i == 0 ? "a tree degree of 2 to 16, or 0 for none" : "a number of cores");
+    }
+    *out = v[0] && n >= 2 && n >= v[1] ? (uint32_t)v[0] : 0;
+    return CODE_OK;
+}
+
 static int run_init(struct run *u, tpu_model *m, int mode, err *e)
 {
     memset(u, 0, sizeof *u);
@@ -459,6 +499,8 @@ static int run_init(struct run *u, tpu_model *m, int mode, err *e)
     u->mode = mode;
     u->n = m->s->c->coll->n;
     u->open_share = open_share(m->s->c);
+    if (fanout_degree(u->n, &u->fanout, e) != CODE_OK)
+        return e->code;
     u->spe = m->co.steps_per_execution;
     u->depth = m->co.infeed_depth;
     u->units = m->units[m->nlayers - 1];

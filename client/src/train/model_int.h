@@ -106,8 +106,9 @@ static inline void model_stats_max(tpu_step_stats *s, const struct tio_stat *a)
     MAXF(optimizer_ns);
     MAXF(infeed_wait_ns);
 #undef MAXF
-    if (a->allreduce_ns && (!s->allreduce_min_ns || a->allreduce_ns < s->allreduce_min_ns))
-        s->allreduce_min_ns = a->allreduce_ns;
+    uint64_t least = a->allreduce_min_ns ? a->allreduce_min_ns : a->allreduce_ns; /* fanned out: already the least */
+    if (least && (!s->allreduce_min_ns || least < s->allreduce_min_ns))
+        s->allreduce_min_ns = least;
 }
 /* Deadline for a request moving bytes (per replica) */
 uint64_t model_deadline(tpu_cluster *c, size_t bytes);

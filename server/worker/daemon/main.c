@@ -129,6 +129,12 @@ static int link_fault(void *arg, int kind, const char *host, int core, uint32_t 
     return peers_link_fault(w->peers, kind, host, core, latency_ms, percent, duration_ms, seed, e);
 }
 
+/* train_env.replica_addr: where the training service passes requests on */
+static int replica_addr(void *arg, uint32_t r, char *where, size_t acap, char *name, size_t ncap)
+{
+    return peers_replica_addr(arg, r, where, acap, name, ncap);
+}
+
 static void on_step(void *arg, uint64_t step)
 {
     fault_on_step(&((struct worker *)arg)->fault, step);
@@ -601,8 +607,8 @@ static int start(struct worker *w, err *e)
     ce = (struct coll_env){&w->id, &w->hbm, peers_xport(w->peers), &w->coll_stats};
     if (!(w->coll = coll_new(&ce)))
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory for the collectives engine");
-    te = (struct train_env){w->loop, &w->id, &w->hbm, w->trace, w->preset, w->throttle_pct, w->coll,
-                            &w->train_stats, on_step, w, &w->notice};
+    te = (struct train_env){w->loop,         &w->id,  &w->hbm, w->trace,   w->preset, w->throttle_pct, w->coll,
+                            &w->train_stats, on_step, w,       &w->notice, &w->auth,  replica_addr,    w->peers};
     if ((rc = train_new(&te, &w->train)) != CODE_OK)
         return err_set(e, rc, "cannot start the training service (no matrix unit)");
     /* the data plane routes to them from the first frame on (the loop has not run yet) */

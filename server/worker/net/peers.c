@@ -375,6 +375,15 @@ static int x_failed(const void *self, uint64_t seq, err *e)
     return chan_seq_failed(self, seq, e);
 }
 
+int peers_replica_addr(const struct peers *p, uint32_t r, char *addr, size_t acap, char *name, size_t ncap)
+{
+    if (!p || p->stopping || !p->tab || r >= p->n)
+        return CODE_NOT_FOUND;
+    peertab_data_addr(p->tab, r, addr, acap);
+    snprintf(name, ncap, "%s/%d", peertab_host(p->tab, r), peertab_core(p->tab, r));
+    return CODE_OK;
+}
+
 static int x_host(void *self, int replica)
 {
     const struct peers *p = self;

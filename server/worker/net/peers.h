@@ -72,6 +72,11 @@ int peers_link_check(const struct peers *p, const char *host, int core, err *e);
 int peers_link_fault(struct peers *p, int kind, const char *host, int core, uint32_t latency_ms, uint32_t percent,
                      uint32_t duration_ms, uint32_t seed, err *e);
 
+/* Replica r of the current system: its data-plane address ("10.0.0.2:8471")
+ * into addr and its name ("h1/3") into name. CODE_OK, or CODE_NOT_FOUND
+ * when this core is in no system or r is not in it. */
+int peers_replica_addr(const struct peers *p, uint32_t r, char *addr, size_t acap, char *name, size_t ncap);
+
 /* An accepted data-plane connection whose AUTH says it is replica r's dial
  * (AUTH.replica >= 0 and AUTH.epoch != 0). Takes it over (its callbacks), or
  * refuses it with ERROR FAILED_PRECONDITION naming the epochs. */

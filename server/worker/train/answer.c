@@ -27,25 +27,38 @@ static void answer_written(void *arg, int status)
     treq_free(arg);
 }
 
-/* Sends the answer (if the client is still there) and frees r. */
+/* Sends the answer (if the client is still there) and frees r; a fanned-out
+ * request's joins its fan (fanout.c). */
 void treq_answer(struct train *t, struct treq *r, const err *e)
 {
-    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
-    Tpuemu__Status st = TPUEMU__STATUS__INIT;
-    Tpuemu__StepStat *sp[TRAIN_MAX_STEPS];
-    Tpuemu__Notice nt = TPUEMU__NOTICE__INIT;
-    int ok = e->code == CODE_OK;
     err down;
 
     /* a core down for maintenance left its system in the middle of this
      * request: whatever broke (its model and HBM are gone) is that */
-    if (!ok && t->env.notice && t->env.notice->under_way) {
+    if (e->code != CODE_OK && t->env.notice && t->env.notice->under_way) {
         uint64_t now = uv_now(t->env.loop), end = t->env.notice->event_ms + t->env.notice->window_ms;
         err_set(&down, CODE_UNAVAILABLE, "core %s/%d went down for a maintenance event during this request (its "
                 "model and HBM went with it); it is back in %" PRIu64 " ms", t->env.id->host_id, t->env.id->core,
                 end > now ? end - now : 0);
         e = &down;
     }
+    if (r->fan) {
+        fan_own(t, r->fan, r, e);
+        treq_free(r);
+        return;
+    }
+    if (!fan_hold(t, r, e))
+        treq_send(t, r, e);
+}
+
+void treq_send(struct train *t, struct treq *r, const err *e)
+{
+    Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
+    Tpuemu__Status st = TPUEMU__STATUS__INIT;
+    Tpuemu__StepStat *sp[TRAIN_MAX_STEPS];
+    Tpuemu__Notice nt = TPUEMU__NOTICE__INIT;
+    int ok = e->code == CODE_OK;
+
     if (!r->conn) {
         treq_free(r);
         return;

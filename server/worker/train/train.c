@@ -137,6 +137,8 @@ static int check_steps(struct train *t, const Tpuemu__StepsSpec *s, uint64_t *by
     uint64_t total = 0;
     if (!s)
         return err_set(e, CODE_INVALID_ARGUMENT, "STEPS without a steps spec");
+    if (fan_check(t, s, e) != CODE_OK)
+        return e->code;
     if (s->host_input && (!tm || tm->id != s->model_id)) { /* checked before anything else is */
         struct hin_spec *hs = NULL;
         int rc = s->n_rows == s->steps
@@ -335,6 +337,11 @@ void train_on_client_frame(struct train *t, dp_conn *c, const Tpuemu__FrameHeade
             treq_answer(t, r, &e);
             return;
         }
+        if (s->fanout && fan_start(t, c, h, &r->fan, &e) != CODE_OK) {
+            treq_abort_rest(t, r, 0, &e);
+            treq_answer(t, r, &e);
+            return;
+        }
     } else if (h->kind == KIND(STATE_GET)) {
         r->model_id = h->state ? h->state->model_id : 0;
     } else {
@@ -371,8 +378,11 @@ void train_on_client_close(struct train *t, dp_conn *c)
         *pp = r->next;
         t->n--;
         treq_abort_rest(t, r, 0, &e);
+        if (r->fan)
+            fan_own(t, r->fan, r, &e);
         treq_free(r);
     }
+    fan_conn_closed(t, c);
     t->tail = NULL;
     for (struct treq *r = t->head; r; r = r->next)
         t->tail = r;
@@ -436,6 +446,7 @@ void train_free(struct train *t)
         treq_free(r);
     }
     treq_free(t->cur);
+    fan_free_all(t);
     tm_free(t->tm);
     tm_free(t->orphan);
     for (int i = 0; i < TRAIN_MAX_PIPES; i++)
@@ -447,8 +458,10 @@ void train_free(struct train *t)
 
 void train_stop(struct train *t)
 {
-    if (t)
+    if (t) {
         sync_close(t);
+        fan_stop(t);
+    }
 }
 
 void train_stats_init(struct train_stats *s)

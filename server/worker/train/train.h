@@ -69,6 +69,12 @@ struct train_env {
     /* what is coming to this core, carried in every answer; while its
      * maintenance is under way, work is refused. May be NULL. */
     const struct notice *notice;
+    /* fan-out (fanout.c): the cluster key for the connections to a core's
+     * children, and where replica r is: its data address and "host/core"
+     * (CODE_OK; else it is not in the system). May be NULL: no fan-out. */
+    const auth *auth;
+    int (*replica_addr)(void *arg, uint32_t r, char *where, size_t acap, char *name, size_t ncap);
+    void *replica_addr_arg;
 };
 
 void train_stats_init(struct train_stats *s);

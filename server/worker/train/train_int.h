@@ -28,6 +28,13 @@
 /* per layer: kernel, bias, up to 2 optimizer slots of each, their gradients,
  * activations; then the backward delta and the infeed's x and y */
 #define TRAIN_MAX_BLOCKS (MODEL_MAX_LAYERS * 40 + 4)
+/* fan-out (fanout.c): most children a core passes a request on to, and the
+ * time a connection to one may take to open on a loaded machine */
+#define TRAIN_MAX_FANOUT 16
+#define TRAIN_FANOUT_DIAL_MS 10000u
+
+struct fan;
+struct fan_link;
 
 struct tmodel {
     uint64_t id;
@@ -77,6 +84,7 @@ struct treq {
     int has_state;
     Tpuemu__ModelSpec *spec; /* COMPILE */
     err e;               /* the pool's verdict */
+    struct fan *fan;     /* fanned out: the answer joins this fan's (fanout.c) */
 };
 
 struct train {
@@ -118,6 +126,12 @@ struct train {
      * used first (a training and a validation dataset take turns each epoch;
      * steps.c, used on the pool's thread while a request fills its infeed) */
     struct hin_pipe *pipes[TRAIN_MAX_PIPES];
+    /* fan-out (fanout.c): answers in the order they go out, the connections
+     * to this core's children, the timer of the waits after a failure */
+    struct fan *fans;
+    struct fan_link *fan_links[TRAIN_MAX_FANOUT];
+    uv_timer_t *fan_timer;
+    int fan_stopped;
 };
 
 /* ---- charge.c ---- */
@@ -131,10 +145,31 @@ void tm_flush_update(struct tmodel *tm);
  * given back, or kept when the new one does not fit) and makes it t->tm. */
 int tm_compile(struct train *t, struct treq *r, err *e);
 
+/* ---- fanout.c ---- */
+/* CODE_OK if s's fan-out fields (if any) fit this core's system. */
+int fan_check(const struct train *t, const Tpuemu__StepsSpec *s, err *e);
+/* The STEPS request h, with a fanout, came on c: passes it on to this core's
+ * children and returns the fan this core's own answer joins (fan_own). */
+int fan_start(struct train *t, dp_conn *c, const Tpuemu__FrameHeader *h, struct fan **out, err *e);
+/* r's own answer (status e) joins its fan; the caller frees r. */
+void fan_own(struct train *t, struct fan *f, const struct treq *r, const err *e);
+/* A plain answer to r that would overtake a fan's on its connection: kept
+ * (r belongs to the fan queue now) and sent in turn; 0: send it now. */
+int fan_hold(struct train *t, struct treq *r, const err *e);
+/* The connection c is closing: nothing more is sent on it. */
+void fan_conn_closed(struct train *t, dp_conn *c);
+/* The service stops: the links to the children close. */
+void fan_stop(struct train *t);
+/* After the loop ran dry: frees what is left. */
+void fan_free_all(struct train *t);
+
 /* ---- answer.c ---- */
 void treq_free(struct treq *r);
-/* Sends the answer (if the client is still there) and frees r. */
+/* Sends the answer (if the client is still there) and frees r; a fanned-out
+ * request's joins its fan, and a plain one waits behind the fans before it. */
 void treq_answer(struct train *t, struct treq *r, const err *e);
+/* treq_answer's last part: sends now. */
+void treq_send(struct train *t, struct treq *r, const err *e);
 void treq_answerf(struct train *t, struct treq *r, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* The collectives r's steps from `from` on would have run: fail them on every peer. */
