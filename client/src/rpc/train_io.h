@@ -132,7 +132,8 @@ struct tio_steps {
 };
 
 /* a: the answer of a core that a fanned-out request reaches through
- * replica 0 (answered there): done, OK, empty. */
+ * replica 0 (answered there): done and OK (only done, code, said and msg
+ * are set: read nothing else of it). */
 void tio_ans_none(struct tio_ans *a);
 
 /* Takes s's sequence numbers from the cluster's collectives, after every
@@ -157,6 +158,13 @@ size_t tio_wait(tpu_cluster *c, struct tio_ans *const *ans, uint64_t deadline_ms
  * the caller may wait for them again (fit's clean stop). */
 #define TIO_INTERRUPTED ((size_t)-1)
 size_t tio_wait_soft(tpu_cluster *c, struct tio_ans *const *ans, uint64_t deadline_ms, uint64_t grace_ms);
+
+/* tio_wait (soft: tio_wait_soft) for replicas 0..n only, reading only their
+ * connections: a fanned-out request's, whose answer replica 0 gives for
+ * every core, with nothing pending on the others (a wait then costs the
+ * same on any number of cores). */
+size_t tio_wait_first(tpu_cluster *c, struct tio_ans *const *ans, size_t n, uint64_t deadline_ms, uint64_t grace_ms,
+                      int soft);
 
 /* Drops everything queued and pending and closes the connections (after a
  * failure: their streams are no longer in step). */

@@ -93,6 +93,8 @@ struct exec {
     uint64_t input_wait_ns;
     uint16_t *bx; /* a bfloat16 infeed: the batches' x, converted (bx_cap values) */
     size_t bx_cap;
+    int fanned;      /* sent to replica 0 alone, which answers for every core */
+    int others_none; /* ans[1..n) are tio_ans_none's still (a fanned request's, untouched since) */
 };
 
 struct run {
@@ -235,8 +237,10 @@ static int post_next(struct run *u, err *e)
     ss.fanout = fan ? u->fanout : 0;
     ss.fanout_cores = (uint32_t)u->n;
     ss.fanout_wait_ms = (uint32_t)(2 * cli_coll_progress_ms(c) + 1000);
+    x->fanned = fan;
+    x->others_none &= fan; /* a request to every core rewrites them */
     tio_steps_begin(c, &ss);
-    for (size_t r = 0; r < u->n; r++) {
+    for (size_t r = 0, nr = fan && x->others_none ? 1 : u->n; r < nr; r++) {
         struct dpio_seg *sg = &x->segs[r * 2 * TIO_MAX_STEPS];
         if (fan && r > 0) {
             tio_ans_none(&x->ans[r]); /* in replica 0's answer */
@@ -288,6 +292,7 @@ static int post_next(struct run *u, err *e)
             return e->code;
         }
     }
+    x->others_none = fan;
     if (u->mode == TPU_STEP_PREDICT)
         u->out_put += x->b[0].rows;
     u->inflight++;
@@ -321,11 +326,13 @@ static int finish_oldest(struct run *u, uint64_t *t_last, err *e)
      * as cores share a CPU reading them */
     size_t hin_bytes = u->hin ? (size_t)u->hin->rows * u->hin->x_dim * u->open_share : 0;
     uint64_t grace = 2 * cli_coll_progress_ms(c) + 1000;
-    size_t failed = u->cancelled ? tio_wait(c, x->pa, u->drain_deadline, grace)
-                                 : tio_wait_soft(c, x->pa, model_deadline(c, bytes * u->depth + hin_bytes), grace);
+    size_t nw = x->fanned ? 1 : u->n; /* fanned out: replica 0 answers for all */
+    size_t failed = u->cancelled
+                        ? tio_wait_first(c, x->pa, nw, u->drain_deadline, grace, 0)
+                        : tio_wait_first(c, x->pa, nw, model_deadline(c, bytes * u->depth + hin_bytes), grace, 1);
     if (failed == TIO_INTERRUPTED) {
         stop_cleanly(u);
-        failed = tio_wait(c, x->pa, u->drain_deadline, grace);
+        failed = tio_wait_first(c, x->pa, nw, u->drain_deadline, grace, 0);
     }
     u->head = (u->head + 1) % u->depth;
     u->inflight--;
@@ -364,7 +371,7 @@ static int finish_oldest(struct run *u, uint64_t *t_last, err *e)
                 all[na++] = x->pa[r];
             for (size_t k = 0; k < u->inflight; k++) {
                 struct exec *y = &u->ex[(u->head + k) % u->depth];
-                tio_wait(c, y->pa, until, 0);
+                tio_wait_first(c, y->pa, y->fanned ? 1 : u->n, until, 0, 0);
                 for (size_t r = 0; r < u->n; r++)
                     if (y->pa[r]->said) /* not "did not answer": that is this wait's own word */
                         all[na++] = y->pa[r];
@@ -386,10 +393,11 @@ static int finish_oldest(struct run *u, uint64_t *t_last, err *e)
         return e->code;
     }
     uint64_t now = now_ns();
+    size_t nr = x->fanned ? 1 : u->n; /* the answers that say anything */
     for (size_t i = 0; i < x->nb; i++) {
         tpu_step_stats s;
         memset(&s, 0, sizeof s);
-        for (size_t r = 0; r < u->n; r++) {
+        for (size_t r = 0; r < nr; r++) {
             const struct tio_stat *a = i < x->ans[r].nstats ? &x->ans[r].stats[i] : NULL;
             if (!a)
                 continue;
@@ -411,7 +419,7 @@ static int finish_oldest(struct run *u, uint64_t *t_last, err *e)
     }
     m->notice.kind = TPU_NOTICE_NONE;
     m->notice_replica = -1;
-    for (size_t r = 0; r < u->n; r++) {
+    for (size_t r = 0; r < nr; r++) {
         if (x->ans[r].hbm_used > m->hbm_used)
             m->hbm_used = x->ans[r].hbm_used;
         /* the soonest event of any replica's notice */
@@ -427,18 +435,53 @@ static int finish_oldest(struct run *u, uint64_t *t_last, err *e)
     return CODE_OK;
 }
 
+/* What fit keeps in the model between epochs (and calls): the executions'
+ * buffers, megabytes on hundreds of cores (each core's answer slots and
+ * infeed segments), which each epoch used to allocate and fault in anew, and
+ * open_share, which compares every core's address with every other's. */
+struct fit_cache {
+    struct exec *ex; /* NULL: taken by a run */
+    size_t n, depth;
+    uint64_t share_epoch; /* the system open_share was counted for (0: none) */
+    size_t share_n, share;
+};
+
+static void exec_free(struct exec *ex, size_t depth)
+{
+    for (size_t d = 0; ex && d < depth; d++) {
+        free(ex[d].ans);
+        free(ex[d].pa);
+        free(ex[d].segs);
+        free(ex[d].bx);
+    }
+    free(ex);
+}
+
+void fit_cache_free(tpu_model *m)
+{
+    if (!m->fit_cache)
+        return;
+    exec_free(m->fit_cache->ex, m->fit_cache->depth);
+    free(m->fit_cache);
+    m->fit_cache = NULL;
+}
+
 static void run_free(struct run *u)
 {
+    struct fit_cache *k = u->m->fit_cache;
     if (!u->ex)
         return;
-    for (size_t d = 0; d < u->depth; d++) {
+    for (size_t d = 0; d < u->depth; d++)
         exec_release(u, &u->ex[d]);
-        free(u->ex[d].ans);
-        free(u->ex[d].pa);
-        free(u->ex[d].segs);
-        free(u->ex[d].bx);
+    if (!k && (k = u->m->fit_cache = calloc(1, sizeof *k)) == NULL) {
+        exec_free(u->ex, u->depth);
+    } else if (!k->ex) { /* kept for the next run */
+        k->ex = u->ex;
+        k->n = u->n;
+        k->depth = u->depth;
+    } else {
+        exec_free(u->ex, u->depth);
     }
-    free(u->ex);
     u->ex = NULL;
 }
 
@@ -498,7 +541,15 @@ static int run_init(struct run *u, tpu_model *m, int mode, err *e)
     u->m = m;
     u->mode = mode;
     u->n = m->s->c->coll->n;
-    u->open_share = open_share(m->s->c);
+    struct fit_cache *k = m->fit_cache;
+    uint64_t epoch = m->s->c->coll->epoch;
+    if (k && k->share_epoch == epoch && k->share_n == u->n) {
+        u->open_share = k->share;
+    } else {
+        u->open_share = open_share(m->s->c);
+        if (k)
+            k->share_epoch = epoch, k->share_n = u->n, k->share = u->open_share;
+    }
     if (fanout_degree(u->n, &u->fanout, e) != CODE_OK)
         return e->code;
     u->spe = m->co.steps_per_execution;
@@ -508,6 +559,11 @@ static int run_init(struct run *u, tpu_model *m, int mode, err *e)
     const char *f32 = getenv("TPUEMU_INFEED_F32");
     u->x_bf16 = m->co.policy == TPU_POLICY_MIXED_BFLOAT16 && lspec_input_bf16(m->spec, (int)m->nlayers) &&
                 !(f32 && !strcmp(f32, "1"));
+    if (k && k->ex && k->n == u->n && k->depth == u->depth) {
+        u->ex = k->ex; /* the last run's */
+        k->ex = NULL;
+        return CODE_OK;
+    }
     if (!(u->ex = calloc(u->depth, sizeof *u->ex)))
         return err_set(e, CODE_RESOURCE_EXHAUSTED, "out of memory");
     for (size_t d = 0; d < u->depth; d++) {

@@ -241,6 +241,7 @@ void tpu_model_free(tpu_model *m)
         return;
     CHECK_HANDLE(m, MAGIC_MODEL, "tpu_model");
     m->magic = MAGIC_DEAD;
+    fit_cache_free(m);
     free(m->pending_state);
     free(m);
 }

@@ -24,8 +24,11 @@ struct tpu_strategy {
     tpu_cluster *c;
 };
 
+struct fit_cache;
+
 struct tpu_model {
     uint32_t magic;
+    struct fit_cache *fit_cache; /* fit.c: what its runs keep between epochs */
     tpu_strategy *s;
     uint64_t id;          /* sent with every request; new per tpu_model_new */
     size_t in_dim, nlayers;
@@ -110,6 +113,9 @@ static inline void model_stats_max(tpu_step_stats *s, const struct tio_stat *a)
     if (least && (!s->allreduce_min_ns || least < s->allreduce_min_ns))
         s->allreduce_min_ns = least;
 }
+/* Frees what fit keeps in the model (tpu_model_free). */
+void fit_cache_free(tpu_model *m);
+
 /* Deadline for a request moving bytes (per replica) */
 uint64_t model_deadline(tpu_cluster *c, size_t bytes);
 
