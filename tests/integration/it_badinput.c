@@ -635,6 +635,66 @@ Test(badinput, data_port_hostile_host_input_specs)
     still_serving();
 }
 
+/* A request to fan out down a tree of cores (docs/design/fanout.md) that does
+ * not hold together is refused before anything is passed on. */
+Test(badinput, data_port_hostile_fanout)
+{
+    uint8_t chal[AUTH_CHALLENGE_BYTES];
+    struct {
+        const char *what, *expect;
+        uint32_t fanout, cores;
+        int no_input, predict;
+    } cases[] = {
+        {"a tree of degree 17", "more than 16", 17, 1, 0, 0},
+        {"a tree of degree 2^32-1", "more than 16", 0xffffffffu, 1, 0, 0},
+        {"no host-side input", "needs host-side input", 2, 1, 1, 0},
+        {"predictions", "training and evaluation", 2, 1, 0, 1},
+        {"1000 cores in a system of none", "fanout_cores is 1000", 4, 1000, 0, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        Tpuemu__FrameHeader *ans, h = TPUEMU__FRAME_HEADER__INIT;
+        Tpuemu__StepsSpec ss = TPUEMU__STEPS_SPEC__INIT;
+        Tpuemu__HostInput hi = TPUEMU__HOST_INPUT__INIT;
+        Tpuemu__InputOp bop = TPUEMU__INPUT_OP__INIT, *ops[1] = {&bop};
+        uint32_t rows[1] = {8}, grows[1] = {8};
+        uint64_t pos[1] = {0};
+        int fd;
+        cr_assert_eq(dp_handshake(data, NULL, 0, &fd, &ans, chal), 0);
+        frame_header_free(ans);
+        bop.kind = HIN_BATCH;
+        bop.batch = 8;
+        hi.images = (char *)"/x";
+        hi.labels = (char *)"/y";
+        hi.rows = 60000;
+        hi.x_dim = 784;
+        hi.n_ops = 1;
+        hi.ops = ops;
+        hi.num_input_pipelines = 1;
+        hi.n_batches = 1;
+        hi.batches = pos;
+        ss.model_id = 77;
+        ss.mode = cases[k].predict ? TPUEMU__STEP_MODE__STEP_PREDICT : TPUEMU__STEP_MODE__STEP_TRAIN;
+        ss.steps = 1;
+        ss.n_rows = ss.n_global_rows = 1;
+        ss.rows = rows;
+        ss.global_rows = grows;
+        ss.has_labels = !cases[k].predict;
+        ss.host_input = cases[k].no_input ? NULL : &hi;
+        ss.fanout = cases[k].fanout;
+        ss.fanout_cores = cases[k].cores;
+        h.kind = TPUEMU__FRAME_KIND__FRAME_STEPS;
+        h.steps = &ss;
+        dp_send(fd, &h, NULL, 0);
+        cr_assert_eq(dp_recv(fd, 3000, &ans, NULL), 0, "%s: no answer", cases[k].what);
+        cr_assert_eq(ans->kind, TPUEMU__FRAME_KIND__FRAME_ERROR, "%s: got kind %d", cases[k].what, ans->kind);
+        cr_assert_eq((int)ans->status->code, CODE_INVALID_ARGUMENT, "%s: %s", cases[k].what, ans->status->message);
+        cr_assert(strstr(ans->status->message, cases[k].expect), "%s: %s", cases[k].what, ans->status->message);
+        frame_header_free(ans);
+        close(fd);
+    }
+    still_serving();
+}
+
 /* Training frames a client might get wrong: the worker answers each with an
  * error naming what was wrong, and keeps serving. */
 Test(badinput, data_port_bad_training_frames)
