@@ -27,9 +27,12 @@ struct coll {
     int failed;
     uint64_t fail_seq;
     err fail_err;
-    /* topology of the current epoch: host index of each replica (-1: unknown) */
+    /* topology of the current epoch: host index of each replica (-1: unknown),
+     * and the replicas' hosts renumbered 0.. by first appearance (what
+     * coll_hosts gives a collective of every replica in order, as each
+     * gradient all-reduce is: made once, not once a collective in g^2) */
     uint64_t topo_epoch;
-    int *host;
+    int *host, *host_all;
     uint32_t nhost;
     /* schedules of failed collectives still waiting for link callbacks; freed
      * at reset, when the links have dropped them (no callback can come) */
@@ -211,18 +214,42 @@ uint64_t coll_plan_bytes(const Tpuemu__CollSpec *sp, int g)
 static int coll_hosts(struct coll *c, const struct cop *op, int *host)
 {
     const struct core_ident *id = c->env.id;
+    int all;
     if (c->topo_epoch != id->epoch || !c->host) {
-        int *h = malloc(sizeof(int) * (id->num_replicas ? id->num_replicas : 1));
-        if (!h)
+        size_t n = id->num_replicas ? id->num_replicas : 1;
+        int *h = malloc(sizeof(int) * n), *ha = malloc(sizeof(int) * n);
+        if (!h || !ha) {
+            free(h);
+            free(ha);
             return -1;
+        }
         for (uint32_t r = 0; r < id->num_replicas; r++)
             h[r] = c->env.x.ops->host(c->env.x.self, (int)r);
         free(c->host);
+        free(c->host_all);
         c->host = h;
+        c->host_all = NULL;
         c->nhost = id->num_replicas;
         c->topo_epoch = id->epoch;
+        /* every replica in order, renumbered once */
+        for (uint32_t i = 0; i < id->num_replicas; i++) {
+            ha[i] = (int)i;
+            for (uint32_t j = 0; j < i; j++)
+                if (h[j] == h[i]) {
+                    ha[i] = ha[j];
+                    break;
+                }
+        }
+        c->host_all = ha;
     }
-    /* renumber the group's hosts 0.. by first appearance */
+    all = op->g == (int)c->nhost;
+    for (int i = 0; all && i < op->g; i++)
+        all = op->members[i] == i;
+    if (all) {
+        memcpy(host, c->host_all, sizeof(int) * (size_t)op->g);
+        return 0;
+    }
+    /* another group: renumber its hosts 0.. by first appearance */
     for (int i = 0; i < op->g; i++) {
         int hr = c->host[op->members[i]];
         host[i] = i;
@@ -768,7 +795,8 @@ void coll_reset(struct coll *c)
     sched_free_zombies(&c->zombies); /* peers_reset (or peers_stop) dropped their link operations */
     c->failed = 0;
     free(c->host);
-    c->host = NULL;
+    free(c->host_all);
+    c->host = c->host_all = NULL;
     c->topo_epoch = 0;
     c->dir_n = 0;
     c->dir_cap = 0;
