@@ -25,6 +25,7 @@
 #include <linux/tcp.h>
 #include <netinet/in.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -277,6 +278,8 @@ Test(hostinput, same_weights_and_losses_as_client_fed, .timeout = 300)
     scratch_remove(dir);
 }
 
+static tpu_status fit_hosts(colltest *t, tpu_file_dataset *fd, char *why, size_t n);
+
 static void fanout(int degree)
 {
     char v[16];
@@ -354,6 +357,51 @@ Test(hostinput, fanned_out_requests_give_the_same_results, .timeout = 300)
         cr_assert(cluster_alive(&t->cl->workers[t->worker_of[i]]), "worker %s died", t->name[i]);
     tpu_dataset_free(ds);
     tpu_model_free(m);
+    tpu_strategy_free(s);
+    ct_free(t);
+    scratch_remove(dir);
+}
+
+/* A core of the tree that stops (SIGSTOP) while its parent passes it steps:
+ * the parent waits for it as long as the client would once another core
+ * failed, then answers naming it; fit fails with an error that names the
+ * stopped core, and every worker serves on once it runs again. */
+Test(hostinput, a_stopped_core_of_the_tree_is_named, .timeout = 300)
+{
+    char dir[256], img[512], lab[512], why[2048], name[72];
+    scratch_make(dir, sizeof dir, "it_hostinput");
+    write_data(dir, ROWS, CLASSES - 1, img, lab, sizeof img);
+    colltest *t = ct_start(2, (int[]){3, 2}, NULL, HB_MS);
+    tpu_strategy *s;
+    CALL_OK(tpu_strategy_new(t->c, &s));
+    cr_assert_eq(t->n, 5);
+    tpu_model *m = make_model(s);
+    tpu_file_dataset *fd = make_files(img, lab, 0);
+    tpu_dataset *ds;
+    CALL_OK(tpu_strategy_distribute_datasets_from_files(s, fd, TPU_INPUT_ON_HOSTS, &ds));
+    tpu_file_dataset_free(fd);
+    tpu_fit_options fo;
+    memset(&fo, 0, sizeof fo);
+    fo.epochs = 1;
+    fanout(2); /* replica 0 -> 1, 2; 1 -> 3, 4 */
+    CALL_OK(tpu_model_fit(m, ds, &fo, NULL));
+    snprintf(name, sizeof name, "%s", t->name[4]);
+    cluster_signal_worker(t->cl, t->worker_of[4], SIGSTOP);
+    tpu_status st = tpu_model_fit(m, ds, &fo, NULL);
+    snprintf(why, sizeof why, "%s", tpu_last_error());
+    cluster_signal_worker(t->cl, t->worker_of[4], SIGCONT);
+    unsetenv("TPUEMU_FANOUT");
+    unsetenv("TPUEMU_FANOUT_MIN");
+    cr_log_info("a leaf stopped: %s: %s", tpu_status_name(st), why);
+    cr_assert_neq(st, TPU_OK);
+    cr_assert(strstr(why, name), "the error does not name core %s: %s", name, why);
+    tpu_dataset_free(ds);
+    tpu_model_free(m);
+    /* the same cores train again once the system is initialized anew */
+    fd = make_files(img, lab, 0);
+    st = fit_hosts(t, fd, why, sizeof why);
+    cr_assert_eq(st, TPU_OK, "%s: %s", tpu_status_name(st), why);
+    tpu_file_dataset_free(fd);
     tpu_strategy_free(s);
     ct_free(t);
     scratch_remove(dir);
