@@ -555,6 +555,22 @@ Test(badinput, data_port_peer_dies_mid_frame)
 /* Host-side input specs no client of the library sends (it checks them
  * first): each refused with an error naming what is wrong, before any file is
  * opened or anything allocated from them, and the worker keeps serving. */
+/* Sends STEPS{ss} on the handshaken fd and checks the worker refuses it
+ * with INVALID_ARGUMENT naming expect; closes fd. */
+static void steps_refused(int fd, Tpuemu__StepsSpec *ss, const char *what, const char *expect)
+{
+    Tpuemu__FrameHeader *ans, h = TPUEMU__FRAME_HEADER__INIT;
+    h.kind = TPUEMU__FRAME_KIND__FRAME_STEPS;
+    h.steps = ss;
+    dp_send(fd, &h, NULL, 0);
+    cr_assert_eq(dp_recv(fd, 3000, &ans, NULL), 0, "%s: no answer", what);
+    cr_assert_eq(ans->kind, TPUEMU__FRAME_KIND__FRAME_ERROR, "%s: got kind %d", what, ans->kind);
+    cr_assert_eq((int)ans->status->code, CODE_INVALID_ARGUMENT, "%s: %s", what, ans->status->message);
+    cr_assert(strstr(ans->status->message, expect), "%s: %s", what, ans->status->message);
+    frame_header_free(ans);
+    close(fd);
+}
+
 Test(badinput, data_port_hostile_host_input_specs)
 {
     static char long_path[5000];
@@ -583,7 +599,7 @@ Test(badinput, data_port_hostile_host_input_specs)
         {"prefetch 1000", "prefetch depth", HIN_PREFETCH, 8, 0, 1, 1000, 60000, 0, 1, 0, 0, "/x"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        Tpuemu__FrameHeader *ans, h = TPUEMU__FRAME_HEADER__INIT;
+        Tpuemu__FrameHeader *ans;
         Tpuemu__StepsSpec ss = TPUEMU__STEPS_SPEC__INIT;
         Tpuemu__HostInput hi = TPUEMU__HOST_INPUT__INIT;
         Tpuemu__InputOp op = TPUEMU__INPUT_OP__INIT, bop = TPUEMU__INPUT_OP__INIT, *ops[2] = {&op, &bop};
@@ -622,15 +638,7 @@ Test(badinput, data_port_hostile_host_input_specs)
         ss.global_rows = grows;
         ss.has_labels = 1;
         ss.host_input = &hi;
-        h.kind = TPUEMU__FRAME_KIND__FRAME_STEPS;
-        h.steps = &ss;
-        dp_send(fd, &h, NULL, 0);
-        cr_assert_eq(dp_recv(fd, 3000, &ans, NULL), 0, "%s: no answer", cases[k].what);
-        cr_assert_eq(ans->kind, TPUEMU__FRAME_KIND__FRAME_ERROR, "%s: got kind %d", cases[k].what, ans->kind);
-        cr_assert_eq((int)ans->status->code, CODE_INVALID_ARGUMENT, "%s: %s", cases[k].what, ans->status->message);
-        cr_assert(strstr(ans->status->message, cases[k].expect), "%s: %s", cases[k].what, ans->status->message);
-        frame_header_free(ans);
-        close(fd);
+        steps_refused(fd, &ss, cases[k].what, cases[k].expect);
     }
     still_serving();
 }
@@ -652,7 +660,7 @@ Test(badinput, data_port_hostile_fanout)
         {"1000 cores in a system of none", "fanout_cores is 1000", 4, 1000, 0, 0},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        Tpuemu__FrameHeader *ans, h = TPUEMU__FRAME_HEADER__INIT;
+        Tpuemu__FrameHeader *ans;
         Tpuemu__StepsSpec ss = TPUEMU__STEPS_SPEC__INIT;
         Tpuemu__HostInput hi = TPUEMU__HOST_INPUT__INIT;
         Tpuemu__InputOp bop = TPUEMU__INPUT_OP__INIT, *ops[1] = {&bop};
@@ -682,15 +690,7 @@ Test(badinput, data_port_hostile_fanout)
         ss.host_input = cases[k].no_input ? NULL : &hi;
         ss.fanout = cases[k].fanout;
         ss.fanout_cores = cases[k].cores;
-        h.kind = TPUEMU__FRAME_KIND__FRAME_STEPS;
-        h.steps = &ss;
-        dp_send(fd, &h, NULL, 0);
-        cr_assert_eq(dp_recv(fd, 3000, &ans, NULL), 0, "%s: no answer", cases[k].what);
-        cr_assert_eq(ans->kind, TPUEMU__FRAME_KIND__FRAME_ERROR, "%s: got kind %d", cases[k].what, ans->kind);
-        cr_assert_eq((int)ans->status->code, CODE_INVALID_ARGUMENT, "%s: %s", cases[k].what, ans->status->message);
-        cr_assert(strstr(ans->status->message, cases[k].expect), "%s: %s", cases[k].what, ans->status->message);
-        frame_header_free(ans);
-        close(fd);
+        steps_refused(fd, &ss, cases[k].what, cases[k].expect);
     }
     still_serving();
 }

@@ -220,15 +220,23 @@ static void train(colltest *t, tpu_strategy *s, const char *img, const char *lab
     tpu_model_free(m);
 }
 
+/* A cluster of hosts hosts of cores[h] cores (n replicas), the data's files in
+ * a new scratch directory dir[256] (img[512], lab[512]), and a strategy. */
+static colltest *start(int hosts, const int *cores, int n, char *dir, char *img, char *lab, tpu_strategy **s)
+{
+    scratch_make(dir, 256, "it_hostinput");
+    write_data(dir, ROWS, CLASSES - 1, img, lab, 512);
+    colltest *t = ct_start(hosts, cores, NULL, HB_MS);
+    CALL_OK(tpu_strategy_new(t->c, s));
+    cr_assert_eq(t->n, n);
+    return t;
+}
+
 Test(hostinput, same_weights_and_losses_as_client_fed, .timeout = 300)
 {
     char dir[256], img[512], lab[512];
-    scratch_make(dir, sizeof dir, "it_hostinput");
-    write_data(dir, ROWS, CLASSES - 1, img, lab, sizeof img);
-    colltest *t = ct_start(2, (int[]){2, 1}, NULL, HB_MS);
     tpu_strategy *s;
-    CALL_OK(tpu_strategy_new(t->c, &s));
-    cr_assert_eq(t->n, 3);
+    colltest *t = start(2, (int[]){2, 1}, 3, dir, img, lab, &s);
 
     for (int variant = 0; variant < 2; variant++) {
         struct result hosts, client;
@@ -291,12 +299,8 @@ static void fanout(int degree)
 Test(hostinput, fanned_out_requests_give_the_same_results, .timeout = 300)
 {
     char dir[256], img[512], lab[512];
-    scratch_make(dir, sizeof dir, "it_hostinput");
-    write_data(dir, ROWS, CLASSES - 1, img, lab, sizeof img);
-    colltest *t = ct_start(2, (int[]){4, 3}, NULL, HB_MS);
     tpu_strategy *s;
-    CALL_OK(tpu_strategy_new(t->c, &s));
-    cr_assert_eq(t->n, 7);
+    colltest *t = start(2, (int[]){4, 3}, 7, dir, img, lab, &s);
     struct result tree, each;
     memset(&tree, 0, sizeof tree);
     memset(&each, 0, sizeof each);
@@ -369,12 +373,8 @@ Test(hostinput, fanned_out_requests_give_the_same_results, .timeout = 300)
 Test(hostinput, a_stopped_core_of_the_tree_is_named, .timeout = 300)
 {
     char dir[256], img[512], lab[512], why[2048], name[72];
-    scratch_make(dir, sizeof dir, "it_hostinput");
-    write_data(dir, ROWS, CLASSES - 1, img, lab, sizeof img);
-    colltest *t = ct_start(2, (int[]){3, 2}, NULL, HB_MS);
     tpu_strategy *s;
-    CALL_OK(tpu_strategy_new(t->c, &s));
-    cr_assert_eq(t->n, 5);
+    colltest *t = start(2, (int[]){3, 2}, 5, dir, img, lab, &s);
     tpu_model *m = make_model(s);
     tpu_file_dataset *fd = make_files(img, lab, 0);
     tpu_dataset *ds;
