@@ -390,16 +390,18 @@ Test(hostinput, a_stopped_core_of_the_tree_is_named, .timeout = 300)
     tpu_status st = tpu_model_fit(m, ds, &fo, NULL);
     snprintf(why, sizeof why, "%s", tpu_last_error());
     cluster_signal_worker(t->cl, t->worker_of[4], SIGCONT);
-    unsetenv("TPUEMU_FANOUT");
-    unsetenv("TPUEMU_FANOUT_MIN");
     cr_log_info("a leaf stopped: %s: %s", tpu_status_name(st), why);
     cr_assert_neq(st, TPU_OK);
     cr_assert(strstr(why, name), "the error does not name core %s: %s", name, why);
     tpu_dataset_free(ds);
     tpu_model_free(m);
-    /* the same cores train again once the system is initialized anew */
+    /* the same cores train again, still fanned out, once the system is
+     * initialized anew (each core's connections to its children are the old
+     * epoch's: they are made again) */
     fd = make_files(img, lab, 0);
     st = fit_hosts(t, fd, why, sizeof why);
+    unsetenv("TPUEMU_FANOUT");
+    unsetenv("TPUEMU_FANOUT_MIN");
     cr_assert_eq(st, TPU_OK, "%s: %s", tpu_status_name(st), why);
     tpu_file_dataset_free(fd);
     tpu_strategy_free(s);

@@ -503,7 +503,9 @@ int fan_start(struct train *t, dp_conn *c, const Tpuemu__FrameHeader *h, struct 
     for (uint32_t i = 0; i < f->steps; i++)
         tpuemu__step_stat__init(&f->stats[i]);
     tpuemu__notice__init(&f->notice);
-    for (uint64_t j = 1; j <= k && me * k + j < n; j++)
+    /* a core in no system, or a request of another epoch, is refused here
+     * (kick): its children would refuse it too */
+    for (uint64_t j = 1; t->env.id->replica_id >= 0 && h->epoch == t->env.id->epoch && j <= k && me * k + j < n; j++)
         f->part[f->nchildren++] = (struct fan_part){.f = f, .replica = (uint32_t)(me * k + j)};
     if (f->nchildren) {
         uint8_t buf[FRAME_MAX_HEADER];
