@@ -409,6 +409,55 @@ Test(hostinput, a_stopped_core_of_the_tree_is_named, .timeout = 300)
     scratch_remove(dir);
 }
 
+/* A preemption notice on a leaf of the tree reaches the client in the merged
+ * answer, with whose it is: fit stops every replica at one step boundary,
+ * saves the checkpoint and returns TPU_PREEMPTED naming that core, and
+ * tpu_model_notice gives its replica. */
+Test(hostinput, a_notice_on_a_leaf_of_the_tree_stops_fit, .timeout = 300)
+{
+    char dir[256], img[512], lab[512], ckpt[600];
+    tpu_strategy *s;
+    colltest *t = start(2, (int[]){3, 2}, 5, dir, img, lab, &s);
+    tpu_model *m = make_model(s);
+    tpu_file_dataset *fd = make_files(img, lab, 0);
+    tpu_dataset *ds;
+    CALL_OK(tpu_strategy_distribute_datasets_from_files(s, fd, TPU_INPUT_ON_HOSTS, &ds));
+    tpu_file_dataset_free(fd);
+    /* terminated long after the test: the notice is all it sees */
+    tpu_fault f = {.kind = TPU_FAULT_PREEMPT, .notice_ms = 600000};
+    char host[72];
+    snprintf(host, sizeof host, "%s", t->name[4]);
+    char *slash = strchr(host, '/');
+    cr_assert_not_null(slash);
+    *slash = '\0';
+    CALL_OK(tpu_inject_fault(t->c, host, atoi(slash + 1), &f));
+    tpu_fit_options fo;
+    memset(&fo, 0, sizeof fo);
+    fo.epochs = 3;
+    snprintf(ckpt, sizeof ckpt, "%s/preempted.ckpt", dir);
+    fo.preemption_checkpoint = ckpt;
+    fanout(2); /* replica 0 -> 1, 2; 1 -> 3, 4 */
+    tpu_status st = tpu_model_fit(m, ds, &fo, NULL);
+    unsetenv("TPUEMU_FANOUT");
+    unsetenv("TPUEMU_FANOUT_MIN");
+    cr_log_info("a notice on a leaf: %s: %s", tpu_status_name(st), tpu_last_error());
+    cr_assert_eq(st, TPU_PREEMPTED, "%s: %s", tpu_status_name(st), tpu_last_error());
+    cr_assert(strstr(tpu_last_error(), t->name[4]), "the error does not name core %s: %s", t->name[4],
+              tpu_last_error());
+    tpu_notice nt;
+    int replica = -1;
+    CALL_OK(tpu_model_notice(m, &nt, &replica));
+    cr_assert_eq(nt.kind, TPU_NOTICE_PREEMPTION);
+    cr_assert_eq(replica, 4, "the notice is replica %d's", replica);
+    cr_assert_eq(access(ckpt, F_OK), 0, "no checkpoint at %s", ckpt);
+    cr_assert_lt(tpu_model_step(m), 3 * ((ROWS / 5) / BATCH), "fit ran to its end");
+    tpu_dataset_free(ds);
+    tpu_model_free(m);
+    tpu_strategy_free(s);
+    ct_free(t);
+    scratch_remove(dir);
+}
+
 /* fit's status and message with host-side input over fd, on a system
  * initialized anew (a step that failed leaves the others' all-reduce failed) */
 static tpu_status fit_hosts(colltest *t, tpu_file_dataset *fd, char *why, size_t n)
