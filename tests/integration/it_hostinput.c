@@ -288,6 +288,24 @@ Test(hostinput, same_weights_and_losses_as_client_fed, .timeout = 300)
 
 static tpu_status fit_hosts(colltest *t, tpu_file_dataset *fd, char *why, size_t n);
 
+/* The test files, pipeline 0's spec, distributed to run on the hosts. */
+static tpu_dataset *on_hosts(tpu_strategy *s, const char *img, const char *lab)
+{
+    tpu_file_dataset *fd = make_files(img, lab, 0);
+    tpu_dataset *ds;
+    CALL_OK(tpu_strategy_distribute_datasets_from_files(s, fd, TPU_INPUT_ON_HOSTS, &ds));
+    tpu_file_dataset_free(fd);
+    return ds;
+}
+
+/* The client's requests go to every core again. */
+static void fanout_off(void)
+{
+    unsetenv("TPUEMU_FANOUT");
+    unsetenv("TPUEMU_FANOUT_MIN");
+}
+
+/* From now on the client's requests fan out down a tree of this degree. */
 static void fanout(int degree)
 {
     char v[16];
@@ -308,8 +326,7 @@ Test(hostinput, fanned_out_requests_give_the_same_results, .timeout = 300)
     train(t, s, img, lab, 1, TPU_INPUT_ON_HOSTS, &tree);
     fanout(0);
     train(t, s, img, lab, 1, TPU_INPUT_ON_HOSTS, &each);
-    unsetenv("TPUEMU_FANOUT");
-    unsetenv("TPUEMU_FANOUT_MIN");
+    fanout_off();
     cr_assert_eq(tree.steps, each.steps);
     for (int e = 0; e < 3; e++) {
         cr_log_info("epoch %d: loss %.9g (tree) %.9g (each core), accuracy %.4f %.4f", e, tree.loss[e], each.loss[e],
@@ -340,10 +357,7 @@ Test(hostinput, fanned_out_requests_give_the_same_results, .timeout = 300)
     char name[72];
     snprintf(name, sizeof name, "%s", t->name[6]);
     tpu_model *m = make_model(s);
-    tpu_file_dataset *fd = make_files(img, lab, 0);
-    tpu_dataset *ds;
-    CALL_OK(tpu_strategy_distribute_datasets_from_files(s, fd, TPU_INPUT_ON_HOSTS, &ds));
-    tpu_file_dataset_free(fd);
+    tpu_dataset *ds = on_hosts(s, img, lab);
     tpu_fit_options fo;
     memset(&fo, 0, sizeof fo);
     fo.epochs = 1;
@@ -352,8 +366,7 @@ Test(hostinput, fanned_out_requests_give_the_same_results, .timeout = 300)
     cluster_kill_worker(t->cl, gone);
     tpu_status st = tpu_model_fit(m, ds, &fo, NULL);
     snprintf(why, sizeof why, "%s", tpu_last_error());
-    unsetenv("TPUEMU_FANOUT");
-    unsetenv("TPUEMU_FANOUT_MIN");
+    fanout_off();
     cr_log_info("a leaf gone: %s: %s", tpu_status_name(st), why);
     cr_assert_neq(st, TPU_OK);
     cr_assert(strstr(why, name), "the error does not name core %s: %s", name, why);
@@ -376,10 +389,7 @@ Test(hostinput, a_stopped_core_of_the_tree_is_named, .timeout = 300)
     tpu_strategy *s;
     colltest *t = start(2, (int[]){3, 2}, 5, dir, img, lab, &s);
     tpu_model *m = make_model(s);
-    tpu_file_dataset *fd = make_files(img, lab, 0);
-    tpu_dataset *ds;
-    CALL_OK(tpu_strategy_distribute_datasets_from_files(s, fd, TPU_INPUT_ON_HOSTS, &ds));
-    tpu_file_dataset_free(fd);
+    tpu_dataset *ds = on_hosts(s, img, lab);
     tpu_fit_options fo;
     memset(&fo, 0, sizeof fo);
     fo.epochs = 1;
@@ -398,10 +408,9 @@ Test(hostinput, a_stopped_core_of_the_tree_is_named, .timeout = 300)
     /* the same cores train again, still fanned out, once the system is
      * initialized anew (each core's connections to its children are the old
      * epoch's: they are made again) */
-    fd = make_files(img, lab, 0);
+    tpu_file_dataset *fd = make_files(img, lab, 0);
     st = fit_hosts(t, fd, why, sizeof why);
-    unsetenv("TPUEMU_FANOUT");
-    unsetenv("TPUEMU_FANOUT_MIN");
+    fanout_off();
     cr_assert_eq(st, TPU_OK, "%s: %s", tpu_status_name(st), why);
     tpu_file_dataset_free(fd);
     tpu_strategy_free(s);
@@ -419,10 +428,7 @@ Test(hostinput, a_notice_on_a_leaf_of_the_tree_stops_fit, .timeout = 300)
     tpu_strategy *s;
     colltest *t = start(2, (int[]){3, 2}, 5, dir, img, lab, &s);
     tpu_model *m = make_model(s);
-    tpu_file_dataset *fd = make_files(img, lab, 0);
-    tpu_dataset *ds;
-    CALL_OK(tpu_strategy_distribute_datasets_from_files(s, fd, TPU_INPUT_ON_HOSTS, &ds));
-    tpu_file_dataset_free(fd);
+    tpu_dataset *ds = on_hosts(s, img, lab);
     /* terminated long after the test: the notice is all it sees */
     tpu_fault f = {.kind = TPU_FAULT_PREEMPT, .notice_ms = 600000};
     char host[72];
@@ -438,8 +444,7 @@ Test(hostinput, a_notice_on_a_leaf_of_the_tree_stops_fit, .timeout = 300)
     fo.preemption_checkpoint = ckpt;
     fanout(2); /* replica 0 -> 1, 2; 1 -> 3, 4 */
     tpu_status st = tpu_model_fit(m, ds, &fo, NULL);
-    unsetenv("TPUEMU_FANOUT");
-    unsetenv("TPUEMU_FANOUT_MIN");
+    fanout_off();
     cr_log_info("a notice on a leaf: %s: %s", tpu_status_name(st), tpu_last_error());
     cr_assert_eq(st, TPU_PREEMPTED, "%s: %s", tpu_status_name(st), tpu_last_error());
     cr_assert(strstr(tpu_last_error(), t->name[4]), "the error does not name core %s: %s", t->name[4],

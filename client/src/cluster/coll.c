@@ -250,6 +250,11 @@ uint64_t cli_coll_progress_ms(tpu_cluster *c)
     return k->progress_ms;
 }
 
+uint64_t cli_coll_grace_ms(tpu_cluster *c)
+{
+    return 2 * cli_coll_progress_ms(c) + 1000;
+}
+
 static tpu_status run(tpu_cluster *c, const struct call *a, const tpu_collective_options *o)
 {
     struct coll_io_spec spec;
@@ -340,7 +345,7 @@ static tpu_status run(tpu_cluster *c, const struct call *a, const tpu_collective
     spec.chunk_bytes = o ? o->chunk_bytes : 0;
     iters = spec.iters ? spec.iters : 1;
 
-    uint64_t grace = 2 * cli_coll_progress_ms(c) + 1000;
+    uint64_t grace = cli_coll_grace_ms(c);
     uint64_t floor = 2 * cli_coll_progress_ms(c) > CALL_FLOOR_MS ? 2 * cli_coll_progress_ms(c) : CALL_FLOOR_MS;
     t0 = wire_now_ms();
     deadline = t0 + floor + (uint64_t)bytes / CALL_BYTES_PER_MS * iters;

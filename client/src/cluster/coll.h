@@ -19,4 +19,9 @@
  * may go unnoticed. */
 uint64_t cli_coll_progress_ms(tpu_cluster *c);
 
+/* Once one core failed a request, how long the others may still take to
+ * answer: 2 x the progress timeout + 1 s (the workers of a fanned-out STEPS
+ * wait as long for their children). */
+uint64_t cli_coll_grace_ms(tpu_cluster *c);
+
 #endif

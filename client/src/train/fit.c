@@ -236,7 +236,7 @@ static int post_next(struct run *u, err *e)
     int fan = u->fanout && u->hin && u->mode != TPU_STEP_PREDICT;
     ss.fanout = fan ? u->fanout : 0;
     ss.fanout_cores = (uint32_t)u->n;
-    ss.fanout_wait_ms = (uint32_t)(2 * cli_coll_progress_ms(c) + 1000);
+    ss.fanout_wait_ms = (uint32_t)cli_coll_grace_ms(c);
     x->fanned = fan;
     x->others_none &= fan; /* a request to every core rewrites them */
     tio_steps_begin(c, &ss);
@@ -325,7 +325,7 @@ static int finish_oldest(struct run *u, uint64_t *t_last, err *e)
      * (the first of a dataset): the time for their bytes too, as many times
      * as cores share a CPU reading them */
     size_t hin_bytes = u->hin ? (size_t)u->hin->rows * u->hin->x_dim * u->open_share : 0;
-    uint64_t grace = 2 * cli_coll_progress_ms(c) + 1000;
+    uint64_t grace = cli_coll_grace_ms(c);
     size_t nw = x->fanned ? 1 : u->n; /* fanned out: replica 0 answers for all */
     size_t failed = u->cancelled
                         ? tio_wait_first(c, x->pa, nw, u->drain_deadline, grace, 0)
@@ -385,7 +385,7 @@ static int finish_oldest(struct run *u, uint64_t *t_last, err *e)
             tio_abort(c);
         return e->code;
     }
-    if (x->ans[0].cores && x->ans[0].cores != u->n) {
+    if (x->fanned && x->ans[0].cores != u->n) { /* a core that did not pass it on answers for itself */
         err_set(e, CODE_INTERNAL, "core %s/%d answered for %u cores of %zu", c->coll->peers[0].host,
                 c->coll->peers[0].core, x->ans[0].cores, u->n);
         exec_release(u, x);

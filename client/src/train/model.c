@@ -793,7 +793,7 @@ static int request_all(tpu_model *m, struct tio_req *q, const struct dpio_seg *s
             return rc;
         }
     }
-    size_t failed = tio_wait(c, pa, model_deadline(c, bytes), 2 * cli_coll_progress_ms(c) + 1000);
+    size_t failed = tio_wait(c, pa, model_deadline(c, bytes), cli_coll_grace_ms(c));
     if (failed) {
         const struct tio_ans *w = tio_worst(pa, n);
         int lost = 0;

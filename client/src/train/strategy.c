@@ -554,7 +554,7 @@ static int run_step(tpu_model *m, int mode, const tpu_per_replica *x, struct tio
     }
     if (rc == CODE_OK) {
         size_t bytes = x->total * (x->x_dim * sizeof(float) + x->ybytes) / n;
-        size_t failed = tio_wait(c, pa, model_deadline(c, bytes), 2 * cli_coll_progress_ms(c) + 1000);
+        size_t failed = tio_wait(c, pa, model_deadline(c, bytes), cli_coll_grace_ms(c));
         if (failed) {
             const struct tio_ans *w = tio_worst(pa, n);
             int lost = 0;

@@ -132,13 +132,12 @@ static void merge_hbm(struct fan *f, uint64_t used, uint64_t capacity)
         f->hbm_capacity = capacity;
 }
 
-static void send_answer(struct train *t, struct fan *f)
+static void send_answer(struct fan *f)
 {
     Tpuemu__FrameHeader h = TPUEMU__FRAME_HEADER__INIT;
     Tpuemu__Status st = TPUEMU__STATUS__INIT;
     Tpuemu__StepStat *sp[TRAIN_MAX_STEPS];
 
-    (void)t;
     if (!f->conn)
         return;
     h.kind = KIND(MODEL_RESULT);
@@ -205,7 +204,7 @@ static void flush(struct train *t)
                     if (f->rank < 0)
                         merge_err(f, CODE_UNAVAILABLE, "a core of this request did not answer in time");
                 }
-                send_answer(t, f);
+                send_answer(f);
                 f->sent = 1;
             } else {
                 blocked = 1; /* the answers behind it wait their turn */
